@@ -1,0 +1,37 @@
+# privreg: every target creates the virtualenv on first use, from the pinned lock file.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export PREFECT_HOME ?= $(CURDIR)/var/prefect
+export PREFECT_LOGGING_LEVEL ?= INFO
+
+.PHONY: demo test lint install clean bench bench-psi bench-paillier bench-walr bench-vertical \
+        bench-horizontal bench-labeldp bench-sparse-lda
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=23.2"
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m flows.pipeline
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench-psi: $(STAMP)
+	$(BIN)/python -m pip install --quiet "openmined-psi==2.0.6"
+	$(BIN)/python benchmarks/bench_psi.py --size 100000 --repeats 3
+	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --repeats 1 --no-baseline
+
+clean:
+	rm -rf var

@@ -1,0 +1,192 @@
+"""The privacy-budget ledger of a protected table, kept in its owner's DuckDB.
+
+Composition is basic: the epsilons and deltas of all releases charged to a table add up.
+Each release is charged in the same transaction that stores it, under a release key derived
+from the data and the parameters, so a retry or a re-run finds the stored release and is not
+charged again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import duckdb
+
+from storage.artifacts import ArtifactStore
+from storage.party_store import PartyStore
+
+_TOLERANCE = 1e-12
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS privreg_budget (
+        protected_table VARCHAR PRIMARY KEY,
+        epsilon_total DOUBLE NOT NULL,
+        delta_total DOUBLE NOT NULL,
+        updated_at TIMESTAMP NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS privreg_spend (
+        release_key VARCHAR PRIMARY KEY,
+        protected_table VARCHAR NOT NULL,
+        epsilon DOUBLE NOT NULL,
+        delta DOUBLE NOT NULL,
+        mechanism VARCHAR NOT NULL,
+        job_id VARCHAR NOT NULL,
+        created_at TIMESTAMP NOT NULL)""",
+]
+
+
+class BudgetError(RuntimeError):
+    """A release was refused by the ledger (no budget set, or it would be exceeded)."""
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    protected_table: str
+    epsilon_total: float
+    delta_total: float
+    epsilon_spent: float
+    delta_spent: float
+
+    @property
+    def epsilon_left(self) -> float:
+        return max(self.epsilon_total - self.epsilon_spent, 0.0)
+
+    @property
+    def delta_left(self) -> float:
+        return max(self.delta_total - self.delta_spent, 0.0)
+
+    def as_dict(self) -> dict[str, float | str]:
+        return {
+            "protected_table": self.protected_table,
+            "epsilon_total": self.epsilon_total,
+            "epsilon_spent": self.epsilon_spent,
+            "epsilon_left": self.epsilon_left,
+            "delta_total": self.delta_total,
+            "delta_spent": self.delta_spent,
+            "delta_left": self.delta_left,
+        }
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class PrivacyLedger:
+    """Budgets and spends of the protected tables in one party's database."""
+
+    def __init__(self, store: PartyStore) -> None:
+        self.store = store
+        self.artifacts = ArtifactStore(store)
+
+    @staticmethod
+    def _ensure(con: duckdb.DuckDBPyConnection) -> None:
+        for statement in _SCHEMA:
+            con.execute(statement)
+
+    def set_budget(self, protected_table: str, epsilon: float, delta: float) -> None:
+        """The owner's total budget for a table (replaces any earlier total, keeps spends)."""
+        if not epsilon > 0 or not 0 <= delta < 1:
+            raise ValueError("a budget needs epsilon > 0 and 0 <= delta < 1")
+        with self.store.transaction() as con:
+            self._ensure(con)
+            con.execute(
+                "INSERT OR REPLACE INTO privreg_budget VALUES (?, ?, ?, ?)",
+                [protected_table, float(epsilon), float(delta), _now()],
+            )
+
+    def status(
+        self, protected_table: str, con: duckdb.DuckDBPyConnection | None = None
+    ) -> BudgetStatus:
+        if con is None:
+            with self.store.connect() as own:
+                return self.status(protected_table, own)
+        self._ensure(con)
+        budget = con.execute(
+            "SELECT epsilon_total, delta_total FROM privreg_budget WHERE protected_table = ?",
+            [protected_table],
+        ).fetchone()
+        if budget is None:
+            raise BudgetError(
+                f"no privacy budget is set for table {protected_table!r} in "
+                f"{self.store.path.name}; its owner must set one first "
+                f"(privreg budget set --database ... --table {protected_table} --epsilon ...)"
+            )
+        spent = con.execute(
+            "SELECT coalesce(sum(epsilon), 0), coalesce(sum(delta), 0) FROM privreg_spend "
+            "WHERE protected_table = ?",
+            [protected_table],
+        ).fetchone()
+        return BudgetStatus(protected_table, budget[0], budget[1], spent[0], spent[1])
+
+    def spends(self, protected_table: str | None = None) -> list[dict[str, Any]]:
+        with self.store.connect() as con:
+            self._ensure(con)
+            query = "SELECT * FROM privreg_spend"
+            params: list[Any] = []
+            if protected_table is not None:
+                query += " WHERE protected_table = ?"
+                params.append(protected_table)
+            cursor = con.execute(query + " ORDER BY created_at", params)
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def stored_release(self, release_key: str) -> Any:
+        """The release stored under ``release_key``, or ``None`` (then it must be computed)."""
+        return self.artifacts.get(f"release/{release_key}")
+
+    def require_affordable(
+        self,
+        protected_table: str,
+        epsilon: float,
+        delta: float,
+        con: duckdb.DuckDBPyConnection | None = None,
+    ) -> BudgetStatus:
+        """Refuse, before any computation, a release the budget cannot pay for."""
+        status = self.status(protected_table, con)
+        if (
+            status.epsilon_spent + epsilon > status.epsilon_total + _TOLERANCE
+            or status.delta_spent + delta > status.delta_total + _TOLERANCE
+        ):
+            raise BudgetError(
+                f"table {protected_table!r}: a release of (epsilon={epsilon:g}, "
+                f"delta={delta:g}) exceeds the budget: spent ({status.epsilon_spent:g}, "
+                f"{status.delta_spent:g}) of ({status.epsilon_total:g}, {status.delta_total:g}), "
+                f"left ({status.epsilon_left:g}, {status.delta_left:g})"
+            )
+        return status
+
+    def charge_and_store(
+        self,
+        release_key: str,
+        protected_table: str,
+        epsilon: float,
+        delta: float,
+        mechanism: str,
+        job_id: str,
+        release: Any,
+    ) -> Any:
+        """Store ``release`` and charge its cost in one transaction.
+
+        If a release is already stored under the key (a retry, or a re-run on the same data
+        and parameters), nothing is charged and the stored release is returned instead.
+        """
+        with self.store.transaction() as con:
+            self._ensure(con)
+            existing = self.artifacts.get(f"release/{release_key}", con=con)
+            if existing is not None:
+                return existing
+            self.require_affordable(protected_table, epsilon, delta, con)
+            con.execute(
+                "INSERT INTO privreg_spend VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    release_key,
+                    protected_table,
+                    float(epsilon),
+                    float(delta),
+                    mechanism,
+                    job_id,
+                    _now(),
+                ],
+            )
+            self.artifacts.put(f"release/{release_key}", release, "release", con=con)
+        return release

@@ -1,0 +1,113 @@
+"""One party's DuckDB database: its tables, and (through other modules) its artifacts and ledger.
+
+A party store is opened by path only by that party's own tasks. Every write that must be
+all-or-nothing happens inside one DuckDB transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from storage.descriptor import TableRef, check_identifier
+from storage.validation import DataValidationError, validate_frame
+
+
+class PartyStore:
+    """A party's private database file."""
+
+    def __init__(self, database: str | Path) -> None:
+        self.path = Path(database)
+
+    @classmethod
+    def of(cls, ref: TableRef) -> PartyStore:
+        return cls(ref.path)
+
+    @contextmanager
+    def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        con = duckdb.connect(str(self.path))
+        try:
+            yield con
+        finally:
+            con.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection inside BEGIN/COMMIT; any exception rolls everything back."""
+        with self.connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    # ---- tables -------------------------------------------------------------------------
+    def has_table(self, table: str) -> bool:
+        if not self.path.exists():
+            return False
+        with self.connect() as con:
+            row = con.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]
+            ).fetchone()
+        return bool(row and row[0])
+
+    def read_table(self, ref: TableRef) -> pd.DataFrame:
+        """The descriptor's columns (id, label, features) in storage order."""
+        if not self.has_table(ref.table):
+            raise DataValidationError(ref.table, None, None, f"no such table in {self.path.name}")
+        with self.connect() as con:
+            frame = con.execute(f'SELECT * FROM "{ref.table}" ORDER BY rowid').df()
+        return validate_frame(frame, ref)
+
+    def write_table(
+        self, table: str, frame: pd.DataFrame, con: duckdb.DuckDBPyConnection | None = None
+    ) -> None:
+        """Create or replace ``table`` with ``frame`` (atomically when no connection is given)."""
+        check_identifier(table, "table")
+        if con is None:
+            with self.transaction() as own:
+                self.write_table(table, frame, own)
+            return
+        con.register("_privreg_staged", frame)
+        try:
+            con.execute(f'CREATE OR REPLACE TABLE "{table}" AS SELECT * FROM _privreg_staged')
+        finally:
+            con.unregister("_privreg_staged")
+
+    def import_frame(self, frame: pd.DataFrame, ref: TableRef) -> int:
+        """Validate ``frame`` and store it as ``ref.table``, replacing any previous version.
+
+        Validation happens before the transaction opens, and the write is one transaction, so
+        a bad input leaves the database exactly as it was. Returns the row count.
+        """
+        clean = validate_frame(frame, ref)
+        self.write_table(ref.table, clean)
+        return len(clean)
+
+    def import_file(self, source: str | Path, ref: TableRef) -> int:
+        """Import a CSV (optionally gzipped) or Parquet file; see :meth:`import_frame`."""
+        source = Path(source)
+        name = source.name.lower()
+        if name.endswith((".parquet", ".pq")):
+            frame = pd.read_parquet(source)
+        elif name.endswith((".csv", ".csv.gz")):
+            frame = pd.read_csv(source)
+        else:
+            raise ValueError(f"{source.name}: only .csv, .csv.gz and .parquet files are imported")
+        return self.import_frame(frame, ref)
+
+    def fingerprint(self, ref: TableRef) -> str:
+        """A digest of the table's content, to detect that inputs are unchanged between runs."""
+        frame = self.read_table(ref)
+        row_hashes = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+        digest = hashlib.sha256(row_hashes.tobytes())
+        digest.update(",".join(map(str, frame.columns)).encode())
+        return digest.hexdigest()

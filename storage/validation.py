@@ -1,0 +1,133 @@
+"""Validation of a party's table before it is stored.
+
+Every error names the table, the column and the first offending row (1-based data row, and
+its id where there is one), so a data owner can fix the source file directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from core.ids import IdError, canonical_id
+from storage.descriptor import TableRef
+
+
+class DataValidationError(ValueError):
+    """A table failed validation; the message says where."""
+
+    def __init__(
+        self, table: str, column: str | None, row: int | None, problem: str, row_id: object = None
+    ) -> None:
+        self.table, self.column, self.row, self.problem = table, column, row, problem
+        where = f"table {table!r}"
+        if column is not None:
+            where += f", column {column!r}"
+        if row is not None:
+            where += f", row {row}"
+            if row_id is not None:
+                where += f" (id {row_id!r})"
+        super().__init__(f"{where}: {problem}")
+
+
+def resolve_feature_columns(ref: TableRef, columns: Sequence[str]) -> list[str]:
+    if ref.feature_columns is not None:
+        return list(ref.feature_columns)
+    excluded = {ref.id_column, ref.label_column}
+    return [c for c in columns if c not in excluded]
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _validate_ids(frame: pd.DataFrame, ref: TableRef) -> None:
+    ids = frame[ref.id_column]
+    missing = ids.isna().to_numpy()
+    if missing.any():
+        raise DataValidationError(ref.table, ref.id_column, _first(missing) + 1, "id is null")
+    seen: dict[bytes, int] = {}
+    for position, value in enumerate(ids.tolist()):
+        try:
+            key = canonical_id(value)
+        except IdError as error:
+            raise DataValidationError(ref.table, ref.id_column, position + 1, str(error)) from None
+        if key in seen:
+            raise DataValidationError(
+                ref.table,
+                ref.id_column,
+                position + 1,
+                f"duplicate id (same canonical id as row {seen[key] + 1})",
+                value,
+            )
+        seen[key] = position
+
+
+def _numeric(frame: pd.DataFrame, ref: TableRef, column: str, what: str) -> np.ndarray:
+    raw = frame[column]
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    unparsable = np.isnan(values) & raw.notna().to_numpy()
+    if unparsable.any():
+        row = _first(unparsable)
+        raise DataValidationError(
+            ref.table,
+            column,
+            row + 1,
+            f"{what} {raw.iloc[row]!r} is not numeric",
+            frame[ref.id_column].iloc[row],
+        )
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row = _first(bad)
+        kind = "missing (null/NaN)" if np.isnan(values[row]) else "infinite"
+        raise DataValidationError(
+            ref.table, column, row + 1, f"{what} is {kind}", frame[ref.id_column].iloc[row]
+        )
+    return values
+
+
+def validate_frame(frame: pd.DataFrame, ref: TableRef) -> pd.DataFrame:
+    """Check ``frame`` against ``ref`` and return it in canonical column order and dtypes.
+
+    Returns a new frame: id column, then label (as float), then features (as float64).
+    """
+    required = [ref.id_column]
+    if ref.label_column is not None:
+        required.append(ref.label_column)
+    if ref.feature_columns is not None:
+        required.extend(ref.feature_columns)
+    for column in required:
+        if column not in frame.columns:
+            raise DataValidationError(
+                ref.table,
+                column,
+                None,
+                f"column is missing (columns present: {', '.join(map(str, frame.columns))})",
+            )
+    if len(frame) == 0:
+        raise DataValidationError(ref.table, None, None, "table is empty")
+    frame = frame.reset_index(drop=True)
+    _validate_ids(frame, ref)
+    features = resolve_feature_columns(ref, [str(c) for c in frame.columns])
+    out = pd.DataFrame({ref.id_column: frame[ref.id_column]})
+    if ref.label_column is not None:
+        labels = _numeric(frame, ref, ref.label_column, "label")
+        if ref.label_domain is not None:
+            allowed = np.array(ref.label_domain, dtype=float)
+            outside = ~np.isin(labels, allowed)
+            if outside.any():
+                row = _first(outside)
+                domain = ", ".join(f"{v:g}" for v in allowed)
+                raise DataValidationError(
+                    ref.table,
+                    ref.label_column,
+                    row + 1,
+                    f"label {labels[row]:g} is outside the declared domain {{{domain}}}",
+                    frame[ref.id_column].iloc[row],
+                )
+        out[ref.label_column] = labels
+    for column in features:
+        out[column] = _numeric(frame, ref, column, "feature")
+    return out

@@ -1,0 +1,118 @@
+"""PSI alignment, one task per party step. The maths is in :mod:`core.psi`.
+
+Each task opens only its own party's store and its own channel endpoint. The secret scalar
+and the private row order are kept in the party's artifacts for the length of the job, so a
+retried step replays with the same values; they are deleted once the alignment is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+from prefect import get_run_logger, task
+
+from core import psi
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from storage.workspace import channel_for
+
+_RETRY = {"retries": 2, "retry_delay_seconds": [1, 5]}
+
+
+def _prefix(job_id: str) -> str:
+    return f"psi/{job_id}/"
+
+
+def aligned_table_name(ref: TableRef) -> str:
+    return f"{ref.table}_aligned"
+
+
+@task(name="psi-fingerprint", task_run_name="{ref.party}: fingerprint {ref.table}")
+def fingerprint(ref: TableRef) -> str:
+    """A salted digest of the party's table, so runs on unchanged inputs can be recognised.
+
+    The salt is the party's own secret, so the digest reveals only "changed or not".
+    """
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    salt = artifacts.get("psi/fingerprint-salt")
+    if salt is None:
+        salt = psi.new_key()
+        artifacts.put("psi/fingerprint-salt", salt, "secret")
+    digest = hashlib.sha256(salt + store.fingerprint(ref).encode() + ref.id_column.encode())
+    return digest.hexdigest()
+
+
+@task(name="psi-lookup", task_run_name="{ref.party}: look up alignment")
+def stored_alignment(ref: TableRef, job_id: str) -> dict[str, Any] | None:
+    """The alignment stored by an earlier run of this job, if its table still exists."""
+    store = PartyStore.of(ref)
+    result = ArtifactStore(store).get(_prefix(job_id) + "result")
+    if result is None or not store.has_table(result["table"]):
+        return None
+    return result
+
+
+@task(name="psi-blind", task_run_name="{ref.party}: blind own ids", **_RETRY)
+def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> int:
+    """Step 1: blind and sort own ids, send them to the peer. Returns the own set size."""
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    ids = store.read_table(ref)[ref.id_column].tolist()
+    key = artifacts.get(_prefix(job_id) + "key")
+    if key is None:
+        key = psi.new_key()
+        artifacts.put(_prefix(job_id) + "key", key, "secret")
+    blinded = psi.prepare(ids, key)
+    artifacts.put(_prefix(job_id) + "rows", blinded.rows, "psi-state")
+    channel_for(job_id, workspace).endpoint(ref.party).send(peer, "psi_blinded", blinded.blinded)
+    get_run_logger().info("%s blinded %d ids", ref.party, len(ids))
+    return len(ids)
+
+
+@task(name="psi-reblind", task_run_name="{ref.party}: blind peer's ids", **_RETRY)
+def blind_peer_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> int:
+    """Step 2: blind the peer's values again, return them, keep the set for step 3."""
+    artifacts = ArtifactStore(PartyStore.of(ref))
+    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
+    peer_blinded = endpoint.receive(peer, "psi_blinded")
+    doubled = psi.reblind(peer_blinded, artifacts.get(_prefix(job_id) + "key"))
+    artifacts.put(_prefix(job_id) + "peer_double", doubled, "psi-state")
+    endpoint.send(peer, "psi_double", doubled)
+    return len(doubled)
+
+
+@task(name="psi-align", task_run_name="{ref.party}: store aligned rows", **_RETRY)
+def store_aligned_rows(
+    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
+) -> dict[str, Any]:
+    """Step 3: intersect, refuse small results, write the aligned table in one transaction."""
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    own_double = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, "psi_double")
+    result = psi.intersect(
+        np.asarray(own_double),
+        np.asarray(artifacts.get(_prefix(job_id) + "rows")),
+        np.asarray(artifacts.get(_prefix(job_id) + "peer_double")),
+    )
+    psi.check_release(result, min_rows)
+    aligned = store.read_table(ref).iloc[result.rows].reset_index(drop=True)
+    table = aligned_table_name(ref)
+    summary = {
+        "table": table,
+        "size": result.size,
+        "own_size": result.own_size,
+        "peer_size": result.peer_size,
+    }
+    with store.transaction() as con:
+        store.write_table(table, aligned, con)
+        artifacts.put(_prefix(job_id) + "result", summary, "psi-result", con=con)
+        for secret in ("key", "rows", "peer_double"):
+            artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
+    get_run_logger().info(
+        "%s aligned %d of %d rows into %s", ref.party, result.size, result.own_size, table
+    )
+    return summary

@@ -1,0 +1,36 @@
+"""Shared fixtures: one Prefect test server per session, and a private workspace per test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A temporary Prefect API for flow tests (started once, ~10 s)."""
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    results = tmp_path_factory.mktemp("prefect-results")
+    with temporary_settings(
+        {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}
+    ), prefect_test_harness():
+        yield
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A fresh folder for party databases and the channel."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    return root

@@ -1,0 +1,57 @@
+"""Per-party round checkpoints for iterative protocols.
+
+Each party saves its own state after each finished round, in its own database. A run that
+resumes asks every party for its last finished round and restarts after the *smallest*; a
+party that got further (it finished a round the others did not) rolls back, so no round is
+ever half committed across parties.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage.artifacts import ArtifactStore
+from storage.party_store import PartyStore
+
+
+class RoundCheckpoints:
+    """Round states of one party in one job of one protocol."""
+
+    def __init__(self, store: PartyStore, protocol: str, job_id: str) -> None:
+        self.artifacts = ArtifactStore(store)
+        self.prefix = f"{protocol}/{job_id}/round/"
+
+    def _key(self, round_: int) -> str:
+        return f"{self.prefix}{round_:07d}"
+
+    def save(self, round_: int, state: dict[str, Any]) -> None:
+        self.artifacts.put(self._key(round_), state, "round-state")
+
+    def rounds(self) -> list[int]:
+        return [int(key.rsplit("/", 1)[1]) for key, *_ in self.artifacts.list(self.prefix)]
+
+    def last_round(self) -> int:
+        """The last finished round, or -1 when none is stored."""
+        rounds = self.rounds()
+        return max(rounds) if rounds else -1
+
+    def load(self, round_: int) -> dict[str, Any]:
+        state = self.artifacts.get(self._key(round_))
+        if state is None:
+            raise KeyError(f"no checkpoint for round {round_} under {self.prefix}")
+        return state
+
+    def rollback_to(self, round_: int) -> int:
+        """Forget rounds after ``round_``; returns how many were dropped."""
+        dropped = [r for r in self.rounds() if r > round_]
+        with self.artifacts.store.transaction() as con:
+            for r in dropped:
+                self.artifacts.delete_prefix(self._key(r), con=con)
+        return len(dropped)
+
+    def prune(self, keep_last: int = 2) -> None:
+        """Keep only the most recent rounds (older ones are never needed to resume)."""
+        rounds = sorted(self.rounds())
+        with self.artifacts.store.transaction() as con:
+            for r in rounds[:-keep_last]:
+                self.artifacts.delete_prefix(self._key(r), con=con)

@@ -20,12 +20,14 @@ $(STAMP): pyproject.toml requirements.lock
 	touch $(STAMP)
 
 demo: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m flows.pipeline
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 test: lint
+	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest
 
 bench-psi: $(STAMP)

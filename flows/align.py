@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import psi as steps
+from tasks.loading import fingerprint
 
 
 @flow(name="psi_align", flow_run_name="psi_align {party_a[table]}~{party_b[table]}")
@@ -37,8 +38,8 @@ def psi_align(
     job_id = derive_job_id(
         "psi",
         {
-            "a": [a.party, a.table, steps.fingerprint(a)],
-            "b": [b.party, b.table, steps.fingerprint(b)],
+            "a": [a.party, a.table, fingerprint(a)],
+            "b": [b.party, b.table, fingerprint(b)],
             "min_rows": min_rows,
         },
     )

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import secrets
+
 from prefect import get_run_logger, task
 
+from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 
@@ -14,3 +18,19 @@ def load_table(source: str, ref: TableRef) -> int:
     rows = PartyStore.of(ref).import_file(source, ref)
     get_run_logger().info("%s: %d rows from %s into %s", ref.party, rows, source, ref.table)
     return rows
+
+
+@task(name="fingerprint", task_run_name="{ref.party}: fingerprint {ref.table}")
+def fingerprint(ref: TableRef) -> str:
+    """A salted digest of the party's table, so runs on unchanged inputs can be recognised.
+
+    The salt is the party's own secret, so the digest reveals only "changed or not".
+    """
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    salt = artifacts.get("fingerprint-salt")
+    if salt is None:
+        salt = secrets.token_bytes(32)
+        artifacts.put("fingerprint-salt", salt, "secret")
+    digest = hashlib.sha256(salt + store.fingerprint(ref).encode() + ref.id_column.encode())
+    return digest.hexdigest()

@@ -7,7 +7,6 @@ retried step replays with the same values; they are deleted once the alignment i
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
@@ -28,22 +27,6 @@ def _prefix(job_id: str) -> str:
 
 def aligned_table_name(ref: TableRef) -> str:
     return f"{ref.table}_aligned"
-
-
-@task(name="psi-fingerprint", task_run_name="{ref.party}: fingerprint {ref.table}")
-def fingerprint(ref: TableRef) -> str:
-    """A salted digest of the party's table, so runs on unchanged inputs can be recognised.
-
-    The salt is the party's own secret, so the digest reveals only "changed or not".
-    """
-    store = PartyStore.of(ref)
-    artifacts = ArtifactStore(store)
-    salt = artifacts.get("psi/fingerprint-salt")
-    if salt is None:
-        salt = psi.new_key()
-        artifacts.put("psi/fingerprint-salt", salt, "secret")
-    digest = hashlib.sha256(salt + store.fingerprint(ref).encode() + ref.id_column.encode())
-    return digest.hexdigest()
 
 
 @task(name="psi-lookup", task_run_name="{ref.party}: look up alignment")

@@ -1,0 +1,1 @@
+"""Vertical logistic regression with Paillier and masked gradients (seed 001, seed 003)."""

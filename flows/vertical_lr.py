@@ -1,0 +1,252 @@
+"""Flow ``vertical_lr``: logistic regression on features split across parties (Paillier).
+
+    hosts ── [[Xh wh / 4]] ──▶ guest ── [[d]] (re-randomised) ──▶ hosts
+    guest, hosts ── [[X^T d]] + own mask ──▶ key holder ── X^T d + mask ──▶ owner
+    guest ── [[Taylor loss]] ──▶ key holder ── loss ──▶ early stopping
+    every party: unmask, step, checkpoint the round           (repeat per mini-batch)
+
+The key holder is an arbiter, or the guest itself with ``arbiter=False`` (seed 003's
+two-party mode; see the README for what each side learns then).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from core.vertical_lr.schedule import Schedule
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from storage.workspace import derive_job_id, workspace_root
+from tasks import vertical_lr as steps
+from tasks.loading import fingerprint
+from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table
+
+
+class InjectedFaultError(RuntimeError):
+    """Raised by the test-only ``fail_at_round`` parameter."""
+
+
+@task(name="vertical-round", task_run_name="round {round_}", retries=1, retry_delay_seconds=2)
+def train_round(
+    job: steps.VerticalJob,
+    guest: TableRef,
+    hosts: list[TableRef],
+    round_: int,
+    fail_at_round: int | None = None,
+) -> dict[str, float]:
+    """One mini-batch, every party's steps; re-running it recomputes the round whole."""
+    started = time.perf_counter()
+    for host in hosts:
+        steps.host_forward(job, host, round_)
+    for host in hosts[1:]:
+        steps.host_cross_terms(job, host, round_)
+    steps.guest_residual(job, guest, round_)
+    for host in hosts:
+        steps.host_gradient(job, host, round_)
+    loss = steps.key_holder_decrypt(job, round_)
+    if fail_at_round == round_:
+        raise InjectedFaultError(f"injected fault in round {round_} (test-only fail_at_round)")
+    squared = steps.update_weights(job, guest, round_, "guest")
+    squared += sum(steps.update_weights(job, host, round_, "host") for host in hosts)
+    ArtifactStore(PartyStore(job.key_holder_database)).put(
+        f"vertical/{job.job_id}/loss/{round_:07d}", loss, "metric"
+    )
+    return {"loss": loss, "gradient_norm": squared**0.5, "seconds": time.perf_counter() - started}
+
+
+@task(name="vertical-holdout", task_run_name="epoch {epoch} hold-out loss")
+def holdout_loss(
+    job: steps.VerticalJob, guest: TableRef, hosts: list[TableRef], round_: int, epoch: int
+) -> float:
+    """Seed 001's hold-out check: the encrypted Taylor loss of the held-out rows."""
+    for host in hosts:
+        steps.host_forward(job, host, round_, "holdout")
+    for host in hosts[1:]:
+        steps.host_cross_terms(job, host, round_, "holdout")
+    steps.guest_residual(job, guest, round_, "holdout")
+    return steps.key_holder_decrypt(job, round_, "holdout")
+
+
+def _losses(job: steps.VerticalJob) -> dict[int, float]:
+    artifacts = ArtifactStore(PartyStore(job.key_holder_database))
+    prefix = f"vertical/{job.job_id}/loss/"
+    return {int(k.rsplit("/", 1)[1]): artifacts.get(k) for k, *_ in artifacts.list(prefix)}
+
+
+@flow(name="vertical_lr", flow_run_name="vertical_lr {guest[table]}")
+def vertical_lr(
+    guest: dict[str, Any],
+    hosts: list[dict[str, Any]],
+    epochs: int = 5,
+    batch_size: int = 1024,
+    learning_rate: float = 0.15,
+    momentum: float = 0.9,
+    decay: float = 0.0,
+    l2: float = 0.0,
+    tol: float = 1e-5,
+    key_size: int = 2048,
+    seed: int = 0,
+    holdout_fraction: float = 0.1,
+    arbiter: bool = True,
+    arbiter_database: str | None = None,
+    workspace: str | None = None,
+    job_id: str | None = None,
+    allow_insecure_key_size: bool = False,
+    fail_at_round: int | None = None,
+) -> dict[str, Any]:
+    """Train; returns coefficients by party and feature, metrics, and the round history.
+
+    ``job_id`` defaults to one derived from the tables' salted fingerprints and every
+    option except ``epochs`` (so a run with more epochs continues the same job).
+    ``allow_insecure_key_size`` and ``fail_at_round`` exist for tests only.
+    """
+    logger = get_run_logger()
+    guest_ref = TableRef.from_dict(guest)
+    host_refs = [TableRef.from_dict(h) for h in hosts]
+    if not host_refs:
+        raise steps.VerticalSetupError("vertical_lr needs at least one host")
+    if not arbiter and len(host_refs) != 1:
+        raise steps.VerticalSetupError("two-party mode (arbiter=False) takes exactly one host")
+    names = [guest_ref.party, *[h.party for h in host_refs]]
+    if len(set(names)) != len(names) or "arbiter" in names:
+        raise steps.VerticalSetupError(f"party names must be distinct and not 'arbiter': {names}")
+    options = {
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
+        "momentum": momentum,
+        "decay": decay,
+        "l2": l2,
+        "key_size": key_size,
+        "seed": seed,
+        "holdout_fraction": holdout_fraction,
+        "arbiter": arbiter,
+    }
+    if job_id is None:
+        job_id = derive_job_id(
+            "vertical",
+            {
+                "tables": [[r.party, r.table, fingerprint(r)] for r in (guest_ref, *host_refs)],
+                **options,
+            },
+        )
+    key_holder_db = arbiter_database or str(
+        workspace_root(workspace) / "parties" / "arbiter.duckdb"
+    )
+    # Set-up: keys, checks, alignment.
+    provisional = steps.VerticalJob(
+        job_id,
+        workspace,
+        guest_ref.party,
+        tuple(h.party for h in host_refs),
+        "arbiter" if arbiter else guest_ref.party,
+        key_holder_db if arbiter else guest_ref.database,
+        Schedule(2, 1, seed),
+        learning_rate,
+        momentum,
+        decay,
+        l2,
+    )
+    info = steps.check_party(provisional, guest_ref, "guest")
+    for host in host_refs:
+        steps.check_party(provisional, host, "host")
+    steps.check_alignment(provisional, guest_ref)
+    schedule = Schedule(info["rows"], min(batch_size, info["rows"]), seed, holdout_fraction)
+    job = steps.VerticalJob(
+        job_id,
+        workspace,
+        provisional.guest,
+        provisional.hosts,
+        provisional.key_holder,
+        provisional.key_holder_database,
+        schedule,
+        learning_rate,
+        momentum,
+        decay,
+        l2,
+    )
+    steps.create_keys(job, key_size, allow_insecure_key_size)
+    # Resume: the smallest last round any party finished; parties ahead roll back.
+    finished = [steps.last_round(job, r) for r in (guest_ref, *host_refs)]
+    resume_from = min(finished)
+    for ref, last in zip((guest_ref, *host_refs), finished, strict=True):
+        if last > resume_from:
+            steps.rollback(job, ref, resume_from)
+    key_holder = ArtifactStore(PartyStore(job.key_holder_database))
+    stopped = key_holder.get(f"vertical/{job_id}/stopped")
+    total_rounds = epochs * schedule.batches_per_epoch
+    if resume_from >= 0:
+        logger.info("job %s: resuming after round %d", job_id, resume_from)
+    history: list[dict[str, Any]] = []
+    progress = Progress(total_rounds, f"vertical_lr {job_id}")
+    previous_epoch_loss = None
+    last_done = resume_from
+    for round_ in range(resume_from + 1, total_rounds if stopped is None else 0):
+        result = train_round(job, guest_ref, host_refs, round_, fail_at_round)
+        epoch, index = schedule.position(round_)
+        history.append({"round": round_, "epoch": epoch, "batch": index, **result})
+        progress.update(round_ + 1)
+        last_done = round_
+        if index == schedule.batches_per_epoch - 1:
+            losses = _losses(job)
+            epoch_loss = (
+                sum(
+                    losses[epoch * schedule.batches_per_epoch + i]
+                    for i in range(schedule.batches_per_epoch)
+                )
+                / schedule.batches_per_epoch
+            )
+            history[-1]["epoch_loss"] = epoch_loss
+            if len(schedule.holdout_rows):
+                history[-1]["holdout_loss"] = holdout_loss(job, guest_ref, host_refs, round_, epoch)
+            if previous_epoch_loss is not None and abs(previous_epoch_loss - epoch_loss) < tol:
+                key_holder.put(f"vertical/{job_id}/stopped", round_, "marker")
+                logger.info("converged after epoch %d (loss change < %g)", epoch, tol)
+                break
+            previous_epoch_loss = epoch_loss
+    final_round = stopped if stopped is not None else last_done
+    if history:
+        publish_table(
+            artifact_key("vertical-lr", job_id, "rounds"),
+            [
+                {
+                    k: row.get(k)
+                    for k in ("round", "epoch", "loss", "gradient_norm", "seconds", "holdout_loss")
+                }
+                for row in history
+            ],
+            f"vertical_lr rounds of job {job_id}",
+        )
+    coefficients = {guest_ref.party: steps.save_model(job, guest_ref, final_round, "guest")}
+    for host in host_refs:
+        coefficients[host.party] = steps.save_model(job, host, final_round, "host")
+        steps.host_scores(job, host)
+    prediction = steps.guest_predict(job, guest_ref)
+    publish_model_link(
+        artifact_key("vertical-lr", job_id, "model"),
+        guest_ref.database,
+        coefficients[guest_ref.party]["key"],
+    )
+    guest_coefficients = dict(coefficients[guest_ref.party]["coefficients"])
+    return {
+        "job_id": job_id,
+        "rounds_run": len(history),
+        "resumed_from": resume_from,
+        "final_round": final_round,
+        "intercept": guest_coefficients.pop("intercept"),
+        "coefficients": {
+            guest_ref.party: guest_coefficients,
+            **{h.party: coefficients[h.party]["coefficients"] for h in host_refs},
+        },
+        "metrics": prediction["metrics"],
+        "probabilities": prediction["probabilities"],
+        "scores_table": prediction["scores_table"],
+        "history": history,
+        "losses": [v for _, v in sorted(_losses(job).items())],
+        "model_keys": {party: c["key"] for party, c in coefficients.items()},
+        "database": str(Path(guest_ref.database)),
+    }

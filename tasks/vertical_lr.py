@@ -250,7 +250,9 @@ def host_cross_terms(job: VerticalJob, ref: TableRef, round_: int, phase: str = 
     for earlier in job.hosts[: job.hosts.index(ref.party)]:
         theirs = endpoint.receive(earlier, f"share_{phase}", round=round_)
         cross = cipher.weighted_sum(public, theirs, own)
-        endpoint.send(job.guest, f"cross_{earlier}_{phase}", [cross], round=round_)
+        # re-randomised: a product of the guest's known ciphertexts would let it test guesses
+        endpoint.send(job.guest, f"cross_{earlier}_{phase}", cipher.rerandomize(public, [cross]),
+                      round=round_)
 
 
 @task(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +25,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     results = tmp_path_factory.mktemp("prefect-results")
     with temporary_settings(
         {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}
-    ), prefect_test_harness():
+    ), prefect_test_harness(server_startup_timeout=180):
         yield
 
 

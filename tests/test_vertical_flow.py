@@ -1,0 +1,131 @@
+"""Vertical LR: the encrypted protocol equals its plaintext twin, leaks no plaintext, resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core.vertical_lr.reference import train_reference
+from core.vertical_lr.schedule import Schedule
+from core.vertical_lr.steps import Optimizer
+from flows.vertical_lr import InjectedFaultError, vertical_lr
+from storage import codec
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from storage.workspace import channel_for
+from tasks.vertical_lr import VerticalSetupError
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"
+ROWS, BATCH, EPOCHS, SEED = 160, 64, 2, 3
+OPTIONS = {"epochs": EPOCHS, "batch_size": BATCH, "learning_rate": 0.15, "momentum": 0.9,
+           "l2": 0.01, "seed": SEED, "key_size": 1024, "allow_insecure_key_size": True,
+           "tol": 0.0}
+
+
+def breast(workspace: Path, host_splits: int = 1):
+    guest = pd.read_csv(DATA / "breast_hetero_guest.csv.gz").head(ROWS)
+    host = pd.read_csv(DATA / "breast_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
+    guest_ref = TableRef(database=str(workspace / "guest.duckdb"), table="patients",
+                         label_column="y", label_domain=(0, 1))
+    PartyStore.of(guest_ref).import_frame(guest, guest_ref)
+    host_refs, host_X = [], []
+    for i, columns in enumerate(np.array_split(host.columns, host_splits)):
+        ref = TableRef(database=str(workspace / f"host{i}.duckdb"), table="labs")
+        PartyStore.of(ref).import_frame(host[columns].reset_index(), ref)
+        host_refs.append(ref)
+        host_X.append(host[columns].to_numpy())
+    guest_X = guest[[c for c in guest.columns if c.startswith("x")]].to_numpy()
+    return guest_ref, host_refs, guest_X, host_X, guest["y"].to_numpy()
+
+
+def reference(guest_X, host_X, y):
+    schedule = Schedule(len(y), BATCH, SEED, 0.1)
+    return train_reference(guest_X, host_X, y, schedule, EPOCHS,
+                           Optimizer(0.15, 0.9, 0.0, 0.01))
+
+
+def assert_same_model(result, expected, guest_ref, host_refs) -> None:
+    assert result["intercept"] == pytest.approx(expected.guest_weights[0], abs=1e-12)
+    got_guest = np.array(list(result["coefficients"][guest_ref.party].values()))
+    np.testing.assert_allclose(got_guest, expected.guest_weights[1:], atol=1e-12)
+    for ref, weights in zip(host_refs, expected.host_weights, strict=True):
+        got = np.array(list(result["coefficients"][ref.party].values()))
+        np.testing.assert_allclose(got, weights, atol=1e-12)
+    np.testing.assert_allclose(result["losses"], expected.losses, atol=1e-12)
+
+
+@pytest.mark.parametrize(("hosts", "arbiter"), [(1, True), (2, True), (1, False)])
+def test_encrypted_training_equals_plaintext_protocol(workspace: Path, hosts: int,
+                                                      arbiter: bool) -> None:
+    guest_ref, host_refs, guest_X, host_X, y = breast(workspace, hosts)
+    result = vertical_lr(guest_ref.to_dict(), [h.to_dict() for h in host_refs], arbiter=arbiter,
+                         workspace=str(workspace), **OPTIONS)
+    assert_same_model(result, reference(guest_X, host_X, y), guest_ref, host_refs)
+    assert result["metrics"]["train_auc"] > 0.95
+    assert len(result["probabilities"]) == ROWS
+    # the encrypted Taylor loss is the real Taylor loss of the weights before each round
+    assert result["losses"][0] == pytest.approx(np.log(2))
+
+
+def test_no_plaintext_residual_gradient_or_feature_crosses(workspace: Path) -> None:
+    guest_ref, host_refs, *_ = breast(workspace, 2)
+    result = vertical_lr(guest_ref.to_dict(), [h.to_dict() for h in host_refs],
+                         workspace=str(workspace), **OPTIONS)
+    channel = channel_for(result["job_id"], str(workspace))
+    plain_kinds = {"public_key", "id_order_digest", "masked_gradient_plain", "scores"}
+    seen = set()
+    for record in channel.log():
+        seen.add(record.kind)
+        payload = codec.loads(channel.read_raw(record))
+        if record.kind in plain_kinds:
+            continue
+        assert isinstance(payload, list), record
+        # ciphertexts are integers modulo n^2: huge, never a small fixed-point value
+        assert all(isinstance(c, int) and c.bit_length() > 1500 for c in payload), record
+    assert {"share_train", "residual", "masked_gradient", "loss_train"} <= seen
+    # masked gradients come back masked by 256-bit values: no small (true-gradient-sized) ints
+    for record in channel.log():
+        if record.kind == "masked_gradient_plain":
+            values = codec.loads(channel.read_raw(record))
+            assert min(abs(v) for v in values) > 2**120
+    # scores are the documented prediction exchange: host -> guest, after training only
+    assert {r.sender for r in channel.log() if r.kind == "scores"} == {h.party for h in host_refs}
+
+
+def test_bad_inputs_are_refused(workspace: Path) -> None:
+    guest_ref, host_refs, *_ = breast(workspace)
+    hosts = [h.to_dict() for h in host_refs]
+    with pytest.raises(VerticalSetupError, match="below 2048 bits"):
+        vertical_lr(guest_ref.to_dict(), hosts, workspace=str(workspace),
+                    **{**OPTIONS, "allow_insecure_key_size": False})
+    host_with_label = TableRef(database=host_refs[0].database, table="labs", label_column="x0")
+    with pytest.raises(VerticalSetupError, match="only the guest may hold labels"):
+        vertical_lr(guest_ref.to_dict(), [host_with_label.to_dict()], workspace=str(workspace),
+                    **OPTIONS)
+    store = PartyStore.of(host_refs[0])
+    shuffled = store.read_table(host_refs[0]).sample(frac=1.0, random_state=1)
+    store.import_frame(shuffled, host_refs[0])
+    with pytest.raises(VerticalSetupError, match="not aligned"):
+        vertical_lr(guest_ref.to_dict(), hosts, workspace=str(workspace), **OPTIONS)
+    frame = PartyStore.of(guest_ref).read_table(guest_ref).assign(y=1.0)
+    all_ones = TableRef(database=guest_ref.database, table="ones", label_column="y")
+    PartyStore.of(all_ones).import_frame(frame, all_ones)
+    with pytest.raises(VerticalSetupError, match="labels must be binary"):
+        vertical_lr(all_ones.to_dict(), hosts, workspace=str(workspace), **OPTIONS)
+
+
+def test_a_failed_run_resumes_and_ends_with_the_same_model(workspace: Path) -> None:
+    guest_ref, host_refs, guest_X, host_X, y = breast(workspace)
+    hosts = [h.to_dict() for h in host_refs]
+    with pytest.raises(InjectedFaultError):
+        vertical_lr(guest_ref.to_dict(), hosts, workspace=str(workspace), fail_at_round=3,
+                    **OPTIONS)
+    resumed = vertical_lr(guest_ref.to_dict(), hosts, workspace=str(workspace), **OPTIONS)
+    assert resumed["resumed_from"] == 2  # rounds 0-2 finished before the fault in round 3
+    total = EPOCHS * Schedule(ROWS, BATCH, SEED, 0.1).batches_per_epoch
+    assert resumed["rounds_run"] == total - 3
+    assert_same_model(resumed, reference(guest_X, host_X, y), guest_ref, host_refs)

@@ -13,6 +13,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.align import psi_align
 from flows.jobs import read_job
+from flows.vertical_lr import vertical_lr
 from storage.descriptor import TableRef
 from tasks.loading import load_table
 
@@ -53,6 +54,16 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
         f"{alignment['set_sizes'][0]} / {alignment['set_sizes'][1]}"
         + (" (reused)" if alignment["reused"] else ""),
     }
+
+    aligned = {role: TableRef.from_dict(d) for role, d in zip(("guest", "host"),
+                                                              alignment["aligned"], strict=True)}
+    if "vertical" in job:
+        started = time.perf_counter()
+        model = vertical_lr(aligned["guest"].to_dict(), [aligned["host"].to_dict()],
+                            workspace=workspace, **job["vertical"])
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in model["metrics"].items() if "auc" in k)
+        stages["vertical_lr"] = {"seconds": time.perf_counter() - started,
+                                 "result": f"{model['rounds_run']} rounds, {metrics}"}
 
     summary = _summary_markdown(job.get("job", job_file), stages)
     create_markdown_artifact(summary, key="pipeline-summary", description="privreg pipeline")

@@ -9,7 +9,7 @@ export PREFECT_HOME ?= $(CURDIR)/var/prefect
 export PREFECT_LOGGING_LEVEL ?= INFO
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
-.PHONY: demo test lint install clean bench bench-psi bench-paillier bench-walr bench-vertical \
+.PHONY: demo test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda
 
 install: $(STAMP)
@@ -35,6 +35,22 @@ bench-psi: $(STAMP)
 	$(BIN)/python -m pip install --quiet "openmined-psi==2.0.6"
 	$(BIN)/python benchmarks/bench_psi.py --size 100000 --repeats 3
 	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --repeats 1 --no-baseline
+
+API_URL ?= http://127.0.0.1:4200/api
+
+ui: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/prefect server start --host 127.0.0.1 --port 4200
+
+deploy: $(STAMP)
+	PREFECT_API_URL=$(API_URL) $(BIN)/prefect work-pool create privreg-process --type process --overwrite
+	PREFECT_API_URL=$(API_URL) $(BIN)/prefect deploy --all --no-prompt
+
+worker: $(STAMP)
+	PREFECT_API_URL=$(API_URL) $(BIN)/prefect worker start --pool privreg-process
+
+serve: $(STAMP)
+	PREFECT_API_URL=$(API_URL) $(BIN)/python -m flows.serve
 
 clean:
 	rm -rf var

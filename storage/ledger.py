@@ -118,6 +118,13 @@ class PrivacyLedger:
         ).fetchone()
         return BudgetStatus(protected_table, budget[0], budget[1], spent[0], spent[1])
 
+    def budgets(self) -> list[str]:
+        """The protected tables that have a budget in this database."""
+        with self.store.connect() as con:
+            self._ensure(con)
+            rows = con.execute("SELECT protected_table FROM privreg_budget ORDER BY 1").fetchall()
+        return [row[0] for row in rows]
+
     def spends(self, protected_table: str | None = None) -> list[dict[str, Any]]:
         with self.store.connect() as con:
             self._ensure(con)

@@ -7,6 +7,7 @@ all-or-nothing happens inside one DuckDB transaction.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,9 +30,22 @@ class PartyStore:
         return cls(ref.path)
 
     @contextmanager
-    def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def connect(self, lock_timeout: float = 30.0) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Open the database; waits while another process holds its write lock.
+
+        DuckDB lets one process write a file at a time; a party's own tasks hold it only for
+        the length of one step, so a reader (the CLI, a second flow) waits briefly.
+        """
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = duckdb.connect(str(self.path))
+        deadline = time.monotonic() + lock_timeout
+        while True:
+            try:
+                con = duckdb.connect(str(self.path))
+                break
+            except duckdb.IOException as error:
+                if "lock" not in str(error).lower() or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         try:
             yield con
         finally:

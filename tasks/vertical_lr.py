@@ -17,6 +17,7 @@ from phe import paillier
 from prefect import task
 
 from core.ids import canonical_id
+from core.paillier.keys import generate_keypair
 from core.vertical_lr import cipher
 from core.vertical_lr.fixed_point import decode_gradient, encode_features
 from core.vertical_lr.schedule import Schedule
@@ -59,6 +60,7 @@ class VerticalJob:
     momentum: float
     decay: float
     l2: float
+    randomizer: str = "standard"
 
     @property
     def with_arbiter(self) -> bool:
@@ -157,7 +159,9 @@ def create_keys(job: VerticalJob, key_size: int, allow_insecure_key_size: bool =
     artifacts = _artifacts(job.key_holder_database)
     stored = artifacts.get(_key(job, "keypair"))
     if stored is None:
-        public, private = paillier.generate_paillier_keypair(n_length=key_size)
+        public, private = generate_keypair(
+            key_size, allow_insecure_key_size=allow_insecure_key_size
+        )
         stored = {"n": public.n, "p": private.p, "q": private.q}
         artifacts.put(_key(job, "keypair"), stored, "secret")
     for party in (job.guest, *job.hosts):
@@ -220,13 +224,13 @@ def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "tra
     rows = _rows(job, round_, phase)
     public = _public_key(job, ref)
     share = host_share(X[rows], weights)
-    encrypted = cipher.encrypt(public, share)
+    encrypted = cipher.encrypt(public, share, job.randomizer)
     endpoint = job.endpoint(ref.party)
     endpoint.send(job.guest, f"share_{phase}", encrypted, round=round_)
     endpoint.send(
         job.guest,
         f"square_{phase}",
-        cipher.encrypt(public, [sum(a * a for a in share)]),
+        cipher.encrypt(public, [sum(a * a for a in share)], job.randomizer),
         round=round_,
     )
     position = job.hosts.index(ref.party)
@@ -251,8 +255,12 @@ def host_cross_terms(job: VerticalJob, ref: TableRef, round_: int, phase: str = 
         theirs = endpoint.receive(earlier, f"share_{phase}", round=round_)
         cross = cipher.weighted_sum(public, theirs, own)
         # re-randomised: a product of the guest's known ciphertexts would let it test guesses
-        endpoint.send(job.guest, f"cross_{earlier}_{phase}", cipher.rerandomize(public, [cross]),
-                      round=round_)
+        endpoint.send(
+            job.guest,
+            f"cross_{earlier}_{phase}",
+            cipher.rerandomize(public, [cross], job.randomizer),
+            round=round_,
+        )
 
 
 @task(
@@ -292,14 +300,16 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
         ref.database,
         job.key_holder,
         f"loss_{phase}",
-        cipher.rerandomize(public, loss),
+        cipher.rerandomize(public, loss, job.randomizer),
         round_,
     )
     if phase != "train":
         return
     residual = cipher.add_plain(public, total, b)
+    # one re-randomisation serves every host: it unlinks [[d]] from each host's own shares
+    fresh = cipher.rerandomize(public, residual, job.randomizer)
     for host in job.hosts:
-        endpoint.send(host, "residual", cipher.rerandomize(public, residual), round=round_)
+        endpoint.send(host, "residual", fresh, round=round_)
     _mask_and_send(job, ref, public, encode_features(X[rows]), residual, round_)
 
 

@@ -8,6 +8,8 @@ heavy ones delegate to :mod:`core.paillier` when it offers a faster path.
 
 from __future__ import annotations
 
+import functools
+import os
 import secrets
 from collections.abc import Sequence
 
@@ -15,32 +17,68 @@ import gmpy2
 import numpy as np
 from phe import paillier
 
+from core.paillier import kernels
+from core.paillier.decryption import CrtDecryptor
+from core.paillier.parallel import SERIAL, Backend, ProcessBackend, chunk_bounds
+from core.paillier.randomness import DJNRandomizer, StandardRandomizer
+
 Ciphertexts = list[int]
+_PARALLEL_MIN_WORK = 256  # below this, starting work in another process costs more than it saves
+_process_backend: ProcessBackend | None = None
+
+
+def _backend(work: int) -> Backend:
+    """A process pool over the machine's cores for large calls (created once per process)."""
+    global _process_backend
+    if work < _PARALLEL_MIN_WORK or (os.cpu_count() or 1) < 2:
+        return SERIAL
+    if _process_backend is None:
+        _process_backend = ProcessBackend()
+    return _process_backend
 
 
 def _nsquare(public: paillier.PaillierPublicKey) -> gmpy2.mpz:
     return gmpy2.mpz(public.nsquare)
 
 
-def _obfuscator(public: paillier.PaillierPublicKey) -> gmpy2.mpz:
-    """A fresh ``r^n mod n^2`` with ``r`` from the operating system's CSPRNG."""
-    n = gmpy2.mpz(public.n)
-    while True:
-        r = gmpy2.mpz(secrets.randbelow(int(n) - 1) + 1)
-        if gmpy2.gcd(r, n) == 1:
-            return gmpy2.powmod(r, n, n * n)
+RANDOMIZERS = ("standard", "djn")
 
 
-def encrypt(public: paillier.PaillierPublicKey, values: Sequence[int]) -> Ciphertexts:
+@functools.lru_cache(maxsize=8)
+def _randomizer(n: int, kind: str) -> StandardRandomizer | DJNRandomizer:
+    """One randomizer per key and kind per process (DJN builds a fixed-base table once)."""
+    public = paillier.PaillierPublicKey(n)
+    if kind == "standard":
+        return StandardRandomizer(public)
+    if kind == "djn":
+        return DJNRandomizer(public)
+    raise ValueError(f"randomizer must be one of {RANDOMIZERS}, got {kind!r}")
+
+
+def _obfuscators(
+    public: paillier.PaillierPublicKey, count: int, kind: str = "standard"
+) -> list[gmpy2.mpz]:
+    """Fresh n-th residues: standard ``r^n`` by default, or the opt-in DJN short-exponent ones
+    (see :class:`core.paillier.randomness.DJNRandomizer` for their security argument)."""
+    return _randomizer(public.n, kind).obfuscators(count, backend=_backend(count))
+
+
+def encrypt(
+    public: paillier.PaillierPublicKey, values: Sequence[int], randomizer: str = "standard"
+) -> Ciphertexts:
     """``(1 + m n) r^n mod n^2`` for each integer ``m`` (negatives as ``n - |m|``)."""
     n, nsq = gmpy2.mpz(public.n), _nsquare(public)
-    return [int((1 + (gmpy2.mpz(v) % n) * n) * _obfuscator(public) % nsq) for v in values]
+    noise = _obfuscators(public, len(values), randomizer)
+    return [int((1 + (gmpy2.mpz(v) % n) * n) * r % nsq) for v, r in zip(values, noise, strict=True)]
 
 
-def rerandomize(public: paillier.PaillierPublicKey, cts: Sequence[int]) -> Ciphertexts:
+def rerandomize(
+    public: paillier.PaillierPublicKey, cts: Sequence[int], randomizer: str = "standard"
+) -> Ciphertexts:
     """Same plaintexts, fresh randomness: the receiver cannot link them to earlier values."""
     nsq = _nsquare(public)
-    return [int(gmpy2.mpz(c) * _obfuscator(public) % nsq) for c in cts]
+    noise = _obfuscators(public, len(cts), randomizer)
+    return [int(gmpy2.mpz(c) * r % nsq) for c, r in zip(cts, noise, strict=True)]
 
 
 def add(public: paillier.PaillierPublicKey, a: Sequence[int], b: Sequence[int]) -> Ciphertexts:
@@ -61,38 +99,55 @@ def add_plain(
     ]
 
 
+def _column_products(
+    public: paillier.PaillierPublicKey, cts: Sequence[int], exponents: np.ndarray
+) -> list[gmpy2.mpz]:
+    """Bucket multi-exponentiation of each exponent column, row chunks spread over processes."""
+    nsq = _nsquare(public)
+    backend = _backend(exponents.size // 8)
+    bounds = chunk_bounds(len(cts), backend.parallelism)
+    partials = backend.run(
+        kernels.xt_dot_chunk,
+        [(int(nsq), list(cts[a:b]), exponents[a:b]) for a, b in bounds],
+        sensitive=False,
+    )
+    columns = partials[0]
+    for partial in partials[1:]:
+        columns = [x * y % nsq for x, y in zip(columns, partial, strict=True)]
+    return columns
+
+
 def weighted_sum(
     public: paillier.PaillierPublicKey, cts: Sequence[int], weights: Sequence[int]
 ) -> int:
     """``[[sum_i w_i m_i]]`` for plaintext integer weights (negative ones via the inverse)."""
-    nsq = _nsquare(public)
-    positive, negative = gmpy2.mpz(1), gmpy2.mpz(1)
-    for c, w in zip(cts, weights, strict=True):
-        if w > 0:
-            positive = positive * gmpy2.powmod(gmpy2.mpz(c), w, nsq) % nsq
-        elif w < 0:
-            negative = negative * gmpy2.powmod(gmpy2.mpz(c), -w, nsq) % nsq
-    return int(positive * gmpy2.invert(negative, nsq) % nsq)
+    if len(cts) != len(weights):
+        raise ValueError(f"{len(cts)} ciphertexts but {len(weights)} weights")
+    if any(abs(int(w)) >= 2**62 for w in weights):
+        nsq = _nsquare(public)
+        result = gmpy2.mpz(1)
+        for c, w in zip(cts, weights, strict=True):
+            result = result * gmpy2.powmod(gmpy2.mpz(c), int(w), nsq) % nsq
+        return int(result)
+    exponents = np.asarray([int(w) for w in weights], dtype=np.int64).reshape(-1, 1)
+    return int(_column_products(public, cts, exponents)[0])
 
 
 def transpose_dot(
     public: paillier.PaillierPublicKey, X_int: np.ndarray, cts: Sequence[int]
 ) -> Ciphertexts:
     """``X^T [[d]]``: one encrypted sum per column of the integer matrix ``X``."""
-    X_int = np.asarray(X_int)
+    X_int = np.asarray(X_int, dtype=np.int64)
     if X_int.shape[0] != len(cts):
         raise ValueError(f"X has {X_int.shape[0]} rows but [[d]] has {len(cts)} entries")
-    return [weighted_sum(public, cts, [int(v) for v in X_int[:, j]]) for j in range(X_int.shape[1])]
+    return [int(c) for c in _column_products(public, cts, X_int)]
 
 
 def decrypt(private: paillier.PaillierPrivateKey, cts: Sequence[int]) -> list[int]:
-    """Signed integers: plaintexts above n/2 are negatives."""
+    """Signed integers (plaintexts above n/2 are negatives), by CRT decryption."""
     n = private.public_key.n
-    out = []
-    for c in cts:
-        m = private.raw_decrypt(int(c))
-        out.append(m - n if m > n // 2 else m)
-    return out
+    plain = CrtDecryptor(private.p, private.q).decrypt_many(list(cts))
+    return [int(m) - n if m > n // 2 else int(m) for m in plain]
 
 
 def random_masks(count: int, bits: int = 256) -> list[int]:

@@ -1,0 +1,186 @@
+"""Execution backends: run the same chunk function serially, in local processes or on Dask.
+
+Chunk functions are module-level and receive only plain data (moduli, ciphertext ints,
+int64 exponent arrays), so every backend computes bit-identical results for deterministic
+operations. Private-key material never goes to a Dask cluster unless explicitly allowed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from core.paillier.errors import BackendError
+
+T = TypeVar("T")
+
+
+class Backend(Protocol):
+    """Anything that can map a picklable function over argument tuples."""
+
+    @property
+    def parallelism(self) -> int:
+        """How many chunks are worth creating (1 means: do not split)."""
+        ...
+
+    def run(
+        self, function: Callable[..., T], arguments: Sequence[tuple[Any, ...]], *, sensitive: bool
+    ) -> list[T]:
+        """Apply ``function(*args)`` to every tuple, preserving order."""
+        ...
+
+
+class SerialBackend:
+    """In-process execution; the reference the parallel backends must match."""
+
+    @property
+    def parallelism(self) -> int:
+        return 1
+
+    def run(
+        self,
+        function: Callable[..., T],
+        arguments: Sequence[tuple[Any, ...]],
+        *,
+        sensitive: bool = False,
+    ) -> list[T]:
+        return [function(*args) for args in arguments]
+
+
+class ProcessBackend:
+    """A local process pool, created lazily and reused across calls (start-up is costly).
+
+    Uses the ``forkserver`` start method so that worker processes never inherit threads or
+    locks of a busy parent (Prefect, Dask clients).
+    """
+
+    def __init__(self, max_workers: int | None = None, *, start_method: str = "forkserver"):
+        if max_workers is not None and max_workers < 1:
+            raise BackendError(f"max_workers must be >= 1, got {max_workers}")
+        self._max_workers = max_workers or os.cpu_count() or 1
+        self._start_method = start_method
+        self._executor: Executor | None = None
+
+    @property
+    def parallelism(self) -> int:
+        return self._max_workers
+
+    def _pool(self) -> Executor:
+        if self._executor is None:
+            context = multiprocessing.get_context(self._start_method)
+            self._executor = ProcessPoolExecutor(self._max_workers, mp_context=context)
+        return self._executor
+
+    def run(
+        self,
+        function: Callable[..., T],
+        arguments: Sequence[tuple[Any, ...]],
+        *,
+        sensitive: bool = False,
+    ) -> list[T]:
+        if len(arguments) <= 1:
+            return [function(*args) for args in arguments]
+        futures = [self._pool().submit(function, *args) for args in arguments]
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        """Shut the worker processes down."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def __enter__(self) -> ProcessBackend:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class DaskBackend:
+    """Runs chunks on an existing Dask cluster (``Client(address)``) or a given client.
+
+    ``allow_private_key`` must be set explicitly before decryption chunks (which carry the
+    private key's primes) may be shipped to the cluster.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        client: Any | None = None,
+        allow_private_key: bool = False,
+    ) -> None:
+        if (address is None) == (client is None):
+            raise BackendError("give exactly one of a scheduler address or a dask Client")
+        if client is None:
+            from dask.distributed import Client
+
+            client = Client(address)
+            self._owns_client = True
+        else:
+            self._owns_client = False
+        self._client = client
+        self._allow_private_key = allow_private_key
+
+    @property
+    def parallelism(self) -> int:
+        threads = sum(self._client.nthreads().values())
+        return max(int(threads), 1)
+
+    def run(
+        self,
+        function: Callable[..., T],
+        arguments: Sequence[tuple[Any, ...]],
+        *,
+        sensitive: bool = False,
+    ) -> list[T]:
+        if sensitive and not self._allow_private_key:
+            raise BackendError(
+                "refusing to send private-key material to a Dask cluster; construct "
+                "DaskBackend(..., allow_private_key=True) if the cluster is trusted"
+            )
+        futures = [
+            self._client.submit(function, *[self._ship(value) for value in args], pure=False)
+            for args in arguments
+        ]
+        return list(self._client.gather(futures))
+
+    def _ship(self, value: Any) -> Any:
+        """Scatter bulky arguments (ciphertext lists, exponent arrays) instead of embedding
+        them in the task graph, which Dask warns about and serialises less efficiently."""
+        if isinstance(value, list | tuple | np.ndarray) and len(value) > 64:
+            return self._client.scatter([value], hash=False)[0]  # one object, not per item
+        return value
+
+    def close(self) -> None:
+        """Close the client if this backend created it."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> DaskBackend:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+SERIAL = SerialBackend()
+
+
+def chunk_bounds(length: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``range(length)`` into at most ``parts`` contiguous, near-equal, non-empty pieces."""
+    parts = max(1, min(parts, length))
+    if length == 0:
+        return []
+    step, extra = divmod(length, parts)
+    bounds, start = [], 0
+    for index in range(parts):
+        stop = start + step + (1 if index < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds

@@ -1,0 +1,194 @@
+"""Flow ``label_dp_regression``: a regression model trained on label-DP noisy labels.
+
+labels party                                              features party
+check labels, refuse if over budget ── id-order digest ──▶ check features, compare digest
+private prior ─▶ mechanism ─▶ noisy labels
+(stored and charged once per table and parameters)
+                                    ── noisy labels ────▶ train on own features, save model
+optional:  evaluate on true labels ◀── predictions ────── (hold-out rows only)
+
+``label_dp_job`` runs a job file end to end: load both tables, align them by PSI, let the
+labels party's owner set its budget, then train (``python -m flows.label_dp <job file>``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from core.label_dp.grid import DEFAULT_GRID_SIZE
+from flows.align import psi_align
+from flows.jobs import read_job
+from storage.descriptor import TableRef
+from storage.workspace import derive_job_id
+from tasks import label_dp as steps
+from tasks.loading import fingerprint, load_table
+from tasks.reporting import artifact_key, markdown_table, publish_markdown, publish_model_link
+
+
+def _label_range(label_range: list[float] | None, labels: TableRef) -> tuple[float, float]:
+    """The declared range: the parameter, else the labels descriptor's ``label_domain``."""
+    if label_range is not None:
+        if len(label_range) != 2:
+            raise steps.LabelDPSetupError(f"label_range must be [low, high]; got {label_range}")
+        return float(label_range[0]), float(label_range[1])
+    if labels.label_domain:
+        return float(min(labels.label_domain)), float(max(labels.label_domain))
+    raise steps.LabelDPSetupError(
+        "label_range is required (or a label_domain in the labels descriptor): the grid must "
+        "be fixed before looking at the labels, so it cannot come from the data"
+    )
+
+
+def _summary(
+    job: steps.LabelDPJob,
+    release: dict[str, Any],
+    model: dict[str, Any],
+    evaluation: dict[str, Any] | None,
+) -> str:
+    """The UI's view: the mechanism, the budget, the metrics (all DP or public, except an
+    optional evaluation on true labels)."""
+    s, budget = release["summary"], release["budget"]
+    items = [
+        ("mechanism", f"{s['mechanism']} for {s['loss']} loss"),
+        ("epsilon split", f"{s['epsilon']:g} = {s['prior_epsilon']:.4g} (prior) + "
+                          f"{s['label_epsilon']:.4g} (labels)"),
+        ("prior", s["prior"]),
+        ("grid", f"{s['grid_size']} points in [{s['grid_low']:g}, {s['grid_high']:g}]"),
+        ("bins (distinct outputs)", s["bins"]),
+        ("keep probability", f"{s['keep_probability']:.4f}" if "keep_probability" in s else "-"),
+        ("expected loss under the prior", f"{s['expected_loss']:.6g}"),
+        ("release", "reused, not charged again" if release["reused"] else "new, charged once"),
+        ("epsilon spent / total", f"{budget['epsilon_spent']:g} / {budget['epsilon_total']:g}"),
+        ("epsilon left", f"{budget['epsilon_left']:g}"),
+    ]  # fmt: skip
+    metrics = {**model["metrics"], **(evaluation or {})}
+    return "\n\n".join(
+        [
+            f"# Label-DP regression, job {job.job_id}",
+            f"Protected table `{budget['protected_table']}` of **{job.labels_party}**; model "
+            f"trained by **{job.features_party}** on {model['train_rows']} rows.",
+            markdown_table([{"item": k, "value": v} for k, v in items]),
+            "## Metrics",
+            markdown_table([{"metric": k, "value": v} for k, v in metrics.items()]),
+        ]
+    )
+
+
+@flow(
+    name="label_dp_regression", flow_run_name="label_dp {mechanism} eps={epsilon} {labels[table]}"
+)
+def label_dp_regression(
+    features: dict[str, Any],
+    labels: dict[str, Any],
+    epsilon: float,
+    loss: str = "squared",
+    label_range: list[float] | None = None,
+    mechanism: str = "rr_on_bins",
+    prior_epsilon: float | None = None,
+    grid_size: int = DEFAULT_GRID_SIZE,
+    integer_labels: bool = False,
+    clip: bool = True,
+    holdout_fraction: float = 0.2,
+    seed: int = 0,
+    evaluate: bool = False,
+    workspace: str | None = None,
+    job_id: str | None = None,
+) -> dict[str, Any]:
+    """Train on epsilon-label-DP noisy labels; returns the model, the release and the budget.
+
+    ``label_range`` (or the labels descriptor's ``label_domain``) fixes the public grid:
+    ``grid_size`` evenly spaced points, or every integer with ``integer_labels`` when there
+    are at most ``grid_size`` of them. Labels outside it are clipped, or refused with
+    ``clip=False``. ``prior_epsilon`` defaults to ``min(sqrt(k / n), epsilon / 2)`` for
+    RR-on-Bins and to no prior for the baselines (``laplace``, ``exponential``,
+    ``staircase``). ``evaluate`` sends the hold-out predictions to the labels party for a
+    test MSE on the true labels (outside the budget; see the README). The job id defaults to
+    one derived from both tables' salted fingerprints and the options.
+    """
+    features_ref, labels_ref = TableRef.from_dict(features), TableRef.from_dict(labels)
+    job = steps.LabelDPJob(
+        job_id or "pending",
+        workspace,
+        labels_ref.party,
+        features_ref.party,
+        epsilon,
+        loss,
+        _label_range(label_range, labels_ref),
+        mechanism,
+        prior_epsilon,
+        grid_size,
+        integer_labels,
+        clip,
+        holdout_fraction,
+        seed,
+    )
+    steps.check_parameters(job)
+    if job_id is None:
+        tables = [[r.party, r.table, fingerprint(r)] for r in (labels_ref, features_ref)]
+        options = {**job.release_parameters(), "holdout_fraction": holdout_fraction, "seed": seed}
+        job_id = derive_job_id("label-dp", {"tables": tables, **options})
+        job = replace(job, job_id=job_id)
+    checked = steps.check_labels(job, labels_ref)
+    steps.check_features(job, features_ref)
+    release = steps.release_noisy_labels(job, labels_ref)
+    model = steps.train_model(job, features_ref)
+    evaluation = None
+    if evaluate:
+        steps.send_predictions(job, features_ref)
+        evaluation = steps.evaluate(job, labels_ref)
+    publish_markdown(
+        artifact_key("label-dp", job_id, "summary"),
+        _summary(job, release, model, evaluation),
+        f"label-DP regression summary of job {job_id}",
+    )
+    publish_model_link(
+        artifact_key("label-dp", job_id, "model"), features_ref.database, model["key"]
+    )
+    get_run_logger().info("job %s: %s", job_id, release["summary"])
+    return {
+        "job_id": job_id,
+        "rows": checked["rows"],
+        "release_key": release["release_key"],
+        "reused": release["reused"],
+        "mechanism": release["summary"],
+        "budget": release["budget"],
+        "coefficients": model["coefficients"],
+        "intercept": model["intercept"],
+        "metrics": {**model["metrics"], **(evaluation or {})},
+        "model_key": model["key"],
+        "database": features_ref.database,
+    }
+
+
+@flow(name="label_dp_job", flow_run_name="label_dp_job {job_file}")
+def label_dp_job(
+    job_file: str = "jobs/label_dp_demo.json", workspace: str | None = None
+) -> dict[str, Any]:
+    """Load both parties' files, align them, set the labels party's budget, then train.
+
+    The job file's ``guest`` holds the labels, its ``host`` the features; the guest's
+    ``privacy_budget`` stands for its owner's decision and is applied to the aligned table.
+    """
+    job = read_job(job_file)
+    refs = {role: TableRef.from_dict(job["parties"][role]["table"]) for role in ("guest", "host")}
+    for role, ref in refs.items():
+        load_table(job["parties"][role]["source"], ref)
+    alignment = psi_align(
+        refs["guest"].to_dict(),
+        refs["host"].to_dict(),
+        min_rows=job.get("psi", {}).get("min_rows", 100),
+        workspace=workspace,
+    )
+    guest, host = (TableRef.from_dict(d) for d in alignment["aligned"])
+    steps.set_label_budget(guest, **job["parties"]["guest"]["privacy_budget"])
+    return label_dp_regression(
+        host.to_dict(), guest.to_dict(), workspace=workspace, **job["label_dp"]
+    )
+
+
+if __name__ == "__main__":
+    label_dp_job(*sys.argv[1:2])

@@ -1,0 +1,1 @@
+"""privreg's command-line entry point (the flows live in ``flows/``)."""

@@ -1,0 +1,426 @@
+"""Label-DP regression, one task per party step (the maths is in :mod:`core.label_dp`).
+
+Two parties hold the same aligned rows: a *labels* party (the protected regression labels)
+and a *features* party. The labels party pays for one release per table and parameters: a
+private prior, the mechanism built for it and one noisy label per row, stored and charged in
+one ledger transaction, so a retry or a re-run sends the same noisy labels and is not charged
+again. Those noisy labels are the only message about the labels that crosses; training on
+them is post-processing and costs no further privacy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from sklearn.pipeline import Pipeline
+
+from core.ids import canonical_id
+from core.label_dp import (
+    LabelGrid,
+    clipped_laplace,
+    exponential_mechanism,
+    label_grid,
+    pointwise_loss,
+    private_prior,
+    release_labels,
+    split_budget,
+    staircase_mechanism,
+    train_on_noisy_labels,
+)
+from core.label_dp.grid import DEFAULT_GRID_SIZE
+from core.label_dp.losses import check_loss
+from core.label_dp.validation import check_epsilon
+from storage.artifacts import ArtifactStore
+from storage.channel import PartyEndpoint
+from storage.descriptor import TableRef
+from storage.ledger import BudgetError, PrivacyLedger
+from storage.party_store import PartyStore
+from storage.validation import DataValidationError
+from storage.workspace import channel_for
+from tasks.loading import fingerprint
+
+PROTOCOL = "label_dp"
+RELEASE_VERSION = "label-dp/v1"
+BASELINES = {
+    "laplace": clipped_laplace,
+    "exponential": exponential_mechanism,
+    "staircase": staircase_mechanism,
+}
+MECHANISMS = ("rr_on_bins", *BASELINES)
+
+
+class LabelDPSetupError(ValueError):
+    """The parameters or the parties' tables cannot be used together."""
+
+
+def _transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry I/O hiccups only: refused inputs and budgets would fail the same way again."""
+    try:
+        state.result()
+    except (ValueError, BudgetError):
+        return False
+    except Exception:
+        return True
+    return True
+
+
+_STEP: dict[str, Any] = {
+    "retries": 2,
+    "retry_delay_seconds": [1, 5],
+    "retry_condition_fn": _transient,
+    "cache_policy": NO_CACHE,
+}
+
+
+@dataclass(frozen=True)
+class LabelDPJob:
+    """Everything a step needs besides its own table: public, small, a task parameter."""
+
+    job_id: str
+    workspace: str | None
+    labels_party: str
+    features_party: str
+    epsilon: float
+    loss: str
+    label_range: tuple[float, float]
+    mechanism: str = "rr_on_bins"
+    prior_epsilon: float | None = None
+    grid_size: int = DEFAULT_GRID_SIZE
+    integer_labels: bool = False
+    clip: bool = True
+    holdout_fraction: float = 0.2
+    seed: int = 0
+
+    def endpoint(self, party: str) -> PartyEndpoint:
+        return channel_for(self.job_id, self.workspace).endpoint(party)
+
+    def grid(self) -> LabelGrid:
+        """The public grid: from the declared range only, never from the labels."""
+        low, high = self.label_range
+        return label_grid(low, high, integer=self.integer_labels, max_size=self.grid_size)
+
+    def release_parameters(self) -> dict[str, Any]:
+        """Everything that changes the release (not the hold-out split, not the job id)."""
+        keys = ("epsilon", "loss", "label_range", "mechanism", "prior_epsilon", "grid_size",
+                "integer_labels", "clip")  # fmt: skip
+        values = asdict(self)
+        return {key: values[key] for key in keys}
+
+    def split(self, rows: int) -> tuple[float, float]:
+        """``(prior epsilon, label epsilon)``: public, as it depends only on sizes."""
+        if self.mechanism == "rr_on_bins" or self.prior_epsilon is not None:
+            return split_budget(self.epsilon, self.grid().size, rows, self.prior_epsilon)
+        return 0.0, self.epsilon
+
+    def holdout_rows(self, rows: int) -> np.ndarray:
+        """Rows kept out of training; both parties derive them from public values."""
+        count = min(round(rows * self.holdout_fraction), max(rows - 2, 0))
+        return np.sort(np.random.default_rng(self.seed).permutation(rows)[:count])
+
+    def train_rows(self, rows: int) -> np.ndarray:
+        return np.setdiff1d(np.arange(rows), self.holdout_rows(rows))
+
+
+def check_parameters(job: LabelDPJob) -> None:
+    """Refuse unusable public parameters before any party does anything."""
+    check_epsilon(job.epsilon)
+    check_loss(job.loss)
+    if job.mechanism not in MECHANISMS:
+        raise LabelDPSetupError(
+            f"mechanism must be one of {', '.join(MECHANISMS)}; got {job.mechanism!r}"
+        )
+    if job.prior_epsilon is not None:
+        check_epsilon(job.prior_epsilon, "prior_epsilon")
+        job.split(1)  # refuses a prior share that leaves nothing for the labels
+    low, high = job.label_range
+    if job.loss == "poisson" and low < 0:
+        raise LabelDPSetupError(f"poisson loss needs a label range >= 0; got [{low}, {high}]")
+    job.grid()
+    if not 0.0 <= job.holdout_fraction < 1.0:
+        raise LabelDPSetupError(f"holdout_fraction must be in [0, 1); got {job.holdout_fraction}")
+    if job.labels_party == job.features_party:
+        raise LabelDPSetupError(f"both tables belong to party {job.labels_party!r}")
+
+
+def release_key(table_fingerprint: str, job: LabelDPJob) -> str:
+    """Names a release by the (salted) table digest and every parameter that shapes it."""
+    text = json.dumps(
+        {"version": RELEASE_VERSION, "table": table_fingerprint, **job.release_parameters()},
+        sort_keys=True,
+    )
+    return "label-dp-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def id_order_digest(job_id: str, ids: pd.Series) -> str:
+    """A digest of the canonical ids in row order: equal digests mean aligned tables."""
+    digest = hashlib.sha256(job_id.encode() + b"\x00")
+    for value in ids:
+        digest.update(canonical_id(value) + b"\x00")
+    return digest.hexdigest()
+
+
+def _read_labels(job: LabelDPJob, ref: TableRef) -> tuple[pd.DataFrame, np.ndarray]:
+    """The labels party's table and labels; refuses empty tables, NaN and out-of-range labels.
+
+    ``read_table`` already refuses empty tables and missing or non-finite labels, naming the
+    table, column and row; labels outside the declared range are refused here unless clipped.
+    """
+    if ref.label_column is None:
+        raise LabelDPSetupError(f"labels table {ref.table!r} declares no label column")
+    frame = PartyStore.of(ref).read_table(ref)
+    labels = frame[ref.label_column].to_numpy(dtype=float)
+    low, high = job.label_range
+    outside = (labels < low) | (labels > high)
+    if not job.clip and outside.any():
+        row = int(np.flatnonzero(outside)[0])
+        raise DataValidationError(
+            ref.table,
+            ref.label_column,
+            row + 1,
+            f"label {labels[row]:g} is outside label_range [{low:g}, {high:g}] and clip is off "
+            f"({int(outside.sum())} such labels)",
+            frame[ref.id_column].iloc[row],
+        )
+    return frame, labels
+
+
+def build_release(labels: np.ndarray, job: LabelDPJob) -> dict[str, Any]:
+    """Prior, mechanism and noisy labels as a storable dict (CSPRNG draws throughout).
+
+    RR-on-Bins goes through ``release_labels`` (the paper's Algorithm 3). A baseline spends
+    the whole budget on the labels unless ``prior_epsilon`` is given; then that share buys a
+    private prior, which the staircase uses to choose its step width.
+    """
+    grid = job.grid()
+    if job.mechanism == "rr_on_bins":
+        released = release_labels(
+            labels, grid, job.epsilon, job.loss, prior_epsilon=job.prior_epsilon, clip=job.clip
+        )
+        mechanism, noisy = released.mechanism, released.noisy_labels
+        eps1, eps2 = released.prior_epsilon, released.label_epsilon
+        extra = {"bins": mechanism.bin_count, "keep_probability": mechanism.keep_probability}
+    else:
+        positions = grid.positions(labels, clip=job.clip)
+        eps1, eps2 = job.split(len(positions))
+        counts = np.bincount(positions, minlength=grid.size)
+        prior = private_prior(counts, eps1) if eps1 > 0 else None
+        mechanism = BASELINES[job.mechanism](grid.points, eps2, job.loss, prior)
+        noisy = mechanism.randomize(grid.points[positions])
+        extra = {"bins": len(mechanism.outputs)}
+    summary = {
+        "mechanism": job.mechanism,
+        "loss": job.loss,
+        "epsilon": job.epsilon,
+        "prior_epsilon": eps1,
+        "label_epsilon": eps2,
+        "prior": "private histogram" if eps1 > 0 else "uniform (none released)",
+        "grid_size": grid.size,
+        "grid_low": grid.low,
+        "grid_high": grid.high,
+        **extra,
+        "expected_loss": float(mechanism.expected_loss()),
+    }
+    return {
+        "noisy_labels": np.asarray(noisy, dtype=np.float64),
+        "outputs": np.asarray(mechanism.outputs, dtype=np.float64),
+        "prior": np.asarray(mechanism.prior, dtype=np.float64),
+        "summary": summary,
+    }
+
+
+# ---- labels party ---------------------------------------------------------------------------
+@task(name="label-dp-budget", task_run_name="{ref.party}: set budget of {ref.table}")
+def set_label_budget(ref: TableRef, epsilon: float, delta: float = 0.0) -> dict[str, Any]:
+    """The labels party's owner fixes the table's total budget (earlier spends stay)."""
+    ledger = PrivacyLedger(PartyStore.of(ref))
+    ledger.set_budget(ref.table, epsilon, delta)
+    return ledger.status(ref.table).as_dict()
+
+
+@task(name="label-dp-check-labels", task_run_name="{ref.party}: check labels and budget", **_STEP)
+def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
+    """Validate the labels, refuse a release the budget cannot pay for, then send the features
+    party a digest of the id order (the only message before the release)."""
+    frame, labels = _read_labels(job, ref)
+    job.split(len(labels))
+    key = release_key(fingerprint.fn(ref), job)
+    ledger = PrivacyLedger(PartyStore.of(ref))
+    reused = ledger.stored_release(key) is not None
+    if reused:
+        status = ledger.status(ref.table)
+    else:
+        status = ledger.require_affordable(ref.table, job.epsilon, 0.0)
+    digest = id_order_digest(job.job_id, frame[ref.id_column])
+    job.endpoint(ref.party).send(job.features_party, "id_order_digest", digest)
+    return {"rows": len(labels), "release_key": key, "reused": reused, "budget": status.as_dict()}
+
+
+@task(name="label-dp-release", task_run_name="{ref.party}: release noisy labels", **_STEP)
+def release_noisy_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
+    """Compute (or find) the release, charged once, and send its noisy labels: one message.
+
+    Returns only what is itself differentially private or public: the mechanism summary
+    (a function of the private prior) and the ledger status.
+    """
+    _, labels = _read_labels(job, ref)
+    key = release_key(fingerprint.fn(ref), job)
+    ledger = PrivacyLedger(PartyStore.of(ref))
+    release = ledger.stored_release(key)
+    reused = release is not None
+    if release is None:
+        ledger.require_affordable(ref.table, job.epsilon, 0.0)  # before computing anything
+        release = ledger.charge_and_store(
+            key, ref.table, job.epsilon, 0.0, job.mechanism, job.job_id, build_release(labels, job)
+        )
+    job.endpoint(ref.party).send(job.features_party, "noisy_labels", release["noisy_labels"])
+    get_run_logger().info(
+        "%s: %s release %s of %d noisy labels (epsilon %g)",
+        ref.party,
+        "reused" if reused else "new",
+        key,
+        len(release["noisy_labels"]),
+        job.epsilon,
+    )
+    return {
+        "release_key": key,
+        "reused": reused,
+        "summary": release["summary"],
+        "budget": ledger.status(ref.table).as_dict(),
+    }
+
+
+@task(name="label-dp-evaluate", task_run_name="{ref.party}: evaluate predictions", **_STEP)
+def evaluate(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
+    """Test error against the true labels, which only the labels party can compute.
+
+    Optional and outside the privacy budget: the labels party learns the model's predictions
+    on the evaluated rows, and whoever sees the result learns an exact (non-private) error.
+    """
+    _, labels = _read_labels(job, ref)
+    rows = job.holdout_rows(len(labels))
+    scope = "holdout"
+    if rows.size == 0:
+        rows, scope = np.arange(len(labels)), "all rows (in-sample)"
+    predictions = np.asarray(job.endpoint(ref.party).receive(job.features_party, "predictions"))
+    if predictions.shape != rows.shape:
+        raise LabelDPSetupError(
+            f"expected {rows.size} predictions from {job.features_party}, got {predictions.shape}"
+        )
+    truth = labels[rows]
+    result = {
+        "evaluated_on": scope,
+        "test_rows": int(rows.size),
+        "test_mse": float(np.mean((predictions - truth) ** 2)),
+    }
+    if job.loss != "squared":
+        result[f"test_{job.loss}_loss"] = _mean_loss(job, predictions, truth)
+    return result
+
+
+# ---- features party -------------------------------------------------------------------------
+def _read_features(ref: TableRef) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
+    if ref.label_column is not None:
+        raise LabelDPSetupError(
+            f"features table {ref.table!r} declares label column {ref.label_column!r}: only the "
+            "labels party may hold labels"
+        )
+    frame = PartyStore.of(ref).read_table(ref)
+    names = [c for c in frame.columns if c != ref.id_column]
+    if not names:
+        raise LabelDPSetupError(f"features table {ref.table!r} has no feature column")
+    return frame, frame[names].to_numpy(dtype=float), names
+
+
+def model_key(job_id: str) -> str:
+    return f"models/{PROTOCOL}/{job_id}"
+
+
+@task(name="label-dp-check-features", task_run_name="{ref.party}: check alignment", **_STEP)
+def check_features(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
+    """Compare the labels party's id-order digest with one's own (reveals equal or not)."""
+    frame, X, _ = _read_features(ref)
+    theirs = job.endpoint(ref.party).receive(job.labels_party, "id_order_digest")
+    if theirs != id_order_digest(job.job_id, frame[ref.id_column]):
+        raise LabelDPSetupError(
+            f"tables of {job.labels_party} and {ref.party} are not aligned (different ids or "
+            "order); run psi_align first and use the *_aligned tables"
+        )
+    return {"rows": len(frame), "features": X.shape[1]}
+
+
+def linear_form(model: Pipeline) -> tuple[np.ndarray, float]:
+    """Coefficients and intercept in the features' own units (undoing the standardisation)."""
+    scaler, estimator = model[0], model[-1]
+    coefficients = np.asarray(estimator.coef_, dtype=float) / scaler.scale_
+    return coefficients, float(estimator.intercept_ - coefficients @ scaler.mean_)
+
+
+def predict(model: dict[str, Any], X: np.ndarray) -> np.ndarray:
+    """Predictions of a saved model (log link for Poisson loss)."""
+    score = X @ np.asarray(model["weights"]) + model["intercept"]
+    return np.exp(score) if model["link"] == "log" else score
+
+
+@task(name="label-dp-train", task_run_name="{ref.party}: train on noisy labels", **_STEP)
+def train_model(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
+    """Fit on own features and the received noisy labels; save the model in own store."""
+    _, X, names = _read_features(ref)
+    noisy = np.asarray(job.endpoint(ref.party).receive(job.labels_party, "noisy_labels"))
+    if noisy.shape != (len(X),):
+        raise LabelDPSetupError(f"received {noisy.shape} noisy labels for {len(X)} rows")
+    train, holdout = job.train_rows(len(X)), job.holdout_rows(len(X))
+    weights, intercept = linear_form(train_on_noisy_labels(X[train], noisy[train], job.loss))
+    eps1, eps2 = job.split(len(X))
+    model = {
+        "features": names,
+        "weights": weights,
+        "intercept": intercept,
+        "link": "log" if job.loss == "poisson" else "identity",
+        "loss": job.loss,
+        "job_id": job.job_id,
+        "train_rows": int(train.size),
+        "mechanism": {  # public parameters, plus what the noisy labels themselves show
+            **job.release_parameters(),
+            "prior_epsilon": eps1,
+            "label_epsilon": eps2,
+            "grid_points": job.grid().size,
+            "distinct_noisy_values": int(np.unique(noisy).size),
+        },
+    }
+    ArtifactStore(PartyStore.of(ref)).put(model_key(job.job_id), model, "model")
+    predictions = predict(model, X)
+    metrics = {"train_loss_vs_noisy": _mean_loss(job, predictions[train], noisy[train])}
+    if holdout.size:
+        metrics["holdout_loss_vs_noisy"] = _mean_loss(job, predictions[holdout], noisy[holdout])
+    return {
+        "key": model_key(job.job_id),
+        "coefficients": dict(zip(names, weights.tolist(), strict=True)),
+        "intercept": intercept,
+        "metrics": metrics,
+        "train_rows": int(train.size),
+        "holdout_rows": int(holdout.size),
+    }
+
+
+def _mean_loss(job: LabelDPJob, predicted: np.ndarray, label: np.ndarray) -> float:
+    return float(np.mean(pointwise_loss(job.loss, predicted, label)))
+
+
+@task(name="label-dp-predictions", task_run_name="{ref.party}: send predictions", **_STEP)
+def send_predictions(job: LabelDPJob, ref: TableRef) -> int:
+    """For ``evaluate`` only: the model's predictions on the hold-out rows (all rows if there
+    is no hold-out) go to the labels party. Documented leak: they reveal the predictions."""
+    _, X, _ = _read_features(ref)
+    model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
+    rows = job.holdout_rows(len(X))
+    if rows.size == 0:
+        rows = np.arange(len(X))
+    job.endpoint(ref.party).send(job.labels_party, "predictions", predict(model, X[rows]))
+    return int(rows.size)

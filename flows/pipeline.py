@@ -6,6 +6,7 @@ load each party's table ──▶ PSI alignment ──▶ (training stages) ─�
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow
@@ -13,9 +14,25 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.align import psi_align
 from flows.jobs import read_job
+from flows.label_dp import label_dp_job
 from flows.vertical_lr import vertical_lr
 from storage.descriptor import TableRef
 from tasks.loading import load_table
+
+
+def _label_dp_stage(job_file: str, workspace: str | None) -> str:
+    result = label_dp_job(job_file, workspace)
+    mechanism, budget = result["mechanism"], result["budget"]
+    test = result["metrics"].get("test_mse")
+    return (
+        f"{mechanism['mechanism']} eps {mechanism['epsilon']:g}, {mechanism['bins']} bins, "
+        f"spent {budget['epsilon_spent']:g} of {budget['epsilon_total']:g}"
+        + (f", test MSE {test:.0f}" if test is not None else "")
+        + (" (release reused)" if result["reused"] else "")
+    )
+
+
+SUBJOBS: dict[str, Callable[[str, str | None], str]] = {"label_dp": _label_dp_stage}
 
 
 def _summary_markdown(job: str, stages: dict[str, dict[str, Any]]) -> str:
@@ -55,15 +72,28 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
         + (" (reused)" if alignment["reused"] else ""),
     }
 
-    aligned = {role: TableRef.from_dict(d) for role, d in zip(("guest", "host"),
-                                                              alignment["aligned"], strict=True)}
+    aligned = {
+        role: TableRef.from_dict(d)
+        for role, d in zip(("guest", "host"), alignment["aligned"], strict=True)
+    }
     if "vertical" in job:
         started = time.perf_counter()
-        model = vertical_lr(aligned["guest"].to_dict(), [aligned["host"].to_dict()],
-                            workspace=workspace, **job["vertical"])
+        model = vertical_lr(
+            aligned["guest"].to_dict(),
+            [aligned["host"].to_dict()],
+            workspace=workspace,
+            **job["vertical"],
+        )
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in model["metrics"].items() if "auc" in k)
-        stages["vertical_lr"] = {"seconds": time.perf_counter() - started,
-                                 "result": f"{model['rounds_run']} rounds, {metrics}"}
+        stages["vertical_lr"] = {
+            "seconds": time.perf_counter() - started,
+            "result": f"{model['rounds_run']} rounds, {metrics}",
+        }
+
+    for name, sub_job in job.get("subjobs", {}).items():
+        started = time.perf_counter()
+        stages[name] = {"result": SUBJOBS[name](sub_job, workspace)}
+        stages[name]["seconds"] = time.perf_counter() - started
 
     summary = _summary_markdown(job.get("job", job_file), stages)
     create_markdown_artifact(summary, key="pipeline-summary", description="privreg pipeline")

@@ -10,7 +10,7 @@ export PREFECT_LOGGING_LEVEL ?= INFO
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
-        bench-horizontal bench-labeldp bench-sparse-lda
+        bench-horizontal bench-labeldp bench-sparse-lda bench-vertical
 
 install: $(STAMP)
 
@@ -51,6 +51,26 @@ worker: $(STAMP)
 
 serve: $(STAMP)
 	PREFECT_API_URL=$(API_URL) $(BIN)/python -m flows.serve
+
+bench-vertical: $(STAMP)
+	$(BIN)/python benchmarks/bench_vertical.py
+
+bench-paillier: $(STAMP)
+	$(BIN)/python benchmarks/bench_paillier.py
+
+bench-walr: $(STAMP)
+	$(BIN)/python benchmarks/bench_walr.py
+
+bench-labeldp: $(STAMP)
+	$(BIN)/python benchmarks/bench_labeldp.py
+
+bench-horizontal: $(STAMP)
+	$(BIN)/python benchmarks/bench_horizontal.py
+
+bench-sparse-lda: $(STAMP)
+	$(BIN)/python benchmarks/bench_sparse_lda.py
+
+bench: bench-psi bench-paillier bench-vertical bench-walr bench-labeldp bench-horizontal bench-sparse-lda
 
 clean:
 	rm -rf var

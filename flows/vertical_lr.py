@@ -101,6 +101,7 @@ def vertical_lr(
     workspace: str | None = None,
     job_id: str | None = None,
     randomizer: str = "standard",
+    clip_features: float | None = None,
     allow_insecure_key_size: bool = False,
     fail_at_round: int | None = None,
 ) -> dict[str, Any]:
@@ -108,6 +109,7 @@ def vertical_lr(
 
     ``job_id`` defaults to one derived from the tables' salted fingerprints and every
     option except ``epochs`` (so a run with more epochs continues the same job).
+    ``clip_features`` clips every party's features to [-c, c] locally (standardised data).
     ``randomizer="djn"`` opts into the Damgard-Jurik-Nielsen short-exponent randomizer
     (about 10x cheaper encryption; see core/paillier/randomness.py for its security argument).
     ``allow_insecure_key_size`` and ``fail_at_round`` exist for tests only.
@@ -133,6 +135,7 @@ def vertical_lr(
         "holdout_fraction": holdout_fraction,
         "arbiter": arbiter,
         "randomizer": randomizer,
+        "clip_features": clip_features,
     }
     if job_id is None:
         job_id = derive_job_id(
@@ -159,6 +162,7 @@ def vertical_lr(
         decay=decay,
         l2=l2,
         randomizer=randomizer,
+        clip_features=clip_features,
     )
     info = steps.check_party(provisional, guest_ref, "guest")
     for host in host_refs:

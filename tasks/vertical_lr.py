@@ -61,6 +61,7 @@ class VerticalJob:
     decay: float
     l2: float
     randomizer: str = "standard"
+    clip_features: float | None = None
 
     @property
     def with_arbiter(self) -> bool:
@@ -117,15 +118,18 @@ def _public_key(job: VerticalJob, ref: TableRef) -> paillier.PaillierPublicKey:
     return paillier.PaillierPublicKey(int(n))
 
 
-def _features(ref: TableRef) -> tuple[np.ndarray, list[str], np.ndarray | None]:
+def _features(ref: TableRef, clip: float | None) -> tuple[np.ndarray, list[str], np.ndarray | None]:
+    """The party's features, clipped to [-clip, clip] when asked (a purely local step that
+    tames outliers, which the Taylor approximation handles badly)."""
     frame = PartyStore.of(ref).read_table(ref)
     names = [c for c in frame.columns if c not in (ref.id_column, ref.label_column)]
     labels = frame[ref.label_column].to_numpy() if ref.label_column else None
-    return frame[names].to_numpy(dtype=float), names, labels
+    X = frame[names].to_numpy(dtype=float)
+    return (X if clip is None else np.clip(X, -clip, clip)), names, labels
 
 
-def _guest_matrix(ref: TableRef) -> tuple[np.ndarray, list[str], np.ndarray]:
-    X, names, labels = _features(ref)
+def _guest_matrix(ref: TableRef, clip: float | None) -> tuple[np.ndarray, list[str], np.ndarray]:
+    X, names, labels = _features(ref, clip)
     return np.hstack([np.ones((len(X), 1)), X]), ["intercept", *names], labels
 
 
@@ -219,7 +223,7 @@ def check_alignment(job: VerticalJob, ref: TableRef) -> None:
 def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "train") -> None:
     """A host encrypts its score share for the batch and sends it to the guest (and to later
     hosts, which need it for the loss's cross terms)."""
-    X, _, _ = _features(ref)
+    X, _, _ = _features(ref, job.clip_features)
     weights = _state(job, ref, _weights_round(round_, phase), X.shape[1])["weights"]
     rows = _rows(job, round_, phase)
     public = _public_key(job, ref)
@@ -272,7 +276,7 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
     """The guest adds its plaintext part to the hosts' encrypted shares, sends each host a
     re-randomised ``[[d]]``, folds the encrypted Taylor loss for the key holder and, in a
     training round, masks its own encrypted gradient for decryption."""
-    X, _, labels = _guest_matrix(ref)
+    X, _, labels = _guest_matrix(ref, job.clip_features)
     weights = _state(job, ref, _weights_round(round_, phase), X.shape[1])["weights"]
     rows = _rows(job, round_, phase)
     y = labels_pm1(labels[rows])
@@ -342,7 +346,7 @@ def _mask_and_send(
     **_RETRY,
 )
 def host_gradient(job: VerticalJob, ref: TableRef, round_: int) -> None:
-    X, _, _ = _features(ref)
+    X, _, _ = _features(ref, job.clip_features)
     rows = _rows(job, round_, "train")
     residual = job.endpoint(ref.party).receive(job.guest, "residual", round=round_)
     _mask_and_send(job, ref, _public_key(job, ref), encode_features(X[rows]), residual, round_)
@@ -381,10 +385,10 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
     """Remove the mask, take the optimizer step, checkpoint the round. Returns the squared
     norm of this party's gradient (for the round table)."""
     if role == "guest":
-        X, _, _ = _guest_matrix(ref)
+        X, _, _ = _guest_matrix(ref, job.clip_features)
         penalised = np.r_[0.0, np.ones(X.shape[1] - 1)]
     else:
-        X, _, _ = _features(ref)
+        X, _, _ = _features(ref, job.clip_features)
         penalised = np.ones(X.shape[1])
     state = _state(job, ref, round_ - 1, X.shape[1])
     artifacts = _artifacts(ref.database)
@@ -417,7 +421,11 @@ def rollback(job: VerticalJob, ref: TableRef, round_: int) -> int:
 @task(name="vertical-save-model", task_run_name="{ref.party}: save model slice")
 def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[str, Any]:
     """Store this party's slice of the model (by feature name) in its own database."""
-    X, names, _ = _guest_matrix(ref) if role == "guest" else _features(ref)
+    X, names, _ = (
+        _guest_matrix(ref, job.clip_features)
+        if role == "guest"
+        else _features(ref, job.clip_features)
+    )
     weights = _state(job, ref, round_, X.shape[1])["weights"]
     model = {"features": names, "weights": weights, "round": round_, "job_id": job.job_id}
     key = f"models/vertical/{job.job_id}/{ref.party}"
@@ -430,7 +438,7 @@ def host_scores(job: VerticalJob, ref: TableRef) -> None:
     """Scoring: a host sends the guest its plaintext score share ``X_h w_h`` (as FATE's
     predict does); the guest learns these sums, never the host's features or weights."""
     model = _artifacts(ref.database).get(f"models/vertical/{job.job_id}/{ref.party}")
-    X, _, _ = _features(ref)
+    X, _, _ = _features(ref, job.clip_features)
     job.endpoint(ref.party).send(job.guest, "scores", X @ model["weights"], round=0)
 
 
@@ -440,7 +448,7 @@ def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     from sklearn.metrics import log_loss, roc_auc_score
 
     model = _artifacts(ref.database).get(f"models/vertical/{job.job_id}/{ref.party}")
-    X, _, labels = _guest_matrix(ref)
+    X, _, labels = _guest_matrix(ref, job.clip_features)
     scores = X @ model["weights"]
     for host in job.hosts:
         scores = scores + job.endpoint(ref.party).receive(host, "scores", round=0)

@@ -13,6 +13,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.align import psi_align
+from flows.horizontal_lr import horizontal_job
 from flows.jobs import read_job
 from flows.label_dp import label_dp_job
 from flows.vertical_lr import vertical_lr
@@ -32,7 +33,18 @@ def _label_dp_stage(job_file: str, workspace: str | None) -> str:
     )
 
 
-SUBJOBS: dict[str, Callable[[str, str | None], str]] = {"label_dp": _label_dp_stage}
+def _horizontal_stage(job_file: str, workspace: str | None) -> str:
+    result = horizontal_job(job_file, workspace)
+    return (
+        f"{result['rounds_completed']} rounds ({result['rounds_run']} run now), "
+        f"loss {result['history'][-1]['loss']:.4f}"
+    )
+
+
+SUBJOBS: dict[str, Callable[[str, str | None], str]] = {
+    "label_dp": _label_dp_stage,
+    "horizontal_lr": _horizontal_stage,
+}
 
 
 def _summary_markdown(job: str, stages: dict[str, dict[str, Any]]) -> str:

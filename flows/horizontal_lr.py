@@ -1,0 +1,292 @@
+"""Flow ``horizontal_lr``: logistic regression on rows spread over parties, by masked sums.
+
+check own table ──▶ column names ──▶ coordinator compares        (once, before any round)
+then per round r (every task's run name starts with "round r:"):
+party:        advertise keys ─▶ share keys ─▶ mask update ─▶ reveal shares ─▶ save model
+coordinator:    publish keys ─▶ route shares ─▶ add masked ─▶ unmask sum, update, checkpoint
+Every arrow crosses the channel; the coordinator sees only the row-weighted mean update, the
+mean loss and the total row count. Parties that fall silent mid-round are tolerated while at
+least ``threshold`` remain. A re-run of the same job resumes after the last round that every
+party finished.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from core import secagg
+from flows.jobs import read_job
+from storage.descriptor import TableRef
+from storage.workspace import derive_job_id
+from tasks import horizontal_lr as steps
+from tasks.horizontal_lr import COORDINATOR, predict_proba
+from tasks.loading import load_table
+from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table
+
+__all__ = ["CRASH_POINTS", "SimulatedCrashError", "horizontal_lr", "predict_proba"]
+
+#: Where ``inject_crash_after`` can stop a run: after a secagg stage, or after the
+#: coordinator's commit but before the parties saved the round.
+CRASH_POINTS = (*secagg.DROPOUT_STAGES, "commit")
+_FAULT_KEY = re.compile(r"^(\*|\d+):([a-z_]+)$")
+
+
+class SimulatedCrashError(RuntimeError):
+    """Raised where ``inject_crash_after`` says: stands in for a killed process (tests only)."""
+
+
+@dataclass(frozen=True)
+class _Faults:
+    """Test-only fault injection: parties that fall silent, and where the run dies."""
+
+    dropouts: dict[str, list[str]]
+    crash_after: str | None
+
+    @classmethod
+    def parse(
+        cls, dropouts: dict[str, list[str]] | None, crash_after: str | None, names: list[str]
+    ) -> _Faults:
+        for key, parties in (dropouts or {}).items():
+            match = _FAULT_KEY.match(key)
+            if not match or match.group(2) not in secagg.DROPOUT_STAGES:
+                raise ValueError(
+                    f"inject_dropouts key {key!r} must be '<round or *>:<stage>' with a stage "
+                    f"in {secagg.DROPOUT_STAGES}"
+                )
+            unknown = sorted(set(parties) - set(names))
+            if unknown:
+                raise ValueError(f"inject_dropouts[{key!r}] names unknown parties {unknown}")
+        if crash_after is not None:
+            match = _FAULT_KEY.match(crash_after)
+            if not match or match.group(1) == "*" or match.group(2) not in CRASH_POINTS:
+                raise ValueError(
+                    f"inject_crash_after {crash_after!r} must be '<round>:<point>' with a point "
+                    f"in {CRASH_POINTS}"
+                )
+        return cls(dict(dropouts or {}), crash_after)
+
+    def present(self, round_: int, stage: str, parties: list[str]) -> list[str]:
+        silent = {*self.dropouts.get(f"{round_}:{stage}", []), *self.dropouts.get(f"*:{stage}", [])}
+        return [p for p in parties if p not in silent]
+
+    def crash_point(self, round_: int, point: str) -> None:
+        if self.crash_after == f"{round_}:{point}":
+            raise SimulatedCrashError(f"injected crash after {point!r} in round {round_}")
+
+
+def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
+    refs = [TableRef.from_dict(p) for p in parties]
+    if len(refs) < 2:
+        raise ValueError(f"horizontal_lr needs at least 2 parties, got {len(refs)}")
+    names = [r.party for r in refs]
+    if len(set(names)) != len(names) or COORDINATOR in names:
+        raise ValueError(f"party names must be unique and not {COORDINATOR!r}; got {names}")
+    if len({r.path.resolve() for r in refs}) != len(refs):
+        raise ValueError("every party needs its own database file")
+    for ref in refs:
+        if ref.label_column is None:
+            raise ValueError(f"party {ref.party!r}: the descriptor names no label_column")
+    return refs
+
+
+def _check_options(
+    rounds: int, local_epochs: int, learning_rate: float, l2: float, tol: float
+) -> None:
+    if rounds < 1 or local_epochs < 0:
+        raise ValueError(f"need rounds >= 1 and local_epochs >= 0, got {rounds}, {local_epochs}")
+    if not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate must be a positive number, got {learning_rate}")
+    if not (math.isfinite(l2) and l2 >= 0 and tol >= 0):
+        raise ValueError(f"l2 and tol must be non-negative, got {l2}, {tol}")
+
+
+def _resume(
+    refs: list[TableRef], status: dict[str, dict[str, Any]], job_id: str, workspace: str | None
+) -> tuple[int, float | None]:
+    """First round to run (after the last one *every* party finished) and its weight change.
+
+    Parties (or the coordinator) that finished a later round roll back to that one.
+    """
+    databases = {ref.party: ref.database for ref in refs}
+    databases[COORDINATOR] = str(steps.coordinator_store(workspace).path)
+    last = min(s["last_round"] for s in status.values())
+    for who, state in status.items():
+        if state["last_round"] > last:
+            status[who] = steps.rollback(who, databases[who], job_id, last)
+    return last + 1, status[COORDINATOR]["change"]
+
+
+def _run_round(
+    refs: dict[str, TableRef],
+    ctx: steps.RoundContext,
+    options: steps.TrainingOptions,
+    faults: _Faults,
+    last_round: int,
+) -> dict[str, Any]:
+    """One secure-aggregation session; only the parties the coordinator answered go on."""
+    r, started = ctx.round, time.time()
+    live = faults.present(r, "advertise_keys", list(refs))
+    for party in live:
+        steps.advertise_keys(refs[party], ctx)
+    faults.crash_point(r, "advertise_keys")
+    live = faults.present(r, "share_keys", steps.publish_key_directory(ctx))
+    for party in live:
+        steps.share_keys(refs[party], ctx)
+    faults.crash_point(r, "share_keys")
+    live = faults.present(r, "mask_input", steps.route_shares(ctx))
+    for party in live:
+        steps.mask_update(refs[party], ctx, options)
+    faults.crash_point(r, "mask_input")
+    live = faults.present(r, "reveal_shares", steps.collect_masked(ctx))
+    for party in live:
+        steps.reveal_shares(refs[party], ctx)
+    faults.crash_point(r, "reveal_shares")
+    entry = steps.update_model(ctx, options, started)
+    faults.crash_point(r, "commit")
+    final = r == last_round or entry["change"] < options.tol
+    for ref in refs.values():  # silent parties come back for the model
+        steps.finish_round(ref, ctx, final)
+    return entry
+
+
+def _publish(job_id: str, model: dict[str, Any], workspace: str | None) -> None:
+    short = job_id.removeprefix("horizontal-lr-")
+    rows = [
+        {
+            "round": e["round"],
+            "loss": e["loss"],
+            "seconds": e["seconds"],
+            "survivors": len(e["survivors"]),
+            "parties": ", ".join(e["survivors"]),
+            "max weight change": e["change"],
+        }
+        for e in model["history"]
+    ]
+    publish_table(
+        artifact_key("horizontal-lr", short, "rounds"),
+        rows,
+        f"horizontal_lr {job_id}: securely aggregated loss per round",
+    )
+    publish_model_link(
+        artifact_key("horizontal-lr", short, "model"),
+        steps.coordinator_store(workspace).path,
+        steps.model_key(job_id),
+    )
+
+
+@flow(name="horizontal_lr", flow_run_name="horizontal_lr: {rounds} rounds")
+def horizontal_lr(
+    parties: list[dict[str, Any]],
+    rounds: int = 20,
+    local_epochs: int = 0,
+    learning_rate: float = 0.2,
+    l2: float = 1e-3,
+    tol: float = 1e-6,
+    seed: int = 0,
+    threshold: int | None = None,
+    workspace: str | None = None,
+    job_id: str | None = None,
+    inject_dropouts: dict[str, list[str]] | None = None,
+    inject_crash_after: str | None = None,
+) -> dict[str, Any]:
+    """Train logistic regression on the parties' rows; the coordinator sees only masked sums.
+
+    ``local_epochs=0`` averages gradients (the same model as centralised full-batch GD);
+    ``k > 0`` runs FedAvg with k local epochs. Training stops after ``rounds`` rounds or once
+    the largest weight change falls below ``tol``. ``threshold`` (default: a strict majority)
+    is how many parties must remain at every stage. ``job_id`` defaults to a digest of the
+    parties' salted table digests and every option that shapes the model (not ``rounds`` or
+    ``tol``), so re-running resumes and asking for more rounds continues. Training is
+    deterministic (zero start, full-batch steps); ``seed`` only names the job, since masks
+    must come from fresh OS randomness.
+
+    Fault injection, for tests only: ``inject_dropouts`` maps ``"<round or *>:<stage>"`` to
+    parties that fall silent at that stage; ``inject_crash_after`` (``"<round>:<point>"``)
+    raises :class:`SimulatedCrashError` there, as if the process were killed.
+    """
+    refs = _party_refs(parties)
+    names = [ref.party for ref in refs]
+    threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
+    _check_options(rounds, local_epochs, learning_rate, l2, tol)
+    secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
+    faults = _Faults.parse(inject_dropouts, inject_crash_after, names)
+
+    digests = [steps.check_table(ref) for ref in refs]
+    if job_id is None:
+        described = [
+            {**ref.to_dict(), "database": None, "digest": digest}
+            for ref, digest in zip(refs, digests, strict=True)
+        ]
+        shaping = {"local_epochs": local_epochs, "learning_rate": learning_rate, "l2": l2}
+        job_id = derive_job_id(
+            "horizontal-lr",
+            {"parties": described, **shaping, "seed": seed, "threshold": threshold},
+        )
+    status = {ref.party: steps.join_job(ref, job_id, workspace) for ref in refs}
+    status[COORDINATOR] = steps.open_job(names, job_id, workspace)
+    start, change = _resume(refs, status, job_id, workspace)
+    converged = change is not None and change < tol
+    if start > 0:
+        get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
+    progress = Progress(rounds, f"horizontal_lr {job_id}: rounds finished")
+    progress.update(rounds if converged else start)
+    options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol)
+    by_name = dict(zip(names, refs, strict=True))
+    ran = 0
+    for round_ in range(start, rounds):
+        if converged:
+            break
+        session = f"{job_id}/round-{round_}/{secrets.token_hex(8)}"
+        ctx = steps.RoundContext(job_id, round_, session, tuple(names), threshold, workspace)
+        entry = _run_round(by_name, ctx, options, faults, rounds - 1)
+        ran += 1
+        converged = entry["change"] < tol
+        progress.update(rounds if converged else round_ + 1)
+
+    model = steps.coordinator_model(job_id, workspace)  # parties saved theirs in the last round
+    _publish(job_id, model, workspace)
+    return {
+        "job_id": job_id,
+        "features": model["features"],
+        "coefficients": model["coefficients"],
+        "intercept": model["intercept"],
+        "weights": model["weights"],
+        "history": model["history"],
+        "rounds_completed": model["rounds"],
+        "rounds_run": ran,
+        "resumed_from": start,
+        "converged": converged,
+        "threshold": threshold,
+        "model_key": steps.model_key(job_id),
+    }
+
+
+def horizontal_job(
+    job_file: str = "jobs/horizontal_demo.json", workspace: str | None = None
+) -> dict[str, Any]:
+    """Import each party's source file into its store, then train (the demo entry point)."""
+    job = read_job(job_file)
+    descriptors = []
+    for party in job["parties"].values():
+        ref = TableRef.from_dict(party["table"])
+        load_table(party["source"], ref)
+        descriptors.append(ref.to_dict())
+    result = horizontal_lr(descriptors, workspace=workspace, **job.get("horizontal_lr", {}))
+    last = result["history"][-1]
+    print(
+        f"job {result['job_id']}: {result['rounds_completed']} rounds "
+        f"({result['rounds_run']} run now), loss {last['loss']:.4f}"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    horizontal_job(*sys.argv[1:2])

@@ -1,0 +1,552 @@
+"""Horizontal logistic regression with secure aggregation, one task per party step.
+
+The maths is in :mod:`core.horizontal_lr` (the model) and :mod:`core.secagg` (the masking).
+Each party task opens only that party's store and channel endpoint; the coordinator is a
+logical party with its own store. Every secure-aggregation step stores its new state and its
+outgoing message in the stepping party's artifacts *before* sending, and a retry re-sends
+what was stored instead of computing again, so one session's masks never cover two
+different inputs.
+
+Tasks do not use Prefect's result cache (``NO_CACHE``): resuming is done by the parties' own
+round checkpoints, so nothing a party computes is kept in the orchestrator's result storage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from core import horizontal_lr as hlr
+from core import secagg
+from core.secagg.weighted import packed_dimension
+from storage.artifacts import ArtifactStore
+from storage.channel import ChannelError, PartyEndpoint
+from storage.checkpoints import RoundCheckpoints
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from storage.workspace import channel_for, workspace_root
+
+PROTOCOL = "horizontal"
+COORDINATOR = "coordinator"
+
+
+class RoundStateError(ValueError):
+    """A party lacks the state a step needs (e.g. the previous round's checkpoint)."""
+
+
+def _transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry I/O hiccups only: refused inputs and protocol errors (ValueErrors) fail again."""
+    return not isinstance(state.data, ValueError)
+
+
+_STEP: dict[str, Any] = {
+    "retries": 2,
+    "retry_delay_seconds": [1, 5],
+    "retry_condition_fn": _transient,
+    "cache_policy": NO_CACHE,
+}
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What every step of one round agrees on; small and non-secret (a task parameter)."""
+
+    job_id: str
+    round: int
+    session_id: str  # fresh for every attempt of a round: keys and masks are never reused
+    parties: tuple[str, ...]
+    threshold: int
+    workspace: str | None = None
+
+    def endpoint(self, party: str) -> PartyEndpoint:
+        return channel_for(self.job_id, self.workspace).endpoint(party)
+
+    def config(self, n_features: int) -> secagg.SessionConfig:
+        """The session: packed vector = [rows * update (n_features + 1), rows * loss, rows]."""
+        dimension = packed_dimension(n_features + 1)
+        return secagg.new_session(self.session_id, list(self.parties), self.threshold, dimension)
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    local_epochs: int  # 0: average gradients (exactly centralised GD); k > 0: FedAvg
+    learning_rate: float
+    l2: float
+    tol: float = 0.0  # stop once the largest weight change of a round is below this
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys and stores
+
+
+def coordinator_store(workspace: str | None) -> PartyStore:
+    return PartyStore(workspace_root(workspace) / "parties" / f"{COORDINATOR}.duckdb")
+
+
+def checkpoints(store: PartyStore, job_id: str) -> RoundCheckpoints:
+    return RoundCheckpoints(store, PROTOCOL, job_id)
+
+
+def model_key(job_id: str) -> str:
+    return f"{PROTOCOL}/{job_id}/model"
+
+
+def _secagg_prefix(job_id: str) -> str:
+    return f"{PROTOCOL}/{job_id}/secagg/"
+
+
+def _revealed_key(job_id: str, round_: int) -> str:
+    return f"{PROTOCOL}/{job_id}/revealed/{round_:07d}"
+
+
+def _schema_key(job_id: str) -> str:
+    return f"{PROTOCOL}/{job_id}/schema"
+
+
+class _Session:
+    """A holder's secagg records of the current session, read and written in one transaction.
+
+    :meth:`once` stores a step's new state with its outgoing message, and commits, before
+    anything is sent; a retry gets the stored message back instead of a fresh computation.
+    """
+
+    def __init__(self, store: PartyStore, con: Any, ctx: RoundContext, who: str) -> None:
+        self.artifacts, self.con, self.ctx, self.who = ArtifactStore(store), con, ctx, who
+        self.prefix = _secagg_prefix(ctx.job_id)
+
+    def _record(self, step: str) -> dict[str, Any] | None:
+        record = self.artifacts.get(self.prefix + step, con=self.con)
+        return record if record and record["session_id"] == self.ctx.session_id else None
+
+    def state(self, step: str) -> Any:
+        record = self._record(step)
+        if record is None:
+            raise RoundStateError(
+                f"{self.who}: no {step!r} state for session {self.ctx.session_id}; "
+                "restart the round"
+            )
+        return record["state"]
+
+    def once(self, step: str, compute: Callable[[], tuple[Any, Any]]) -> Any:
+        record = self._record(step)
+        if record is None:
+            state, outbox = compute()
+            record = {"session_id": self.ctx.session_id, "state": state, "outbox": outbox}
+            self.artifacts.put(self.prefix + step, record, "secagg-state", con=self.con)
+        return record["outbox"]
+
+    def forget_older_sessions(self) -> None:
+        """Drop what an aborted attempt left behind before a new session starts."""
+        self.artifacts.delete_prefix(self.prefix, con=self.con)
+
+
+@contextmanager
+def _session(store: PartyStore, ctx: RoundContext, who: str) -> Iterator[_Session]:
+    with store.transaction() as con:
+        yield _Session(store, con, ctx, who)
+
+
+def _weights_before(store: PartyStore, ctx: RoundContext, n_features: int, who: str) -> np.ndarray:
+    """The model a round starts from: zeros, or this holder's own checkpoint of the last round."""
+    if ctx.round == 0:
+        return hlr.init_model(n_features)
+    try:
+        saved = checkpoints(store, ctx.job_id).load(ctx.round - 1)
+    except KeyError:
+        raise RoundStateError(f"{who}: no checkpoint of round {ctx.round - 1}") from None
+    return np.asarray(saved["weights"], dtype=np.float64)
+
+
+def model_record(
+    job_id: str, features: list[str], weights: np.ndarray, rounds: int
+) -> dict[str, Any]:
+    """The saved model: plain values only, so it goes through the safe codec."""
+    weights = np.asarray(weights, dtype=np.float64)
+    return {
+        "job_id": job_id,
+        "features": list(features),
+        "weights": weights,
+        "coefficients": {f: float(w) for f, w in zip(features, weights[:-1], strict=True)},
+        "intercept": float(weights[-1]),
+        "rounds": rounds,
+    }
+
+
+def model_weights(model: dict[str, Any]) -> np.ndarray:
+    """Weight vector (coefficients in ``model['features']`` order, then intercept)."""
+    coefficients = [model["coefficients"][f] for f in model["features"]]
+    return np.array([*coefficients, model["intercept"]], dtype=np.float64)
+
+
+def predict_proba(model: dict[str, Any], X: pd.DataFrame | np.ndarray) -> np.ndarray:
+    """P(label = 1) for rows of ``X`` (a DataFrame by column name, or an array in model order)."""
+    if isinstance(X, pd.DataFrame):
+        X = X.loc[:, model["features"]]
+    return hlr.predict_proba(model_weights(model), np.asarray(X, dtype=np.float64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Before any round: each party checks its own table; the coordinator compares column names
+
+
+@task(name="hlr-check-table", task_run_name="{ref.party}: check {ref.table}", **_STEP)
+def check_table(ref: TableRef) -> str:
+    """Validate the party's own table; return a salted digest of it (for the job id).
+
+    The salt is the party's secret, so the digest only tells a later run "changed or not".
+    """
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    with store.transaction() as con:
+        found = con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [ref.table]
+        ).fetchone()[0]
+        if found and con.execute(f'SELECT count(*) FROM "{ref.table}"').fetchone()[0] == 0:
+            raise hlr.EmptyPartyError(
+                f"party {ref.party!r}: table {ref.table!r} has no rows", party=ref.party
+            )
+        salt = artifacts.get(f"{PROTOCOL}/fingerprint-salt", con=con)
+        if salt is None:
+            salt = secrets.token_bytes(32)
+            artifacts.put(f"{PROTOCOL}/fingerprint-salt", salt, "secret", con=con)
+    frame = store.read_table(ref)  # validated against the descriptor
+    hlr.validate_party_tables({ref.party: frame}, ref.label_column or "", ref.id_column)
+    digest = hashlib.sha256(salt)
+    digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    digest.update(",".join(map(str, frame.columns)).encode())
+    return digest.hexdigest()
+
+
+def _status(store: PartyStore, job_id: str) -> dict[str, Any]:
+    """Last round this holder finished in the job, and that round's largest weight change."""
+    cps = checkpoints(store, job_id)
+    last = cps.last_round()
+    change = cps.load(last).get("change") if last >= 0 else None
+    return {"last_round": last, "change": change}
+
+
+@task(name="hlr-join-job", task_run_name="{ref.party}: announce columns", **_STEP)
+def join_job(ref: TableRef, job_id: str, workspace: str | None = None) -> dict[str, Any]:
+    """Send the coordinator the label and feature column names (no rows, no row count).
+
+    Returns the party's last finished round of this job, so a re-run can resume.
+    """
+    store = PartyStore.of(ref)
+    frame = store.read_table(ref)
+    features = hlr.validate_party_tables({ref.party: frame}, ref.label_column or "", ref.id_column)
+    schema = {"label_column": ref.label_column, "feature_columns": features}
+    channel_for(job_id, workspace).endpoint(ref.party).send(COORDINATOR, "schema", schema)
+    return _status(store, job_id)
+
+
+@task(name="hlr-open-job", task_run_name="coordinator: compare columns", **_STEP)
+def open_job(parties: list[str], job_id: str, workspace: str | None = None) -> dict[str, Any]:
+    """Refuse parties whose columns differ; send everyone the agreed feature order.
+
+    Returns the agreed features and the coordinator's last finished round of this job.
+    """
+    endpoint = channel_for(job_id, workspace).endpoint(COORDINATOR)
+    schemas = {p: endpoint.receive(p, "schema") for p in parties}
+    first, expected = parties[0], schemas[parties[0]]
+    for party in parties[1:]:
+        schema = schemas[party]
+        if schema["label_column"] != expected["label_column"]:
+            raise hlr.SchemaMismatchError(
+                f"party {party!r}: label column {schema['label_column']!r} differs from party "
+                f"{first!r}'s {expected['label_column']!r}",
+                party=party,
+                column=schema["label_column"],
+            )
+        missing = [c for c in expected["feature_columns"] if c not in schema["feature_columns"]]
+        extra = [c for c in schema["feature_columns"] if c not in expected["feature_columns"]]
+        if missing or extra:
+            raise hlr.SchemaMismatchError(
+                f"party {party!r}: feature columns differ from party {first!r}'s: "
+                f"missing {missing}, extra {extra}",
+                party=party,
+                column=(missing + extra)[0],
+            )
+    store = coordinator_store(workspace)
+    ArtifactStore(store).put(_schema_key(job_id), expected, "schema")
+    for party in parties:
+        endpoint.send(party, "schema_agreed", expected)
+    return {"features": list(expected["feature_columns"]), **_status(store, job_id)}
+
+
+def _agreed_features(endpoint: PartyEndpoint) -> list[str]:
+    return list(endpoint.receive(COORDINATOR, "schema_agreed")["feature_columns"])
+
+
+@task(name="hlr-rollback", task_run_name="{who}: roll back to round {round_}", **_STEP)
+def rollback(who: str, database: str, job_id: str, round_: int) -> dict[str, Any]:
+    """Forget rounds after ``round_`` (finished here but not everywhere)."""
+    store = PartyStore(database)
+    dropped = checkpoints(store, job_id).rollback_to(round_)
+    get_run_logger().info("%s: rolled back %d round(s) to round %d", who, dropped, round_)
+    return _status(store, job_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# One round, party side
+
+
+@task(
+    name="hlr-advertise-keys",
+    task_run_name="round {ctx.round}: {ref.party} advertise keys",
+    **_STEP,
+)
+def advertise_keys(ref: TableRef, ctx: RoundContext) -> None:
+    """Secagg step 0: fresh key pairs for this session; public halves to the coordinator."""
+    endpoint = ctx.endpoint(ref.party)
+    config = ctx.config(len(_agreed_features(endpoint)))
+    with _session(PartyStore.of(ref), ctx, ref.party) as session:
+
+        def start() -> tuple[Any, Any]:
+            session.forget_older_sessions()
+            return secagg.advertise_keys(config, ref.party)
+
+        message = session.once("advertise", start)
+    endpoint.send(COORDINATOR, "secagg_keys", message, round=ctx.round)
+
+
+@task(name="hlr-share-keys", task_run_name="round {ctx.round}: {ref.party} share keys", **_STEP)
+def share_keys(ref: TableRef, ctx: RoundContext) -> None:
+    """Secagg step 1: Shamir shares of the mask key and self-mask seed, encrypted per peer."""
+    endpoint = ctx.endpoint(ref.party)
+    directory = endpoint.receive(COORDINATOR, "secagg_directory", round=ctx.round)
+    with _session(PartyStore.of(ref), ctx, ref.party) as session:
+        message = session.once(
+            "share", lambda: secagg.share_keys(session.state("advertise"), directory)
+        )
+    endpoint.send(COORDINATOR, "secagg_shares", message, round=ctx.round)
+
+
+@task(name="hlr-mask-update", task_run_name="round {ctx.round}: {ref.party} mask update", **_STEP)
+def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> None:
+    """Secagg step 2: compute the local update on own rows and send it masked.
+
+    The packed vector is ``[rows * update, rows * loss, rows]`` (FedAvg weights by rows), so
+    the coordinator learns only the weighted means and the total row count.
+    """
+    store, endpoint = PartyStore.of(ref), ctx.endpoint(ref.party)
+    delivery = endpoint.receive(COORDINATOR, "secagg_shares", round=ctx.round)
+    features = _agreed_features(endpoint)
+    weights = _weights_before(store, ctx, len(features), ref.party)
+    X, y = hlr.party_arrays(store.read_table(ref), features, ref.label_column or "")
+    if options.local_epochs == 0:
+        update = hlr.local_gradient(weights, X, y, options.l2)
+    else:
+        update = hlr.local_epochs(
+            weights, X, y, options.l2, options.learning_rate, options.local_epochs
+        )
+    with _session(store, ctx, ref.party) as session:
+        message = session.once(
+            "mask", lambda: secagg.mask_input(session.state("share"), delivery, update.packed())
+        )
+    endpoint.send(COORDINATOR, "secagg_masked", message, round=ctx.round)
+
+
+@task(
+    name="hlr-reveal-shares", task_run_name="round {ctx.round}: {ref.party} reveal shares", **_STEP
+)
+def reveal_shares(ref: TableRef, ctx: RoundContext) -> None:
+    """Secagg step 3: shares that unmask the sum of the senders (and only that).
+
+    A round re-run after an abort aggregates the same inputs again, so a party refuses to help
+    unmask it for a *different* set of senders: the difference of two such sums would be the
+    plain update of the parties in one set and not the other.
+    """
+    endpoint = ctx.endpoint(ref.party)
+    request = endpoint.receive(COORDINATOR, "secagg_unmask_request", round=ctx.round)
+    senders = sorted(request["input_senders"])
+    guard = _revealed_key(ctx.job_id, ctx.round)
+    with _session(PartyStore.of(ref), ctx, ref.party) as session:
+
+        def reveal() -> tuple[Any, Any]:
+            before = session.artifacts.get(guard, con=session.con)
+            if before is not None and sorted(before) != senders:
+                raise secagg.ProtocolViolationError(
+                    f"party {ref.party!r}: round {ctx.round} was already unmasked for senders "
+                    f"{sorted(before)}; refusing to unmask it for {senders} (the difference "
+                    "would reveal single updates). Wait for those parties or start a new job."
+                )
+            session.artifacts.put(guard, senders, "secagg-revealed", con=session.con)
+            return secagg.reveal_shares(session.state("mask"), request)
+
+        response = session.once("reveal", reveal)
+    endpoint.send(COORDINATOR, "secagg_unmask_response", response, round=ctx.round)
+
+
+@task(name="hlr-finish-round", task_run_name="round {ctx.round}: {ref.party} save model", **_STEP)
+def finish_round(ref: TableRef, ctx: RoundContext, final: bool = False) -> None:
+    """Receive the new model and checkpoint the round; drop this session's secrets.
+
+    After the last round, the party also keeps its own copy of the model.
+    """
+    store, endpoint = PartyStore.of(ref), ctx.endpoint(ref.party)
+    message = endpoint.receive(COORDINATOR, "model", round=ctx.round)
+    if message["session_id"] != ctx.session_id or message["round"] != ctx.round:
+        raise RoundStateError(
+            f"{ref.party}: the model message of round {ctx.round} belongs to another attempt"
+        )
+    weights = np.asarray(message["weights"], dtype=np.float64)
+    cps = checkpoints(store, ctx.job_id)
+    cps.save(ctx.round, {"weights": weights, "change": message["change"]})
+    with _session(store, ctx, ref.party) as session:
+        session.forget_older_sessions()  # the revealed-senders record stays for the job's life
+        if final:
+            model = model_record(ctx.job_id, _agreed_features(endpoint), weights, ctx.round + 1)
+            session.artifacts.put(model_key(ctx.job_id), model, "model", con=session.con)
+    if final:
+        cps.prune(keep_last=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# One round, coordinator side: it relays, tracks who dropped, and unmasks only the sum
+
+
+def _arrived(endpoint: PartyEndpoint, ctx: RoundContext, kind: str) -> list[dict[str, Any]]:
+    """This session's messages of ``kind``; a party with none (or a stale one) has dropped."""
+    messages = []
+    for party in ctx.parties:
+        try:
+            message = endpoint.receive(party, kind, round=ctx.round)
+        except ChannelError:
+            continue
+        if isinstance(message, dict) and message.get("session_id") == ctx.session_id:
+            messages.append(message)
+    return messages
+
+
+def _agreed_schema(artifacts: ArtifactStore, job_id: str, con: Any = None) -> dict[str, Any]:
+    schema = artifacts.get(_schema_key(job_id), con=con)
+    if schema is None:
+        raise RoundStateError(f"coordinator: no agreed schema for job {job_id}")
+    return schema
+
+
+@task(
+    name="hlr-key-directory", task_run_name="round {ctx.round}: coordinator publish keys", **_STEP
+)
+def publish_key_directory(ctx: RoundContext) -> list[str]:
+    """Secagg step 0 (coordinator): the directory of public keys, to every advertiser."""
+    endpoint = ctx.endpoint(COORDINATOR)
+    advertisements = _arrived(endpoint, ctx, "secagg_keys")
+    with _session(coordinator_store(ctx.workspace), ctx, COORDINATOR) as session:
+
+        def directory() -> tuple[Any, Any]:
+            schema = _agreed_schema(session.artifacts, ctx.job_id, session.con)
+            session.forget_older_sessions()
+            state = secagg.start_coordinator(ctx.config(len(schema["feature_columns"])))
+            return secagg.collect_key_advertisements(state, advertisements)
+
+        message = session.once("directory", directory)
+    for party in message["public_keys"]:
+        endpoint.send(party, "secagg_directory", message, round=ctx.round)
+    return list(message["public_keys"])
+
+
+@task(name="hlr-route-shares", task_run_name="round {ctx.round}: coordinator route shares", **_STEP)
+def route_shares(ctx: RoundContext) -> list[str]:
+    """Secagg step 1 (coordinator): forward the encrypted shares it cannot open."""
+    endpoint = ctx.endpoint(COORDINATOR)
+    messages = _arrived(endpoint, ctx, "secagg_shares")
+    with _session(coordinator_store(ctx.workspace), ctx, COORDINATOR) as session:
+        deliveries = session.once(
+            "route", lambda: secagg.route_encrypted_shares(session.state("directory"), messages)
+        )
+    for party, delivery in deliveries.items():
+        endpoint.send(party, "secagg_shares", delivery, round=ctx.round)
+    return list(deliveries)
+
+
+@task(name="hlr-collect-masked", task_run_name="round {ctx.round}: coordinator add masked", **_STEP)
+def collect_masked(ctx: RoundContext) -> list[str]:
+    """Secagg step 2 (coordinator): add the masked inputs; ask senders to help unmask the sum."""
+    endpoint = ctx.endpoint(COORDINATOR)
+    messages = _arrived(endpoint, ctx, "secagg_masked")
+    with _session(coordinator_store(ctx.workspace), ctx, COORDINATOR) as session:
+        request = session.once(
+            "collect", lambda: secagg.collect_masked_inputs(session.state("route"), messages)
+        )
+    for party in request["input_senders"]:
+        endpoint.send(party, "secagg_unmask_request", request, round=ctx.round)
+    return list(request["input_senders"])
+
+
+@task(name="hlr-update-model", task_run_name="round {ctx.round}: coordinator update model", **_STEP)
+def update_model(ctx: RoundContext, options: TrainingOptions, started: float) -> dict[str, Any]:
+    """Secagg step 3 (coordinator): unmask the sum, update the model, checkpoint, broadcast.
+
+    Only the weighted mean update, the mean loss and the total row count are ever in the
+    clear here. The checkpoint is the round's commit; a retry after it only re-sends.
+    """
+    store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
+    cps = checkpoints(store, ctx.job_id)
+    if cps.last_round() >= ctx.round:  # committed before a retry: only re-send
+        saved = cps.load(ctx.round)
+    else:
+        with _session(store, ctx, COORDINATOR) as session:
+            state = session.state("collect")
+            schema = _agreed_schema(session.artifacts, ctx.job_id, session.con)
+        responses = _arrived(endpoint, ctx, "secagg_unmask_response")
+        _, aggregate = secagg.reconstruct_sum(state, responses)  # deterministic: not stored
+        mean = secagg.unpack_weighted(
+            secagg.decode(aggregate["ring_sum"], state["config"]["scale_bits"])
+        )
+        previous = cps.load(ctx.round - 1) if ctx.round > 0 else None
+        if previous is None:
+            before, history = hlr.init_model(len(schema["feature_columns"])), []
+        else:
+            before, history = np.asarray(previous["weights"]), previous["history"]
+        if options.local_epochs == 0:
+            weights = hlr.apply_mean_gradient(before, mean.mean, options.learning_rate)
+        else:
+            weights = hlr.apply_mean_delta(before, mean.mean)
+        entry = {
+            "round": ctx.round,
+            "loss": mean.mean_loss,
+            "seconds": round(time.time() - started, 3),
+            "survivors": list(aggregate["input_senders"]),
+            "change": float(np.max(np.abs(weights - before))),
+        }
+        saved = {"weights": weights, "change": entry["change"], "history": [*history, entry]}
+        cps.save(ctx.round, saved)
+        get_run_logger().info(
+            "round %d: loss %.6f from %d parties", ctx.round, entry["loss"], len(entry["survivors"])
+        )
+    message = {
+        "session_id": ctx.session_id,
+        "round": ctx.round,
+        "weights": saved["weights"],
+        "change": saved["change"],
+    }
+    for party in ctx.parties:
+        endpoint.send(party, "model", message, round=ctx.round)
+    with _session(store, ctx, COORDINATOR) as session:
+        session.forget_older_sessions()
+    return saved["history"][-1]
+
+
+@task(name="hlr-coordinator-model", task_run_name="coordinator: store model", **_STEP)
+def coordinator_model(job_id: str, workspace: str | None = None) -> dict[str, Any]:
+    """Save the final model in the coordinator's store; return it with the round history."""
+    store = coordinator_store(workspace)
+    artifacts, cps = ArtifactStore(store), checkpoints(store, job_id)
+    last = cps.last_round()
+    saved = cps.load(last)
+    features = _agreed_schema(artifacts, job_id)["feature_columns"]
+    model = model_record(job_id, features, saved["weights"], last + 1)
+    artifacts.put(model_key(job_id), model, "model")
+    cps.prune(keep_last=2)
+    return {**model, "weights": model["weights"].tolist(), "history": saved["history"]}

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 from core import horizontal_lr as hlr
 from core import secagg
@@ -35,6 +34,7 @@ from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for, workspace_root
+from tasks.policy import PARTY_STEP
 
 PROTOCOL = "horizontal"
 COORDINATOR = "coordinator"
@@ -42,19 +42,6 @@ COORDINATOR = "coordinator"
 
 class RoundStateError(ValueError):
     """A party lacks the state a step needs (e.g. the previous round's checkpoint)."""
-
-
-def _transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry I/O hiccups only: refused inputs and protocol errors (ValueErrors) fail again."""
-    return not isinstance(state.data, ValueError)
-
-
-_STEP: dict[str, Any] = {
-    "retries": 2,
-    "retry_delay_seconds": [1, 5],
-    "retry_condition_fn": _transient,
-    "cache_policy": NO_CACHE,
-}
 
 
 @dataclass(frozen=True)
@@ -199,7 +186,7 @@ def predict_proba(model: dict[str, Any], X: pd.DataFrame | np.ndarray) -> np.nda
 # Before any round: each party checks its own table; the coordinator compares column names
 
 
-@task(name="hlr-check-table", task_run_name="{ref.party}: check {ref.table}", **_STEP)
+@task(name="hlr-check-table", task_run_name="{ref.party}: check {ref.table}", **PARTY_STEP)
 def check_table(ref: TableRef) -> str:
     """Validate the party's own table; return a salted digest of it (for the job id).
 
@@ -235,7 +222,7 @@ def _status(store: PartyStore, job_id: str) -> dict[str, Any]:
     return {"last_round": last, "change": change}
 
 
-@task(name="hlr-join-job", task_run_name="{ref.party}: announce columns", **_STEP)
+@task(name="hlr-join-job", task_run_name="{ref.party}: announce columns", **PARTY_STEP)
 def join_job(ref: TableRef, job_id: str, workspace: str | None = None) -> dict[str, Any]:
     """Send the coordinator the label and feature column names (no rows, no row count).
 
@@ -249,7 +236,7 @@ def join_job(ref: TableRef, job_id: str, workspace: str | None = None) -> dict[s
     return _status(store, job_id)
 
 
-@task(name="hlr-open-job", task_run_name="coordinator: compare columns", **_STEP)
+@task(name="hlr-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
 def open_job(parties: list[str], job_id: str, workspace: str | None = None) -> dict[str, Any]:
     """Refuse parties whose columns differ; send everyone the agreed feature order.
 
@@ -287,7 +274,7 @@ def _agreed_features(endpoint: PartyEndpoint) -> list[str]:
     return list(endpoint.receive(COORDINATOR, "schema_agreed")["feature_columns"])
 
 
-@task(name="hlr-rollback", task_run_name="{who}: roll back to round {round_}", **_STEP)
+@task(name="hlr-rollback", task_run_name="{who}: roll back to round {round_}", **PARTY_STEP)
 def rollback(who: str, database: str, job_id: str, round_: int) -> dict[str, Any]:
     """Forget rounds after ``round_`` (finished here but not everywhere)."""
     store = PartyStore(database)
@@ -303,7 +290,7 @@ def rollback(who: str, database: str, job_id: str, round_: int) -> dict[str, Any
 @task(
     name="hlr-advertise-keys",
     task_run_name="round {ctx.round}: {ref.party} advertise keys",
-    **_STEP,
+    **PARTY_STEP,
 )
 def advertise_keys(ref: TableRef, ctx: RoundContext) -> None:
     """Secagg step 0: fresh key pairs for this session; public halves to the coordinator."""
@@ -319,7 +306,9 @@ def advertise_keys(ref: TableRef, ctx: RoundContext) -> None:
     endpoint.send(COORDINATOR, "secagg_keys", message, round=ctx.round)
 
 
-@task(name="hlr-share-keys", task_run_name="round {ctx.round}: {ref.party} share keys", **_STEP)
+@task(
+    name="hlr-share-keys", task_run_name="round {ctx.round}: {ref.party} share keys", **PARTY_STEP
+)
 def share_keys(ref: TableRef, ctx: RoundContext) -> None:
     """Secagg step 1: Shamir shares of the mask key and self-mask seed, encrypted per peer."""
     endpoint = ctx.endpoint(ref.party)
@@ -331,7 +320,9 @@ def share_keys(ref: TableRef, ctx: RoundContext) -> None:
     endpoint.send(COORDINATOR, "secagg_shares", message, round=ctx.round)
 
 
-@task(name="hlr-mask-update", task_run_name="round {ctx.round}: {ref.party} mask update", **_STEP)
+@task(
+    name="hlr-mask-update", task_run_name="round {ctx.round}: {ref.party} mask update", **PARTY_STEP
+)
 def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> None:
     """Secagg step 2: compute the local update on own rows and send it masked.
 
@@ -357,7 +348,9 @@ def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> N
 
 
 @task(
-    name="hlr-reveal-shares", task_run_name="round {ctx.round}: {ref.party} reveal shares", **_STEP
+    name="hlr-reveal-shares",
+    task_run_name="round {ctx.round}: {ref.party} reveal shares",
+    **PARTY_STEP,
 )
 def reveal_shares(ref: TableRef, ctx: RoundContext) -> None:
     """Secagg step 3: shares that unmask the sum of the senders (and only that).
@@ -387,7 +380,9 @@ def reveal_shares(ref: TableRef, ctx: RoundContext) -> None:
     endpoint.send(COORDINATOR, "secagg_unmask_response", response, round=ctx.round)
 
 
-@task(name="hlr-finish-round", task_run_name="round {ctx.round}: {ref.party} save model", **_STEP)
+@task(
+    name="hlr-finish-round", task_run_name="round {ctx.round}: {ref.party} save model", **PARTY_STEP
+)
 def finish_round(ref: TableRef, ctx: RoundContext, final: bool = False) -> None:
     """Receive the new model and checkpoint the round; drop this session's secrets.
 
@@ -436,7 +431,9 @@ def _agreed_schema(artifacts: ArtifactStore, job_id: str, con: Any = None) -> di
 
 
 @task(
-    name="hlr-key-directory", task_run_name="round {ctx.round}: coordinator publish keys", **_STEP
+    name="hlr-key-directory",
+    task_run_name="round {ctx.round}: coordinator publish keys",
+    **PARTY_STEP,
 )
 def publish_key_directory(ctx: RoundContext) -> list[str]:
     """Secagg step 0 (coordinator): the directory of public keys, to every advertiser."""
@@ -456,7 +453,11 @@ def publish_key_directory(ctx: RoundContext) -> list[str]:
     return list(message["public_keys"])
 
 
-@task(name="hlr-route-shares", task_run_name="round {ctx.round}: coordinator route shares", **_STEP)
+@task(
+    name="hlr-route-shares",
+    task_run_name="round {ctx.round}: coordinator route shares",
+    **PARTY_STEP,
+)
 def route_shares(ctx: RoundContext) -> list[str]:
     """Secagg step 1 (coordinator): forward the encrypted shares it cannot open."""
     endpoint = ctx.endpoint(COORDINATOR)
@@ -470,7 +471,11 @@ def route_shares(ctx: RoundContext) -> list[str]:
     return list(deliveries)
 
 
-@task(name="hlr-collect-masked", task_run_name="round {ctx.round}: coordinator add masked", **_STEP)
+@task(
+    name="hlr-collect-masked",
+    task_run_name="round {ctx.round}: coordinator add masked",
+    **PARTY_STEP,
+)
 def collect_masked(ctx: RoundContext) -> list[str]:
     """Secagg step 2 (coordinator): add the masked inputs; ask senders to help unmask the sum."""
     endpoint = ctx.endpoint(COORDINATOR)
@@ -484,7 +489,11 @@ def collect_masked(ctx: RoundContext) -> list[str]:
     return list(request["input_senders"])
 
 
-@task(name="hlr-update-model", task_run_name="round {ctx.round}: coordinator update model", **_STEP)
+@task(
+    name="hlr-update-model",
+    task_run_name="round {ctx.round}: coordinator update model",
+    **PARTY_STEP,
+)
 def update_model(ctx: RoundContext, options: TrainingOptions, started: float) -> dict[str, Any]:
     """Secagg step 3 (coordinator): unmask the sum, update the model, checkpoint, broadcast.
 
@@ -538,7 +547,7 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
     return saved["history"][-1]
 
 
-@task(name="hlr-coordinator-model", task_run_name="coordinator: store model", **_STEP)
+@task(name="hlr-coordinator-model", task_run_name="coordinator: store model", **PARTY_STEP)
 def coordinator_model(job_id: str, workspace: str | None = None) -> dict[str, Any]:
     """Save the final model in the coordinator's store; return it with the round history."""
     store = coordinator_store(workspace)

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 from sklearn.pipeline import Pipeline
 
 from core.ids import canonical_id
@@ -40,11 +39,12 @@ from core.label_dp.validation import check_epsilon
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
-from storage.ledger import BudgetError, PrivacyLedger
+from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.validation import DataValidationError
 from storage.workspace import channel_for
 from tasks.loading import fingerprint
+from tasks.policy import PARTY_STEP
 
 PROTOCOL = "label_dp"
 RELEASE_VERSION = "label-dp/v1"
@@ -58,25 +58,6 @@ MECHANISMS = ("rr_on_bins", *BASELINES)
 
 class LabelDPSetupError(ValueError):
     """The parameters or the parties' tables cannot be used together."""
-
-
-def _transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry I/O hiccups only: refused inputs and budgets would fail the same way again."""
-    try:
-        state.result()
-    except (ValueError, BudgetError):
-        return False
-    except Exception:
-        return True
-    return True
-
-
-_STEP: dict[str, Any] = {
-    "retries": 2,
-    "retry_delay_seconds": [1, 5],
-    "retry_condition_fn": _transient,
-    "cache_policy": NO_CACHE,
-}
 
 
 @dataclass(frozen=True)
@@ -244,7 +225,9 @@ def set_label_budget(ref: TableRef, epsilon: float, delta: float = 0.0) -> dict[
     return ledger.status(ref.table).as_dict()
 
 
-@task(name="label-dp-check-labels", task_run_name="{ref.party}: check labels and budget", **_STEP)
+@task(
+    name="label-dp-check-labels", task_run_name="{ref.party}: check labels and budget", **PARTY_STEP
+)
 def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Validate the labels, refuse a release the budget cannot pay for, then send the features
     party a digest of the id order (the only message before the release)."""
@@ -262,7 +245,7 @@ def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     return {"rows": len(labels), "release_key": key, "reused": reused, "budget": status.as_dict()}
 
 
-@task(name="label-dp-release", task_run_name="{ref.party}: release noisy labels", **_STEP)
+@task(name="label-dp-release", task_run_name="{ref.party}: release noisy labels", **PARTY_STEP)
 def release_noisy_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Compute (or find) the release, charged once, and send its noisy labels: one message.
 
@@ -296,7 +279,7 @@ def release_noisy_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     }
 
 
-@task(name="label-dp-evaluate", task_run_name="{ref.party}: evaluate predictions", **_STEP)
+@task(name="label-dp-evaluate", task_run_name="{ref.party}: evaluate predictions", **PARTY_STEP)
 def evaluate(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Test error against the true labels, which only the labels party can compute.
 
@@ -342,7 +325,7 @@ def model_key(job_id: str) -> str:
     return f"models/{PROTOCOL}/{job_id}"
 
 
-@task(name="label-dp-check-features", task_run_name="{ref.party}: check alignment", **_STEP)
+@task(name="label-dp-check-features", task_run_name="{ref.party}: check alignment", **PARTY_STEP)
 def check_features(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Compare the labels party's id-order digest with one's own (reveals equal or not)."""
     frame, X, _ = _read_features(ref)
@@ -368,7 +351,7 @@ def predict(model: dict[str, Any], X: np.ndarray) -> np.ndarray:
     return np.exp(score) if model["link"] == "log" else score
 
 
-@task(name="label-dp-train", task_run_name="{ref.party}: train on noisy labels", **_STEP)
+@task(name="label-dp-train", task_run_name="{ref.party}: train on noisy labels", **PARTY_STEP)
 def train_model(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Fit on own features and the received noisy labels; save the model in own store."""
     _, X, names = _read_features(ref)
@@ -413,7 +396,7 @@ def _mean_loss(job: LabelDPJob, predicted: np.ndarray, label: np.ndarray) -> flo
     return float(np.mean(pointwise_loss(job.loss, predicted, label)))
 
 
-@task(name="label-dp-predictions", task_run_name="{ref.party}: send predictions", **_STEP)
+@task(name="label-dp-predictions", task_run_name="{ref.party}: send predictions", **PARTY_STEP)
 def send_predictions(job: LabelDPJob, ref: TableRef) -> int:
     """For ``evaluate`` only: the model's predictions on the hold-out rows (all rows if there
     is no hold-out) go to the labels party. Documented leak: they reveal the predictions."""

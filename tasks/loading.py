@@ -10,9 +10,10 @@ from prefect import get_run_logger, task
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
+from tasks.policy import PARTY_STEP
 
 
-@task(name="load-table", task_run_name="{ref.party}: load {ref.table}")
+@task(name="load-table", task_run_name="{ref.party}: load {ref.table}", **PARTY_STEP)
 def load_table(source: str, ref: TableRef) -> int:
     """Validate and import ``source`` into ``ref``; replacing the table keeps re-runs idempotent."""
     rows = PartyStore.of(ref).import_file(source, ref)
@@ -20,7 +21,7 @@ def load_table(source: str, ref: TableRef) -> int:
     return rows
 
 
-@task(name="fingerprint", task_run_name="{ref.party}: fingerprint {ref.table}")
+@task(name="fingerprint", task_run_name="{ref.party}: fingerprint {ref.table}", **PARTY_STEP)
 def fingerprint(ref: TableRef) -> str:
     """A salted digest of the party's table, so runs on unchanged inputs can be recognised.
 

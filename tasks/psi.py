@@ -17,8 +17,7 @@ from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
-
-_RETRY = {"retries": 2, "retry_delay_seconds": [1, 5]}
+from tasks.policy import PARTY_STEP
 
 
 def _prefix(job_id: str) -> str:
@@ -29,7 +28,7 @@ def aligned_table_name(ref: TableRef) -> str:
     return f"{ref.table}_aligned"
 
 
-@task(name="psi-lookup", task_run_name="{ref.party}: look up alignment")
+@task(name="psi-lookup", task_run_name="{ref.party}: look up alignment", **PARTY_STEP)
 def stored_alignment(ref: TableRef, job_id: str) -> dict[str, Any] | None:
     """The alignment stored by an earlier run of this job, if its table still exists."""
     store = PartyStore.of(ref)
@@ -39,7 +38,7 @@ def stored_alignment(ref: TableRef, job_id: str) -> dict[str, Any] | None:
     return result
 
 
-@task(name="psi-blind", task_run_name="{ref.party}: blind own ids", **_RETRY)
+@task(name="psi-blind", task_run_name="{ref.party}: blind own ids", **PARTY_STEP)
 def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> int:
     """Step 1: blind and sort own ids, send them to the peer. Returns the own set size."""
     store = PartyStore.of(ref)
@@ -56,7 +55,7 @@ def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None =
     return len(ids)
 
 
-@task(name="psi-reblind", task_run_name="{ref.party}: blind peer's ids", **_RETRY)
+@task(name="psi-reblind", task_run_name="{ref.party}: blind peer's ids", **PARTY_STEP)
 def blind_peer_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> int:
     """Step 2: blind the peer's values again, return them, keep the set for step 3."""
     artifacts = ArtifactStore(PartyStore.of(ref))
@@ -68,7 +67,7 @@ def blind_peer_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None 
     return len(doubled)
 
 
-@task(name="psi-align", task_run_name="{ref.party}: store aligned rows", **_RETRY)
+@task(name="psi-align", task_run_name="{ref.party}: store aligned rows", **PARTY_STEP)
 def store_aligned_rows(
     ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
 ) -> dict[str, Any]:

@@ -35,9 +35,9 @@ from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
+from tasks.policy import PARTY_STEP
 
 PROTOCOL = "vertical"
-_RETRY = {"retries": 2, "retry_delay_seconds": [1, 5]}
 MIN_SECURE_KEY_BITS = 2048
 
 
@@ -152,7 +152,7 @@ def _weights_round(round_: int, phase: str) -> int:
 
 
 # ---- set-up -------------------------------------------------------------------------------
-@task(name="vertical-keys", task_run_name="{job.key_holder}: key pair")
+@task(name="vertical-keys", task_run_name="{job.key_holder}: key pair", **PARTY_STEP)
 def create_keys(job: VerticalJob, key_size: int, allow_insecure_key_size: bool = False) -> int:
     """The key holder's Paillier key pair, created once per job and kept in its store only."""
     if key_size < MIN_SECURE_KEY_BITS and not allow_insecure_key_size:
@@ -174,7 +174,7 @@ def create_keys(job: VerticalJob, key_size: int, allow_insecure_key_size: bool =
     return int(stored["n"]).bit_length()
 
 
-@task(name="vertical-check", task_run_name="{ref.party}: check table")
+@task(name="vertical-check", task_run_name="{ref.party}: check table", **PARTY_STEP)
 def check_party(job: VerticalJob, ref: TableRef, role: str) -> dict[str, Any]:
     """Refuse bad inputs before any round; send the guest a digest of the aligned id order."""
     frame = PartyStore.of(ref).read_table(ref)
@@ -204,7 +204,7 @@ def check_party(job: VerticalJob, ref: TableRef, role: str) -> dict[str, Any]:
     return {"party": ref.party, "rows": len(frame), "features": X.shape[1]}
 
 
-@task(name="vertical-aligned", task_run_name="{ref.party}: check alignment")
+@task(name="vertical-aligned", task_run_name="{ref.party}: check alignment", **PARTY_STEP)
 def check_alignment(job: VerticalJob, ref: TableRef) -> None:
     """The guest compares the hosts' id-order digests with its own (reveals only equal or not)."""
     own = _artifacts(ref.database).get(_key(job, "id_order_digest"))
@@ -218,7 +218,9 @@ def check_alignment(job: VerticalJob, ref: TableRef) -> None:
 
 # ---- one round ------------------------------------------------------------------------------
 @task(
-    name="vertical-host-share", task_run_name="r{round_} {phase} · {ref.party}: [[Xw/4]]", **_RETRY
+    name="vertical-host-share",
+    task_run_name="r{round_} {phase} · {ref.party}: [[Xw/4]]",
+    **PARTY_STEP,
 )
 def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "train") -> None:
     """A host encrypts its score share for the batch and sends it to the guest (and to later
@@ -247,7 +249,7 @@ def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "tra
 @task(
     name="vertical-host-cross",
     task_run_name="r{round_} {phase} · {ref.party}: cross terms",
-    **_RETRY,
+    **PARTY_STEP,
 )
 def host_cross_terms(job: VerticalJob, ref: TableRef, round_: int, phase: str = "train") -> None:
     """With several hosts, ``sum(A^2)`` needs ``sum_i a_h a_h'``: host h' folds its own share
@@ -270,7 +272,7 @@ def host_cross_terms(job: VerticalJob, ref: TableRef, round_: int, phase: str = 
 @task(
     name="vertical-guest-residual",
     task_run_name="r{round_} {phase} · {ref.party}: [[d]] and [[loss]]",
-    **_RETRY,
+    **PARTY_STEP,
 )
 def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "train") -> None:
     """The guest adds its plaintext part to the hosts' encrypted shares, sends each host a
@@ -343,7 +345,7 @@ def _mask_and_send(
 @task(
     name="vertical-host-gradient",
     task_run_name="r{round_} · {ref.party}: [[X^T d]] + mask",
-    **_RETRY,
+    **PARTY_STEP,
 )
 def host_gradient(job: VerticalJob, ref: TableRef, round_: int) -> None:
     X, _, _ = _features(ref, job.clip_features)
@@ -353,7 +355,9 @@ def host_gradient(job: VerticalJob, ref: TableRef, round_: int) -> None:
 
 
 @task(
-    name="vertical-decrypt", task_run_name="r{round_} {phase} · {job.key_holder}: decrypt", **_RETRY
+    name="vertical-decrypt",
+    task_run_name="r{round_} {phase} · {job.key_holder}: decrypt",
+    **PARTY_STEP,
 )
 def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> float:
     """Decrypt the loss (a public training metric) and the *masked* gradients, and return each
@@ -380,7 +384,9 @@ def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> f
     return loss
 
 
-@task(name="vertical-update", task_run_name="r{round_} · {ref.party}: unmask and update", **_RETRY)
+@task(
+    name="vertical-update", task_run_name="r{round_} · {ref.party}: unmask and update", **PARTY_STEP
+)
 def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> float:
     """Remove the mask, take the optimizer step, checkpoint the round. Returns the squared
     norm of this party's gradient (for the round table)."""
@@ -408,17 +414,19 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
 
 
 # ---- resume, model, scoring ------------------------------------------------------------------
-@task(name="vertical-last-round", task_run_name="{ref.party}: last finished round")
+@task(name="vertical-last-round", task_run_name="{ref.party}: last finished round", **PARTY_STEP)
 def last_round(job: VerticalJob, ref: TableRef) -> int:
     return RoundCheckpoints(PartyStore.of(ref), PROTOCOL, job.job_id).last_round()
 
 
-@task(name="vertical-rollback", task_run_name="{ref.party}: roll back to round {round_}")
+@task(
+    name="vertical-rollback", task_run_name="{ref.party}: roll back to round {round_}", **PARTY_STEP
+)
 def rollback(job: VerticalJob, ref: TableRef, round_: int) -> int:
     return RoundCheckpoints(PartyStore.of(ref), PROTOCOL, job.job_id).rollback_to(round_)
 
 
-@task(name="vertical-save-model", task_run_name="{ref.party}: save model slice")
+@task(name="vertical-save-model", task_run_name="{ref.party}: save model slice", **PARTY_STEP)
 def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[str, Any]:
     """Store this party's slice of the model (by feature name) in its own database."""
     X, names, _ = (
@@ -433,7 +441,7 @@ def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[
     return {"key": key, "coefficients": dict(zip(names, weights.tolist(), strict=True))}
 
 
-@task(name="vertical-host-scores", task_run_name="{ref.party}: scores for the guest")
+@task(name="vertical-host-scores", task_run_name="{ref.party}: scores for the guest", **PARTY_STEP)
 def host_scores(job: VerticalJob, ref: TableRef) -> None:
     """Scoring: a host sends the guest its plaintext score share ``X_h w_h`` (as FATE's
     predict does); the guest learns these sums, never the host's features or weights."""
@@ -442,7 +450,9 @@ def host_scores(job: VerticalJob, ref: TableRef) -> None:
     job.endpoint(ref.party).send(job.guest, "scores", X @ model["weights"], round=0)
 
 
-@task(name="vertical-guest-predict", task_run_name="{ref.party}: predict and evaluate")
+@task(
+    name="vertical-guest-predict", task_run_name="{ref.party}: predict and evaluate", **PARTY_STEP
+)
 def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     """The guest's probabilities for every aligned row, stored in its database, and metrics."""
     from sklearn.metrics import log_loss, roc_auc_score

@@ -1,0 +1,35 @@
+"""How every party step retries, in one place.
+
+Steps retry transient faults (a message not there yet, a locked file, an I/O hiccup) with
+backoff; a refused input, a protocol violation or a budget refusal would fail the same way
+again, so it fails at once. Steps never use Prefect's result cache: what a step reads (round
+checkpoints, stored releases, messages) lives in the parties' stores, which are the source
+of truth when a run resumes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.cache_policies import NO_CACHE
+
+from storage.ledger import BudgetError
+
+
+def is_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry condition: anything but bad input (ValueError) and budget refusals."""
+    try:
+        state.result()
+    except (ValueError, BudgetError):
+        return False
+    except Exception:
+        return True
+    return True
+
+
+PARTY_STEP: dict[str, Any] = {
+    "retries": 2,
+    "retry_delay_seconds": [1, 5],
+    "retry_condition_fn": is_transient,
+    "cache_policy": NO_CACHE,
+}

@@ -1,6 +1,9 @@
 """Flow ``pipeline``: the main job, from the parties' source files to trained models.
 
-load each party's table ──▶ PSI alignment ──▶ (training stages) ──▶ summary
+    load each party's table ──▶ PSI alignment ──▶ vertical LR ──▶ sub-jobs ──▶ summary
+
+Sub-jobs (label DP, horizontal LR, WALR, sparse LDA) have parties of their own and run from
+their own job files, named in this job file's ``subjobs``.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
 
 from flows.align import psi_align
 from flows.horizontal_lr import horizontal_job
@@ -18,40 +20,73 @@ from flows.jobs import read_job
 from flows.label_dp import label_dp_job
 from flows.vertical_lr import vertical_lr
 from storage.descriptor import TableRef
+from storage.workspace import channel_for
 from tasks.loading import load_table
+from tasks.reporting import publish_markdown
+
+Stage = tuple[str, str]  # (one-line result, job id whose channel holds the stage's messages)
 
 
-def _label_dp_stage(job_file: str, workspace: str | None) -> str:
+def _label_dp_stage(job_file: str, workspace: str | None) -> Stage:
     result = label_dp_job(job_file, workspace)
     mechanism, budget = result["mechanism"], result["budget"]
     test = result["metrics"].get("test_mse")
-    return (
+    summary = (
         f"{mechanism['mechanism']} eps {mechanism['epsilon']:g}, {mechanism['bins']} bins, "
-        f"spent {budget['epsilon_spent']:g} of {budget['epsilon_total']:g}"
+        f"privacy spent {budget['epsilon_spent']:g} of {budget['epsilon_total']:g}"
         + (f", test MSE {test:.0f}" if test is not None else "")
         + (" (release reused)" if result["reused"] else "")
     )
+    return summary, result["job_id"]
 
 
-def _horizontal_stage(job_file: str, workspace: str | None) -> str:
+def _horizontal_stage(job_file: str, workspace: str | None) -> Stage:
     result = horizontal_job(job_file, workspace)
-    return (
+    summary = (
         f"{result['rounds_completed']} rounds ({result['rounds_run']} run now), "
         f"loss {result['history'][-1]['loss']:.4f}"
     )
+    return summary, result["job_id"]
 
 
-SUBJOBS: dict[str, Callable[[str, str | None], str]] = {
+SUBJOBS: dict[str, Callable[[str, str | None], Stage]] = {
     "label_dp": _label_dp_stage,
     "horizontal_lr": _horizontal_stage,
 }
 
 
+def _bytes_exchanged(job_id: str, workspace: str | None) -> str:
+    """Bytes each party sent in the stage's job (all runs of it), from the channel's log."""
+    sent = channel_for(job_id, workspace).bytes_by_party()
+    return ", ".join(f"{party} {totals['sent'] / 1024:,.0f} KiB" for party, totals in sent.items())
+
+
 def _summary_markdown(job: str, stages: dict[str, dict[str, Any]]) -> str:
-    lines = [f"# privreg pipeline: {job}", "", "| stage | seconds | result |", "|---|---|---|"]
+    lines = [
+        f"# privreg pipeline: {job}",
+        "",
+        "| stage | seconds | result | bytes sent per party |",
+        "|---|---|---|---|",
+    ]
     for name, stage in stages.items():
-        lines.append(f"| {name} | {stage['seconds']:.1f} | {stage['result']} |")
+        lines.append(
+            f"| {name} | {stage['seconds']:.1f} | {stage['result']} | {stage.get('bytes', '')} |"
+        )
     return "\n".join(lines)
+
+
+class _Timer:
+    """Records one stage's seconds, result and traffic into ``stages``."""
+
+    def __init__(self, stages: dict[str, dict[str, Any]], name: str, workspace: str | None):
+        self.stages, self.name, self.workspace = stages, name, workspace
+        self.started = time.perf_counter()
+
+    def done(self, result: str, job_id: str | None = None) -> None:
+        stage = {"seconds": time.perf_counter() - self.started, "result": result}
+        if job_id is not None:
+            stage["bytes"] = _bytes_exchanged(job_id, self.workspace)
+        self.stages[self.name] = stage
 
 
 @flow(name="pipeline", flow_run_name="pipeline {job_file}")
@@ -60,58 +95,41 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
     job = read_job(job_file)
     stages: dict[str, dict[str, Any]] = {}
 
-    started = time.perf_counter()
-    refs = {}
+    timer = _Timer(stages, "load", workspace)
+    refs = {role: TableRef.from_dict(party["table"]) for role, party in job["parties"].items()}
     for role, party in job["parties"].items():
-        refs[role] = TableRef.from_dict(party["table"])
         load_table(party["source"], refs[role])
-    stages["load"] = {
-        "seconds": time.perf_counter() - started,
-        "result": ", ".join(f"{r.party}.{r.table}" for r in refs.values()),
-    }
+    timer.done(", ".join(f"{r.party}.{r.table}" for r in refs.values()))
 
-    started = time.perf_counter()
+    timer = _Timer(stages, "psi", workspace)
     alignment = psi_align(
         refs["guest"].to_dict(),
         refs["host"].to_dict(),
         min_rows=job.get("psi", {}).get("min_rows", 100),
         workspace=workspace,
     )
-    stages["psi"] = {
-        "seconds": time.perf_counter() - started,
-        "result": f"{alignment['intersection_size']} shared rows of "
-        f"{alignment['set_sizes'][0]} / {alignment['set_sizes'][1]}"
+    sizes = alignment["set_sizes"]
+    timer.done(
+        f"{alignment['intersection_size']} shared rows of {sizes[0]} / {sizes[1]}"
         + (" (reused)" if alignment["reused"] else ""),
-    }
+        alignment["job_id"],
+    )
+    aligned = [TableRef.from_dict(d) for d in alignment["aligned"]]
 
-    aligned = {
-        role: TableRef.from_dict(d)
-        for role, d in zip(("guest", "host"), alignment["aligned"], strict=True)
-    }
+    model = None
     if "vertical" in job:
-        started = time.perf_counter()
+        timer = _Timer(stages, "vertical_lr", workspace)
         model = vertical_lr(
-            aligned["guest"].to_dict(),
-            [aligned["host"].to_dict()],
-            workspace=workspace,
-            **job["vertical"],
+            aligned[0].to_dict(), [aligned[1].to_dict()], workspace=workspace, **job["vertical"]
         )
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in model["metrics"].items() if "auc" in k)
-        stages["vertical_lr"] = {
-            "seconds": time.perf_counter() - started,
-            "result": f"{model['rounds_run']} rounds, {metrics}",
-        }
+        timer.done(f"{model['rounds_run']} rounds run, {metrics}", model["job_id"])
 
     for name, sub_job in job.get("subjobs", {}).items():
-        started = time.perf_counter()
-        stages[name] = {"result": SUBJOBS[name](sub_job, workspace)}
-        stages[name]["seconds"] = time.perf_counter() - started
+        timer = _Timer(stages, name, workspace)
+        timer.done(*SUBJOBS[name](sub_job, workspace))
 
     summary = _summary_markdown(job.get("job", job_file), stages)
-    create_markdown_artifact(summary, key="pipeline-summary", description="privreg pipeline")
+    publish_markdown("pipeline-summary", summary, "privreg pipeline: stages, quality, traffic")
     print(summary)
-    return {"stages": stages, "alignment": alignment}
-
-
-if __name__ == "__main__":
-    pipeline()
+    return {"stages": stages, "alignment": alignment, "vertical": model}

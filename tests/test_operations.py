@@ -89,7 +89,9 @@ def test_deployments_from_prefect_yaml_get_scheduled_runs(server: dict[str, str]
         capture_output=True,
     )
     deployments = {d["name"]: d for d in api(server, "/deployments/filter")}
-    assert {"demo-pipeline", "demo-psi", "demo-vertical"} <= set(deployments)
+    assert {
+        "demo-pipeline", "demo-psi", "demo-vertical", "demo-horizontal", "demo-label-dp"
+    } <= set(deployments)
     assert deployments["demo-pipeline"]["parameters"] == {"job_file": "jobs/demo.json"}
     deadline = time.monotonic() + 60
     scheduled: list = []

@@ -25,7 +25,7 @@ from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import label_dp as steps
-from tasks.loading import fingerprint, load_table
+from tasks.loading import fingerprint, load_table, set_privacy_budget
 from tasks.reporting import artifact_key, markdown_table, publish_markdown, publish_model_link
 
 
@@ -184,7 +184,7 @@ def label_dp_job(
         workspace=workspace,
     )
     guest, host = (TableRef.from_dict(d) for d in alignment["aligned"])
-    steps.set_label_budget(guest, **job["parties"]["guest"]["privacy_budget"])
+    set_privacy_budget(guest, guest.table, **job["parties"]["guest"]["privacy_budget"])
     return label_dp_regression(
         host.to_dict(), guest.to_dict(), workspace=workspace, **job["label_dp"]
     )

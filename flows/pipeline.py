@@ -19,9 +19,10 @@ from flows.horizontal_lr import horizontal_job
 from flows.jobs import read_job
 from flows.label_dp import label_dp_job
 from flows.vertical_lr import vertical_lr
+from flows.walr import walr
 from storage.descriptor import TableRef
 from storage.workspace import channel_for
-from tasks.loading import load_table
+from tasks.loading import load_table, set_privacy_budget
 from tasks.reporting import publish_markdown
 
 Stage = tuple[str, str]  # (one-line result, job id whose channel holds the stage's messages)
@@ -124,6 +125,27 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
         )
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in model["metrics"].items() if "auc" in k)
         timer.done(f"{model['rounds_run']} rounds run, {metrics}", model["job_id"])
+
+    if "walr" in job:  # the host's features, the guest's labels (its own features unused)
+        timer = _Timer(stages, "walr", workspace)
+        budget = job["parties"]["guest"].get("privacy_budget")
+        if budget:  # the label owner's setting, charged to its source table
+            set_privacy_budget(refs["guest"], refs["guest"].table, **budget)
+        release = walr(
+            aligned[1].to_dict(),
+            aligned[0].to_dict(),
+            workspace=workspace,
+            protected_table=refs["guest"].table,
+            **job["walr"],
+        )
+        auc = release["metrics"].get("auc")
+        timer.done(
+            f"eps {release['epsilon']:g}, sigma {release['sigma']:.2f}, privacy left "
+            f"{release['budget']['epsilon_left']:g}"
+            + (f", auc {auc:.4f}" if auc is not None else "")
+            + (" (release reused)" if release["reused_release"] else ""),
+            release["job_id"],
+        )
 
     for name, sub_job in job.get("subjobs", {}).items():
         timer = _Timer(stages, name, workspace)

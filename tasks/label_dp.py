@@ -217,14 +217,6 @@ def build_release(labels: np.ndarray, job: LabelDPJob) -> dict[str, Any]:
 
 
 # ---- labels party ---------------------------------------------------------------------------
-@task(name="label-dp-budget", task_run_name="{ref.party}: set budget of {ref.table}")
-def set_label_budget(ref: TableRef, epsilon: float, delta: float = 0.0) -> dict[str, Any]:
-    """The labels party's owner fixes the table's total budget (earlier spends stay)."""
-    ledger = PrivacyLedger(PartyStore.of(ref))
-    ledger.set_budget(ref.table, epsilon, delta)
-    return ledger.status(ref.table).as_dict()
-
-
 @task(
     name="label-dp-check-labels", task_run_name="{ref.party}: check labels and budget", **PARTY_STEP
 )

@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
+from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
 
@@ -35,3 +36,14 @@ def fingerprint(ref: TableRef) -> str:
         artifacts.put("fingerprint-salt", salt, "secret")
     digest = hashlib.sha256(salt + store.fingerprint(ref).encode() + ref.id_column.encode())
     return digest.hexdigest()
+
+
+@task(name="privacy-budget", task_run_name="{ref.party}: budget of {table}", **PARTY_STEP)
+def set_privacy_budget(ref: TableRef, table: str, epsilon: float, delta: float = 0.0) -> dict:
+    """The data owner's total budget for one of its tables (earlier spends stay on the books).
+
+    Job files carry the owner's decision as ``privacy_budget``; setting it again is idempotent.
+    """
+    ledger = PrivacyLedger(PartyStore.of(ref))
+    ledger.set_budget(table, epsilon, delta)
+    return ledger.status(table).as_dict()

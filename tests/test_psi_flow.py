@@ -97,6 +97,7 @@ def test_pipeline_runs_on_the_bundled_demo(workspace: Path) -> None:
     job = json.loads((ROOT / "jobs" / "demo.json").read_text())
     job.pop("subjobs")  # each has its own flow test
     job["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
+    job["walr"].update(key_size=1024, allow_insecure_key_size=True)
     for party in job["parties"].values():
         name = Path(party["source"]).name
         shutil.copy(ROOT / party["source"], workspace / name)
@@ -114,5 +115,7 @@ def test_pipeline_runs_on_the_bundled_demo(workspace: Path) -> None:
     again = pipeline(str(job_file), workspace=str(workspace))  # idempotent: nothing duplicated
     assert again["alignment"]["reused"]
     assert "train_auc" in result["stages"]["vertical_lr"]["result"]
+    assert "release reused" in again["stages"]["walr"]["result"]  # charged once
+    assert "KiB" in result["stages"]["psi"]["bytes"]
     guest_ref = TableRef.from_dict(job["parties"]["guest"]["table"])
     assert len(PartyStore.of(guest_ref).read_table(guest_ref)) == len(guest)

@@ -1,0 +1,419 @@
+"""WALR tasks, one per party step: thin wrappers over core.walr and the integer Paillier cipher.
+
+Two parties hold the same PSI-aligned rows: the *features party* (e.g. a publisher: the
+features) and the *labels party* (e.g. an advertiser: 0/1 labels). The only label-dependent
+value ever released is ``s = sum_i y_i z_i`` (``z_i`` = grid-encoded features and a 1 for the
+intercept) plus discrete Gaussian noise, computed once:
+
+1. labels party: own Paillier key (never leaves its store), sends ``n`` and ``[[y]]``;
+2. features party: ``[[X^T y + r]]`` with a random mask ``r`` it keeps, re-randomised;
+3. labels party: decrypts ``s + r``, adds noise for (epsilon, delta), stores and charges the
+   release in one ledger transaction, sends ``s + r + noise`` back;
+4. features party: removes ``r`` and fits in the clear.
+
+What each side learns (semi-honest parties): the labels party sees ``s + r``, which the
+256-bit mask hides, so nothing about the features beyond N (its own row count), the number of
+feature columns and the public clip norm, i.e. the sensitivity; the features party sees
+semantically secure ciphertexts and the noisy sum, which is (epsilon, delta)-label-DP.
+A malicious features party could weight rows to enlarge one person's influence beyond the
+declared sensitivity; the labels party cannot check that, so this is a semi-honest protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import secrets
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from phe import paillier
+from prefect import get_run_logger, task
+
+from core.dp.errors import PrivacyParameterError
+from core.dp.gaussian import analytic_gaussian_sigma, classic_gaussian_sigma
+from core.ids import canonical_id
+from core.vertical_lr import cipher
+from core.walr import (
+    WalrFeatures,
+    WalrFit,
+    default_granularity,
+    fit_walr,
+    prepare_binary_features,
+    prepare_clipped_features,
+    release_noise,
+    validate_labels,
+    walr_sigma,
+)
+from storage.artifacts import ArtifactStore
+from storage.channel import PartyEndpoint
+from storage.descriptor import TableRef
+from storage.ledger import PrivacyLedger
+from storage.party_store import PartyStore
+from storage.workspace import channel_for
+
+PROTOCOL = "walr"
+MIN_SECURE_KEY_BITS = 2048
+MODES = ("binary", "clipped")
+_RETRY = {"retries": 2, "retry_delay_seconds": [1, 5]}
+_EXACT_FLOAT_INT = 2**53
+
+
+class WalrSetupError(ValueError):
+    """The parties' inputs or the flow's options cannot give a WALR release."""
+
+
+@dataclass(frozen=True)
+class WalrJob:
+    """Everything a party step needs besides its own table: small and public."""
+
+    job_id: str
+    workspace: str | None
+    features_party: str
+    labels_party: str
+    epsilon: float
+    delta: float
+    mode: str
+    clip_norm: float | None
+    protected_table: str
+    labels_fingerprint: str
+    features_fingerprint: str
+    noise: bool = True
+    noiseless_for_tests: bool = False
+
+    def endpoint(self, party: str) -> PartyEndpoint:
+        return channel_for(self.job_id, self.workspace).endpoint(party)
+
+    def key(self, *parts: object) -> str:
+        return "/".join([PROTOCOL, self.job_id, *map(str, parts)])
+
+    @property
+    def release_key(self) -> str:
+        """Same data, same release parameters: same key, so the ledger charges once."""
+        inputs = {
+            "labels": self.labels_fingerprint,
+            "features": self.features_fingerprint,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "mode": self.mode,
+            "clip_norm": self.clip_norm,
+            "noise": self.noise,
+        }
+        text = json.dumps(inputs, sort_keys=True)
+        return f"walr-{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+
+    @property
+    def mechanism(self) -> str:
+        return "walr-discrete-gaussian" if self.noise else "walr-no-noise-testing"
+
+
+def check_key_size(key_size: int, allow_insecure_key_size: bool) -> None:
+    if key_size < MIN_SECURE_KEY_BITS and not allow_insecure_key_size:
+        raise WalrSetupError(
+            f"key_size={key_size} is below {MIN_SECURE_KEY_BITS} bits; smaller keys are for "
+            "tests only and need allow_insecure_key_size=True"
+        )
+
+
+def labels_only(ref: TableRef) -> TableRef:
+    """The labels party's view for WALR: the id and label columns, none of its features."""
+    if ref.label_column is None:
+        raise WalrSetupError(f"labels table {ref.table!r} of {ref.party} has no label_column")
+    return replace(ref, feature_columns=())
+
+
+def _id_digest(job_id: str, ids: list[object]) -> str:
+    """A digest of the canonical id order: equal digests mean the same rows in the same order."""
+    digest = hashlib.sha256(job_id.encode())
+    for value in ids:
+        digest.update(canonical_id(value) + b"\x00")
+    return digest.hexdigest()
+
+
+def _labels(ref: TableRef) -> tuple[list[object], np.ndarray]:
+    frame = PartyStore.of(ref).read_table(labels_only(ref))
+    return frame[ref.id_column].tolist(), validate_labels(frame[ref.label_column])
+
+
+def _features(job: WalrJob, ref: TableRef) -> tuple[list[object], WalrFeatures]:
+    frame = PartyStore.of(ref).read_table(ref)
+    columns = frame.drop(columns=[ref.id_column])
+    if job.mode == "binary":
+        return frame[ref.id_column].tolist(), prepare_binary_features(columns)
+    return frame[ref.id_column].tolist(), prepare_clipped_features(columns, job.clip_norm)
+
+
+def public_shape(mode: str, rows: int, columns: int, clip_norm: float | None) -> WalrFeatures:
+    """What the labels party knows of the features (N, k, mode, clip norm), for calibration.
+
+    ``walr_sigma`` reads only these public facts, so the labels party calibrates its own noise
+    from them instead of trusting a sigma chosen by the features party. The values are a
+    zero-copy placeholder of the right shape.
+    """
+    binary = mode == "binary"
+    return WalrFeatures(
+        values=np.broadcast_to(np.float64(0.0), (rows, columns)),
+        column_names=tuple(f"x{j}" for j in range(columns)),
+        granularity=1.0 if binary else default_granularity(float(clip_norm)),
+        row_norm_bound=math.sqrt(columns) if binary else float(clip_norm),
+        fit_intercept=True,
+        mode="binary" if binary else "clipped",
+    )
+
+
+def model_key(job_id: str) -> str:
+    return f"models/walr/{job_id}"
+
+
+# ---- checks (local, before any message) -----------------------------------------------------
+@task(name="walr-labels-check", task_run_name="{ref.party}: labels and budget")
+def check_labels_and_budget(job: WalrJob, ref: TableRef) -> dict[str, Any]:
+    """Refuse bad labels, and a release the budget cannot pay for, before anything is computed.
+
+    A release already stored under this job's release key is reused and needs no budget.
+    """
+    _, labels = _labels(ref)
+    ledger = PrivacyLedger(PartyStore.of(ref))
+    reused = ledger.stored_release(job.release_key) is not None
+    if not reused:
+        ledger.require_affordable(job.protected_table, job.epsilon, job.delta)
+    return {"rows": int(labels.size), "reused": reused}
+
+
+@task(name="walr-features-check", task_run_name="{ref.party}: features and id order")
+def check_features(job: WalrJob, ref: TableRef) -> dict[str, Any]:
+    """Refuse features that break the declared sensitivity; send the id-order digest."""
+    if ref.label_column is not None:
+        raise WalrSetupError(
+            f"features table {ref.table!r} of {ref.party} declares label column "
+            f"{ref.label_column!r}: in WALR only the labels party holds labels"
+        )
+    ids, features = _features(job, ref)
+    job.endpoint(ref.party).send(job.labels_party, "id_order_digest", _id_digest(job.job_id, ids))
+    return {
+        "rows": features.n_rows,
+        "columns": len(features.column_names),
+        "sensitivity": features.sensitivity,
+        "granularity": features.granularity,
+    }
+
+
+@task(name="walr-aligned", task_run_name="{ref.party}: check alignment")
+def check_alignment(job: WalrJob, ref: TableRef) -> None:
+    """The labels party compares digests (learns only equal or not)."""
+    ids, _ = _labels(ref)
+    theirs = job.endpoint(ref.party).receive(job.features_party, "id_order_digest")
+    if theirs != _id_digest(job.job_id, ids):
+        raise WalrSetupError(
+            f"tables of {ref.party} and {job.features_party} are not aligned (different ids "
+            "or order); run psi_align first and use the *_aligned tables"
+        )
+
+
+# ---- the one-shot release ---------------------------------------------------------------------
+@task(name="walr-encrypt-labels", task_run_name="{ref.party}: key pair and [[y]]", **_RETRY)
+def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: bool) -> int:
+    """The labels party's own key pair (kept in its store only) and its encrypted labels."""
+    check_key_size(key_size, allow_insecure)
+    artifacts = ArtifactStore(PartyStore.of(ref))
+    stored = artifacts.get(job.key("keypair"))
+    if stored is None:
+        public, private = paillier.generate_paillier_keypair(n_length=key_size)
+        stored = {"n": public.n, "p": private.p, "q": private.q}
+        artifacts.put(job.key("keypair"), stored, "secret")
+    _, labels = _labels(ref)
+    public = paillier.PaillierPublicKey(int(stored["n"]))
+    endpoint = job.endpoint(ref.party)
+    endpoint.send(job.features_party, "walr_public_key", stored["n"])
+    endpoint.send(job.features_party, "walr_encrypted_labels", cipher.encrypt(public, labels))
+    get_run_logger().info("%s encrypted %d labels", ref.party, labels.size)
+    return int(stored["n"]).bit_length()
+
+
+@task(name="walr-masked-sums", task_run_name="{ref.party}: [[X^T y]] + mask", **_RETRY)
+def masked_sums(job: WalrJob, ref: TableRef) -> int:
+    """``[[X^T y + r]]`` on the exact integer grid; the mask ``r`` stays in this party's store.
+
+    Each masking gets a fresh random id stored with ``r``; the id travels with the sums, so a
+    release stored by the labels party always finds the mask it was made with.
+    """
+    endpoint = job.endpoint(ref.party)
+    public = paillier.PaillierPublicKey(int(endpoint.receive(job.labels_party, "walr_public_key")))
+    encrypted = endpoint.receive(job.labels_party, "walr_encrypted_labels")
+    _, features = _features(job, ref)
+    if len(encrypted) != features.n_rows:
+        raise WalrSetupError(f"got {len(encrypted)} encrypted labels for {features.n_rows} rows")
+    sums = cipher.transpose_dot(public, features.grid_units(), encrypted)
+    masks = cipher.random_masks(len(sums))
+    mask_id = secrets.token_hex(16)
+    ArtifactStore(PartyStore.of(ref)).put(job.key("mask", mask_id), masks, "secret")
+    hidden = cipher.rerandomize(public, cipher.add_plain(public, sums, masks))
+    endpoint.send(job.labels_party, "walr_masked_sums", {"mask_id": mask_id, "sums": hidden})
+    return len(sums)
+
+
+def _noise_units(job: WalrJob, sigma: float, granularity: float, size: int) -> list[int]:
+    """Exact discrete Gaussian noise in grid steps, drawn by ``release_noise``.
+
+    The masked sum is a huge integer (grid steps plus a 256-bit mask), beyond what
+    ``release_noise`` accepts, so the noise is drawn on the zero vector with the same sampler
+    and grid, converted to steps (exact: a power-of-two scale of integers below 2^53) and added
+    as integers.
+    """
+    zeros = np.zeros(size)
+    noise = release_noise(
+        zeros, sigma, granularity, noise=job.noise, testing=job.noiseless_for_tests
+    )
+    return [int(v) for v in np.rint(noise / granularity).astype(np.int64)]
+
+
+def _comparison_sigmas(job: WalrJob, sensitivity: float) -> dict[str, float | None]:
+    """Continuous-Gaussian calibrations shown beside the one used (classic: epsilon <= 1 only)."""
+    try:
+        classic = classic_gaussian_sigma(job.epsilon, job.delta, sensitivity)
+    except PrivacyParameterError:
+        classic = None
+    return {
+        "sigma_analytic_continuous": analytic_gaussian_sigma(job.epsilon, job.delta, sensitivity),
+        "sigma_classic": classic,
+    }
+
+
+@task(name="walr-release", task_run_name="{ref.party}: decrypt, add noise, charge", **_RETRY)
+def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
+    """Decrypt the masked sums, add calibrated noise, store the release and charge the ledger
+    in one transaction. A release already stored under the key is kept as it is."""
+    store = PartyStore.of(ref)
+    ledger = PrivacyLedger(store)
+    if ledger.stored_release(job.release_key) is not None:
+        return
+    message = job.endpoint(ref.party).receive(job.features_party, "walr_masked_sums")
+    stored = ArtifactStore(store).get(job.key("keypair"))
+    public = paillier.PaillierPublicKey(int(stored["n"]))
+    private = paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
+    masked = cipher.decrypt(private, message["sums"])
+    _, labels = _labels(ref)
+    shape = public_shape(job.mode, labels.size, len(masked) - 1, job.clip_norm)
+    sigma = walr_sigma(job.epsilon, job.delta, shape)
+    noise = _noise_units(job, sigma, shape.granularity, len(masked))
+    release = {
+        "job_id": job.job_id,
+        "mask_id": message["mask_id"],
+        "values": [m + e for m, e in zip(masked, noise, strict=True)],
+        "rows": int(labels.size),
+        "columns": len(masked) - 1,
+        "mode": job.mode,
+        "clip_norm": job.clip_norm,
+        "granularity": shape.granularity,
+        "sensitivity": shape.sensitivity,
+        "epsilon": job.epsilon,
+        "delta": job.delta,
+        "noise": job.noise,
+        "sigma": sigma,
+        **_comparison_sigmas(job, shape.sensitivity),
+    }
+    ledger.charge_and_store(
+        job.release_key,
+        job.protected_table,
+        job.epsilon,
+        job.delta,
+        job.mechanism,
+        job.job_id,
+        release,
+    )
+
+
+@task(name="walr-send-release", task_run_name="{ref.party}: send the noisy masked sums")
+def send_release(job: WalrJob, ref: TableRef) -> dict[str, Any]:
+    """Send the stored release (new or reused); return its public facts and the budget left."""
+    store = PartyStore.of(ref)
+    ledger = PrivacyLedger(store)
+    release = ledger.stored_release(job.release_key)
+    if release is None:
+        raise WalrSetupError(f"no release is stored under {job.release_key}")
+    payload = {k: release[k] for k in ("job_id", "mask_id", "values")}
+    job.endpoint(ref.party).send(job.features_party, "walr_release", payload)
+    ArtifactStore(store).delete_prefix(job.key("keypair"))  # decryption is over for this job
+    public = {k: v for k, v in release.items() if k not in ("values", "mask_id")}
+    return {
+        **public,
+        "release_job_id": release["job_id"],
+        "budget": ledger.status(job.protected_table).as_dict(),
+    }
+
+
+# ---- training and evaluation ------------------------------------------------------------------
+@task(name="walr-train", task_run_name="{ref.party}: unmask and fit", **_RETRY)
+def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
+    """Remove the mask, fit logistic regression on the noisy sum in the clear, save the model."""
+    artifacts = ArtifactStore(PartyStore.of(ref))
+    release = job.endpoint(ref.party).receive(job.labels_party, "walr_release")
+    masks = artifacts.get("/".join([PROTOCOL, release["job_id"], "mask", release["mask_id"]]))
+    if masks is None:
+        raise WalrSetupError(
+            f"the release was masked in job {release['job_id']}, whose mask is not in "
+            f"{ref.party}'s store; it cannot be unmasked"
+        )
+    _, features = _features(job, ref)
+    width = len(features.column_names) + 1
+    if not len(release["values"]) == len(masks) == width:
+        raise WalrSetupError(f"the release has {len(release['values'])} sums, expected {width}")
+    units = [v - r for v, r in zip(release["values"], masks, strict=True)]
+    if any(abs(u) >= _EXACT_FLOAT_INT for u in units):
+        raise WalrSetupError("the unmasked release is not a sum of this table's grid values")
+    noisy_sum = np.array(units, dtype=np.float64) * features.granularity
+    fit = fit_walr(features.values, noisy_sum, features.n_rows, l2, fit_intercept=True)
+    model = {
+        "job_id": job.job_id,
+        "features": list(features.column_names),
+        "coef": fit.coef,
+        "intercept": fit.intercept,
+        "converged": fit.converged,
+        "n_iter": fit.n_iter,
+        "mode": job.mode,
+        "clip_norm": job.clip_norm,
+        "granularity": features.granularity,
+        "l2": l2,
+        "epsilon": job.epsilon,
+        "delta": job.delta,
+        "noisy_sum": noisy_sum,
+    }
+    artifacts.put(model_key(job.job_id), model, "model")
+    return {
+        "model_key": model_key(job.job_id),
+        "coefficients": dict(zip(features.column_names, fit.coef.tolist(), strict=True)),
+        "intercept": fit.intercept,
+        "converged": fit.converged,
+        "n_iter": fit.n_iter,
+        "noisy_sum": noisy_sum.tolist(),
+        "granularity": features.granularity,
+    }
+
+
+@task(name="walr-predictions", task_run_name="{ref.party}: predictions for evaluation")
+def send_predictions(job: WalrJob, ref: TableRef) -> int:
+    """Optional evaluation: the labels party receives the predicted probability of every row."""
+    model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
+    _, features = _features(job, ref)
+    fit = WalrFit(
+        np.asarray(model["coef"]), model["intercept"], model["converged"], model["n_iter"]
+    )
+    probabilities = fit.predict_proba(features.values)
+    job.endpoint(ref.party).send(job.labels_party, "predictions", probabilities)
+    return features.n_rows
+
+
+@task(name="walr-evaluate", task_run_name="{ref.party}: AUC of the predictions")
+def evaluate(job: WalrJob, ref: TableRef) -> dict[str, float | None]:
+    """AUC on the true labels. Not differentially private and not charged: it is opt-in."""
+    from sklearn.metrics import roc_auc_score
+
+    _, labels = _labels(ref)
+    predictions = np.asarray(job.endpoint(ref.party).receive(job.features_party, "predictions"))
+    if predictions.shape != labels.shape:
+        raise WalrSetupError(f"got {predictions.size} predictions for {labels.size} labels")
+    if len(np.unique(labels)) < 2:
+        return {"auc": None}
+    return {"auc": float(roc_auc_score(labels, predictions))}

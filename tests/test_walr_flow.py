@@ -1,0 +1,209 @@
+"""WALR flow: the encrypted one-shot sum is exact, the release is charged once, nothing leaks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+from core.dp.errors import PrivacyParameterError
+from core.walr import (
+    PrivacyWarning,
+    WalrInputError,
+    label_weighted_sum,
+    prepare_binary_features,
+    prepare_clipped_features,
+)
+from flows.walr import walr
+from storage import codec
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.ledger import BudgetError, PrivacyLedger
+from storage.party_store import PartyStore
+from storage.workspace import channel_for
+from tasks.walr import WalrSetupError
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"
+ROWS, CLIP, L2 = 300, 5.0, 0.01
+FAST = {"key_size": 1024, "allow_insecure_key_size": True, "l2": L2}
+NO_NOISE = {"noise": False, "allow_noiseless_release_for_tests": True}
+
+
+def parties(workspace: Path, binary: bool = False, budget: tuple[float, float] = (10.0, 1e-3)):
+    """Advertiser (labels y of breast's guest) and publisher (breast's 20 host features)."""
+    guest = pd.read_csv(DATA / "breast_hetero_guest.csv.gz").head(ROWS)
+    host = pd.read_csv(DATA / "breast_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
+    if binary:
+        host = (host > 0).astype(float)
+    labels = TableRef(
+        database=str(workspace / "advertiser.duckdb"),
+        table="conversions",
+        label_column="y",
+        label_domain=(0, 1),
+    )
+    features = TableRef(database=str(workspace / "publisher.duckdb"), table="impressions")
+    PartyStore.of(labels).import_frame(guest, labels)
+    PartyStore.of(features).import_frame(host.reset_index(), features)
+    PrivacyLedger(PartyStore.of(labels)).set_budget("conversions", *budget)
+    return features, labels, host.to_numpy(), guest["y"].to_numpy()
+
+
+def run(features: TableRef, labels: TableRef, workspace: Path, **options: Any) -> dict[str, Any]:
+    settings = {
+        "epsilon": 1.0,
+        "delta": 1e-4,
+        "mode": "clipped",
+        "clip_norm": CLIP,
+        **FAST,
+        **options,
+    }
+    return walr(features.to_dict(), labels.to_dict(), workspace=str(workspace), **settings)
+
+
+def ints_in(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, dict):
+        return [i for v in value.values() for i in ints_in(v)]
+    if isinstance(value, list):
+        return [i for v in value for i in ints_in(v)]
+    return []
+
+
+def messages(workspace: Path) -> list[Path]:
+    return list((workspace / "runs").glob("*/messages/*/*"))
+
+
+@pytest.mark.parametrize("mode", ["binary", "clipped"])
+def test_noiseless_release_is_the_exact_sum_and_the_fit_matches_sklearn(
+    workspace: Path, mode: str
+) -> None:
+    features, labels, X, y = parties(workspace, binary=mode == "binary")
+    clip = {"clip_norm": CLIP if mode == "clipped" else None}
+    result = run(features, labels, workspace, mode=mode, **clip, **NO_NOISE)
+    prepared = prepare_binary_features(X) if mode == "binary" else prepare_clipped_features(X, CLIP)
+    exact = label_weighted_sum(prepared, y)
+    np.testing.assert_array_equal(result["noisy_sum"], exact)
+    # the labels party's stored (decrypted, masked) release minus the publisher's mask: exact
+    release_keys = [k for k, *_ in ArtifactStore(PartyStore.of(labels)).list("release/")]
+    release = ArtifactStore(PartyStore.of(labels)).get(release_keys[0])
+    mask = ArtifactStore(PartyStore.of(features)).get(
+        f"walr/{result['job_id']}/mask/{release['mask_id']}"
+    )
+    unmasked = [v - m for v, m in zip(release["values"], mask, strict=True)]
+    assert unmasked == (y @ prepared.grid_units()).tolist()
+    assert min(release["values"]) > 2**120  # what the labels party saw was masked
+
+    reference = LogisticRegression(C=1.0 / (ROWS * L2), tol=1e-12, max_iter=10_000)
+    reference.fit(prepared.values, y)
+    assert result["converged"]
+    np.testing.assert_allclose(list(result["coefficients"].values()), reference.coef_[0], atol=1e-4)
+    assert result["intercept"] == pytest.approx(reference.intercept_[0], abs=1e-4)
+    model = ArtifactStore(PartyStore.of(features)).get(result["model_key"])
+    assert model["features"] == [f"x{j}" for j in range(20)]
+
+
+def test_rerun_reuses_the_release_and_only_ciphertexts_carry_labels(workspace: Path) -> None:
+    features, labels, X, y = parties(workspace, budget=(1.0, 1e-4))  # room for one release only
+    first = run(features, labels, workspace)
+    exact = label_weighted_sum(prepare_clipped_features(X, CLIP), y)
+    noise = (np.array(first["noisy_sum"]) - exact) / first["granularity"]
+    assert np.any(noise != 0) and np.array_equal(noise, np.rint(noise))  # on the grid
+
+    channel = channel_for(first["job_id"], str(workspace))
+    records = channel.log()
+    assert {(r.sender, r.receiver, r.kind) for r in records} == {
+        ("publisher", "advertiser", "id_order_digest"),
+        ("advertiser", "publisher", "walr_public_key"),
+        ("advertiser", "publisher", "walr_encrypted_labels"),
+        ("publisher", "advertiser", "walr_masked_sums"),
+        ("advertiser", "publisher", "walr_release"),
+    }
+    for record in records:
+        found = ints_in(codec.loads(channel.read_raw(record)))
+        if record.kind == "id_order_digest":
+            assert found == []
+        elif record.kind in ("walr_public_key", "walr_release"):
+            assert found and all(v > 2**120 for v in found)  # a key; sums under 256-bit masks
+        else:  # [[y]] and [[X^T y + r]]: Paillier ciphertexts only
+            assert found and all(c.bit_length() > 1500 for c in found), record.kind
+        if record.receiver == "publisher":  # never a label, a count or an unmasked sum
+            assert found and all(v > 2**120 for v in found), record.kind
+    encrypted = codec.loads(
+        channel.read_raw(next(r for r in records if r.kind == "walr_encrypted_labels"))
+    )
+    assert len(encrypted) == ROWS
+
+    second = run(features, labels, workspace)
+    third = run(features, labels, workspace, l2=0.05)  # another job, same release
+    assert second["reused_release"] and third["reused_release"]
+    assert second["job_id"] == first["job_id"] != third["job_id"]
+    assert third["release_job_id"] == first["job_id"]
+    assert second["noisy_sum"] == first["noisy_sum"] == third["noisy_sum"]
+    assert second["coefficients"] == first["coefficients"] != third["coefficients"]
+    ledger = PrivacyLedger(PartyStore.of(labels))
+    assert len(ledger.spends("conversions")) == 1
+    assert ledger.status("conversions").epsilon_spent == pytest.approx(1.0)
+    assert third["budget"]["epsilon_left"] == pytest.approx(0.0)
+
+
+def test_over_budget_is_refused_before_any_message(workspace: Path) -> None:
+    features, labels, *_ = parties(workspace, budget=(0.5, 1e-4))
+    with pytest.raises(BudgetError, match="exceeds the budget"):
+        run(features, labels, workspace)
+    assert messages(workspace) == []
+    assert PrivacyLedger(PartyStore.of(labels)).spends() == []
+    with pytest.raises(BudgetError, match="no privacy budget"):
+        run(features, labels, workspace, protected_table="other_table")
+    assert messages(workspace) == []
+
+
+def test_bad_inputs_are_refused_with_clear_errors(workspace: Path) -> None:
+    features, labels, *_ = parties(workspace)
+    with pytest.raises(WalrInputError, match=r"column 'x0', row 1: .* is not binary"):
+        run(features, labels, workspace, mode="binary", clip_norm=None)
+    bad = PartyStore.of(labels).read_table(labels)
+    bad.loc[4, "y"] = 2.0
+    bad_labels = TableRef(database=labels.database, table="bad", label_column="y")
+    PartyStore.of(bad_labels).import_frame(bad, bad_labels)
+    PrivacyLedger(PartyStore.of(labels)).set_budget("bad", 10.0, 1e-3)
+    with pytest.raises(WalrInputError, match=r"label, row 5: value 2.0 is not 0 or 1"):
+        run(features, bad_labels, workspace)
+    for epsilon, delta, problem in (
+        (0.0, 1e-4, "epsilon"),
+        (-1.0, 1e-4, "epsilon"),
+        (1.0, 0.0, "delta"),
+        (1.0, 1.0, "delta"),
+    ):
+        with pytest.raises(PrivacyParameterError, match=problem):
+            run(features, labels, workspace, epsilon=epsilon, delta=delta)
+    with pytest.raises(WalrSetupError, match="allow_noiseless_release_for_tests"):
+        run(features, labels, workspace, noise=False)
+    with pytest.raises(WalrSetupError, match="below 2048 bits"):
+        run(features, labels, workspace, allow_insecure_key_size=False)
+    with pytest.raises(WalrSetupError, match="needs clip_norm"):
+        run(features, labels, workspace, clip_norm=None)
+    assert messages(workspace) == []
+    shuffled = PartyStore.of(features).read_table(features).sample(frac=1.0, random_state=1)
+    PartyStore.of(features).import_frame(shuffled, features)
+    with pytest.raises(WalrSetupError, match="not aligned"):
+        run(features, labels, workspace)
+    assert PrivacyLedger(PartyStore.of(labels)).spends() == []
+
+
+def test_large_delta_warns_and_evaluation_reveals_only_predictions(workspace: Path) -> None:
+    features, labels, *_ = parties(workspace, budget=(10.0, 0.05))
+    with pytest.warns(PrivacyWarning, match="not below 1/N"):
+        result = run(features, labels, workspace, epsilon=4.0, delta=0.01, evaluate=True)
+    assert result["metrics"]["auc"] > 0.9
+    assert result["sigma_classic"] is None  # the textbook formula does not hold above eps 1
+    assert result["sigma"] > 0 and result["sigma_analytic_continuous"] > 0
+    records = channel_for(result["job_id"], str(workspace)).log()
+    assert [r.sender for r in records if r.kind == "predictions"] == ["publisher"]

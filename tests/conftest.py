@@ -23,9 +23,12 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     from prefect.testing.utilities import prefect_test_harness
 
     results = tmp_path_factory.mktemp("prefect-results")
-    with temporary_settings(
-        {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}
-    ), prefect_test_harness(server_startup_timeout=180):
+    with (
+        temporary_settings(
+            {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}
+        ),
+        prefect_test_harness(server_startup_timeout=180),
+    ):
         yield
 
 

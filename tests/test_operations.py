@@ -90,7 +90,11 @@ def test_deployments_from_prefect_yaml_get_scheduled_runs(server: dict[str, str]
     )
     deployments = {d["name"]: d for d in api(server, "/deployments/filter")}
     assert {
-        "demo-pipeline", "demo-psi", "demo-vertical", "demo-horizontal", "demo-label-dp"
+        "demo-pipeline",
+        "demo-psi",
+        "demo-vertical",
+        "demo-horizontal",
+        "demo-label-dp",
     } <= set(deployments)
     assert deployments["demo-pipeline"]["parameters"] == {"job_file": "jobs/demo.json"}
     deadline = time.monotonic() + 60

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from prefect.artifacts import Artifact
 
 from core import psi
 from core.ids import canonical_id
@@ -117,5 +118,6 @@ def test_pipeline_runs_on_the_bundled_demo(workspace: Path) -> None:
     assert "train_auc" in result["stages"]["vertical_lr"]["result"]
     assert "release reused" in again["stages"]["walr"]["result"]  # charged once
     assert "KiB" in result["stages"]["psi"]["bytes"]
+    assert "bytes sent per party" in Artifact.get("pipeline-summary").data
     guest_ref = TableRef.from_dict(job["parties"]["guest"]["table"])
     assert len(PartyStore.of(guest_ref).read_table(guest_ref)) == len(guest)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from prefect.artifacts import Artifact
 
 from core.vertical_lr.reference import train_reference
 from core.vertical_lr.schedule import Schedule
@@ -16,21 +17,34 @@ from storage import codec
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
+from tasks.reporting import artifact_key
 from tasks.vertical_lr import VerticalSetupError
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"
 ROWS, BATCH, EPOCHS, SEED = 160, 64, 2, 3
-OPTIONS = {"epochs": EPOCHS, "batch_size": BATCH, "learning_rate": 0.15, "momentum": 0.9,
-           "l2": 0.01, "seed": SEED, "key_size": 1024, "allow_insecure_key_size": True,
-           "tol": 0.0}
+OPTIONS = {
+    "epochs": EPOCHS,
+    "batch_size": BATCH,
+    "learning_rate": 0.15,
+    "momentum": 0.9,
+    "l2": 0.01,
+    "seed": SEED,
+    "key_size": 1024,
+    "allow_insecure_key_size": True,
+    "tol": 0.0,
+}
 
 
 def breast(workspace: Path, host_splits: int = 1):
     guest = pd.read_csv(DATA / "breast_hetero_guest.csv.gz").head(ROWS)
     host = pd.read_csv(DATA / "breast_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
-    guest_ref = TableRef(database=str(workspace / "guest.duckdb"), table="patients",
-                         label_column="y", label_domain=(0, 1))
+    guest_ref = TableRef(
+        database=str(workspace / "guest.duckdb"),
+        table="patients",
+        label_column="y",
+        label_domain=(0, 1),
+    )
     PartyStore.of(guest_ref).import_frame(guest, guest_ref)
     host_refs, host_X = [], []
     for i, columns in enumerate(np.array_split(host.columns, host_splits)):
@@ -44,8 +58,7 @@ def breast(workspace: Path, host_splits: int = 1):
 
 def reference(guest_X, host_X, y):
     schedule = Schedule(len(y), BATCH, SEED, 0.1)
-    return train_reference(guest_X, host_X, y, schedule, EPOCHS,
-                           Optimizer(0.15, 0.9, 0.0, 0.01))
+    return train_reference(guest_X, host_X, y, schedule, EPOCHS, Optimizer(0.15, 0.9, 0.0, 0.01))
 
 
 def assert_same_model(result, expected, guest_ref, host_refs) -> None:
@@ -59,22 +72,32 @@ def assert_same_model(result, expected, guest_ref, host_refs) -> None:
 
 
 @pytest.mark.parametrize(("hosts", "arbiter"), [(1, True), (2, True), (1, False)])
-def test_encrypted_training_equals_plaintext_protocol(workspace: Path, hosts: int,
-                                                      arbiter: bool) -> None:
+def test_encrypted_training_equals_plaintext_protocol(
+    workspace: Path, hosts: int, arbiter: bool
+) -> None:
     guest_ref, host_refs, guest_X, host_X, y = breast(workspace, hosts)
-    result = vertical_lr(guest_ref.to_dict(), [h.to_dict() for h in host_refs], arbiter=arbiter,
-                         workspace=str(workspace), **OPTIONS)
+    result = vertical_lr(
+        guest_ref.to_dict(),
+        [h.to_dict() for h in host_refs],
+        arbiter=arbiter,
+        workspace=str(workspace),
+        **OPTIONS,
+    )
     assert_same_model(result, reference(guest_X, host_X, y), guest_ref, host_refs)
     assert result["metrics"]["train_auc"] > 0.95
     assert len(result["probabilities"]) == ROWS
+    rounds = Artifact.get(artifact_key("vertical-lr", result["job_id"], "rounds"))
+    assert rounds is not None and rounds.type == "table"
+    assert Artifact.get(artifact_key("vertical-lr", result["job_id"], "model")).type == "link"
     # the encrypted Taylor loss is the real Taylor loss of the weights before each round
     assert result["losses"][0] == pytest.approx(np.log(2))
 
 
 def test_no_plaintext_residual_gradient_or_feature_crosses(workspace: Path) -> None:
     guest_ref, host_refs, *_ = breast(workspace, 2)
-    result = vertical_lr(guest_ref.to_dict(), [h.to_dict() for h in host_refs],
-                         workspace=str(workspace), **OPTIONS)
+    result = vertical_lr(
+        guest_ref.to_dict(), [h.to_dict() for h in host_refs], workspace=str(workspace), **OPTIONS
+    )
     channel = channel_for(result["job_id"], str(workspace))
     plain_kinds = {"public_key", "id_order_digest", "masked_gradient_plain", "scores"}
     seen = set()
@@ -100,12 +123,17 @@ def test_bad_inputs_are_refused(workspace: Path) -> None:
     guest_ref, host_refs, *_ = breast(workspace)
     hosts = [h.to_dict() for h in host_refs]
     with pytest.raises(VerticalSetupError, match="below 2048 bits"):
-        vertical_lr(guest_ref.to_dict(), hosts, workspace=str(workspace),
-                    **{**OPTIONS, "allow_insecure_key_size": False})
+        vertical_lr(
+            guest_ref.to_dict(),
+            hosts,
+            workspace=str(workspace),
+            **{**OPTIONS, "allow_insecure_key_size": False},
+        )
     host_with_label = TableRef(database=host_refs[0].database, table="labs", label_column="x0")
     with pytest.raises(VerticalSetupError, match="only the guest may hold labels"):
-        vertical_lr(guest_ref.to_dict(), [host_with_label.to_dict()], workspace=str(workspace),
-                    **OPTIONS)
+        vertical_lr(
+            guest_ref.to_dict(), [host_with_label.to_dict()], workspace=str(workspace), **OPTIONS
+        )
     store = PartyStore.of(host_refs[0])
     shuffled = store.read_table(host_refs[0]).sample(frac=1.0, random_state=1)
     store.import_frame(shuffled, host_refs[0])
@@ -122,8 +150,9 @@ def test_a_failed_run_resumes_and_ends_with_the_same_model(workspace: Path) -> N
     guest_ref, host_refs, guest_X, host_X, y = breast(workspace)
     hosts = [h.to_dict() for h in host_refs]
     with pytest.raises(InjectedFaultError):
-        vertical_lr(guest_ref.to_dict(), hosts, workspace=str(workspace), fail_at_round=3,
-                    **OPTIONS)
+        vertical_lr(
+            guest_ref.to_dict(), hosts, workspace=str(workspace), fail_at_round=3, **OPTIONS
+        )
     resumed = vertical_lr(guest_ref.to_dict(), hosts, workspace=str(workspace), **OPTIONS)
     assert resumed["resumed_from"] == 2  # rounds 0-2 finished before the fault in round 3
     total = EPOCHS * Schedule(ROWS, BATCH, SEED, 0.1).batches_per_epoch

@@ -14,13 +14,9 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from core import psi  # noqa: E402
+from core import psi
 
 
 def make_sets(size: int) -> tuple[list[str], list[str]]:

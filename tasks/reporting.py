@@ -34,7 +34,8 @@ def _plain(value: Any) -> Any:
 
 def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> None:
     create_table_artifact(
-        key=key, table=[{k: _plain(v) for k, v in row.items()} for row in rows],
+        key=key,
+        table=[{k: _plain(v) for k, v in row.items()} for row in rows],
         description=description,
     )
 
@@ -45,8 +46,12 @@ def publish_markdown(key: str, markdown: str, description: str) -> None:
 
 def publish_model_link(key: str, database: str | Path, model_key: str) -> None:
     path = Path(database).resolve()
-    create_link_artifact(key=key, link=path.as_uri(), link_text=f"{model_key} in {path.name}",
-                         description=f"saved model `{model_key}` in the party database")
+    create_link_artifact(
+        key=key,
+        link=path.as_uri(),
+        link_text=f"{model_key} in {path.name}",
+        description=f"saved model `{model_key}` in the party database",
+    )
 
 
 class Progress:

@@ -4,6 +4,7 @@ check own table ──▶ column names ──▶ coordinator compares        (on
 then per round r (every task's run name starts with "round r:"):
 party:        advertise keys ─▶ share keys ─▶ mask update ─▶ reveal shares ─▶ save model
 coordinator:    publish keys ─▶ route shares ─▶ add masked ─▶ unmask sum, update, checkpoint
+(the key, share, routing and reveal steps are the shared tasks of ``tasks.secure_sum``)
 Every arrow crosses the channel; the coordinator sees only the row-weighted mean update, the
 mean loss and the total row count. Parties that fall silent mid-round are tolerated while at
 least ``threshold`` remain. A re-run of the same job resumes after the last round that every
@@ -27,6 +28,7 @@ from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import horizontal_lr as steps
+from tasks import secure_sum
 from tasks.horizontal_lr import COORDINATOR, predict_proba
 from tasks.loading import load_table
 from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table
@@ -135,19 +137,19 @@ def _run_round(
     r, started = ctx.round, time.time()
     live = faults.present(r, "advertise_keys", list(refs))
     for party in live:
-        steps.advertise_keys(refs[party], ctx)
+        secure_sum.advertise_keys(refs[party], ctx)
     faults.crash_point(r, "advertise_keys")
-    live = faults.present(r, "share_keys", steps.publish_key_directory(ctx))
+    live = faults.present(r, "share_keys", secure_sum.publish_key_directory(ctx))
     for party in live:
-        steps.share_keys(refs[party], ctx)
+        secure_sum.share_keys(refs[party], ctx)
     faults.crash_point(r, "share_keys")
-    live = faults.present(r, "mask_input", steps.route_shares(ctx))
+    live = faults.present(r, "mask_input", secure_sum.route_shares(ctx))
     for party in live:
         steps.mask_update(refs[party], ctx, options)
     faults.crash_point(r, "mask_input")
-    live = faults.present(r, "reveal_shares", steps.collect_masked(ctx))
+    live = faults.present(r, "reveal_shares", secure_sum.collect_masked(ctx))
     for party in live:
-        steps.reveal_shares(refs[party], ctx)
+        secure_sum.reveal_shares(refs[party], ctx)
     faults.crash_point(r, "reveal_shares")
     entry = steps.update_model(ctx, options, started)
     faults.crash_point(r, "commit")
@@ -232,6 +234,7 @@ def horizontal_lr(
         )
     status = {ref.party: steps.join_job(ref, job_id, workspace) for ref in refs}
     status[COORDINATOR] = steps.open_job(names, job_id, workspace)
+    n_features = len(status[COORDINATOR]["features"])
     start, change = _resume(refs, status, job_id, workspace)
     converged = change is not None and change < tol
     if start > 0:
@@ -245,7 +248,9 @@ def horizontal_lr(
         if converged:
             break
         session = f"{job_id}/round-{round_}/{secrets.token_hex(8)}"
-        ctx = steps.RoundContext(job_id, round_, session, tuple(names), threshold, workspace)
+        ctx = steps.round_context(
+            job_id, round_, session, tuple(names), threshold, n_features, workspace
+        )
         entry = _run_round(by_name, ctx, options, faults, rounds - 1)
         ran += 1
         converged = entry["change"] < tol

@@ -2,7 +2,7 @@
 
     load each party's table ──▶ PSI alignment ──▶ vertical LR ──▶ sub-jobs ──▶ summary
 
-Sub-jobs (label DP, horizontal LR, WALR, sparse LDA) have parties of their own and run from
+Sub-jobs (label DP, horizontal LR, sparse LDA) have parties of their own and run from
 their own job files, named in this job file's ``subjobs``.
 """
 
@@ -18,6 +18,8 @@ from flows.align import psi_align
 from flows.horizontal_lr import horizontal_job
 from flows.jobs import read_job
 from flows.label_dp import label_dp_job
+from flows.sparse_lda import sparse_lda_job
+from flows.sparse_lda import summary_line as sparse_lda_summary
 from flows.vertical_lr import vertical_lr
 from flows.walr import walr
 from storage.descriptor import TableRef
@@ -50,9 +52,15 @@ def _horizontal_stage(job_file: str, workspace: str | None) -> Stage:
     return summary, result["job_id"]
 
 
+def _sparse_lda_stage(job_file: str, workspace: str | None) -> Stage:
+    result = sparse_lda_job(job_file, workspace)
+    return sparse_lda_summary(result), result["job_id"]
+
+
 SUBJOBS: dict[str, Callable[[str, str | None], Stage]] = {
     "label_dp": _label_dp_stage,
     "horizontal_lr": _horizontal_stage,
+    "sparse_lda": _sparse_lda_stage,
 }
 
 

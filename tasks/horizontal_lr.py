@@ -1,11 +1,11 @@
 """Horizontal logistic regression with secure aggregation, one task per party step.
 
-The maths is in :mod:`core.horizontal_lr` (the model) and :mod:`core.secagg` (the masking).
-Each party task opens only that party's store and channel endpoint; the coordinator is a
-logical party with its own store. Every secure-aggregation step stores its new state and its
-outgoing message in the stepping party's artifacts *before* sending, and a retry re-sends
-what was stored instead of computing again, so one session's masks never cover two
-different inputs.
+The maths is in :mod:`core.horizontal_lr` (the model) and :mod:`core.secagg` (the masking);
+the secure-aggregation steps themselves are the shared ones of :mod:`tasks.secure_sum` (the
+flow calls its tasks for keys, shares, routing and unmasking). This module adds what is
+horizontal-specific: checking tables, the masked local update, the coordinator's model update
+and the round checkpoints. Each party task opens only that party's store and channel
+endpoint; the coordinator is a logical party with its own store.
 
 Tasks do not use Prefect's result cache (``NO_CACHE``): resuming is done by the parties' own
 round checkpoints, so nothing a party computes is kept in the orchestrator's result storage.
@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,42 +24,39 @@ import pandas as pd
 from prefect import get_run_logger, task
 
 from core import horizontal_lr as hlr
-from core import secagg
-from core.secagg.weighted import packed_dimension
+from core.secagg.weighted import packed_dimension, unpack_weighted
 from storage.artifacts import ArtifactStore
-from storage.channel import ChannelError, PartyEndpoint
+from storage.channel import PartyEndpoint
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from storage.workspace import channel_for, workspace_root
+from storage.workspace import channel_for
+from tasks import secure_sum
 from tasks.policy import PARTY_STEP
+from tasks.secure_sum import COORDINATOR, RoundStateError, SumContext, coordinator_store
 
 PROTOCOL = "horizontal"
-COORDINATOR = "coordinator"
+
+RoundContext = SumContext
+"""What every step of one round agrees on (job, round, fresh session id, parties, threshold,
+packed dimension); small and non-secret, a task parameter. Build it with :func:`round_context`."""
 
 
-class RoundStateError(ValueError):
-    """A party lacks the state a step needs (e.g. the previous round's checkpoint)."""
-
-
-@dataclass(frozen=True)
-class RoundContext:
-    """What every step of one round agrees on; small and non-secret (a task parameter)."""
-
-    job_id: str
-    round: int
-    session_id: str  # fresh for every attempt of a round: keys and masks are never reused
-    parties: tuple[str, ...]
-    threshold: int
-    workspace: str | None = None
-
-    def endpoint(self, party: str) -> PartyEndpoint:
-        return channel_for(self.job_id, self.workspace).endpoint(party)
-
-    def config(self, n_features: int) -> secagg.SessionConfig:
-        """The session: packed vector = [rows * update (n_features + 1), rows * loss, rows]."""
-        dimension = packed_dimension(n_features + 1)
-        return secagg.new_session(self.session_id, list(self.parties), self.threshold, dimension)
+def round_context(
+    job_id: str,
+    round_: int,
+    session_id: str,
+    parties: tuple[str, ...],
+    threshold: int,
+    n_features: int,
+    workspace: str | None = None,
+) -> SumContext:
+    """The session of one round: packed vector = [rows * update (n_features + 1), rows * loss,
+    rows]."""
+    dimension = packed_dimension(n_features + 1)
+    return SumContext(
+        PROTOCOL, job_id, round_, session_id, tuple(parties), threshold, dimension, workspace
+    )
 
 
 @dataclass(frozen=True)
@@ -76,10 +71,6 @@ class TrainingOptions:
 # Keys and stores
 
 
-def coordinator_store(workspace: str | None) -> PartyStore:
-    return PartyStore(workspace_root(workspace) / "parties" / f"{COORDINATOR}.duckdb")
-
-
 def checkpoints(store: PartyStore, job_id: str) -> RoundCheckpoints:
     return RoundCheckpoints(store, PROTOCOL, job_id)
 
@@ -88,59 +79,8 @@ def model_key(job_id: str) -> str:
     return f"{PROTOCOL}/{job_id}/model"
 
 
-def _secagg_prefix(job_id: str) -> str:
-    return f"{PROTOCOL}/{job_id}/secagg/"
-
-
-def _revealed_key(job_id: str, round_: int) -> str:
-    return f"{PROTOCOL}/{job_id}/revealed/{round_:07d}"
-
-
 def _schema_key(job_id: str) -> str:
     return f"{PROTOCOL}/{job_id}/schema"
-
-
-class _Session:
-    """A holder's secagg records of the current session, read and written in one transaction.
-
-    :meth:`once` stores a step's new state with its outgoing message, and commits, before
-    anything is sent; a retry gets the stored message back instead of a fresh computation.
-    """
-
-    def __init__(self, store: PartyStore, con: Any, ctx: RoundContext, who: str) -> None:
-        self.artifacts, self.con, self.ctx, self.who = ArtifactStore(store), con, ctx, who
-        self.prefix = _secagg_prefix(ctx.job_id)
-
-    def _record(self, step: str) -> dict[str, Any] | None:
-        record = self.artifacts.get(self.prefix + step, con=self.con)
-        return record if record and record["session_id"] == self.ctx.session_id else None
-
-    def state(self, step: str) -> Any:
-        record = self._record(step)
-        if record is None:
-            raise RoundStateError(
-                f"{self.who}: no {step!r} state for session {self.ctx.session_id}; "
-                "restart the round"
-            )
-        return record["state"]
-
-    def once(self, step: str, compute: Callable[[], tuple[Any, Any]]) -> Any:
-        record = self._record(step)
-        if record is None:
-            state, outbox = compute()
-            record = {"session_id": self.ctx.session_id, "state": state, "outbox": outbox}
-            self.artifacts.put(self.prefix + step, record, "secagg-state", con=self.con)
-        return record["outbox"]
-
-    def forget_older_sessions(self) -> None:
-        """Drop what an aborted attempt left behind before a new session starts."""
-        self.artifacts.delete_prefix(self.prefix, con=self.con)
-
-
-@contextmanager
-def _session(store: PartyStore, ctx: RoundContext, who: str) -> Iterator[_Session]:
-    with store.transaction() as con:
-        yield _Session(store, con, ctx, who)
 
 
 def _weights_before(store: PartyStore, ctx: RoundContext, n_features: int, who: str) -> np.ndarray:
@@ -288,39 +228,6 @@ def rollback(who: str, database: str, job_id: str, round_: int) -> dict[str, Any
 
 
 @task(
-    name="hlr-advertise-keys",
-    task_run_name="round {ctx.round}: {ref.party} advertise keys",
-    **PARTY_STEP,
-)
-def advertise_keys(ref: TableRef, ctx: RoundContext) -> None:
-    """Secagg step 0: fresh key pairs for this session; public halves to the coordinator."""
-    endpoint = ctx.endpoint(ref.party)
-    config = ctx.config(len(_agreed_features(endpoint)))
-    with _session(PartyStore.of(ref), ctx, ref.party) as session:
-
-        def start() -> tuple[Any, Any]:
-            session.forget_older_sessions()
-            return secagg.advertise_keys(config, ref.party)
-
-        message = session.once("advertise", start)
-    endpoint.send(COORDINATOR, "secagg_keys", message, round=ctx.round)
-
-
-@task(
-    name="hlr-share-keys", task_run_name="round {ctx.round}: {ref.party} share keys", **PARTY_STEP
-)
-def share_keys(ref: TableRef, ctx: RoundContext) -> None:
-    """Secagg step 1: Shamir shares of the mask key and self-mask seed, encrypted per peer."""
-    endpoint = ctx.endpoint(ref.party)
-    directory = endpoint.receive(COORDINATOR, "secagg_directory", round=ctx.round)
-    with _session(PartyStore.of(ref), ctx, ref.party) as session:
-        message = session.once(
-            "share", lambda: secagg.share_keys(session.state("advertise"), directory)
-        )
-    endpoint.send(COORDINATOR, "secagg_shares", message, round=ctx.round)
-
-
-@task(
     name="hlr-mask-update", task_run_name="round {ctx.round}: {ref.party} mask update", **PARTY_STEP
 )
 def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> None:
@@ -330,7 +237,6 @@ def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> N
     the coordinator learns only the weighted means and the total row count.
     """
     store, endpoint = PartyStore.of(ref), ctx.endpoint(ref.party)
-    delivery = endpoint.receive(COORDINATOR, "secagg_shares", round=ctx.round)
     features = _agreed_features(endpoint)
     weights = _weights_before(store, ctx, len(features), ref.party)
     X, y = hlr.party_arrays(store.read_table(ref), features, ref.label_column or "")
@@ -340,44 +246,7 @@ def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> N
         update = hlr.local_epochs(
             weights, X, y, options.l2, options.learning_rate, options.local_epochs
         )
-    with _session(store, ctx, ref.party) as session:
-        message = session.once(
-            "mask", lambda: secagg.mask_input(session.state("share"), delivery, update.packed())
-        )
-    endpoint.send(COORDINATOR, "secagg_masked", message, round=ctx.round)
-
-
-@task(
-    name="hlr-reveal-shares",
-    task_run_name="round {ctx.round}: {ref.party} reveal shares",
-    **PARTY_STEP,
-)
-def reveal_shares(ref: TableRef, ctx: RoundContext) -> None:
-    """Secagg step 3: shares that unmask the sum of the senders (and only that).
-
-    A round re-run after an abort aggregates the same inputs again, so a party refuses to help
-    unmask it for a *different* set of senders: the difference of two such sums would be the
-    plain update of the parties in one set and not the other.
-    """
-    endpoint = ctx.endpoint(ref.party)
-    request = endpoint.receive(COORDINATOR, "secagg_unmask_request", round=ctx.round)
-    senders = sorted(request["input_senders"])
-    guard = _revealed_key(ctx.job_id, ctx.round)
-    with _session(PartyStore.of(ref), ctx, ref.party) as session:
-
-        def reveal() -> tuple[Any, Any]:
-            before = session.artifacts.get(guard, con=session.con)
-            if before is not None and sorted(before) != senders:
-                raise secagg.ProtocolViolationError(
-                    f"party {ref.party!r}: round {ctx.round} was already unmasked for senders "
-                    f"{sorted(before)}; refusing to unmask it for {senders} (the difference "
-                    "would reveal single updates). Wait for those parties or start a new job."
-                )
-            session.artifacts.put(guard, senders, "secagg-revealed", con=session.con)
-            return secagg.reveal_shares(session.state("mask"), request)
-
-        response = session.once("reveal", reveal)
-    endpoint.send(COORDINATOR, "secagg_unmask_response", response, round=ctx.round)
+    secure_sum.party_mask(store, ctx, ref.party, update.packed())
 
 
 @task(
@@ -397,30 +266,17 @@ def finish_round(ref: TableRef, ctx: RoundContext, final: bool = False) -> None:
     weights = np.asarray(message["weights"], dtype=np.float64)
     cps = checkpoints(store, ctx.job_id)
     cps.save(ctx.round, {"weights": weights, "change": message["change"]})
-    with _session(store, ctx, ref.party) as session:
-        session.forget_older_sessions()  # the revealed-senders record stays for the job's life
+    with secure_sum.session(store, ctx, ref.party) as records:
+        records.forget_older_sessions()  # the revealed-senders record stays for the job's life
         if final:
             model = model_record(ctx.job_id, _agreed_features(endpoint), weights, ctx.round + 1)
-            session.artifacts.put(model_key(ctx.job_id), model, "model", con=session.con)
+            records.artifacts.put(model_key(ctx.job_id), model, "model", con=records.con)
     if final:
         cps.prune(keep_last=2)
 
 
 # ---------------------------------------------------------------------------------------------
-# One round, coordinator side: it relays, tracks who dropped, and unmasks only the sum
-
-
-def _arrived(endpoint: PartyEndpoint, ctx: RoundContext, kind: str) -> list[dict[str, Any]]:
-    """This session's messages of ``kind``; a party with none (or a stale one) has dropped."""
-    messages = []
-    for party in ctx.parties:
-        try:
-            message = endpoint.receive(party, kind, round=ctx.round)
-        except ChannelError:
-            continue
-        if isinstance(message, dict) and message.get("session_id") == ctx.session_id:
-            messages.append(message)
-    return messages
+# One round, coordinator side (relaying and unmasking are tasks.secure_sum's steps)
 
 
 def _agreed_schema(artifacts: ArtifactStore, job_id: str, con: Any = None) -> dict[str, Any]:
@@ -428,65 +284,6 @@ def _agreed_schema(artifacts: ArtifactStore, job_id: str, con: Any = None) -> di
     if schema is None:
         raise RoundStateError(f"coordinator: no agreed schema for job {job_id}")
     return schema
-
-
-@task(
-    name="hlr-key-directory",
-    task_run_name="round {ctx.round}: coordinator publish keys",
-    **PARTY_STEP,
-)
-def publish_key_directory(ctx: RoundContext) -> list[str]:
-    """Secagg step 0 (coordinator): the directory of public keys, to every advertiser."""
-    endpoint = ctx.endpoint(COORDINATOR)
-    advertisements = _arrived(endpoint, ctx, "secagg_keys")
-    with _session(coordinator_store(ctx.workspace), ctx, COORDINATOR) as session:
-
-        def directory() -> tuple[Any, Any]:
-            schema = _agreed_schema(session.artifacts, ctx.job_id, session.con)
-            session.forget_older_sessions()
-            state = secagg.start_coordinator(ctx.config(len(schema["feature_columns"])))
-            return secagg.collect_key_advertisements(state, advertisements)
-
-        message = session.once("directory", directory)
-    for party in message["public_keys"]:
-        endpoint.send(party, "secagg_directory", message, round=ctx.round)
-    return list(message["public_keys"])
-
-
-@task(
-    name="hlr-route-shares",
-    task_run_name="round {ctx.round}: coordinator route shares",
-    **PARTY_STEP,
-)
-def route_shares(ctx: RoundContext) -> list[str]:
-    """Secagg step 1 (coordinator): forward the encrypted shares it cannot open."""
-    endpoint = ctx.endpoint(COORDINATOR)
-    messages = _arrived(endpoint, ctx, "secagg_shares")
-    with _session(coordinator_store(ctx.workspace), ctx, COORDINATOR) as session:
-        deliveries = session.once(
-            "route", lambda: secagg.route_encrypted_shares(session.state("directory"), messages)
-        )
-    for party, delivery in deliveries.items():
-        endpoint.send(party, "secagg_shares", delivery, round=ctx.round)
-    return list(deliveries)
-
-
-@task(
-    name="hlr-collect-masked",
-    task_run_name="round {ctx.round}: coordinator add masked",
-    **PARTY_STEP,
-)
-def collect_masked(ctx: RoundContext) -> list[str]:
-    """Secagg step 2 (coordinator): add the masked inputs; ask senders to help unmask the sum."""
-    endpoint = ctx.endpoint(COORDINATOR)
-    messages = _arrived(endpoint, ctx, "secagg_masked")
-    with _session(coordinator_store(ctx.workspace), ctx, COORDINATOR) as session:
-        request = session.once(
-            "collect", lambda: secagg.collect_masked_inputs(session.state("route"), messages)
-        )
-    for party in request["input_senders"]:
-        endpoint.send(party, "secagg_unmask_request", request, round=ctx.round)
-    return list(request["input_senders"])
 
 
 @task(
@@ -505,14 +302,9 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
     if cps.last_round() >= ctx.round:  # committed before a retry: only re-send
         saved = cps.load(ctx.round)
     else:
-        with _session(store, ctx, COORDINATOR) as session:
-            state = session.state("collect")
-            schema = _agreed_schema(session.artifacts, ctx.job_id, session.con)
-        responses = _arrived(endpoint, ctx, "secagg_unmask_response")
-        _, aggregate = secagg.reconstruct_sum(state, responses)  # deterministic: not stored
-        mean = secagg.unpack_weighted(
-            secagg.decode(aggregate["ring_sum"], state["config"]["scale_bits"])
-        )
+        schema = _agreed_schema(ArtifactStore(store), ctx.job_id)
+        total, survivors = secure_sum.coordinator_reconstruct(store, ctx)  # not stored
+        mean = unpack_weighted(total)
         previous = cps.load(ctx.round - 1) if ctx.round > 0 else None
         if previous is None:
             before, history = hlr.init_model(len(schema["feature_columns"])), []
@@ -526,7 +318,7 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
             "round": ctx.round,
             "loss": mean.mean_loss,
             "seconds": round(time.time() - started, 3),
-            "survivors": list(aggregate["input_senders"]),
+            "survivors": survivors,
             "change": float(np.max(np.abs(weights - before))),
         }
         saved = {"weights": weights, "change": entry["change"], "history": [*history, entry]}
@@ -542,8 +334,7 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
     }
     for party in ctx.parties:
         endpoint.send(party, "model", message, round=ctx.round)
-    with _session(store, ctx, COORDINATOR) as session:
-        session.forget_older_sessions()
+    secure_sum.forget_session(store, ctx, COORDINATOR)
     return saved["history"][-1]
 
 

@@ -1,0 +1,41 @@
+"""Errors raised by the sparse LDA maths.
+
+Every input problem is a ``ValueError`` subclass so callers can catch the whole family,
+and every message names the party, column and first offending row when they apply.
+"""
+
+
+class SparseLDAInputError(ValueError):
+    """Base class for bad input to the sparse LDA estimators."""
+
+
+class DimensionLimitError(SparseLDAInputError):
+    """The number of features is above what the dense LP solver handles in reasonable time."""
+
+
+class MissingClassError(SparseLDAInputError):
+    """A party lacks rows of one class, so it cannot estimate the mean difference."""
+
+
+class LabelValueError(SparseLDAInputError):
+    """Labels are not the two expected class codes."""
+
+
+class ColumnMismatchError(SparseLDAInputError):
+    """Parties disagree on the feature columns, so their estimates cannot be averaged."""
+
+
+class NonFiniteValueError(SparseLDAInputError):
+    """A feature holds NaN or infinity, which would silently poison every estimate."""
+
+
+class ShapeError(SparseLDAInputError):
+    """Arrays have the wrong number of dimensions or inconsistent lengths."""
+
+
+class InfeasibleProgramError(ValueError):
+    """The L1 linear program has no feasible point: its constraint radius is too small."""
+
+
+class PrivacySettingsError(ValueError):
+    """Privacy parameters are out of range or inconsistent with the number of parties."""

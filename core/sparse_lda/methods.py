@@ -1,0 +1,134 @@
+"""The three ways to fit across parties, each ``parties -> LinearDiscriminant``.
+
+* ``fit_debiased_aggregate``: the protocol. Local debiased fits, private average, threshold.
+* ``fit_naive_average``: baseline. Same private average of the *un-debiased* local fits.
+* ``fit_centralized``: reference only. The local estimator on all rows pooled, which the
+  protocol exists to avoid; it shows what accuracy the pooled data could reach.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+
+import numpy as np
+
+from core.sparse_lda.aggregation import (
+    NO_THRESHOLD,
+    SumVectors,
+    ThresholdRule,
+    model_from_average,
+    plain_sum,
+    sum_contributions,
+)
+from core.sparse_lda.errors import SparseLDAInputError
+from core.sparse_lda.local_fit import LocalEstimate, LocalFitSettings, fit_local
+from core.sparse_lda.model import LinearDiscriminant
+from core.sparse_lda.party_data import PartyData, check_same_columns
+from core.sparse_lda.privacy import (
+    BLOCKS_PER_CONTRIBUTION,
+    PrivacySettings,
+    average_noise_std,
+    check_party_count,
+    private_contribution,
+)
+
+MapParties = Callable[
+    [Callable[[PartyData], LocalEstimate], Sequence[PartyData]], Iterable[LocalEstimate]
+]
+"""``map``-like runner for local fits, e.g. ``ProcessPoolExecutor.map`` for parallel parties."""
+
+DEFAULT_SETTINGS = LocalFitSettings()
+
+
+def fit_debiased_aggregate(
+    parties: Sequence[PartyData],
+    privacy: PrivacySettings,
+    settings: LocalFitSettings = DEFAULT_SETTINGS,
+    rule: ThresholdRule | None = None,
+    *,
+    sum_vectors: SumVectors = plain_sum,
+    map_parties: MapParties = map,
+) -> LinearDiscriminant:
+    """Average debiased local directions (and class means) privately, then hard-threshold."""
+    return _fit_by_averaging(
+        parties, privacy, settings, rule or ThresholdRule(), sum_vectors, map_parties, debiased=True
+    )
+
+
+def fit_naive_average(
+    parties: Sequence[PartyData],
+    privacy: PrivacySettings,
+    settings: LocalFitSettings = DEFAULT_SETTINGS,
+    *,
+    sum_vectors: SumVectors = plain_sum,
+    map_parties: MapParties = map,
+) -> LinearDiscriminant:
+    """Average the biased local L1 directions as they are: no debiasing, no threshold."""
+    return _fit_by_averaging(
+        parties, privacy, settings, NO_THRESHOLD, sum_vectors, map_parties, debiased=False
+    )
+
+
+def fit_centralized(
+    parties: Sequence[PartyData], settings: LocalFitSettings = DEFAULT_SETTINGS
+) -> LinearDiscriminant:
+    """Reference only: one sparse LDA fit on every party's rows pooled together."""
+    columns = check_same_columns(parties)
+    pooled = PartyData(
+        name="pooled",
+        features=np.vstack([p.features for p in parties]),
+        labels=np.concatenate([p.labels for p in parties]),
+        columns=columns,
+    )
+    estimate = fit_local(pooled, settings, debiased=False)
+    return LinearDiscriminant(
+        estimate.sparse_direction, estimate.mean_positive, estimate.mean_negative
+    )
+
+
+def party_contribution(
+    estimate: LocalEstimate, privacy: PrivacySettings, n_parties: int, *, debiased: bool
+) -> np.ndarray:
+    """What one party feeds into the secure sum (runs at the party, so its noise stays there)."""
+    direction = estimate.debiased_direction if debiased else estimate.sparse_direction
+    if direction is None:
+        raise SparseLDAInputError(f"party {estimate.party!r}: local fit was run without debiasing")
+    return private_contribution(
+        direction, estimate.mean_positive, estimate.mean_negative, privacy, n_parties
+    )
+
+
+def model_from_sum(
+    total: np.ndarray,
+    n_parties: int,
+    total_rows: int,
+    privacy: PrivacySettings,
+    rule: ThresholdRule,
+) -> LinearDiscriminant:
+    """Coordinator's last step: the (noisy) secure sum of contributions to a thresholded model."""
+    noise_std = average_noise_std(privacy, total.shape[0] // BLOCKS_PER_CONTRIBUTION, n_parties)
+    return model_from_average(total / n_parties, rule, total_rows, noise_std)
+
+
+def _fit_by_averaging(
+    parties: Sequence[PartyData],
+    privacy: PrivacySettings,
+    settings: LocalFitSettings,
+    rule: ThresholdRule,
+    sum_vectors: SumVectors,
+    map_parties: MapParties,
+    *,
+    debiased: bool,
+) -> LinearDiscriminant:
+    check_same_columns(parties)
+    n_parties = len(parties)
+    if not privacy.noise_disabled_for_testing:
+        check_party_count(privacy, n_parties)
+    local = partial(fit_local, settings=settings, debiased=debiased)
+    estimates = list(map_parties(local, parties))
+    contributions = [
+        party_contribution(e, privacy, n_parties, debiased=debiased) for e in estimates
+    ]
+    total = sum_contributions(contributions, sum_vectors)
+    return model_from_sum(total, n_parties, sum(p.n_rows for p in parties), privacy, rule)

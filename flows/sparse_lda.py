@@ -222,6 +222,7 @@ def _finish(
         "releases": releases,
         "model_key": steps.model_key(job.job_id),
         "threshold": job.threshold,
+        "job_id": job.job_id,
     }
 
 

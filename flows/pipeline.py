@@ -8,6 +8,7 @@ their own job files, named in this job file's ``subjobs``.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -163,3 +164,7 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
     publish_markdown("pipeline-summary", summary, "privreg pipeline: stages, quality, traffic")
     print(summary)
     return {"stages": stages, "alignment": alignment, "vertical": model}
+
+
+if __name__ == "__main__":
+    pipeline(*sys.argv[1:2])

@@ -221,3 +221,26 @@ def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(
     straight = _result(_run_vertical(server, tmp_path / "straight", guest2, host2).stdout)
     assert straight["rounds_run"] == 12
     assert outcome["intercept"] == straight["intercept"]  # bit-identical model
+
+
+def test_the_demo_command_runs_the_pipeline(server: dict[str, str], tmp_path: Path) -> None:
+    """``make demo`` runs ``python -m flows.pipeline``: it must run a job and print its summary."""
+    job = json.loads((ROOT / "jobs" / "demo.json").read_text())
+    for key in ("vertical", "walr", "subjobs"):
+        job.pop(key)
+    for party in job["parties"].values():
+        party["source"] = str(ROOT / party["source"])
+        party["table"]["database"] = str(tmp_path / Path(party["table"]["database"]).name)
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(job))
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.pipeline", str(job_file)],
+        env=server,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "# privreg pipeline: demo" in done.stdout
+    assert "470 shared rows of 520 / 519" in done.stdout

@@ -19,22 +19,34 @@ from phe import paillier
 
 from core.paillier import kernels
 from core.paillier.decryption import CrtDecryptor
-from core.paillier.parallel import SERIAL, Backend, ProcessBackend, chunk_bounds
+from core.paillier.parallel import SERIAL, Backend, DaskBackend, ProcessBackend, chunk_bounds
 from core.paillier.randomness import DJNRandomizer, StandardRandomizer
 
 Ciphertexts = list[int]
 _PARALLEL_MIN_WORK = 256  # below this, starting work in another process costs more than it saves
-_process_backend: ProcessBackend | None = None
+DASK_ADDRESS_VARIABLE = "PRIVREG_DASK_ADDRESS"
+_parallel_backend: ProcessBackend | DaskBackend | None = None
 
 
 def _backend(work: int) -> Backend:
-    """A process pool over the machine's cores for large calls (created once per process)."""
-    global _process_backend
-    if work < _PARALLEL_MIN_WORK or (os.cpu_count() or 1) < 2:
+    """Where large calls run, chosen once per process.
+
+    By default a process pool over this machine's cores. When ``PRIVREG_DASK_ADDRESS`` names
+    a Dask scheduler (``tcp://host:8786``), the same chunks run on that cluster instead; only
+    public-key work is shipped (decryption stays local, so the private key never leaves).
+    """
+    global _parallel_backend
+    if work < _PARALLEL_MIN_WORK:
         return SERIAL
-    if _process_backend is None:
-        _process_backend = ProcessBackend()
-    return _process_backend
+    if _parallel_backend is None:
+        address = os.environ.get(DASK_ADDRESS_VARIABLE)
+        if address:
+            _parallel_backend = DaskBackend(address)
+        elif (os.cpu_count() or 1) > 1:
+            _parallel_backend = ProcessBackend()
+        else:
+            return SERIAL
+    return _parallel_backend
 
 
 def _nsquare(public: paillier.PaillierPublicKey) -> gmpy2.mpz:

@@ -82,6 +82,15 @@ def _losses(job: steps.VerticalJob) -> dict[int, float]:
     return {int(k.rsplit("/", 1)[1]): artifacts.get(k) for k, *_ in artifacts.list(prefix)}
 
 
+def _epoch_loss(losses: dict[int, float], epoch: int, batches: int) -> float | None:
+    """Mean training loss of an epoch from the stored per-round losses (None if incomplete),
+    so early stopping decides the same way in a resumed run as in an uninterrupted one."""
+    rounds = range(epoch * batches, (epoch + 1) * batches)
+    if epoch < 0 or any(r not in losses for r in rounds):
+        return None
+    return sum(losses[r] for r in rounds) / batches
+
+
 @flow(name="vertical_lr", flow_run_name="vertical_lr {guest[table]}")
 def vertical_lr(
     guest: dict[str, Any],
@@ -184,7 +193,6 @@ def vertical_lr(
         logger.info("job %s: resuming after round %d", job_id, resume_from)
     history: list[dict[str, Any]] = []
     progress = Progress(total_rounds, f"vertical_lr {job_id}")
-    previous_epoch_loss = None
     last_done = resume_from
     for round_ in range(resume_from + 1, total_rounds if stopped is None else 0):
         result = train_round(job, guest_ref, host_refs, round_, fail_at_round)
@@ -193,22 +201,16 @@ def vertical_lr(
         progress.update(round_ + 1)
         last_done = round_
         if index == schedule.batches_per_epoch - 1:
-            losses = _losses(job)
-            epoch_loss = (
-                sum(
-                    losses[epoch * schedule.batches_per_epoch + i]
-                    for i in range(schedule.batches_per_epoch)
-                )
-                / schedule.batches_per_epoch
-            )
+            losses = _losses(job)  # every finished round's loss, including earlier runs'
+            epoch_loss = _epoch_loss(losses, epoch, schedule.batches_per_epoch)
             history[-1]["epoch_loss"] = epoch_loss
             if len(schedule.holdout_rows):
                 history[-1]["holdout_loss"] = holdout_loss(job, guest_ref, host_refs, round_, epoch)
-            if previous_epoch_loss is not None and abs(previous_epoch_loss - epoch_loss) < tol:
+            previous = _epoch_loss(losses, epoch - 1, schedule.batches_per_epoch)
+            if previous is not None and abs(previous - epoch_loss) < tol:
                 key_holder.put(f"vertical/{job_id}/stopped", round_, "marker")
                 logger.info("converged after epoch %d (loss change < %g)", epoch, tol)
                 break
-            previous_epoch_loss = epoch_loss
     final_round = stopped if stopped is not None else last_done
     if history:
         publish_table(

@@ -10,6 +10,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from audit import arrays_in
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, ArtifactFilterType
 
@@ -99,17 +100,6 @@ def last_rounds(refs: list[TableRef], workspace: Path, job_id: str) -> dict[str,
     stores = {r.party: PartyStore.of(r) for r in refs}
     stores["coordinator"] = steps.coordinator_store(str(workspace))
     return {who: steps.checkpoints(s, job_id).last_round() for who, s in stores.items()}
-
-
-def arrays_in(value: Any) -> list[np.ndarray]:
-    """Every numpy array inside a decoded message."""
-    if isinstance(value, np.ndarray):
-        return [value]
-    if isinstance(value, dict):
-        return [a for v in value.values() for a in arrays_in(v)]
-    if isinstance(value, list):
-        return [a for v in value for a in arrays_in(v)]
-    return []
 
 
 def test_gradient_averaging_equals_centralized_gd_and_coordinator_sees_no_update(

@@ -11,6 +11,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from audit import arrays_in
 
 from core import secagg
 from core.dp import analytic_gaussian_sigma, zcdp_sigma
@@ -107,16 +108,6 @@ def run(refs: list[TableRef], workspace: Path, **options: Any) -> dict[str, Any]
 
 def local_estimates(refs: list[TableRef], debiased: bool = True) -> list[Any]:
     return [fit_local(steps.read_party(r), LocalFitSettings(), debiased=debiased) for r in refs]
-
-
-def arrays_in(value: Any) -> list[np.ndarray]:
-    if isinstance(value, np.ndarray):
-        return [value]
-    if isinstance(value, dict):
-        return [a for v in value.values() for a in arrays_in(v)]
-    if isinstance(value, list):
-        return [a for v in value for a in arrays_in(v)]
-    return []
 
 
 def audit_coordinator_inbox(channel: Channel, plain: list[np.ndarray]) -> None:

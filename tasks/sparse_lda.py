@@ -12,9 +12,9 @@ Privacy (party-level (epsilon, delta)-DP of the released sum, hence row-level to
 * Sensitivity: ``2 sqrt(C_beta^2 + 2 C_mu^2) + g sqrt(3 d)``, the bound of
   :func:`core.sparse_lda.privacy.sum_sensitivity` (any change to one party, after clipping).
 * Calibration: ``zcdp_sigma`` (:mod:`core.dp.discrete_privacy`), a proven bound for the
-  *discrete* Gaussian the samplers draw. ``core.sparse_lda.privacy.private_contribution``
-  calibrates with the continuous ``analytic_gaussian_sigma`` and takes no sigma, so this
-  module clips, grids and adds the noise share itself, with the core's helpers.
+  *discrete* Gaussian the samplers draw (as in :mod:`core.sparse_lda.privacy`). Shares are
+  sized by the secure-sum threshold rather than the party count (below), so this module
+  clips, grids and adds the noise share itself, with the core's helpers.
 * Shares: each party adds ``sigma / sqrt(t - c)``, t the secure-sum threshold and c
   ``colluding_parties``. The coordinator unmasks only sums of at least t senders, so every
   released sum carries at least ``t - c`` shares no colluder knows: variance >= sigma^2.

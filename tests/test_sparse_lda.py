@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from core.dp.gaussian import analytic_gaussian_sigma
+from core.dp.discrete_privacy import zcdp_sigma
 from core.sparse_lda import (
     MAX_FEATURES,
     NO_THRESHOLD,
@@ -260,7 +260,7 @@ def test_centralized_fit_classifies_fresh_rows(parties: list[PartyData]) -> None
 def test_noise_share_has_calibrated_scale() -> None:
     privacy = PrivacySettings(2.0, 1e-5, direction_clip_norm=1.5, mean_clip_norm=1.0)
     n_parties, d = 5, 40
-    expected_sum_sigma = analytic_gaussian_sigma(2.0, 1e-5, sum_sensitivity(privacy, d))
+    expected_sum_sigma = zcdp_sigma(2.0, 1e-5, sum_sensitivity(privacy, d))
     share = noise_share_std(privacy, d, n_parties)
     assert share == pytest.approx(expected_sum_sigma / math.sqrt(n_parties))
     zeros = np.zeros(d)
@@ -292,7 +292,7 @@ def test_average_noise_of_all_shares_matches_reported_std() -> None:
 def test_collusion_margin_keeps_full_noise() -> None:
     d, m = 20, 10
     sized = PrivacySettings(1.0, 1e-5, 1.0, 1.0, colluding_parties=3)
-    full = analytic_gaussian_sigma(1.0, 1e-5, sum_sensitivity(sized, d))
+    full = zcdp_sigma(1.0, 1e-5, sum_sensitivity(sized, d))
     assert noise_left_after_collusion(sized, d, m, colluders=3) == pytest.approx(full)
     unsized = PrivacySettings(1.0, 1e-5, 1.0, 1.0)
     left = noise_left_after_collusion(unsized, d, m, colluders=3)

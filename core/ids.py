@@ -15,9 +15,11 @@ matches ``"é"`` typed as ``e`` plus a combining accent.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import unicodedata
+from collections.abc import Iterable
 
 
 class IdError(ValueError):
@@ -45,3 +47,15 @@ def canonical_id(value: object) -> bytes:
             raise IdError("id is an empty string")
         return text.encode("utf-8")
     raise IdError(f"id of type {type(value).__name__} is not supported (use int or str)")
+
+
+def id_order_digest(salt: str, ids: Iterable[object]) -> str:
+    """SHA-256 of the canonical ids in row order, salted (e.g. with the job id).
+
+    Two parties compare digests to check that their tables hold the same rows in the same
+    order (PSI-aligned) without showing each other an id; equal digests mean aligned tables.
+    """
+    digest = hashlib.sha256(salt.encode() + b"\x00")
+    for value in ids:
+        digest.update(canonical_id(value) + b"\x00")
+    return digest.hexdigest()

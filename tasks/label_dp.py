@@ -20,7 +20,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 from sklearn.pipeline import Pipeline
 
-from core.ids import canonical_id
+from core.ids import id_order_digest
 from core.label_dp import (
     LabelGrid,
     clipped_laplace,
@@ -137,14 +137,6 @@ def release_key(table_fingerprint: str, job: LabelDPJob) -> str:
         sort_keys=True,
     )
     return "label-dp-" + hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def id_order_digest(job_id: str, ids: pd.Series) -> str:
-    """A digest of the canonical ids in row order: equal digests mean aligned tables."""
-    digest = hashlib.sha256(job_id.encode() + b"\x00")
-    for value in ids:
-        digest.update(canonical_id(value) + b"\x00")
-    return digest.hexdigest()
 
 
 def _read_labels(job: LabelDPJob, ref: TableRef) -> tuple[pd.DataFrame, np.ndarray]:

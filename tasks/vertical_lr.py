@@ -8,7 +8,6 @@ after a fault recomputes it whole from the previous round's checkpoints.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +15,7 @@ import numpy as np
 from phe import paillier
 from prefect import task
 
-from core.ids import canonical_id
+from core.ids import id_order_digest
 from core.paillier.keys import generate_keypair
 from core.vertical_lr import cipher
 from core.vertical_lr.fixed_point import decode_gradient, encode_features
@@ -194,13 +193,11 @@ def check_party(job: VerticalJob, ref: TableRef, role: str) -> dict[str, Any]:
             )
     X = frame.drop(columns=[c for c in (ref.id_column, ref.label_column) if c]).to_numpy(float)
     encode_features(X, [c for c in frame.columns if c not in (ref.id_column, ref.label_column)])
-    digest = hashlib.sha256(job.job_id.encode())
-    for value in frame[ref.id_column]:
-        digest.update(canonical_id(value) + b"\x00")
+    digest = id_order_digest(job.job_id, frame[ref.id_column])
     if ref.party != job.guest:
-        job.endpoint(ref.party).send(job.guest, "id_order_digest", digest.hexdigest())
+        job.endpoint(ref.party).send(job.guest, "id_order_digest", digest)
     else:
-        _artifacts(ref.database).put(_key(job, "id_order_digest"), digest.hexdigest(), "digest")
+        _artifacts(ref.database).put(_key(job, "id_order_digest"), digest, "digest")
     return {"party": ref.party, "rows": len(frame), "features": X.shape[1]}
 
 

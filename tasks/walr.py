@@ -34,7 +34,7 @@ from prefect import get_run_logger, task
 
 from core.dp.errors import PrivacyParameterError
 from core.dp.gaussian import analytic_gaussian_sigma, classic_gaussian_sigma
-from core.ids import canonical_id
+from core.ids import id_order_digest
 from core.vertical_lr import cipher
 from core.walr import (
     WalrFeatures,
@@ -53,11 +53,11 @@ from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
+from tasks.policy import PARTY_STEP
 
 PROTOCOL = "walr"
 MIN_SECURE_KEY_BITS = 2048
 MODES = ("binary", "clipped")
-_RETRY = {"retries": 2, "retry_delay_seconds": [1, 5]}
 _EXACT_FLOAT_INT = 2**53
 
 
@@ -124,14 +124,6 @@ def labels_only(ref: TableRef) -> TableRef:
     return replace(ref, feature_columns=())
 
 
-def _id_digest(job_id: str, ids: list[object]) -> str:
-    """A digest of the canonical id order: equal digests mean the same rows in the same order."""
-    digest = hashlib.sha256(job_id.encode())
-    for value in ids:
-        digest.update(canonical_id(value) + b"\x00")
-    return digest.hexdigest()
-
-
 def _labels(ref: TableRef) -> tuple[list[object], np.ndarray]:
     frame = PartyStore.of(ref).read_table(labels_only(ref))
     return frame[ref.id_column].tolist(), validate_labels(frame[ref.label_column])
@@ -168,7 +160,7 @@ def model_key(job_id: str) -> str:
 
 
 # ---- checks (local, before any message) -----------------------------------------------------
-@task(name="walr-labels-check", task_run_name="{ref.party}: labels and budget")
+@task(name="walr-labels-check", task_run_name="{ref.party}: labels and budget", **PARTY_STEP)
 def check_labels_and_budget(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     """Refuse bad labels, and a release the budget cannot pay for, before anything is computed.
 
@@ -182,7 +174,7 @@ def check_labels_and_budget(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     return {"rows": int(labels.size), "reused": reused}
 
 
-@task(name="walr-features-check", task_run_name="{ref.party}: features and id order")
+@task(name="walr-features-check", task_run_name="{ref.party}: features and id order", **PARTY_STEP)
 def check_features(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     """Refuse features that break the declared sensitivity; send the id-order digest."""
     if ref.label_column is not None:
@@ -191,7 +183,9 @@ def check_features(job: WalrJob, ref: TableRef) -> dict[str, Any]:
             f"{ref.label_column!r}: in WALR only the labels party holds labels"
         )
     ids, features = _features(job, ref)
-    job.endpoint(ref.party).send(job.labels_party, "id_order_digest", _id_digest(job.job_id, ids))
+    job.endpoint(ref.party).send(
+        job.labels_party, "id_order_digest", id_order_digest(job.job_id, ids)
+    )
     return {
         "rows": features.n_rows,
         "columns": len(features.column_names),
@@ -200,12 +194,12 @@ def check_features(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     }
 
 
-@task(name="walr-aligned", task_run_name="{ref.party}: check alignment")
+@task(name="walr-aligned", task_run_name="{ref.party}: check alignment", **PARTY_STEP)
 def check_alignment(job: WalrJob, ref: TableRef) -> None:
     """The labels party compares digests (learns only equal or not)."""
     ids, _ = _labels(ref)
     theirs = job.endpoint(ref.party).receive(job.features_party, "id_order_digest")
-    if theirs != _id_digest(job.job_id, ids):
+    if theirs != id_order_digest(job.job_id, ids):
         raise WalrSetupError(
             f"tables of {ref.party} and {job.features_party} are not aligned (different ids "
             "or order); run psi_align first and use the *_aligned tables"
@@ -213,7 +207,7 @@ def check_alignment(job: WalrJob, ref: TableRef) -> None:
 
 
 # ---- the one-shot release ---------------------------------------------------------------------
-@task(name="walr-encrypt-labels", task_run_name="{ref.party}: key pair and [[y]]", **_RETRY)
+@task(name="walr-encrypt-labels", task_run_name="{ref.party}: key pair and [[y]]", **PARTY_STEP)
 def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: bool) -> int:
     """The labels party's own key pair (kept in its store only) and its encrypted labels."""
     check_key_size(key_size, allow_insecure)
@@ -232,7 +226,7 @@ def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: b
     return int(stored["n"]).bit_length()
 
 
-@task(name="walr-masked-sums", task_run_name="{ref.party}: [[X^T y]] + mask", **_RETRY)
+@task(name="walr-masked-sums", task_run_name="{ref.party}: [[X^T y]] + mask", **PARTY_STEP)
 def masked_sums(job: WalrJob, ref: TableRef) -> int:
     """``[[X^T y + r]]`` on the exact integer grid; the mask ``r`` stays in this party's store.
 
@@ -281,7 +275,7 @@ def _comparison_sigmas(job: WalrJob, sensitivity: float) -> dict[str, float | No
     }
 
 
-@task(name="walr-release", task_run_name="{ref.party}: decrypt, add noise, charge", **_RETRY)
+@task(name="walr-release", task_run_name="{ref.party}: decrypt, add noise, charge", **PARTY_STEP)
 def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
     """Decrypt the masked sums, add calibrated noise, store the release and charge the ledger
     in one transaction. A release already stored under the key is kept as it is."""
@@ -325,7 +319,9 @@ def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
     )
 
 
-@task(name="walr-send-release", task_run_name="{ref.party}: send the noisy masked sums")
+@task(
+    name="walr-send-release", task_run_name="{ref.party}: send the noisy masked sums", **PARTY_STEP
+)
 def send_release(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     """Send the stored release (new or reused); return its public facts and the budget left."""
     store = PartyStore.of(ref)
@@ -345,7 +341,7 @@ def send_release(job: WalrJob, ref: TableRef) -> dict[str, Any]:
 
 
 # ---- training and evaluation ------------------------------------------------------------------
-@task(name="walr-train", task_run_name="{ref.party}: unmask and fit", **_RETRY)
+@task(name="walr-train", task_run_name="{ref.party}: unmask and fit", **PARTY_STEP)
 def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
     """Remove the mask, fit logistic regression on the noisy sum in the clear, save the model."""
     artifacts = ArtifactStore(PartyStore.of(ref))
@@ -392,7 +388,9 @@ def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
     }
 
 
-@task(name="walr-predictions", task_run_name="{ref.party}: predictions for evaluation")
+@task(
+    name="walr-predictions", task_run_name="{ref.party}: predictions for evaluation", **PARTY_STEP
+)
 def send_predictions(job: WalrJob, ref: TableRef) -> int:
     """Optional evaluation: the labels party receives the predicted probability of every row."""
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
@@ -405,7 +403,7 @@ def send_predictions(job: WalrJob, ref: TableRef) -> int:
     return features.n_rows
 
 
-@task(name="walr-evaluate", task_run_name="{ref.party}: AUC of the predictions")
+@task(name="walr-evaluate", task_run_name="{ref.party}: AUC of the predictions", **PARTY_STEP)
 def evaluate(job: WalrJob, ref: TableRef) -> dict[str, float | None]:
     """AUC on the true labels. Not differentially private and not charged: it is opt-in."""
     from sklearn.metrics import roc_auc_score

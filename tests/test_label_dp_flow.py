@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import relocate_job
 from prefect.artifacts import Artifact
 from prefect.logging import disable_run_logger
 
@@ -200,13 +200,7 @@ def test_bad_inputs_are_refused_before_any_release(workspace: Path) -> None:
 
 def test_demo_job_sets_a_budget_aligns_and_trains(workspace: Path) -> None:
     job = json.loads((ROOT / "jobs" / "label_dp_demo.json").read_text())
-    for party in job["parties"].values():
-        name = Path(party["source"]).name
-        shutil.copy(ROOT / party["source"], workspace / name)
-        party["source"] = str(workspace / name)
-        party["table"]["database"] = str(workspace / Path(party["table"]["database"]).name)
-    job_file = workspace / "job.json"
-    job_file.write_text(json.dumps(job))
+    job_file = relocate_job(job, ROOT, workspace)
     result = label_dp_job(str(job_file), workspace=str(workspace))
     assert result["rows"] == 442
     assert result["budget"]["epsilon_total"] == 4.0

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import relocate_job
 from prefect.artifacts import Artifact
 
 from core import psi
@@ -99,13 +99,7 @@ def test_pipeline_runs_on_the_bundled_demo(workspace: Path) -> None:
     job.pop("subjobs")  # each has its own flow test
     job["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
     job["walr"].update(key_size=1024, allow_insecure_key_size=True)
-    for party in job["parties"].values():
-        name = Path(party["source"]).name
-        shutil.copy(ROOT / party["source"], workspace / name)
-        party["source"] = str(workspace / name)
-        party["table"]["database"] = str(workspace / Path(party["table"]["database"]).name)
-    job_file = workspace / "job.json"
-    job_file.write_text(json.dumps(job))
+    job_file = relocate_job(job, ROOT, workspace)
     result = pipeline(str(job_file), workspace=str(workspace))
     guest = pd.read_csv(ROOT / "demo" / "clinic_guest.csv")
     host = pd.read_csv(ROOT / "demo" / "lab_host.csv")

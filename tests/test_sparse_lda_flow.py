@@ -11,7 +11,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
-from audit import arrays_in
+from helpers import arrays_in
 
 from core import secagg
 from core.dp import analytic_gaussian_sigma, zcdp_sigma

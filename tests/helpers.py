@@ -1,0 +1,36 @@
+"""Helpers shared by the flow tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def arrays_in(value: Any) -> list[np.ndarray]:
+    """Every numpy array inside a decoded message."""
+    if isinstance(value, np.ndarray):
+        return [value]
+    if isinstance(value, dict):
+        return [a for v in value.values() for a in arrays_in(v)]
+    if isinstance(value, list):
+        return [a for v in value for a in arrays_in(v)]
+    return []
+
+
+def relocate_job(job: dict[str, Any], root: Path, workspace: Path) -> Path:
+    """Copy a job's source files into ``workspace``, point its databases there, write it out.
+
+    Flow tests run the bundled demo jobs without touching the repository's ``var/`` folder.
+    """
+    for party in job["parties"].values():
+        name = Path(party["source"]).name
+        shutil.copy(root / party["source"], workspace / name)
+        party["source"] = str(workspace / name)
+        party["table"]["database"] = str(workspace / Path(party["table"]["database"]).name)
+    job_file = workspace / "job.json"
+    job_file.write_text(json.dumps(job))
+    return job_file

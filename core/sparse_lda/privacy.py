@@ -105,9 +105,7 @@ def sum_noise_std(settings: PrivacySettings, n_features: int) -> float:
     (zCDP, Canonne-Kamath-Steinke 2020), not the continuous analytic calibration, which at
     the same sigma can exceed delta slightly for discrete noise.
     """
-    return zcdp_sigma(
-        settings.epsilon, settings.delta, sum_sensitivity(settings, n_features)
-    )
+    return zcdp_sigma(settings.epsilon, settings.delta, sum_sensitivity(settings, n_features))
 
 
 def noise_share_std(settings: PrivacySettings, n_features: int, n_parties: int) -> float:

@@ -50,12 +50,15 @@ def test_channel_records_and_enforces_addressing(tmp_path: Path) -> None:
     }
 
 
-def test_resend_replaces_atomically(tmp_path: Path) -> None:
+def test_resend_is_idempotent_and_a_different_payload_is_refused(tmp_path: Path) -> None:
     channel = Channel(tmp_path, "job-2")
     a, b = channel.endpoint("a"), channel.endpoint("b")
     a.send("b", "x", 1)
-    a.send("b", "x", 2)
-    assert b.receive("a", "x") == 2
+    a.send("b", "x", 1)  # a retried step re-sending the same bytes: no-op
+    with pytest.raises(ChannelError, match=r"different payload.*'x' message from a to b"):
+        a.send("b", "x", 2)
+    assert b.receive("a", "x") == 1
+    assert a.sent("b", "x") == 1
     assert len(channel.log()) == 1
     assert not list(channel.folder.rglob(".tmp-*"))
 

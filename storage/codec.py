@@ -84,7 +84,7 @@ def _check_float(value: float, limits: Limits) -> None:
         raise CodecError(f"non-finite float {value!r} is not carried")
 
 
-def _write(value: Any, out: list[bytes], limits: Limits, depth: int) -> None:
+def _write(value: Any, out: list[Any], limits: Limits, depth: int) -> None:
     if depth > limits.max_depth:
         raise CodecError(f"nesting deeper than {limits.max_depth}")
     if value is None:
@@ -130,7 +130,7 @@ def _write(value: Any, out: list[bytes], limits: Limits, depth: int) -> None:
         raise CodecError(f"cannot encode a value of type {type(value).__name__}")
 
 
-def _write_ints(values: list[int], out: list[bytes], limits: Limits) -> None:
+def _write_ints(values: list[int], out: list[Any], limits: Limits) -> None:
     width = max((abs(v).bit_length() + 7) // 8 for v in values) or 1
     if width * 8 > limits.max_int_bits + 7:
         raise CodecError(f"integer of more than {limits.max_int_bits} bits in a list")
@@ -143,7 +143,7 @@ def _write_ints(values: list[int], out: list[bytes], limits: Limits) -> None:
     out.append(b"".join(abs(v).to_bytes(width, "big") for v in values))
 
 
-def _write_array(value: np.ndarray, out: list[bytes], limits: Limits) -> None:
+def _write_array(value: np.ndarray, out: list[Any], limits: Limits) -> None:
     dtype = value.dtype.newbyteorder("<") if value.dtype.byteorder == ">" else value.dtype
     code = dtype.str
     if code not in _DTYPES:
@@ -152,15 +152,15 @@ def _write_array(value: np.ndarray, out: list[bytes], limits: Limits) -> None:
         )
     if dtype.kind == "f" and not limits.allow_nonfinite and not np.isfinite(value).all():
         raise CodecError("array holds non-finite values (NaN or infinity), which are not carried")
-    data = np.ascontiguousarray(value, dtype=dtype).tobytes()
     out += [_ARRAY, code.encode("ascii"), _uvarint(value.ndim)]
     out += [_uvarint(dim) for dim in value.shape]
-    out.append(data)
+    # a byte view, not a copy: the one copy is the final join
+    out.append(np.ascontiguousarray(value, dtype=dtype).reshape(-1).view(np.uint8))
 
 
 def dumps(value: Any, limits: Limits = MESSAGE) -> bytes:
     """Serialise ``value``; raises :class:`CodecError` for what a reader would refuse."""
-    parts = [MAGIC]
+    parts: list[Any] = [MAGIC]
     _write(value, parts, limits, 0)
     data = b"".join(parts)
     if len(data) > limits.max_bytes:

@@ -113,7 +113,7 @@ def test_reading_what_is_addressed_to_another_party_is_refused(
     eve = config(pki, "eve", tmp_path, {"bank": port})
     transport = GrpcTransport(eve)
     key = channel(bank_conf).key(0, "bank", "ads", "labels")
-    with pytest.raises(ChannelError, match="'eve' asked for the 'labels' .* addressed to ads"):
+    with pytest.raises(ChannelError, match=r"'eve' asked for the 'labels' .* addressed to ads"):
         transport._fetch(key, time.monotonic() + 5)
     assert inbox(eve) == []
 
@@ -133,7 +133,7 @@ def test_certificates_from_another_ca_are_refused_both_ways(
     server, rogue_port = serve(rogue)
     try:
         ads = config(pki, "ads", tmp_path / "ads", {"bank": rogue_port})
-        with pytest.raises(ChannelError, match="mutual TLS with peer bank .* failed"):
+        with pytest.raises(ChannelError, match=r"mutual TLS with peer bank .* failed"):
             channel(ads).endpoint("ads").receive("bank", "x")
         assert inbox(ads) == []
     finally:
@@ -150,7 +150,7 @@ def test_a_valid_certificate_cannot_send_as_another_party(
     server, eve_port = serve(eve)
     try:
         ads = config(pki, "ads", tmp_path, {"bank": eve_port})
-        with pytest.raises(ChannelError, match="mutual TLS with peer bank .* failed"):
+        with pytest.raises(ChannelError, match=r"mutual TLS with peer bank .* failed"):
             channel(ads).endpoint("ads").receive("bank", "x")
         assert inbox(ads) == []
     finally:

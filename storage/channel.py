@@ -40,6 +40,10 @@ class ChannelError(RuntimeError):
     """A message is missing, conflicts with one already sent, or is not the caller's to read."""
 
 
+class MessageConflictError(ChannelError, ValueError):
+    """Other bytes under a key already used: permanent (a retry fails the same way)."""
+
+
 class MessageTimeoutError(ChannelError):
     """A message did not arrive in time (the peer is late, down, or gone)."""
 
@@ -158,7 +162,7 @@ class MessageFolder:
                 os.link(tmp, self.path(key))
             except FileExistsError:
                 if _digest(self.path(key)) != _digest(tmp):
-                    raise ChannelError(
+                    raise MessageConflictError(
                         f"refused: a different payload for the {key.describe()}, which was "
                         "already sent with other content (a message is never replaced)"
                     ) from None

@@ -23,6 +23,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -295,7 +296,23 @@ class PartyEndpoint:
             raise ChannelError(f"refused the {key.describe()}: {error}") from error
 
     def sent(self, receiver: str, kind: str, round: int = 0) -> Any | None:
-        """What this party already sent under the key (a retried step re-sends it unchanged)."""
+        """What this party already sent under the key, or ``None``."""
         key = self.channel.key(round, self.party, receiver, kind)
         data = self.channel.transport.store().find(key)
         return None if data is None else codec.loads(data)
+
+    def send_once(
+        self, receiver: str, kind: str, make: Callable[[], Any], round: int = 0
+    ) -> MessageRecord:
+        """Send ``make()`` unless this party already sent under the key.
+
+        For a retried step whose message is randomised (a fresh encryption or mask would be
+        refused as a different payload): the message already sent stands, ``make`` is not
+        called. Only correct when the retried step would send the same plaintext.
+        """
+        key = self.channel.key(round, self.party, receiver, kind)
+        data = self.channel.transport.store().find(key)
+        if data is None:
+            return self.send(receiver, kind, make(), round=round)
+        digest = hashlib.sha256(data).hexdigest()
+        return MessageRecord(key.run, key.round, key.sender, receiver, kind, len(data), digest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,10 @@ def test_resend_is_idempotent_and_a_different_payload_is_refused(tmp_path: Path)
         a.send("b", "x", 2)
     assert b.receive("a", "x") == 1
     assert a.sent("b", "x") == 1
+    # a retried randomised step keeps what it sent and computes nothing new
+    first = a.send_once("b", "ct", lambda: [secrets.randbits(64)], round=1)
+    again = a.send_once("b", "ct", lambda: pytest.fail("must not recompute"), round=1)
+    assert first == again and b.receive("a", "ct", round=1) == a.sent("b", "ct", round=1)
     assert len(channel.log()) == 1
     assert not list(channel.folder.rglob(".tmp-*"))
 

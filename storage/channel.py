@@ -250,6 +250,16 @@ class Channel:
     def key(self, round_: int, sender: str, receiver: str, kind: str) -> MessageKey:
         return MessageKey(self.run, round_, sender, receiver, kind)
 
+    def _write(
+        self, round_: int, sender: str, receiver: str, kind: str, payload: Any
+    ) -> MessageRecord:
+        """Encode and hand to the transport: the one place a message is written."""
+        key = self.key(round_, sender, receiver, kind)
+        data = codec.dumps(payload)
+        self.transport.put(key, data)
+        digest = hashlib.sha256(data).hexdigest()
+        return MessageRecord(key.run, key.round, sender, receiver, kind, len(data), digest)
+
     def log(self) -> list[MessageRecord]:
         """Every message this process sent or received in the run (audits, bytes exchanged)."""
         return self.transport.store().records(self.run)
@@ -278,12 +288,7 @@ class PartyEndpoint:
     def send(self, receiver: str, kind: str, payload: Any, round: int = 0) -> MessageRecord:
         if receiver == self.party:
             raise ChannelError(f"{self.party} cannot send a message to itself")
-        key = self.channel.key(round, self.party, receiver, kind)
-        data = codec.dumps(payload)
-        self.channel.transport.put(key, data)
-        return MessageRecord(
-            key.run, round, key.sender, receiver, kind, len(data), hashlib.sha256(data).hexdigest()
-        )
+        return self.channel._write(round, self.party, receiver, kind, payload)
 
     def receive(self, sender: str, kind: str, round: int = 0, timeout: float | None = None) -> Any:
         """The payload; waits up to ``timeout`` (default: the channel's) for it to arrive."""

@@ -2,7 +2,7 @@
 
 privreg certs init --out DIR                      a demo CA (DIR/ca.pem, DIR/ca.key)
 privreg certs issue --ca DIR --party NAME --out DIR
-privreg party serve --config party.toml           the party's message endpoint (mTLS gRPC)
+privreg party serve --config party.toml [--flows] its message endpoint (mTLS gRPC) [and flows]
 privreg party psi --config party.toml --table DESCRIPTOR --peer NAME --job JOB [--min-rows N]
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
@@ -51,11 +51,29 @@ def _serve(args: argparse.Namespace) -> None:
     server, port = serve(config)
     host = config.listen.rsplit(":", 1)[0]
     print(f"party {config.party} serving its messages on {host}:{port}", flush=True)
+    if args.flows:
+        _serve_flows(config.party)
+        server.stop(grace=2).wait()
+        return
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     stop.wait()
     server.stop(grace=2).wait()
+
+
+def _serve_flows(party: str) -> None:
+    """Serve this party's role-split flows from this process, on the party's own Prefect.
+
+    Runs are started from that Prefect (UI, API or ``prefect deployment run``); they execute
+    code this party installed, in a child of this process, as this party (its configuration
+    is in the environment). No work pool job template is involved.
+    """
+    from prefect import serve
+
+    from flows.align import psi_align_party
+
+    serve(psi_align_party.to_deployment(name=party, tags=["privreg", party]))
 
 
 def _descriptor(text: str) -> dict[str, Any]:
@@ -87,6 +105,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     actions = party.add_subparsers(dest="party_command", required=True)
     serve = actions.add_parser("serve", help="serve this party's message endpoint")
     serve.add_argument("--config", required=True)
+    serve.add_argument(
+        "--flows", action="store_true", help="also serve the party's flows on its own Prefect"
+    )
     serve.set_defaults(handler=_serve)
     psi = actions.add_parser("psi", help="this party's side of psi_align")
     psi.add_argument("--config", required=True)

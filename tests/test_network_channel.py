@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storage import certs
+from storage import certs, codec
 from storage.channel import Channel, ChannelError, MessageTimeoutError
-from storage.party_config import PartyConfig
+from storage.party_config import PartyConfig, PartyConfigError
 from storage.transport_grpc import GrpcTransport, serve
 
 
@@ -199,3 +199,34 @@ def test_a_message_larger_than_256_mb_crosses(
     received = channel(config(pki, "ads", tmp_path, {"bank": port})).endpoint("ads")
     got = received.receive("bank", "big", timeout=120)
     assert got.shape == vector.shape and np.array_equal(got, vector)
+
+
+def test_a_message_above_the_receivers_cap_is_refused_and_not_stored(
+    pki: dict[str, certs.Issued], tmp_path: Path, bank: tuple[PartyConfig, int]
+) -> None:
+    bank_conf, port = bank
+    channel(bank_conf).endpoint("bank").send("ads", "blob", b"x" * 5000)
+    ads_conf = config(pki, "ads", tmp_path, {"bank": port})
+    small = GrpcTransport(ads_conf, limits=codec.Limits(max_bytes=1000))
+    with pytest.raises(ChannelError, match=r"'blob' .*bytes exceed the cap of 1000"):
+        Channel(ads_conf.root, "job-1", small).endpoint("ads").receive("bank", "blob")
+    assert inbox(ads_conf) == []
+
+
+def test_party_configuration_is_checked(pki: dict[str, certs.Issued], tmp_path: Path) -> None:
+    path = tmp_path / "party.toml"
+    body = (
+        'party = "ads"\nroot = "home"\nlisten = "127.0.0.1:0"\n[tls]\n'
+        f'ca = "{pki["ca"].cert}"\ncert = "{pki["ads"].cert}"\nkey = "{pki["ads"].key}"\n'
+    )
+    path.write_text(body + '[peers]\nbank = "127.0.0.1:7701"\n')
+    loaded = PartyConfig.load(path)
+    assert loaded.root == tmp_path / "home" and loaded.address_of("bank") == "127.0.0.1:7701"
+    with pytest.raises(PartyConfigError, match="no address for peer 'eve'"):
+        loaded.address_of("eve")
+    path.write_text(body.replace('party = "ads"', 'party = "x__y"'))
+    with pytest.raises(PartyConfigError, match="party 'x__y' must be 1-80"):
+        PartyConfig.load(path)
+    path.write_text(body.replace('root = "home"\n', ""))
+    with pytest.raises(PartyConfigError, match="missing 'root'"):
+        PartyConfig.load(path)

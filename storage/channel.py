@@ -161,6 +161,7 @@ class MessageFolder:
                 os.fsync(handle.fileno())
             try:
                 os.link(tmp, self.path(key))
+                _fsync_folder(tmp.parent)  # the new name survives a crash too
             except FileExistsError:
                 if _digest(self.path(key)) != _digest(tmp):
                     raise MessageConflictError(
@@ -188,6 +189,14 @@ class MessageFolder:
                 )
             )
         return records
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _digest(path: Path) -> str:

@@ -305,7 +305,10 @@ def loads(data: bytes | memoryview, limits: Limits = MESSAGE) -> Any:
     if len(data) > limits.max_bytes:
         raise CodecError(f"message of {len(data)} bytes exceeds the cap of {limits.max_bytes}")
     if bytes(data[: len(MAGIC)]) != MAGIC:
-        raise CodecError("not a privreg message (bad magic)")
+        raise CodecError(
+            "not a privreg message (bad magic); values stored before the binary format "
+            "(privreg's JSON codec) are not read: re-create them, e.g. re-run the job"
+        )
     reader = _Reader(data, limits)
     reader.pos = len(MAGIC)
     value = reader.value(0)

@@ -105,11 +105,12 @@ def test_two_party_processes_align_like_one_process(tmp_path: Path) -> None:
         )
         for p in PARTIES
     ]
+    runs: list[subprocess.Popen] = []
     try:
         for server in servers:
             assert "serving its messages" in server.stdout.readline()
         refs = {"bank": bank, "shop": shop}
-        runs = [
+        runs += [
             subprocess.Popen(
                 [
                     *cli,
@@ -134,9 +135,10 @@ def test_two_party_processes_align_like_one_process(tmp_path: Path) -> None:
         deadline = time.monotonic() + 180
         outputs = [run.communicate(timeout=max(deadline - time.monotonic(), 1)) for run in runs]
     finally:
-        for server in servers:
-            server.terminate()
-            server.wait(timeout=10)
+        for process in [*runs, *servers]:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=10)
     for run, (_, err) in zip(runs, outputs, strict=True):
         assert run.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]

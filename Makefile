@@ -9,7 +9,7 @@ export PREFECT_HOME ?= $(CURDIR)/var/prefect
 export PREFECT_LOGGING_LEVEL ?= INFO
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
-.PHONY: demo test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
+.PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda bench-vertical
 
 install: $(STAMP)
@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml requirements.lock
 demo: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m flows.pipeline
+
+demo-parties: $(STAMP)
+	$(BIN)/python demo/parties_psi.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

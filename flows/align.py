@@ -6,6 +6,10 @@ blind own ids  ── H(a)^x ──────────▶
 blind peer ids ── H(b)^yx ─────────▶
                ◀───────── H(a)^xy ──  blind peer ids
 aligned rows                          aligned rows     (same order on both sides)
+
+``psi_align`` runs both sides in one process (the embedded mode). ``psi_align_party`` is one
+side, run by a party service at its own organisation: both parties run it with the same job id,
+each on its own table, and each executes only its own column of the diagram above.
 """
 
 from __future__ import annotations
@@ -64,4 +68,27 @@ def psi_align(
             ref.with_table(r["table"]).to_dict() for ref, r in zip((a, b), results, strict=True)
         ],
         "set_sizes": [results[0]["own_size"], results[1]["own_size"]],
+    }
+
+
+@flow(name="psi_align_party", flow_run_name="psi_align {job_id}: {own[party]} with {peer}")
+def psi_align_party(
+    own: dict[str, Any], peer: str, job_id: str, min_rows: int = 100
+) -> dict[str, Any]:
+    """One party's side of the alignment; its result names only its own aligned table.
+
+    ``job_id`` is agreed between the parties (the job's name); a re-run of a finished job
+    reuses the stored alignment.
+    """
+    ref = TableRef.from_dict(own)
+    result = steps.stored_alignment(ref, job_id)
+    if result is None:
+        steps.blind_own_ids(ref, peer, job_id)
+        steps.blind_peer_ids(ref, peer, job_id)
+        result = steps.store_aligned_rows(ref, peer, job_id, min_rows)
+    return {
+        "job_id": job_id,
+        "intersection_size": result["size"],
+        "aligned": ref.with_table(result["table"]).to_dict(),
+        "set_sizes": [result["own_size"], result["peer_size"]],
     }

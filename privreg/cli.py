@@ -6,6 +6,7 @@ privreg budget set --database D --table T --epsilon E [--delta X]
 privreg budget show --database D [--table T]
 privreg models list --database D
 privreg models export --database D --key K --out FILE.json
+privreg certs ... / privreg party ...     a party at its own organisation (privreg/party_cli.py)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from privreg import party_cli
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
@@ -114,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--key")
     models.add_argument("--out")
     models.set_defaults(handler=_models)
+    party_cli.register(commands)
     return parser
 
 

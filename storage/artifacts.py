@@ -45,7 +45,7 @@ class ArtifactStore:
         self.ensure_schema(con)
         con.execute(
             "INSERT OR REPLACE INTO privreg_artifacts VALUES (?, ?, ?, ?)",
-            [key, kind, codec.dumps(value), datetime.now(UTC).replace(tzinfo=None)],
+            [key, kind, codec.dumps(value, codec.ARTIFACT), datetime.now(UTC).replace(tzinfo=None)],
         )
 
     def get(
@@ -58,7 +58,7 @@ class ArtifactStore:
                 return self.get(key, default, own)
         self.ensure_schema(con)
         row = con.execute("SELECT payload FROM privreg_artifacts WHERE key = ?", [key]).fetchone()
-        return default if row is None else codec.loads(bytes(row[0]))
+        return default if row is None else codec.loads(bytes(row[0]), codec.ARTIFACT)
 
     def has(self, key: str) -> bool:
         return self.get(key, default=_MISSING) is not _MISSING

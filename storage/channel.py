@@ -1,40 +1,97 @@
 """The one channel through which every value crosses a party boundary.
 
-A message is keyed by (run, round, sender, receiver, kind) and persisted as one file under
-the run's folder, written atomically, so that:
+Protocol code holds a :class:`PartyEndpoint` and calls only ``send`` and ``receive``; it never
+learns how a message travels. A :class:`Transport` does that:
 
-* tests can audit exactly what crossed (:meth:`Channel.log` and :meth:`Channel.read_raw`);
-* a retried step finds the messages it was sent and can replay;
-* moving parties to separate processes or hosts only means replacing the file system with a
-  shared one or a transport that implements the same two calls.
+* :class:`FileTransport` (the embedded default): one folder that every party of the process
+  shares, ``<root>/runs/<job>/messages/r<round>/<sender>__<receiver>__<kind>``;
+* ``storage.transport_grpc.GrpcTransport``: each party keeps its own folder of the same layout
+  (what it sent and what it received) and fetches its messages from the sender over mutual TLS.
 
-A party holds a :class:`PartyEndpoint`, which can send only as that party and receive only
-messages addressed to it.
+Whatever the transport, a message is keyed by (job, round, sender, receiver, kind) and is
+durable and idempotent: sending the same bytes under a key again is a no-op, sending different
+bytes under a key already used is refused with a :class:`ChannelError` naming the key.
+``receive`` waits up to a timeout and then raises :class:`MessageTimeoutError` naming the peer, job,
+round and kind. A party can send only as itself and receive only what is addressed to it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import re
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from storage import codec
 
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
+# Names are path components and are joined with "__": they start and end with a letter or digit
+# and never hold "__" or "..", so "<sender>__<receiver>__<kind>" splits one way only.
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,78}[A-Za-z0-9])?")
+_SEPARATOR = "__"
+_DEFAULT_TIMEOUT = float(os.environ.get("PRIVREG_RECEIVE_TIMEOUT", "0"))
 
 
 class ChannelError(RuntimeError):
-    """A message is missing or a party tried to read what is not addressed to it."""
+    """A message is missing, conflicts with one already sent, or is not the caller's to read."""
 
 
-def _check_name(value: str, what: str) -> str:
-    if not _NAME.match(value):
-        raise ValueError(f"{what} {value!r} must match [A-Za-z0-9_.-]{{1,80}}")
+class MessageConflictError(ChannelError, ValueError):
+    """Other bytes under a key already used: permanent (a retry fails the same way)."""
+
+
+class MessageTimeoutError(ChannelError):
+    """A message did not arrive in time (the peer is late, down, or gone)."""
+
+
+def check_name(value: str, what: str) -> str:
+    """A party, kind or job name that is safe as a path component and cannot collide."""
+    if (
+        not isinstance(value, str)
+        or not _NAME.fullmatch(value)
+        or _SEPARATOR in value
+        or ".." in value
+    ):
+        raise ValueError(
+            f"{what} {value!r} must be 1-80 of [A-Za-z0-9_.-], start and end with a letter or "
+            f"digit, and contain neither {_SEPARATOR!r} nor '..'"
+        )
     return value
+
+
+@dataclass(frozen=True)
+class MessageKey:
+    """Where a message belongs; every field is validated, so a key maps to one file only."""
+
+    run: str
+    round: int
+    sender: str
+    receiver: str
+    kind: str
+
+    def __post_init__(self) -> None:
+        check_name(self.run, "job")
+        check_name(self.sender, "sender")
+        check_name(self.receiver, "receiver")
+        check_name(self.kind, "kind")
+        if isinstance(self.round, bool) or not 0 <= operator.index(self.round) < 10**6:
+            raise ValueError(f"round {self.round!r} must be an int in [0, 10^6)")
+        object.__setattr__(self, "round", operator.index(self.round))
+
+    def describe(self) -> str:
+        return (
+            f"{self.kind!r} message from {self.sender} to {self.receiver} "
+            f"in round {self.round} of job {self.run}"
+        )
+
+    def relative_path(self) -> Path:
+        name = _SEPARATOR.join((self.sender, self.receiver, self.kind))
+        return Path("runs") / self.run / "messages" / f"r{self.round:06d}" / name
 
 
 @dataclass(frozen=True)
@@ -47,57 +104,82 @@ class MessageRecord:
     size: int
     sha256: str
 
+    @property
+    def key(self) -> MessageKey:
+        return MessageKey(self.run, self.round, self.sender, self.receiver, self.kind)
 
-class Channel:
-    """All messages of one run (a job), stored under ``root/runs/<run>/messages``."""
 
-    def __init__(self, root: str | Path, run: str) -> None:
-        self.run = _check_name(run, "run")
-        self.folder = Path(root) / "runs" / run / "messages"
+class Transport(Protocol):
+    """How encoded messages move. ``party`` is ``None`` when one process hosts every party."""
 
-    def endpoint(self, party: str) -> PartyEndpoint:
-        return PartyEndpoint(self, _check_name(party, "party"))
+    party: str | None
 
-    def _path(self, round_: int, sender: str, receiver: str, kind: str) -> Path:
-        if round_ < 0:
-            raise ValueError("round must be >= 0")
-        return self.folder / f"r{round_:06d}" / f"{sender}__{receiver}__{_check_name(kind, 'kind')}"
+    def put(self, key: MessageKey, data: bytes) -> None:
+        """Store (and make available to ``key.receiver``) durably; idempotent, refuses conflicts."""
 
-    def _write(
-        self, round_: int, sender: str, receiver: str, kind: str, payload: Any
-    ) -> MessageRecord:
-        data = codec.dumps(payload)
-        path = self._path(round_, sender, receiver, kind)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as handle:
+    def get(self, key: MessageKey, timeout: float) -> bytes:
+        """The message's bytes, waiting up to ``timeout`` seconds (:class:`MessageTimeoutError`)."""
+
+    def store(self) -> MessageFolder:
+        """The local folder of what this process sent and received (for audits)."""
+
+
+class MessageFolder:
+    """Messages as files under ``root``, written atomically and never overwritten."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, key: MessageKey) -> Path:
+        return self.root / key.relative_path()
+
+    def find(self, key: MessageKey) -> bytes | None:
+        path = self.path(key)
+        return path.read_bytes() if path.exists() else None
+
+    def staging(self, key: MessageKey) -> Path:
+        """A fresh temporary file beside the message's place (same file system, for rename)."""
+        folder = self.path(key).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        os.close(fd)
+        return Path(tmp)
+
+    def put(self, key: MessageKey, data: bytes) -> None:
+        tmp = self.staging(key)
+        with open(tmp, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        return MessageRecord(
-            self.run, round_, sender, receiver, kind, len(data), hashlib.sha256(data).hexdigest()
-        )
+        self.commit(key, tmp)
 
-    def _read(self, round_: int, sender: str, receiver: str, kind: str) -> Any:
-        path = self._path(round_, sender, receiver, kind)
-        if not path.exists():
-            raise ChannelError(
-                f"run {self.run}: no {kind!r} message from {sender} to {receiver} in round {round_}"
-            )
-        return codec.loads(path.read_bytes())
+    def commit(self, key: MessageKey, tmp: Path) -> None:
+        """Move a fully written ``tmp`` into place, unless the key holds other bytes (refused).
 
-    def log(self) -> list[MessageRecord]:
-        """Every message of the run, for audits and for bytes-exchanged reports."""
+        ``os.link`` creates the name only if it does not exist, so two writers cannot race.
+        """
+        try:
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            try:
+                os.link(tmp, self.path(key))
+                _fsync_folder(tmp.parent)  # the new name survives a crash too
+            except FileExistsError:
+                if _digest(self.path(key)) != _digest(tmp):
+                    raise MessageConflictError(
+                        f"refused: a different payload for the {key.describe()}, which was "
+                        "already sent with other content (a message is never replaced)"
+                    ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def records(self, run: str) -> list[MessageRecord]:
+        folder = self.root / "runs" / run / "messages"
         records = []
-        if not self.folder.exists():
-            return records
-        for path in sorted(self.folder.glob("r*/*__*__*")):
-            sender, receiver, kind = path.name.split("__", 2)
+        for path in sorted(folder.glob("r*/*__*__*")):
+            sender, receiver, kind = path.name.split(_SEPARATOR)
             data = path.read_bytes()
             records.append(
                 MessageRecord(
-                    self.run,
+                    run,
                     int(path.parent.name[1:]),
                     sender,
                     receiver,
@@ -108,9 +190,92 @@ class Channel:
             )
         return records
 
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class FileTransport:
+    """Every party of one process shares ``root``; ``receive`` polls the folder."""
+
+    party: str | None = None
+
+    def __init__(self, root: str | Path) -> None:
+        self.folder = MessageFolder(root)
+
+    def put(self, key: MessageKey, data: bytes) -> None:
+        self.folder.put(key, data)
+
+    def get(self, key: MessageKey, timeout: float) -> bytes:
+        deadline, pause = time.monotonic() + timeout, 0.01
+        while (data := self.folder.find(key)) is None:
+            if time.monotonic() >= deadline:
+                raise MessageTimeoutError(
+                    f"gave up after {timeout:g} s waiting for the {key.describe()}"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        return data
+
+    def store(self) -> MessageFolder:
+        return self.folder
+
+
+class Channel:
+    """All messages of one run (a job) as this process sees them."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        run: str,
+        transport: Transport | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.run = check_name(run, "job")
+        self.transport = transport or FileTransport(root)
+        self.timeout = _DEFAULT_TIMEOUT if timeout is None else timeout
+        self.folder = self.transport.store().root / "runs" / run / "messages"
+
+    def endpoint(self, party: str) -> PartyEndpoint:
+        check_name(party, "party")
+        if self.transport.party not in (None, party):
+            raise ChannelError(
+                f"this process is party {self.transport.party!r}; it cannot act as {party!r}"
+            )
+        return PartyEndpoint(self, party)
+
+    def key(self, round_: int, sender: str, receiver: str, kind: str) -> MessageKey:
+        return MessageKey(self.run, round_, sender, receiver, kind)
+
+    def _write(
+        self, round_: int, sender: str, receiver: str, kind: str, payload: Any
+    ) -> MessageRecord:
+        """Encode and hand to the transport: the one place a message is written."""
+        key = self.key(round_, sender, receiver, kind)
+        data = codec.dumps(payload)
+        self.transport.put(key, data)
+        digest = hashlib.sha256(data).hexdigest()
+        return MessageRecord(key.run, key.round, sender, receiver, kind, len(data), digest)
+
+    def log(self) -> list[MessageRecord]:
+        """Every message this process sent or received in the run (audits, bytes exchanged)."""
+        return self.transport.store().records(self.run)
+
     def read_raw(self, record: MessageRecord) -> bytes:
         """The bytes that crossed, exactly as stored (for audits)."""
-        return self._path(record.round, record.sender, record.receiver, record.kind).read_bytes()
+        return self.transport.store().path(record.key).read_bytes()
 
     def bytes_by_party(self) -> dict[str, dict[str, int]]:
         totals: dict[str, dict[str, int]] = {}
@@ -124,7 +289,7 @@ class Channel:
 
 @dataclass(frozen=True)
 class PartyEndpoint:
-    """One party's view of the channel."""
+    """One party's view of the channel: it sends as itself and reads what is addressed to it."""
 
     channel: Channel
     party: str
@@ -132,9 +297,36 @@ class PartyEndpoint:
     def send(self, receiver: str, kind: str, payload: Any, round: int = 0) -> MessageRecord:
         if receiver == self.party:
             raise ChannelError(f"{self.party} cannot send a message to itself")
-        return self.channel._write(
-            round, self.party, _check_name(receiver, "receiver"), kind, payload
-        )
+        return self.channel._write(round, self.party, receiver, kind, payload)
 
-    def receive(self, sender: str, kind: str, round: int = 0) -> Any:
-        return self.channel._read(round, _check_name(sender, "sender"), self.party, kind)
+    def receive(self, sender: str, kind: str, round: int = 0, timeout: float | None = None) -> Any:
+        """The payload; waits up to ``timeout`` (default: the channel's) for it to arrive."""
+        key = self.channel.key(round, sender, self.party, kind)
+        wait = self.channel.timeout if timeout is None else timeout
+        data = self.channel.transport.get(key, wait)
+        try:
+            return codec.loads(data)
+        except codec.CodecError as error:
+            raise ChannelError(f"refused the {key.describe()}: {error}") from error
+
+    def sent(self, receiver: str, kind: str, round: int = 0) -> Any | None:
+        """What this party already sent under the key, or ``None``."""
+        key = self.channel.key(round, self.party, receiver, kind)
+        data = self.channel.transport.store().find(key)
+        return None if data is None else codec.loads(data)
+
+    def send_once(
+        self, receiver: str, kind: str, make: Callable[[], Any], round: int = 0
+    ) -> MessageRecord:
+        """Send ``make()`` unless this party already sent under the key.
+
+        For a retried step whose message is randomised (a fresh encryption or mask would be
+        refused as a different payload): the message already sent stands, ``make`` is not
+        called. Only correct when the retried step would send the same plaintext.
+        """
+        key = self.channel.key(round, self.party, receiver, kind)
+        data = self.channel.transport.store().find(key)
+        if data is None:
+            return self.send(receiver, kind, make(), round=round)
+        digest = hashlib.sha256(data).hexdigest()
+        return MessageRecord(key.run, key.round, key.sender, receiver, kind, len(data), digest)

@@ -21,7 +21,7 @@ class DescriptorError(ValueError):
 
 def check_identifier(name: str, what: str) -> str:
     """Table and column names go into SQL, so they must be plain identifiers."""
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         raise DescriptorError(f"{what} {name!r} is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
     return name
 

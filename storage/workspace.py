@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from storage.channel import Channel
+from storage.party_config import active_config
 
 DEFAULT_ROOT = "var"
 
@@ -22,7 +23,18 @@ def workspace_root(root: str | None = None) -> Path:
 
 
 def channel_for(job_id: str, root: str | None = None) -> Channel:
-    return Channel(workspace_root(root), job_id)
+    """The job's channel for this process.
+
+    Embedded (default): every party shares the folder ``root``. A party service (the process
+    runs with ``PRIVREG_PARTY_CONFIG``): the party's own folder and the mTLS network transport;
+    ``root`` is ignored, since a party knows no folder but its own.
+    """
+    config = active_config()
+    if config is None:
+        return Channel(workspace_root(root), job_id)
+    from storage.transport_grpc import transport_for
+
+    return Channel(config.root, job_id, transport_for(config), timeout=config.receive_timeout)
 
 
 def derive_job_id(protocol: str, inputs: dict[str, Any]) -> str:

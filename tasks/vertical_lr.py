@@ -93,8 +93,8 @@ def _deliver(
     """Send through the channel, or keep locally when a party plays two roles."""
     if receiver == sender:
         _artifacts(sender_db).put(_key(job, "local", round_, kind), payload, "local-message")
-    else:
-        job.endpoint(sender).send(receiver, kind, payload, round=round_)
+    else:  # a re-run round sends the same plaintexts: the message already sent stands
+        job.endpoint(sender).send_once(receiver, kind, lambda: payload, round=round_)
 
 
 def _collect(
@@ -227,13 +227,16 @@ def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "tra
     rows = _rows(job, round_, phase)
     public = _public_key(job, ref)
     share = host_share(X[rows], weights)
-    encrypted = cipher.encrypt(public, share, job.randomizer)
     endpoint = job.endpoint(ref.party)
+    # a re-run round (same weights, same plaintexts) re-sends the ciphertexts it sent before
+    encrypted = endpoint.sent(job.guest, f"share_{phase}", round=round_)
+    if encrypted is None:
+        encrypted = cipher.encrypt(public, share, job.randomizer)
     endpoint.send(job.guest, f"share_{phase}", encrypted, round=round_)
-    endpoint.send(
+    endpoint.send_once(
         job.guest,
         f"square_{phase}",
-        cipher.encrypt(public, [sum(a * a for a in share)], job.randomizer),
+        lambda: cipher.encrypt(public, [sum(a * a for a in share)], job.randomizer),
         round=round_,
     )
     position = job.hosts.index(ref.party)
@@ -258,10 +261,10 @@ def host_cross_terms(job: VerticalJob, ref: TableRef, round_: int, phase: str = 
         theirs = endpoint.receive(earlier, f"share_{phase}", round=round_)
         cross = cipher.weighted_sum(public, theirs, own)
         # re-randomised: a product of the guest's known ciphertexts would let it test guesses
-        endpoint.send(
+        endpoint.send_once(
             job.guest,
             f"cross_{earlier}_{phase}",
-            cipher.rerandomize(public, [cross], job.randomizer),
+            lambda cross=cross: cipher.rerandomize(public, [cross], job.randomizer),
             round=round_,
         )
 
@@ -310,7 +313,11 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
         return
     residual = cipher.add_plain(public, total, b)
     # one re-randomisation serves every host: it unlinks [[d]] from each host's own shares
-    fresh = cipher.rerandomize(public, residual, job.randomizer)
+    fresh = None
+    for host in job.hosts:
+        fresh = endpoint.sent(host, "residual", round=round_) or fresh
+    if fresh is None:
+        fresh = cipher.rerandomize(public, residual, job.randomizer)
     for host in job.hosts:
         endpoint.send(host, "residual", fresh, round=round_)
     _mask_and_send(job, ref, public, encode_features(X[rows]), residual, round_)
@@ -326,8 +333,11 @@ def _mask_and_send(
 ) -> None:
     """``[[X^T d + r]]`` to the key holder; the mask ``r`` stays in the party's store."""
     gradient = cipher.transpose_dot(public, X_int, residual)
-    masks = cipher.random_masks(len(gradient))
-    _artifacts(ref.database).put(_key(job, "mask", round_), masks, "round-temp")
+    # a re-run round reuses its masks: they must match the masked gradient already sent
+    masks = _artifacts(ref.database).get(_key(job, "mask", f"{round_:07d}"))
+    if masks is None:
+        masks = cipher.random_masks(len(gradient))
+        _artifacts(ref.database).put(_key(job, "mask", f"{round_:07d}"), masks, "round-temp")
     _deliver(
         job,
         ref.party,
@@ -395,7 +405,7 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
         penalised = np.ones(X.shape[1])
     state = _state(job, ref, round_ - 1, X.shape[1])
     artifacts = _artifacts(ref.database)
-    masks = artifacts.get(_key(job, "mask", round_))
+    masks = artifacts.get(_key(job, "mask", f"{round_:07d}"))
     masked = _collect(job, ref.party, ref.database, job.key_holder, "masked_gradient_plain", round_)
     gradient_sum = [m - r for m, r in zip(masked, masks, strict=True)]
     optimizer = job.optimizer(state["velocity"])
@@ -406,7 +416,8 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
     checkpoints = RoundCheckpoints(PartyStore.of(ref), PROTOCOL, job.job_id)
     checkpoints.save(round_, {"weights": weights, "velocity": optimizer.velocity})
     checkpoints.prune(keep_last=3)
-    artifacts.delete_prefix(_key(job, "mask", round_))
+    if round_ >= 3:  # kept while the round can still be rolled back and re-run
+        artifacts.delete_prefix(_key(job, "mask", f"{round_ - 3:07d}"))
     return float(np.sum(gradient**2))
 
 

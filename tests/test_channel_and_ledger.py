@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -50,13 +51,20 @@ def test_channel_records_and_enforces_addressing(tmp_path: Path) -> None:
     }
 
 
-def test_resend_replaces_atomically(tmp_path: Path) -> None:
+def test_resend_is_idempotent_and_a_different_payload_is_refused(tmp_path: Path) -> None:
     channel = Channel(tmp_path, "job-2")
     a, b = channel.endpoint("a"), channel.endpoint("b")
     a.send("b", "x", 1)
-    a.send("b", "x", 2)
-    assert b.receive("a", "x") == 2
-    assert len(channel.log()) == 1
+    a.send("b", "x", 1)  # a retried step re-sending the same bytes: no-op
+    with pytest.raises(ChannelError, match=r"different payload.*'x' message from a to b"):
+        a.send("b", "x", 2)
+    assert b.receive("a", "x") == 1
+    assert a.sent("b", "x") == 1
+    # a retried randomised step keeps what it sent and computes nothing new
+    first = a.send_once("b", "ct", lambda: [secrets.randbits(64)], round=1)
+    again = a.send_once("b", "ct", lambda: pytest.fail("must not recompute"), round=1)
+    assert first == again and b.receive("a", "ct", round=1) == a.sent("b", "ct", round=1)
+    assert [r.kind for r in channel.log()] == ["x", "ct"]
     assert not list(channel.folder.rglob(".tmp-*"))
 
 

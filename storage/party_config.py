@@ -1,0 +1,101 @@
+"""One organisation's party service configuration: one TOML file, only its own paths.
+
+```toml
+party = "clinic"                 # the name in its certificate
+root = "clinic-home"             # its own folder: the messages it sent and received
+listen = "0.0.0.0:7701"          # where peers fetch the messages addressed to them
+receive_timeout = 600            # seconds a step waits for a peer's message
+
+[tls]
+ca = "certs/ca.pem"              # the CA (or bundle) every party's certificate chains to
+cert = "certs/clinic.pem"
+key = "certs/clinic.key"
+
+[peers]
+lab = "lab.example.org:7701"
+```
+
+Relative paths are read from the file's folder. A process runs as this party when
+``PRIVREG_PARTY_CONFIG`` names the file (``privreg party serve`` sets it); it then knows no
+other party's folder, database or key.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage.channel import check_name
+
+ENV_VAR = "PRIVREG_PARTY_CONFIG"
+
+
+class PartyConfigError(ValueError):
+    """The party configuration file is missing a field or names something unusable."""
+
+
+@dataclass(frozen=True)
+class PartyConfig:
+    party: str
+    root: Path
+    listen: str
+    ca: Path
+    cert: Path
+    key: Path
+    peers: dict[str, str] = field(default_factory=dict)
+    receive_timeout: float = 600.0
+
+    @classmethod
+    def load(cls, path: str | Path) -> PartyConfig:
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise PartyConfigError(f"{path}: {error}") from error
+        here = path.parent
+
+        def where(value: object, what: str) -> Path:
+            if not isinstance(value, str) or not value:
+                raise PartyConfigError(f"{path}: {what} must be a path")
+            return (here / value).resolve()
+
+        try:
+            tls, peers = raw.get("tls", {}), raw.get("peers", {})
+            party = check_name(raw["party"], "party")
+            for peer, address in peers.items():
+                check_name(peer, "peer")
+                if peer == party or not isinstance(address, str):
+                    raise PartyConfigError(f"{path}: peer {peer!r} needs an address host:port")
+            return cls(
+                party=party,
+                root=where(raw["root"], "root"),
+                listen=str(raw.get("listen", "127.0.0.1:0")),
+                ca=where(tls.get("ca"), "tls.ca"),
+                cert=where(tls.get("cert"), "tls.cert"),
+                key=where(tls.get("key"), "tls.key"),
+                peers=dict(peers),
+                receive_timeout=float(raw.get("receive_timeout", 600.0)),
+            )
+        except KeyError as error:
+            raise PartyConfigError(f"{path}: missing {error.args[0]!r}") from None
+        except ValueError as error:
+            raise PartyConfigError(f"{path}: {error}") from None
+
+    def address_of(self, peer: str) -> str:
+        if peer not in self.peers:
+            raise PartyConfigError(f"party {self.party!r} has no address for peer {peer!r}")
+        return self.peers[peer]
+
+
+@functools.cache
+def _load_cached(path: str) -> PartyConfig:
+    return PartyConfig.load(path)
+
+
+def active_config() -> PartyConfig | None:
+    """The configuration this process runs under, or ``None`` in the embedded mode."""
+    path = os.environ.get(ENV_VAR)
+    return _load_cached(path) if path else None

@@ -197,8 +197,10 @@ class PrivacyLedger:
             status.epsilon_spent + epsilon > status.epsilon_total + _TOLERANCE
             or status.delta_spent + delta > status.delta_total + _TOLERANCE
         ):
+            source = status.protected_table
+            copy = "" if source == protected_table else f" (a copy of {source!r})"
             raise BudgetError(
-                f"table {protected_table!r}: a release of (epsilon={epsilon:g}, "
+                f"table {protected_table!r}{copy}: a release of (epsilon={epsilon:g}, "
                 f"delta={delta:g}) exceeds the budget: spent ({status.epsilon_spent:g}, "
                 f"{status.delta_spent:g}) of ({status.epsilon_total:g}, {status.delta_total:g}), "
                 f"left ({status.epsilon_left:g}, {status.delta_left:g})"

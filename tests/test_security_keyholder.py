@@ -50,7 +50,7 @@ def test_decryption_refuses_non_units_that_would_factor_the_key(keypair) -> None
 ROWS, HOST_FEATURES = 100, 3
 
 
-def _vertical(workspace: Path) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
+def _tables(workspace: Path) -> tuple[TableRef, TableRef]:
     rng = np.random.default_rng(0)
     ids = np.arange(ROWS)
     guest = pd.DataFrame({"id": ids, "y": (rng.random(ROWS) < 0.5).astype(float)})
@@ -61,6 +61,11 @@ def _vertical(workspace: Path) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
     host_ref = TableRef(str(workspace / "host.duckdb"), "t", party="mallory")
     PartyStore.of(guest_ref).import_frame(guest, guest_ref)
     PartyStore.of(host_ref).import_frame(host, host_ref)
+    return guest_ref, host_ref
+
+
+def _vertical(workspace: Path) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
+    guest_ref, host_ref = _tables(workspace)
     schedule = Schedule(ROWS, ROWS, 0, 0.0)  # one batch of 100 rows > 3 + LABEL_LEAK_MARGIN
     vlr.check_batches(schedule, {"mallory": HOST_FEATURES})
     job = vlr.VerticalJob(
@@ -241,3 +246,28 @@ def test_walr_noiseless_release_needs_the_owners_policy(workspace: Path, keypair
     walr.release_noisy_sums.fn(job, ref)
     release = PrivacyLedger(PartyStore.of(ref)).stored_release(job.release_key)
     assert release["values"] == [5] * (COLUMNS + 1)  # exact, as the owner allowed
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_the_arbiter_deletes_its_private_key_when_the_job_ends(workspace: Path) -> None:
+    from flows.vertical_lr import vertical_lr
+
+    guest_ref, host_ref = _tables(workspace)
+    options = {
+        "batch_size": ROWS,
+        "holdout_fraction": 0.0,
+        "key_size": KEY_BITS,
+        "allow_insecure_key_size": True,
+        "workspace": str(workspace),
+        "arbiter_database": str(workspace / "arb.duckdb"),
+    }
+    result = vertical_lr(guest_ref.to_dict(), [host_ref.to_dict()], epochs=1, **options)
+    assert set(result) >= {"party", "coefficients", "intercept", "metrics", "scores_table"}
+    assert result["party"] == "guest" and list(result["coefficients"]) == ["g0"]
+    arbiter = ArtifactStore(PartyStore(workspace / "arb.duckdb"))
+    stored = arbiter.get(f"vertical/{result['job_id']}/keypair")
+    assert set(stored) == {"n"}  # p and q are gone
+    again = vertical_lr(guest_ref.to_dict(), [host_ref.to_dict()], epochs=1, **options)
+    assert again["rounds_run"] == 0 and again["coefficients"] == result["coefficients"]
+    with pytest.raises(vlr.KeyHolderRefusalError, match="deleted the private key"):
+        vertical_lr(guest_ref.to_dict(), [host_ref.to_dict()], epochs=2, **options)

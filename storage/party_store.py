@@ -45,7 +45,8 @@ def _owner_only(path: Path) -> None:
     """Files of a party's database (the database and its write-ahead log) at 0600."""
     for file in (path, path.with_name(path.name + ".wal")):
         try:
-            if file.stat().st_mode & 0o077:
+            info = file.stat()
+            if info.st_mode & 0o077 and info.st_uid == os.getuid():
                 os.chmod(file, 0o600)
         except FileNotFoundError:
             continue

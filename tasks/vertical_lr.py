@@ -9,6 +9,7 @@ after a fault recomputes it whole from the previous round's checkpoints.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +118,11 @@ def _deliver(
 
 
 def _deliver_once(
-    job: VerticalJob, ref: TableRef, kind: str, round_: int, compute: Any
+    job: VerticalJob,
+    ref: TableRef,
+    kind: str,
+    round_: int,
+    compute: Callable[[], dict[str, Any]],
 ) -> dict[str, Any]:
     """Send the key holder this round's ``kind`` message, computing it only the first time.
 

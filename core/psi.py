@@ -117,9 +117,39 @@ def prepare(ids: Sequence[object], key: bytes, workers: int | None = None) -> Bl
     return BlindedSet(blinded[order], order.astype(np.int64))
 
 
-def reblind(peer_blinded: np.ndarray, key: bytes, workers: int | None = None) -> np.ndarray:
-    """Step 2: blind the peer's values again, keeping their order."""
-    return blind(peer_blinded, key, workers)
+def check_peer_points(points: object, peer: str, what: str) -> np.ndarray:
+    """Refuse a peer's message that is not a set of distinct 32-byte points.
+
+    Honest blinded values of distinct ids are distinct; a repeated value could only come from
+    a peer that sends the same point twice to count or probe, so it is refused, naming the
+    peer and the first repeated position.
+    """
+    array = np.asarray(points)
+    if array.dtype != np.uint8 or array.ndim != 2 or array.shape[1] != POINT_BYTES:
+        raise PsiError(
+            f"{what} from {peer} is malformed: expected an (n, {POINT_BYTES}) array of bytes, "
+            f"got dtype {array.dtype} and shape {array.shape}"
+        )
+    values = _as_void(array)
+    _, first, counts = np.unique(values, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        position = int(np.min(first[counts > 1]))
+        raise PsiError(
+            f"{what} from {peer} repeats the point at position {position}: refused (an honest "
+            "peer's blinded ids are distinct)"
+        )
+    return array
+
+
+def reblind(
+    peer_blinded: np.ndarray, key: bytes, workers: int | None = None, peer: str = "the peer"
+) -> np.ndarray:
+    """Step 2: blind the peer's values again, keeping their order (refuses malformed sets)."""
+    checked = check_peer_points(peer_blinded, peer, "the blinded ids")
+    try:
+        return blind(checked, key, workers)
+    except ValueError as error:  # X25519 refuses low-order points (an all-zero result)
+        raise PsiError(f"the blinded ids from {peer} hold an invalid point: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -134,11 +164,15 @@ class Intersection:
 
 
 def intersect(
-    own_double: np.ndarray, own_rows: np.ndarray, peer_double: np.ndarray
+    own_double: np.ndarray, own_rows: np.ndarray, peer_double: np.ndarray, peer: str = "the peer"
 ) -> Intersection:
     """Step 3: own rows whose doubly-blinded value the peer also has, in sorted-value order."""
+    own_double = check_peer_points(own_double, peer, "the doubly-blinded answer")
     if len(own_double) != len(own_rows):
-        raise PsiError("the doubly-blinded answer does not match the number of ids sent")
+        raise PsiError(
+            f"the doubly-blinded answer from {peer} has {len(own_double)} values for the "
+            f"{len(own_rows)} ids sent"
+        )
     own, peer = _as_void(own_double), _as_void(peer_double)
     hit = np.isin(own, peer)
     matched = np.flatnonzero(hit)

@@ -7,8 +7,9 @@ private prior ─▶ mechanism ─▶ noisy labels
                                     ── noisy labels ────▶ train on own features, save model
 optional:  evaluate on true labels ◀── predictions ────── (hold-out rows only)
 
-``label_dp_job`` runs a job file end to end: load both tables, align them by PSI, let the
-labels party's owner set its budget, then train (``python -m flows.label_dp <job file>``).
+``label_dp_job`` runs a job file end to end: load both tables (the labels party's initial
+budget applies only if its owner has none), align them by PSI, then train
+(``python -m flows.label_dp <job file>``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import label_dp as steps
-from tasks.loading import fingerprint, load_table, set_privacy_budget
+from tasks.loading import fingerprint, load_table
 from tasks.reporting import artifact_key, markdown_table, publish_markdown, publish_model_link
 
 
@@ -168,15 +169,17 @@ def label_dp_regression(
 def label_dp_job(
     job_file: str = "jobs/label_dp_demo.json", workspace: str | None = None
 ) -> dict[str, Any]:
-    """Load both parties' files, align them, set the labels party's budget, then train.
+    """Load both parties' files, align them, then train.
 
-    The job file's ``guest`` holds the labels, its ``host`` the features; the guest's
-    ``privacy_budget`` stands for its owner's decision and is applied to the aligned table.
+    The job file's ``guest`` holds the labels, its ``host`` the features. The guest's
+    ``privacy_budget`` is an initial budget for its source table, set at load time only if its
+    owner has none; the aligned copy is charged to that source table.
     """
     job = read_job(job_file)
     refs = {role: TableRef.from_dict(job["parties"][role]["table"]) for role in ("guest", "host")}
     for role, ref in refs.items():
-        load_table(job["parties"][role]["source"], ref)
+        party = job["parties"][role]
+        load_table(party["source"], ref, party.get("privacy_budget"))
     alignment = psi_align(
         refs["guest"].to_dict(),
         refs["host"].to_dict(),
@@ -184,7 +187,6 @@ def label_dp_job(
         workspace=workspace,
     )
     guest, host = (TableRef.from_dict(d) for d in alignment["aligned"])
-    set_privacy_budget(guest, guest.table, **job["parties"]["guest"]["privacy_budget"])
     return label_dp_regression(
         host.to_dict(), guest.to_dict(), workspace=workspace, **job["label_dp"]
     )

@@ -25,7 +25,7 @@ from flows.vertical_lr import vertical_lr
 from flows.walr import walr
 from storage.descriptor import TableRef
 from storage.workspace import channel_for
-from tasks.loading import load_table, set_privacy_budget
+from tasks.loading import load_table
 from tasks.reporting import publish_markdown
 
 Stage = tuple[str, str]  # (one-line result, job id whose channel holds the stage's messages)
@@ -107,8 +107,8 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
 
     timer = _Timer(stages, "load", workspace)
     refs = {role: TableRef.from_dict(party["table"]) for role, party in job["parties"].items()}
-    for role, party in job["parties"].items():
-        load_table(party["source"], refs[role])
+    for role, party in job["parties"].items():  # a privacy_budget applies only if none is set
+        load_table(party["source"], refs[role], party.get("privacy_budget"))
     timer.done(", ".join(f"{r.party}.{r.table}" for r in refs.values()))
 
     timer = _Timer(stages, "psi", workspace)
@@ -137,15 +137,8 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
 
     if "walr" in job:  # the host's features, the guest's labels (its own features unused)
         timer = _Timer(stages, "walr", workspace)
-        budget = job["parties"]["guest"].get("privacy_budget")
-        if budget:  # the label owner's setting, charged to its source table
-            set_privacy_budget(refs["guest"], refs["guest"].table, **budget)
-        release = walr(
-            aligned[1].to_dict(),
-            aligned[0].to_dict(),
-            workspace=workspace,
-            protected_table=refs["guest"].table,
-            **job["walr"],
+        release = walr(  # charged by the label owner to its source table
+            aligned[1].to_dict(), aligned[0].to_dict(), workspace=workspace, **job["walr"]
         )
         auc = release["metrics"].get("auc")
         timer.done(

@@ -248,16 +248,15 @@ def sparse_lda_job(
 ) -> dict[str, Any]:
     """Import each party's source file, let each owner set its budget, then fit (demo entry).
 
-    Each party's ``privacy_budget`` in the job file stands for its owner's decision about its
-    table; the flow's options are the job file's ``sparse_lda`` section.
+    Each party's ``privacy_budget`` in the job file is an initial budget, set at load time only
+    where its owner has none (an owner changes it with ``privreg budget set``); the flow's
+    options are the job file's ``sparse_lda`` section.
     """
     job = read_job(job_file)
     descriptors = []
     for party in job["parties"].values():
         ref = TableRef.from_dict(party["table"])
-        load_table(party["source"], ref)
-        if "privacy_budget" in party:
-            steps.set_party_budget(ref, **party["privacy_budget"])
+        load_table(party["source"], ref, party.get("privacy_budget"))  # only if none is set
         descriptors.append(ref.to_dict())
     result = sparse_lda(descriptors, workspace=workspace, **job["sparse_lda"])
     print(f"job {result['job_id']}: {summary_line(result)}")

@@ -114,7 +114,8 @@ def vertical_lr(
     allow_insecure_key_size: bool = False,
     fail_at_round: int | None = None,
 ) -> dict[str, Any]:
-    """Train; returns coefficients by party and feature, metrics, and the round history.
+    """Train; returns the guest's slice (its coefficients, metrics, scores table) and the
+    round history. Each host's coefficients stay in its own store (``models/vertical/...``).
 
     ``job_id`` defaults to one derived from the tables' salted fingerprints and every
     option except ``epochs`` (so a run with more epochs continues the same job).
@@ -174,11 +175,14 @@ def vertical_lr(
         clip_features=clip_features,
     )
     info = steps.check_party(provisional, guest_ref, "guest")
-    for host in host_refs:
-        steps.check_party(provisional, host, "host")
+    host_features = {
+        h.party: steps.check_party(provisional, h, "host")["features"] for h in host_refs
+    }
     steps.check_alignment(provisional, guest_ref)
     schedule = Schedule(info["rows"], min(batch_size, info["rows"]), seed, holdout_fraction)
-    job = dataclasses.replace(provisional, schedule=schedule)
+    steps.check_batches(schedule, host_features)  # the guest refuses batches that leak labels
+    widths = ((guest_ref.party, info["features"] + 1), *host_features.items())
+    job = dataclasses.replace(provisional, schedule=schedule, widths=widths)
     steps.create_keys(job, key_size, allow_insecure_key_size)
     # Resume: the smallest last round any party finished; parties ahead roll back.
     finished = [steps.last_round(job, r) for r in (guest_ref, *host_refs)]
@@ -191,6 +195,11 @@ def vertical_lr(
     total_rounds = epochs * schedule.batches_per_epoch
     if resume_from >= 0:
         logger.info("job %s: resuming after round %d", job_id, resume_from)
+    if stopped is None and resume_from + 1 < total_rounds and steps.key_retired(job):
+        raise steps.KeyHolderRefusalError(
+            f"job {job_id} has ended and its key holder deleted the private key, so it cannot "
+            f"train past round {resume_from}: start a new job (another job_id) to train longer"
+        )
     history: list[dict[str, Any]] = []
     progress = Progress(total_rounds, f"vertical_lr {job_id}")
     last_done = resume_from
@@ -224,32 +233,29 @@ def vertical_lr(
             ],
             f"vertical_lr rounds of job {job_id}",
         )
-    coefficients = {guest_ref.party: steps.save_model(job, guest_ref, final_round, "guest")}
-    for host in host_refs:
-        coefficients[host.party] = steps.save_model(job, host, final_round, "host")
+    guest_model = steps.save_model(job, guest_ref, final_round, "guest")
+    for host in host_refs:  # each host's slice stays in its own store
+        steps.save_model(job, host, final_round, "host")
         steps.host_scores(job, host)
     prediction = steps.guest_predict(job, guest_ref)
+    steps.retire_key(job)  # no decryption is left to do in this job
     publish_model_link(
-        artifact_key("vertical-lr", job_id, "model"),
-        guest_ref.database,
-        coefficients[guest_ref.party]["key"],
+        artifact_key("vertical-lr", job_id, "model"), guest_ref.database, guest_model["key"]
     )
-    guest_coefficients = dict(coefficients[guest_ref.party]["coefficients"])
+    guest_coefficients = dict(guest_model["coefficients"])
+    # The guest's slice only: hosts' coefficients stay in their stores (models/vertical/...).
     return {
         "job_id": job_id,
         "rounds_run": len(history),
         "resumed_from": resume_from,
         "final_round": final_round,
+        "party": guest_ref.party,
         "intercept": guest_coefficients.pop("intercept"),
-        "coefficients": {
-            guest_ref.party: guest_coefficients,
-            **{h.party: coefficients[h.party]["coefficients"] for h in host_refs},
-        },
+        "coefficients": guest_coefficients,
         "metrics": prediction["metrics"],
-        "probabilities": prediction["probabilities"],
         "scores_table": prediction["scores_table"],
         "history": history,
         "losses": [v for _, v in sorted(_losses(job).items())],
-        "model_keys": {party: c["key"] for party, c in coefficients.items()},
+        "model_key": guest_model["key"],
         "database": str(Path(guest_ref.database)),
     }

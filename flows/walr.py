@@ -17,6 +17,7 @@ nothing; the labels party then only re-sends it.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +135,13 @@ def walr(
     """Train WALR: (epsilon, delta)-label-DP logistic regression from one noisy sum.
 
     ``features`` and ``labels`` are descriptors of the two parties' PSI-aligned tables; the
-    labels party uses only its label column. ``protected_table`` is the ledger entry charged
-    (default: the labels table; pass the source table when training on an aligned copy, so all
-    copies share one budget). ``evaluate=True`` sends the predictions to the labels party,
-    which returns their AUC on the true labels: that reveals every row's prediction to the
-    labels party and is not covered by the DP guarantee. ``noise=False`` (tests only) needs
-    ``allow_noiseless_release_for_tests=True``.
+    labels party uses only its label column, and charges its own source table (an aligned
+    copy's budget is its source table's); ``protected_table``, if given, must name that table
+    or the labels table, else the labels party refuses. ``evaluate=True`` sends the
+    predictions to the labels party, which returns their AUC on the true labels: that reveals
+    every row's prediction to the labels party and is not covered by the DP guarantee.
+    ``noise=False`` (tests only) needs ``allow_noiseless_release_for_tests=True`` and the
+    labels owner's policy (``privreg policy set ... --allow-noiseless-release``).
     """
     validate_epsilon_delta(epsilon, delta)
     _check_options(
@@ -180,6 +182,7 @@ def walr(
     )
     checked = steps.check_labels_and_budget(job, labels_ref)  # before any computation
     shape = steps.check_features(job, features_ref)
+    job = replace(job, columns=shape["columns"])  # the shape the labels party will decrypt
     steps.check_alignment(job, labels_ref)
     if checked["reused"]:
         get_run_logger().info("unchanged inputs: reusing the stored release (nothing charged)")

@@ -1,6 +1,10 @@
 """The privacy-budget ledger of a protected table, kept in its owner's DuckDB.
 
 Composition is basic: the epsilons and deltas of all releases charged to a table add up.
+A release from an aligned copy is charged to the copy's source table (see
+:mod:`storage.policy`), so copies share one budget. Budgets are the data owner's: only
+:meth:`PrivacyLedger.set_budget` (the CLI) changes one; a job may at most fill in an absent
+one when its owner loads the table (:meth:`PrivacyLedger.set_initial_budget`).
 Each release is charged in the same transaction that stores it, under a release key derived
 from the data and the parameters, so a retry or a re-run finds the stored release and is not
 charged again.
@@ -16,6 +20,7 @@ import duckdb
 
 from storage.artifacts import ArtifactStore
 from storage.party_store import PartyStore
+from storage.policy import OwnerPolicy, PolicyError, require_own_table
 
 _TOLERANCE = 1e-12
 _SCHEMA = [
@@ -77,30 +82,66 @@ class PrivacyLedger:
     def __init__(self, store: PartyStore) -> None:
         self.store = store
         self.artifacts = ArtifactStore(store)
+        self.policy = OwnerPolicy(store)
 
     @staticmethod
     def _ensure(con: duckdb.DuckDBPyConnection) -> None:
         for statement in _SCHEMA:
             con.execute(statement)
 
-    def set_budget(self, protected_table: str, epsilon: float, delta: float) -> None:
-        """The owner's total budget for a table (replaces any earlier total, keeps spends)."""
+    def _write_budget(
+        self, protected_table: str, epsilon: float, delta: float, replace: bool
+    ) -> bool:
         if not epsilon > 0 or not 0 <= delta < 1:
             raise ValueError("a budget needs epsilon > 0 and 0 <= delta < 1")
-        with self.store.transaction() as con:
+        require_own_table(self.store, protected_table)
+        with self.store.serialized(), self.store.transaction() as con:
             self._ensure(con)
+            source = self.policy.source_of(protected_table, con)
+            if source != protected_table:
+                raise PolicyError(
+                    f"table {protected_table!r} is a copy of {source!r} and shares its budget; "
+                    f"set the budget of {source!r}"
+                )
+            exists = con.execute(
+                "SELECT count(*) FROM privreg_budget WHERE protected_table = ?", [source]
+            ).fetchone()[0]
+            if exists and not replace:
+                return False
             con.execute(
                 "INSERT OR REPLACE INTO privreg_budget VALUES (?, ?, ?, ?)",
-                [protected_table, float(epsilon), float(delta), _now()],
+                [source, float(epsilon), float(delta), _now()],
             )
+        return True
+
+    def set_budget(self, protected_table: str, epsilon: float, delta: float) -> None:
+        """The owner's total budget for a table (replaces any earlier total, keeps spends).
+
+        Only the data owner calls this (``privreg budget set``); no flow does.
+        """
+        self._write_budget(protected_table, epsilon, delta, replace=True)
+
+    def set_initial_budget(self, protected_table: str, epsilon: float, delta: float) -> bool:
+        """Set a budget only where the owner has none yet; never raises or resets one.
+
+        Returns whether it was set. Demo job files use it at load time, so a fresh clone runs
+        while a job can never top up an exhausted budget.
+        """
+        return self._write_budget(protected_table, epsilon, delta, replace=False)
+
+    def budget_table(self, table: str, con: duckdb.DuckDBPyConnection | None = None) -> str:
+        """The table whose budget pays for releases from ``table``: its source table."""
+        return self.policy.source_of(table, con)
 
     def status(
         self, protected_table: str, con: duckdb.DuckDBPyConnection | None = None
     ) -> BudgetStatus:
+        """The budget of ``protected_table``'s source table."""
         if con is None:
             with self.store.connect() as own:
                 return self.status(protected_table, own)
         self._ensure(con)
+        protected_table = self.budget_table(protected_table, con)
         budget = con.execute(
             "SELECT epsilon_total, delta_total FROM privreg_budget WHERE protected_table = ?",
             [protected_table],
@@ -120,6 +161,8 @@ class PrivacyLedger:
 
     def budgets(self) -> list[str]:
         """The protected tables that have a budget in this database."""
+        if not self.store.path.exists():
+            return []
         with self.store.connect() as con:
             self._ensure(con)
             rows = con.execute("SELECT protected_table FROM privreg_budget ORDER BY 1").fetchall()
@@ -132,7 +175,7 @@ class PrivacyLedger:
             params: list[Any] = []
             if protected_table is not None:
                 query += " WHERE protected_table = ?"
-                params.append(protected_table)
+                params.append(self.budget_table(protected_table, con))
             cursor = con.execute(query + " ORDER BY created_at", params)
             names = [d[0] for d in cursor.description]
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -154,8 +197,10 @@ class PrivacyLedger:
             status.epsilon_spent + epsilon > status.epsilon_total + _TOLERANCE
             or status.delta_spent + delta > status.delta_total + _TOLERANCE
         ):
+            source = status.protected_table
+            copy = "" if source == protected_table else f" (a copy of {source!r})"
             raise BudgetError(
-                f"table {protected_table!r}: a release of (epsilon={epsilon:g}, "
+                f"table {protected_table!r}{copy}: a release of (epsilon={epsilon:g}, "
                 f"delta={delta:g}) exceeds the budget: spent ({status.epsilon_spent:g}, "
                 f"{status.delta_spent:g}) of ({status.epsilon_total:g}, {status.delta_total:g}), "
                 f"left ({status.epsilon_left:g}, {status.delta_left:g})"
@@ -176,18 +221,20 @@ class PrivacyLedger:
 
         If a release is already stored under the key (a retry, or a re-run on the same data
         and parameters), nothing is charged and the stored release is returned instead.
+        Charges on one database are serialised (check, then insert, under one lock), so
+        concurrent releases cannot overspend; the spend is booked on the source table.
         """
-        with self.store.transaction() as con:
+        with self.store.serialized(), self.store.transaction() as con:
             self._ensure(con)
             existing = self.artifacts.get(f"release/{release_key}", con=con)
             if existing is not None:
                 return existing
-            self.require_affordable(protected_table, epsilon, delta, con)
+            status = self.require_affordable(protected_table, epsilon, delta, con)
             con.execute(
                 "INSERT INTO privreg_spend VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
                     release_key,
-                    protected_table,
+                    status.protected_table,
                     float(epsilon),
                     float(delta),
                     mechanism,

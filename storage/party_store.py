@@ -7,6 +7,8 @@ all-or-nothing happens inside one DuckDB transaction.
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,9 +20,40 @@ import pandas as pd
 from storage.descriptor import TableRef, check_identifier
 from storage.validation import DataValidationError, validate_frame
 
+_LOCKS: dict[Path, threading.RLock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _private_dirs(folder: Path) -> None:
+    """Create ``folder`` and any missing parents readable by their owner only (0700).
+
+    Folders that already exist are left as their owner set them.
+    """
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o700)
+
+
+def _owner_only(path: Path) -> None:
+    """Files of a party's database (the database and its write-ahead log) at 0600."""
+    for file in (path, path.with_name(path.name + ".wal")):
+        try:
+            info = file.stat()
+            if info.st_mode & 0o077 and info.st_uid == os.getuid():
+                os.chmod(file, 0o600)
+        except FileNotFoundError:
+            continue
+
 
 class PartyStore:
-    """A party's private database file."""
+    """A party's private database file (0600, in folders privreg creates at 0700)."""
 
     def __init__(self, database: str | Path) -> None:
         self.path = Path(database)
@@ -36,7 +69,7 @@ class PartyStore:
         DuckDB lets one process write a file at a time; a party's own tasks hold it only for
         the length of one step, so a reader (the CLI, a second flow) waits briefly.
         """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private_dirs(self.path.parent)
         deadline = time.monotonic() + lock_timeout
         while True:
             try:
@@ -46,10 +79,26 @@ class PartyStore:
                 if "lock" not in str(error).lower() or time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        _owner_only(self.path)
         try:
             yield con
         finally:
             con.close()
+            _owner_only(self.path)
+
+    @contextmanager
+    def serialized(self) -> Iterator[None]:
+        """One check-then-write at a time on this database within the process.
+
+        DuckDB's optimistic transactions do not conflict on inserts of different keys, so two
+        threads could each read the same spend and both insert; this lock orders them. Other
+        processes are kept out by DuckDB's own file lock, held for the whole connection.
+        """
+        key = self.path.resolve()
+        with _LOCKS_GUARD:
+            lock = _LOCKS.setdefault(key, threading.RLock())
+        with lock:
+            yield
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

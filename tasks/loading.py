@@ -15,10 +15,18 @@ from tasks.policy import PARTY_STEP
 
 
 @task(name="load-table", task_run_name="{ref.party}: load {ref.table}", **PARTY_STEP)
-def load_table(source: str, ref: TableRef) -> int:
-    """Validate and import ``source`` into ``ref``; replacing the table keeps re-runs idempotent."""
-    rows = PartyStore.of(ref).import_file(source, ref)
+def load_table(source: str, ref: TableRef, initial_budget: dict[str, float] | None = None) -> int:
+    """Validate and import ``source`` into ``ref``; replacing the table keeps re-runs idempotent.
+
+    ``initial_budget`` (a demo job file's ``privacy_budget``) applies only when the owner's
+    store has no budget for the table yet: it never raises, resets or tops up a budget, which
+    only the owner changes, with ``privreg budget set``.
+    """
+    store = PartyStore.of(ref)
+    rows = store.import_file(source, ref)
     get_run_logger().info("%s: %d rows from %s into %s", ref.party, rows, source, ref.table)
+    if initial_budget and PrivacyLedger(store).set_initial_budget(ref.table, **initial_budget):
+        get_run_logger().info("%s: initial budget %s for %s", ref.party, initial_budget, ref.table)
     return rows
 
 
@@ -36,14 +44,3 @@ def fingerprint(ref: TableRef) -> str:
         artifacts.put("fingerprint-salt", salt, "secret")
     digest = hashlib.sha256(salt + store.fingerprint(ref).encode() + ref.id_column.encode())
     return digest.hexdigest()
-
-
-@task(name="privacy-budget", task_run_name="{ref.party}: budget of {table}", **PARTY_STEP)
-def set_privacy_budget(ref: TableRef, table: str, epsilon: float, delta: float = 0.0) -> dict:
-    """The data owner's total budget for one of its tables (earlier spends stay on the books).
-
-    Job files carry the owner's decision as ``privacy_budget``; setting it again is idempotent.
-    """
-    ledger = PrivacyLedger(PartyStore.of(ref))
-    ledger.set_budget(table, epsilon, delta)
-    return ledger.status(table).as_dict()

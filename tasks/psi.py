@@ -16,6 +16,7 @@ from core import psi
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
+from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 
@@ -61,7 +62,7 @@ def blind_peer_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None 
     artifacts = ArtifactStore(PartyStore.of(ref))
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     peer_blinded = endpoint.receive(peer, "psi_blinded")
-    doubled = psi.reblind(peer_blinded, artifacts.get(_prefix(job_id) + "key"))
+    doubled = psi.reblind(peer_blinded, artifacts.get(_prefix(job_id) + "key"), peer=peer)
     artifacts.put(_prefix(job_id) + "peer_double", doubled, "psi-state")
     endpoint.send(peer, "psi_double", doubled)
     return len(doubled)
@@ -79,6 +80,7 @@ def store_aligned_rows(
         np.asarray(own_double),
         np.asarray(artifacts.get(_prefix(job_id) + "rows")),
         np.asarray(artifacts.get(_prefix(job_id) + "peer_double")),
+        peer=peer,
     )
     psi.check_release(result, min_rows)
     aligned = store.read_table(ref).iloc[result.rows].reset_index(drop=True)
@@ -91,6 +93,7 @@ def store_aligned_rows(
     }
     with store.transaction() as con:
         store.write_table(table, aligned, con)
+        OwnerPolicy(store).record_source(table, ref.table, con)  # the copy shares its budget
         artifacts.put(_prefix(job_id) + "result", summary, "psi-result", con=con)
         for secret in ("key", "rows", "peer_double"):
             artifacts.delete_prefix(_prefix(job_id) + secret, con=con)

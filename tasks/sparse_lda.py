@@ -63,6 +63,7 @@ from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
+from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
 from tasks import secure_sum
 from tasks.loading import fingerprint
@@ -289,12 +290,15 @@ def _agreed_features(job: SparseLDAJob, party: str) -> list[str]:
 # Party steps
 
 
-@task(name="sparse-lda-budget", task_run_name="{ref.party}: set budget of {ref.table}")
-def set_party_budget(ref: TableRef, epsilon: float, delta: float) -> dict[str, Any]:
-    """The party's owner fixes its table's total budget (earlier spends stay)."""
-    ledger = PrivacyLedger(PartyStore.of(ref))
-    ledger.set_budget(ref.table, epsilon, delta)
-    return ledger.status(ref.table).as_dict()
+def check_owner_allows(ref: TableRef, job: SparseLDAJob) -> None:
+    """Options that give up privacy run only where the table's owner allowed them."""
+    policy = OwnerPolicy(PartyStore.of(ref))
+    if job.method == "centralized_reference":
+        what = "sending its raw rows to the coordinator (method='centralized_reference')"
+        policy.require(ref.party, ref.table, "allow_raw_export", what)
+    elif job.noise_disabled_for_testing:
+        what = "a release without noise (noise_disabled_for_testing)"
+        policy.require(ref.party, ref.table, "allow_noiseless_release", what)
 
 
 @task(name="sparse-lda-check-table", task_run_name="{ref.party}: check {ref.table}", **PARTY_STEP)
@@ -312,6 +316,7 @@ def check_table(ref: TableRef) -> str:
 def join_job(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
     """Refuse a release the budget cannot pay for, then send the coordinator the feature
     column names (no rows, no row count). A stored release of the same job is not charged."""
+    check_owner_allows(ref, job)
     data = read_party(ref)
     reused, budget = False, None
     if job.private:
@@ -352,6 +357,7 @@ def release_contribution(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
     Over budget is refused before anything is computed. A stored release (a retry, a re-run)
     is reused as it is: nothing is recomputed or charged. Returns only public values.
     """
+    check_owner_allows(ref, job)
     store = PartyStore.of(ref)
     features = _agreed_features(job, ref.party)
     key, reused, budget = None, False, None
@@ -397,6 +403,7 @@ def send_rows_not_private(ref: TableRef, job: SparseLDAJob) -> None:
     """
     if job.method != "centralized_reference":
         raise SparseLDASetupError(f"refusing to send rows for method {job.method!r}")
+    check_owner_allows(ref, job)
     data = read_party(ref, _agreed_features(job, ref.party))
     payload = {"features": data.features, "labels": data.labels.astype(np.int64)}
     job.endpoint(ref.party).send(COORDINATOR, "rows_not_private", payload)

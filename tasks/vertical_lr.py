@@ -8,14 +8,17 @@ after a fault recomputes it whole from the previous round's checkpoints.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from phe import paillier
-from prefect import task
+from prefect import get_run_logger, task
 
 from core.ids import id_order_digest
+from core.paillier.errors import PaillierError
 from core.paillier.keys import generate_keypair
 from core.vertical_lr import cipher
 from core.vertical_lr.fixed_point import decode_gradient, encode_features
@@ -28,6 +31,7 @@ from core.vertical_lr.steps import (
     labels_pm1,
     loss_coefficients,
 )
+from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.checkpoints import RoundCheckpoints
@@ -38,10 +42,17 @@ from tasks.policy import PARTY_STEP
 
 PROTOCOL = "vertical"
 MIN_SECURE_KEY_BITS = 2048
+# Rows a mini-batch must have beyond a host's feature count; see check_batches.
+LABEL_LEAK_MARGIN = 64
+KEEP_SENT_ROUNDS = 3  # sent messages kept for re-sending, as many as round checkpoints
 
 
 class VerticalSetupError(ValueError):
     """The parties' inputs cannot be trained on together."""
+
+
+class KeyHolderRefusalError(ValueError):
+    """The key holder refused to decrypt a party's message (named in the error)."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +72,19 @@ class VerticalJob:
     l2: float
     randomizer: str = "standard"
     clip_features: float | None = None
+    # (party, length of its gradient) agreed at set-up: the guest's features + intercept,
+    # each host's features. The key holder decrypts nothing of another length.
+    widths: tuple[tuple[str, int], ...] = ()
 
     @property
     def with_arbiter(self) -> bool:
         return self.key_holder != self.guest
+
+    def width(self, party: str) -> int:
+        for name, width in self.widths:
+            if name == party:
+                return width
+        raise VerticalSetupError(f"no gradient length was agreed for party {party!r}")
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return channel_for(self.job_id, self.workspace).endpoint(party)
@@ -95,6 +115,117 @@ def _deliver(
         _artifacts(sender_db).put(_key(job, "local", round_, kind), payload, "local-message")
     else:  # a re-run round sends the same plaintexts: the message already sent stands
         job.endpoint(sender).send_once(receiver, kind, lambda: payload, round=round_)
+
+
+def _deliver_once(
+    job: VerticalJob,
+    ref: TableRef,
+    kind: str,
+    round_: int,
+    compute: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """Send the key holder this round's ``kind`` message, computing it only the first time.
+
+    The key holder decrypts one message per party, kind and round; a round re-run after a
+    fault recomputes the same plaintexts, so re-sending the stored message (and keeping its
+    mask) is exact, and an honest party never asks twice with different ciphertexts.
+    ``compute()`` returns ``{"message": ciphertexts, ...}`` (plus e.g. the masks).
+    """
+    artifacts = _artifacts(ref.database)
+    key = _key(job, "sent", kind, f"{round_:07d}")
+    record = artifacts.get(key)
+    if record is None:
+        record = compute()
+        artifacts.put(key, record, "round-temp")
+    _deliver(job, ref.party, ref.database, job.key_holder, kind, record["message"], round_)
+    return record
+
+
+def _sent(job: VerticalJob, ref: TableRef, kind: str, round_: int) -> dict[str, Any] | None:
+    return _artifacts(ref.database).get(_key(job, "sent", kind, f"{round_:07d}"))
+
+
+def _forget_sent(job: VerticalJob, ref: TableRef, round_: int) -> None:
+    """Drop sent messages (and masks) of rounds no rollback can return to."""
+    old = round_ - KEEP_SENT_ROUNDS
+    if old >= 0:
+        for kind in ("masked_gradient", "loss_train", "loss_holdout"):
+            _artifacts(ref.database).delete_prefix(_key(job, "sent", kind, f"{old:07d}"))
+
+
+def check_batches(schedule: Schedule, host_features: dict[str, int]) -> None:
+    """Refuse a schedule whose smallest mini-batch would let a host solve for the labels.
+
+    A host decrypts (through its mask) ``X_h^T d`` for every batch, and at round 0
+    ``d = -y/2`` exactly. With no more rows than features the system is solvable for ``y``.
+    With ``k + m`` rows the labels consistent with one gradient form an ``m``-dimensional
+    affine space, and a host that knows they are 0/1 can enumerate the ``2^m`` assignments
+    of ``m`` free labels; ``m >= 64`` puts that beyond reach. It does not stop lattice
+    attacks on the same equations when batches are only a few times ``k``; the README's
+    threat model says so, and larger batches are the remedy.
+    """
+    train = len(schedule.train_rows)
+    last = train - (schedule.batches_per_epoch - 1) * schedule.batch_size
+    smallest = min(schedule.batch_size, last)
+    for host, features in host_features.items():
+        if smallest < features + LABEL_LEAK_MARGIN:
+            raise VerticalSetupError(
+                f"host {host} has {features} features, so a mini-batch needs at least "
+                f"{features + LABEL_LEAK_MARGIN} rows (features + {LABEL_LEAK_MARGIN}) or its "
+                f"gradient leaks labels; the smallest batch of this schedule has {smallest} "
+                f"rows ({train} training rows, batch_size {schedule.batch_size}): use a larger "
+                "batch_size or more rows"
+            )
+
+
+def _decrypt_once(
+    job: VerticalJob,
+    private: paillier.PaillierPrivateKey,
+    sender: str,
+    kind: str,
+    round_: int,
+    ciphertexts: Any,
+    length: int,
+) -> list[int]:
+    """The key holder's only way to decrypt a party's message: bound to sender and round.
+
+    * the length must be the one agreed for this sender at set-up (its feature count for a
+      gradient, 1 for the loss). A host's gradient has its feature count, while the guest's
+      ``[[d]]`` has one entry per batch row, and ``check_batches`` keeps every batch longer
+      than any host's feature count, so ``[[d]]`` (or the hosts' score shares) sent whole as
+      a "gradient" is refused;
+    * one decryption per sender, kind and round: a second, different message is refused, so
+      a party that spends its decryption on anything else forgoes its own gradient;
+    * each value must be a ciphertext (a unit modulo n^2), which stops key recovery.
+
+    What this cannot stop without proofs of well-formedness: a host may still send any
+    ``k`` ciphertexts of its choice (e.g. ``k`` entries of ``[[d]]``) in place of its
+    gradient. See the README's threat model.
+    """
+    if not isinstance(ciphertexts, list) or len(ciphertexts) != length:
+        got = len(ciphertexts) if isinstance(ciphertexts, list) else type(ciphertexts).__name__
+        raise KeyHolderRefusalError(
+            f"{job.key_holder} refuses the {kind} of {sender} for round {round_}: it has "
+            f"{got} values, the length agreed at set-up is {length}"
+        )
+    digest = hashlib.sha256(codec.dumps(ciphertexts)).hexdigest()
+    artifacts = _artifacts(job.key_holder_database)
+    record = _key(job, "decrypted", kind, f"{round_:07d}", sender)
+    seen = artifacts.get(record)
+    if seen is not None and seen != digest:
+        raise KeyHolderRefusalError(
+            f"{job.key_holder} refuses a second, different {kind} from {sender} for round "
+            f"{round_}: each party's message is decrypted at most once per round"
+        )
+    try:
+        plain = cipher.decrypt(private, ciphertexts)
+    except (PaillierError, TypeError) as error:
+        raise KeyHolderRefusalError(
+            f"{job.key_holder} refuses the {kind} of {sender} for round {round_}: {error}"
+        ) from None
+    if seen is None:
+        artifacts.put(record, digest, "decryption-record")
+    return plain
 
 
 def _collect(
@@ -161,6 +292,8 @@ def create_keys(job: VerticalJob, key_size: int, allow_insecure_key_size: bool =
         )
     artifacts = _artifacts(job.key_holder_database)
     stored = artifacts.get(_key(job, "keypair"))
+    if stored is not None and "p" not in stored:
+        get_run_logger().info("job %s has ended: its private key is deleted", job.job_id)
     if stored is None:
         public, private = generate_keypair(
             key_size, allow_insecure_key_size=allow_insecure_key_size
@@ -296,19 +429,15 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
             loss_terms.append(cipher.weighted_sum(public, [cross], [2]))
     b, q = guest_shares(X[rows], weights, y)
     coefficients, constant = loss_coefficients(q, y)
-    loss = cipher.weighted_sum(
-        public, [*total, *loss_terms], [*coefficients, *[1] * len(loss_terms)]
-    )
-    loss = cipher.add_plain(public, [loss], [constant])
-    _deliver(
-        job,
-        ref.party,
-        ref.database,
-        job.key_holder,
-        f"loss_{phase}",
-        cipher.rerandomize(public, loss, job.randomizer),
-        round_,
-    )
+
+    def encrypted_loss() -> dict[str, Any]:
+        loss = cipher.weighted_sum(
+            public, [*total, *loss_terms], [*coefficients, *[1] * len(loss_terms)]
+        )
+        loss = cipher.add_plain(public, [loss], [constant])
+        return {"message": cipher.rerandomize(public, loss, job.randomizer)}
+
+    _deliver_once(job, ref, f"loss_{phase}", round_, encrypted_loss)
     if phase != "train":
         return
     residual = cipher.add_plain(public, total, b)
@@ -332,21 +461,13 @@ def _mask_and_send(
     round_: int,
 ) -> None:
     """``[[X^T d + r]]`` to the key holder; the mask ``r`` stays in the party's store."""
-    gradient = cipher.transpose_dot(public, X_int, residual)
-    # a re-run round reuses its masks: they must match the masked gradient already sent
-    masks = _artifacts(ref.database).get(_key(job, "mask", f"{round_:07d}"))
-    if masks is None:
+
+    def masked_gradient() -> dict[str, Any]:
+        gradient = cipher.transpose_dot(public, X_int, residual)
         masks = cipher.random_masks(len(gradient))
-        _artifacts(ref.database).put(_key(job, "mask", f"{round_:07d}"), masks, "round-temp")
-    _deliver(
-        job,
-        ref.party,
-        ref.database,
-        job.key_holder,
-        "masked_gradient",
-        cipher.add_plain(public, gradient, masks),
-        round_,
-    )
+        return {"message": cipher.add_plain(public, gradient, masks), "masks": masks}
+
+    _deliver_once(job, ref, "masked_gradient", round_, masked_gradient)
 
 
 @task(
@@ -369,26 +490,48 @@ def host_gradient(job: VerticalJob, ref: TableRef, round_: int) -> None:
 def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> float:
     """Decrypt the loss (a public training metric) and the *masked* gradients, and return each
     masked gradient to its owner. The key holder never sees an unmasked gradient or weight."""
-    stored = _artifacts(job.key_holder_database).get(_key(job, "keypair"))
-    public = paillier.PaillierPublicKey(int(stored["n"]))
-    private = paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
+    private = _private_key(job)
     db = job.key_holder_database
-    encrypted_loss = _collect(job, job.key_holder, db, job.guest, f"loss_{phase}", round_)
+    kind = f"loss_{phase}"
+    encrypted_loss = _collect(job, job.key_holder, db, job.guest, kind, round_)
     n_rows = len(_rows(job, round_, phase))
-    loss = decode_loss(cipher.decrypt(private, encrypted_loss)[0], n_rows)
+    total = _decrypt_once(job, private, job.guest, kind, round_, encrypted_loss, 1)[0]
+    loss = decode_loss(total, n_rows)
     if phase == "train":
         for party in (job.guest, *job.hosts):
             masked = _collect(job, job.key_holder, db, party, "masked_gradient", round_)
-            _deliver(
-                job,
-                job.key_holder,
-                db,
-                party,
-                "masked_gradient_plain",
-                cipher.decrypt(private, masked),
-                round_,
+            plain = _decrypt_once(
+                job, private, party, "masked_gradient", round_, masked, job.width(party)
             )
+            _deliver(job, job.key_holder, db, party, "masked_gradient_plain", plain, round_)
     return loss
+
+
+def _private_key(job: VerticalJob) -> paillier.PaillierPrivateKey:
+    stored = _artifacts(job.key_holder_database).get(_key(job, "keypair"))
+    if stored is None or "p" not in stored:
+        raise KeyHolderRefusalError(
+            f"job {job.job_id} has ended and {job.key_holder} deleted its private key; "
+            "training cannot continue in this job: start a new job (another job_id)"
+        )
+    public = paillier.PaillierPublicKey(int(stored["n"]))
+    return paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
+
+
+@task(name="vertical-retire-key", task_run_name="{job.key_holder}: delete p, q", **PARTY_STEP)
+def retire_key(job: VerticalJob) -> None:
+    """The job is over: the key holder keeps only ``n`` (to recognise the job), not p, q."""
+    artifacts = _artifacts(job.key_holder_database)
+    stored = artifacts.get(_key(job, "keypair"))
+    if stored is not None and "p" in stored:
+        with PartyStore(job.key_holder_database).transaction() as con:
+            artifacts.put(_key(job, "keypair"), {"n": stored["n"]}, "public-key", con=con)
+            artifacts.delete_prefix(_key(job, "decrypted"), con=con)
+
+
+def key_retired(job: VerticalJob) -> bool:
+    stored = _artifacts(job.key_holder_database).get(_key(job, "keypair"))
+    return stored is not None and "p" not in stored
 
 
 @task(
@@ -404,8 +547,7 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
         X, _, _ = _features(ref, job.clip_features)
         penalised = np.ones(X.shape[1])
     state = _state(job, ref, round_ - 1, X.shape[1])
-    artifacts = _artifacts(ref.database)
-    masks = artifacts.get(_key(job, "mask", f"{round_:07d}"))
+    masks = _sent(job, ref, "masked_gradient", round_)["masks"]
     masked = _collect(job, ref.party, ref.database, job.key_holder, "masked_gradient_plain", round_)
     gradient_sum = [m - r for m, r in zip(masked, masks, strict=True)]
     optimizer = job.optimizer(state["velocity"])
@@ -416,8 +558,7 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
     checkpoints = RoundCheckpoints(PartyStore.of(ref), PROTOCOL, job.job_id)
     checkpoints.save(round_, {"weights": weights, "velocity": optimizer.velocity})
     checkpoints.prune(keep_last=3)
-    if round_ >= 3:  # kept while the round can still be rolled back and re-run
-        artifacts.delete_prefix(_key(job, "mask", f"{round_ - 3:07d}"))
+    _forget_sent(job, ref, round_)
     return float(np.sum(gradient**2))
 
 
@@ -446,6 +587,7 @@ def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[
     model = {"features": names, "weights": weights, "round": round_, "job_id": job.job_id}
     key = f"models/vertical/{job.job_id}/{ref.party}"
     _artifacts(ref.database).put(key, model, "model")
+    _artifacts(ref.database).delete_prefix(_key(job, "sent"))  # masks are no longer needed
     return {"key": key, "coefficients": dict(zip(names, weights.tolist(), strict=True))}
 
 

@@ -35,6 +35,7 @@ from prefect import get_run_logger, task
 from core.dp.errors import PrivacyParameterError
 from core.dp.gaussian import analytic_gaussian_sigma, classic_gaussian_sigma
 from core.ids import id_order_digest
+from core.paillier.errors import PaillierError
 from core.vertical_lr import cipher
 from core.walr import (
     WalrFeatures,
@@ -47,11 +48,13 @@ from core.walr import (
     validate_labels,
     walr_sigma,
 )
+from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
+from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 
@@ -82,6 +85,9 @@ class WalrJob:
     features_fingerprint: str
     noise: bool = True
     noiseless_for_tests: bool = False
+    # the features party's column count, agreed at set-up: the labels party decrypts exactly
+    # columns + 1 sums (with the intercept), once
+    columns: int | None = None
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return channel_for(self.job_id, self.workspace).endpoint(party)
@@ -159,18 +165,49 @@ def model_key(job_id: str) -> str:
     return f"models/walr/{job_id}"
 
 
+class ReleaseRefusalError(ValueError):
+    """The labels party refused to decrypt or release (the offending party is named)."""
+
+
+def _budget_table(job: WalrJob, ref: TableRef) -> str:
+    """The labels party charges its own source table, whatever name the caller passed.
+
+    ``job.protected_table`` may name the labels table or its source; anything else is refused,
+    so no caller can point the charge at another table's budget.
+    """
+    ledger = PrivacyLedger(PartyStore.of(ref))
+    own = ledger.budget_table(ref.table)
+    if ledger.budget_table(job.protected_table) != own:
+        raise ReleaseRefusalError(
+            f"{ref.party} charges releases of {ref.table!r} to its source table {own!r}; "
+            f"refusing protected_table={job.protected_table!r}"
+        )
+    return own
+
+
+def _check_noise_allowed(job: WalrJob, ref: TableRef) -> None:
+    if not job.noise:
+        what = "a release without noise (noise=False)"
+        OwnerPolicy(PartyStore.of(ref)).require(
+            ref.party, ref.table, "allow_noiseless_release", what
+        )
+
+
 # ---- checks (local, before any message) -----------------------------------------------------
 @task(name="walr-labels-check", task_run_name="{ref.party}: labels and budget", **PARTY_STEP)
 def check_labels_and_budget(job: WalrJob, ref: TableRef) -> dict[str, Any]:
-    """Refuse bad labels, and a release the budget cannot pay for, before anything is computed.
+    """Refuse bad labels, options the owner does not allow, and a release the budget cannot
+    pay for, before anything is computed.
 
     A release already stored under this job's release key is reused and needs no budget.
     """
     _, labels = _labels(ref)
+    table = _budget_table(job, ref)
+    _check_noise_allowed(job, ref)
     ledger = PrivacyLedger(PartyStore.of(ref))
     reused = ledger.stored_release(job.release_key) is not None
     if not reused:
-        ledger.require_affordable(job.protected_table, job.epsilon, job.delta)
+        ledger.require_affordable(table, job.epsilon, job.delta)
     return {"rows": int(labels.size), "reused": reused}
 
 
@@ -275,6 +312,45 @@ def _comparison_sigmas(job: WalrJob, sensitivity: float) -> dict[str, float | No
     }
 
 
+def _decrypt_once(job: WalrJob, ref: TableRef, message: Any) -> list[int]:
+    """Decrypt the features party's masked sums: the agreed length, once, ciphertexts only.
+
+    Exactly ``columns + 1`` values (agreed at set-up): thousands of copies of one ciphertext,
+    sent to average the noise away, are refused. One message per job: a second, different
+    one is refused (the first is recorded before decryption). Non-units are refused, so the
+    key cannot be recovered. Without proofs of well-formedness the labels party still cannot
+    tell *which* ciphertexts it decrypts; the noise it adds and charges is what protects the
+    labels then (see the README's threat model).
+    """
+    sender = job.features_party
+    sums = message.get("sums") if isinstance(message, dict) else None
+    expected = (job.columns + 1) if job.columns is not None else None
+    if not isinstance(sums, list) or expected is None or len(sums) != expected:
+        got = len(sums) if isinstance(sums, list) else "no list of"
+        raise ReleaseRefusalError(
+            f"{ref.party} refuses the masked sums of {sender}: {got} values, the length agreed "
+            f"at set-up is {expected}"
+        )
+    artifacts = ArtifactStore(PartyStore.of(ref))
+    digest = hashlib.sha256(codec.dumps(sums)).hexdigest()
+    seen = artifacts.get(job.key("decrypted"))
+    if seen is not None and seen != digest:
+        raise ReleaseRefusalError(
+            f"{ref.party} refuses a second, different set of masked sums from {sender}: it "
+            "decrypts one per job"
+        )
+    stored = artifacts.get(job.key("keypair"))
+    public = paillier.PaillierPublicKey(int(stored["n"]))
+    private = paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
+    artifacts.put(job.key("decrypted"), digest, "decryption-record")
+    try:
+        return cipher.decrypt(private, sums)
+    except (PaillierError, TypeError) as error:
+        raise ReleaseRefusalError(
+            f"{ref.party} refuses the masked sums of {sender}: {error}"
+        ) from None
+
+
 @task(name="walr-release", task_run_name="{ref.party}: decrypt, add noise, charge", **PARTY_STEP)
 def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
     """Decrypt the masked sums, add calibrated noise, store the release and charge the ledger
@@ -283,11 +359,11 @@ def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
     ledger = PrivacyLedger(store)
     if ledger.stored_release(job.release_key) is not None:
         return
+    table = _budget_table(job, ref)
+    _check_noise_allowed(job, ref)
+    ledger.require_affordable(table, job.epsilon, job.delta)  # before decrypting anything
     message = job.endpoint(ref.party).receive(job.features_party, "walr_masked_sums")
-    stored = ArtifactStore(store).get(job.key("keypair"))
-    public = paillier.PaillierPublicKey(int(stored["n"]))
-    private = paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
-    masked = cipher.decrypt(private, message["sums"])
+    masked = _decrypt_once(job, ref, message)
     _, labels = _labels(ref)
     shape = public_shape(job.mode, labels.size, len(masked) - 1, job.clip_norm)
     sigma = walr_sigma(job.epsilon, job.delta, shape)
@@ -310,7 +386,7 @@ def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
     }
     ledger.charge_and_store(
         job.release_key,
-        job.protected_table,
+        table,
         job.epsilon,
         job.delta,
         job.mechanism,
@@ -336,7 +412,7 @@ def send_release(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     return {
         **public,
         "release_job_id": release["job_id"],
-        "budget": ledger.status(job.protected_table).as_dict(),
+        "budget": ledger.status(ref.table).as_dict(),
     }
 
 

@@ -6,6 +6,7 @@ import secrets
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from storage import codec
@@ -80,9 +81,11 @@ def test_artifacts_are_private_to_the_party_database(tmp_path: Path) -> None:
 
 
 def test_ledger_charges_once_and_refuses_overspend(tmp_path: Path) -> None:
-    ledger = PrivacyLedger(PartyStore(tmp_path / "labels.duckdb"))
+    store = PartyStore(tmp_path / "labels.duckdb")
+    ledger = PrivacyLedger(store)
     with pytest.raises(BudgetError, match="no privacy budget"):
         ledger.require_affordable("labels", 1.0, 1e-6)
+    store.write_table("labels", pd.DataFrame({"id": [1]}))  # a budget needs the table
     ledger.set_budget("labels", epsilon=2.0, delta=1e-5)
     first = ledger.charge_and_store("rel-a", "labels", 1.5, 1e-6, "gaussian", "job", [1.0, 2.0])
     again = ledger.charge_and_store("rel-a", "labels", 1.5, 1e-6, "gaussian", "job", [9.0])

@@ -119,7 +119,7 @@ def test_deployments_from_prefect_yaml_get_scheduled_runs(server: dict[str, str]
 
 
 def _breast_job(workspace: Path) -> tuple[dict, dict]:
-    guest = pd.read_csv(DATA / "breast_hetero_guest.csv.gz").head(160)
+    guest = pd.read_csv(DATA / "breast_hetero_guest.csv.gz").head(400)
     host = pd.read_csv(DATA / "breast_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
     guest_ref = TableRef(
         database=str(workspace / "guest.duckdb"),
@@ -144,7 +144,7 @@ def _run_vertical(
     script = textwrap.dedent(f"""
         import json
         from flows.vertical_lr import vertical_lr
-        result = vertical_lr({guest!r}, [{host!r}], epochs=3, batch_size=40, seed=1,
+        result = vertical_lr({guest!r}, [{host!r}], epochs=3, batch_size=90, seed=1,
                              key_size=1024, allow_insecure_key_size=True, tol=0.0,
                              workspace={str(workspace)!r}, job_id="ops-job"{extra})
         print("RESULT", json.dumps({{"resumed_from": result["resumed_from"],
@@ -194,7 +194,7 @@ def test_flow_run_retry_resumes_from_the_finished_rounds(
     ]
     rounds = sorted(int(name.split()[1]) for name in completed_rounds)
     assert rounds == list(range(len(rounds)))  # every round finished exactly once: 0-3 reused
-    assert len(rounds) == 3 * 4  # 144 training rows / 40 per batch = 4 batches, 3 epochs
+    assert len(rounds) == 3 * 4  # 360 training rows / 90 per batch = 4 batches, 3 epochs
 
 
 def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(

@@ -24,8 +24,9 @@ from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
+from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
-from tasks.walr import WalrSetupError
+from tasks.walr import ReleaseRefusalError, WalrSetupError
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"
@@ -86,6 +87,7 @@ def test_noiseless_release_is_the_exact_sum_and_the_fit_matches_sklearn(
     workspace: Path, mode: str
 ) -> None:
     features, labels, X, y = parties(workspace, binary=mode == "binary")
+    OwnerPolicy(PartyStore.of(labels)).set("conversions", allow_noiseless_release=True)
     clip = {"clip_norm": CLIP if mode == "clipped" else None}
     result = run(features, labels, workspace, mode=mode, **clip, **NO_NOISE)
     prepared = prepare_binary_features(X) if mode == "binary" else prepare_clipped_features(X, CLIP)
@@ -160,7 +162,7 @@ def test_over_budget_is_refused_before_any_message(workspace: Path) -> None:
         run(features, labels, workspace)
     assert messages(workspace) == []
     assert PrivacyLedger(PartyStore.of(labels)).spends() == []
-    with pytest.raises(BudgetError, match="no privacy budget"):
+    with pytest.raises(ReleaseRefusalError, match="refusing protected_table='other_table'"):
         run(features, labels, workspace, protected_table="other_table")
     assert messages(workspace) == []
 

@@ -15,6 +15,27 @@ from gmpy2 import mpz
 from core.paillier.errors import PaillierError
 
 
+def check_ciphertexts(ciphertexts: Sequence[int | mpz], n: int | mpz) -> None:
+    """Refuse anything that is not a ciphertext: an integer outside (0, n^2), or a non-unit.
+
+    A value sharing a factor with ``n`` is never an honest encryption, and "decrypting" it
+    leaks the key: ``c = n`` comes out under CRT as ``(p + q)^-1 mod n``, which factors ``n``.
+    One gcd per value costs little beside the exponentiations of decryption.
+    """
+    n = mpz(n)
+    n_square = n * n
+    for position, ciphertext in enumerate(ciphertexts):
+        if isinstance(ciphertext, bool) or not isinstance(ciphertext, int | type(n)):
+            raise PaillierError(f"ciphertext at position {position} is not an integer")
+        if not 0 < ciphertext < n_square:
+            raise PaillierError(f"ciphertext at position {position} is not in (0, n^2)")
+        if gmpy2.gcd(mpz(ciphertext), n) != 1:
+            raise PaillierError(
+                f"ciphertext at position {position} is not a unit modulo n^2 (it shares a "
+                "factor with n): refused, decrypting it would reveal the key"
+            )
+
+
 class CrtDecryptor:
     """Precomputed CRT constants for one private key (p, q)."""
 
@@ -36,11 +57,8 @@ class CrtDecryptor:
         return cls(int(private_key.p), int(private_key.q))  # type: ignore[attr-defined]
 
     def decrypt_many(self, ciphertexts: Sequence[int | mpz]) -> list[mpz]:
-        """Raw plaintexts in [0, n) for a batch of ciphertexts."""
-        n_square = self._n * self._n
-        for position, ciphertext in enumerate(ciphertexts):
-            if not 0 < ciphertext < n_square:
-                raise PaillierError(f"ciphertext at position {position} is not in (0, n^2)")
+        """Raw plaintexts in [0, n) for a batch of ciphertexts (refuses non-ciphertexts)."""
+        check_ciphertexts(ciphertexts, self._n)
         mod_p = [mpz(c) % self._p_square for c in ciphertexts]
         mod_q = [mpz(c) % self._q_square for c in ciphertexts]
         # powmod_base_list runs the whole batch in C (and releases the GIL).

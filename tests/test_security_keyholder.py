@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -96,8 +97,17 @@ def _answered(job: vlr.VerticalJob, party: str) -> bool:
     return True
 
 
-def _forge(job: vlr.VerticalJob, payload: list[int]) -> None:
-    job.endpoint("mallory").send("arbiter", "masked_gradient", payload, round=0)
+def _forge(job: Any, receiver: str, kind: str, payload: Any) -> None:
+    """Mallory replaces a message in its own outbox: the channel's no-replace rule binds honest
+    code, not an attacker who writes its folder itself."""
+    channel = job.endpoint("mallory").channel
+    key = channel.key(0, "mallory", receiver, kind)
+    channel.transport.store().path(key).unlink(missing_ok=True)
+    job.endpoint("mallory").send(receiver, kind, payload, round=0)
+
+
+def _forge_gradient(job: vlr.VerticalJob, payload: list[int]) -> None:
+    _forge(job, "arbiter", "masked_gradient", payload)
 
 
 def test_vertical_key_holder_refuses_key_recovery_and_the_guests_residual(
@@ -108,17 +118,17 @@ def test_vertical_key_holder_refuses_key_recovery_and_the_guests_residual(
         ArtifactStore(PartyStore(job.key_holder_database)).get("vertical/attack/keypair")["n"]
     ).n
     # 1. ciphertexts that share a factor with n would factor the arbiter's key
-    _forge(job, [n] * HOST_FEATURES)
+    _forge_gradient(job, [n] * HOST_FEATURES)
     with pytest.raises(vlr.KeyHolderRefusalError, match=r"of mallory for round 0.*not a unit"):
         vlr.key_holder_decrypt.fn(job, 0)
     # 2. the guest's [[d]] (batch length), submitted as a "gradient", is not the agreed shape
     residual = job.endpoint("mallory").receive("guest", "residual", round=0)
     assert len(residual) == ROWS
-    _forge(job, residual)
+    _forge_gradient(job, residual)
     with pytest.raises(vlr.KeyHolderRefusalError, match=r"of mallory .* 100 values.* is 3"):
         vlr.key_holder_decrypt.fn(job, 0)
     # 3. a vector of the wrong width in general, and not a list at all
-    _forge(job, residual[:5])
+    _forge_gradient(job, residual[:5])
     with pytest.raises(vlr.KeyHolderRefusalError, match=r"mallory"):
         vlr.key_holder_decrypt.fn(job, 0)
     assert not _answered(job, "mallory")
@@ -136,7 +146,7 @@ def test_vertical_key_holder_decrypts_each_partys_message_once_per_round(
     # a second, different request in the same round (three entries of the guest's [[d]])
     public = paillier.PaillierPublicKey(job.endpoint("mallory").receive("arbiter", "public_key"))
     residual = job.endpoint("mallory").receive("guest", "residual", round=0)
-    _forge(job, cipher.rerandomize(public, residual[:HOST_FEATURES]))
+    _forge_gradient(job, cipher.rerandomize(public, residual[:HOST_FEATURES]))
     with pytest.raises(vlr.KeyHolderRefusalError, match=r"second, different .* from mallory"):
         vlr.key_holder_decrypt.fn(job, 0)
     assert job.endpoint("mallory").receive("arbiter", "masked_gradient_plain", round=0) == honest
@@ -197,8 +207,7 @@ def _nothing_released(ref: TableRef, job: walr.WalrJob) -> None:
 
 
 def _send_sums(job: walr.WalrJob, sums: list[int]) -> None:
-    message = {"mask_id": "m", "sums": sums}
-    job.endpoint("mallory").send("advertiser", "walr_masked_sums", message)
+    _forge(job, "advertiser", "walr_masked_sums", {"mask_id": "m", "sums": sums})
 
 
 def test_walr_labels_party_refuses_copies_of_n_and_a_wrong_shape(workspace: Path, keypair):

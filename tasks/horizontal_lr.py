@@ -24,6 +24,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 
 from core import horizontal_lr as hlr
+from core.secagg.errors import ProtocolViolationError, SecAggError
 from core.secagg.weighted import packed_dimension, unpack_weighted
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
@@ -50,12 +51,21 @@ def round_context(
     threshold: int,
     n_features: int,
     workspace: str | None = None,
+    stage_timeout: float = 60.0,
 ) -> SumContext:
     """The session of one round: packed vector = [rows * update (n_features + 1), rows * loss,
     rows]."""
     dimension = packed_dimension(n_features + 1)
     return SumContext(
-        PROTOCOL, job_id, round_, session_id, tuple(parties), threshold, dimension, workspace
+        PROTOCOL,
+        job_id,
+        round_,
+        session_id,
+        tuple(parties),
+        threshold,
+        dimension,
+        workspace,
+        stage_timeout=stage_timeout,
     )
 
 
@@ -92,6 +102,11 @@ def _weights_before(store: PartyStore, ctx: RoundContext, n_features: int, who: 
     except KeyError:
         raise RoundStateError(f"{who}: no checkpoint of round {ctx.round - 1}") from None
     return np.asarray(saved["weights"], dtype=np.float64)
+
+
+def model_point(weights: np.ndarray) -> str:
+    """Digest of a model, naming the point at which a party computed its update."""
+    return hashlib.sha256(np.ascontiguousarray(weights, dtype="<f8").tobytes()).hexdigest()
 
 
 def model_record(
@@ -246,14 +261,45 @@ def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> N
         update = hlr.local_epochs(
             weights, X, y, options.l2, options.learning_rate, options.local_epochs
         )
-    secure_sum.party_mask(store, ctx, ref.party, update.packed())
+    secure_sum.party_mask(store, ctx, ref.party, update.packed(), point=model_point(weights))
+
+
+def verified_model(
+    message: dict[str, Any], before: np.ndarray, options: TrainingOptions, who: str, round_: int
+) -> np.ndarray:
+    """The broadcast weights, if they are exactly the update of ``before`` by the aggregate.
+
+    Why: a party must not compute its next update at whatever model the coordinator names.
+    With this check the model of round r+1 is a function of the model of round r and of the
+    sum the coordinator unmasked; together with the one-point-one-round rule of
+    :func:`tasks.secure_sum.party_mask`, the coordinator cannot have two rounds summed at the
+    same model (whose difference, with one party claimed dropped, is that party's update).
+    """
+    where = f"{who}: coordinator's model of round {round_}"
+    try:
+        total = np.asarray(message["aggregate"], dtype=np.float64)
+        mean = unpack_weighted(total)
+    except (KeyError, SecAggError) as error:
+        raise ProtocolViolationError(f"{where} carries no usable aggregate: {error}") from None
+    weights = np.asarray(message["weights"], dtype=np.float64)
+    if total.shape != (before.size + 2,) or not np.all(np.isfinite(total)):
+        raise ProtocolViolationError(f"{where}: aggregate of shape {total.shape} is malformed")
+    expected = hlr.next_model(before, mean.mean, options.local_epochs, options.learning_rate)
+    if weights.shape != expected.shape or not np.array_equal(weights, expected):
+        raise ProtocolViolationError(
+            f"{where} is not the update of round {round_ - 1}'s model by the aggregate it sent; "
+            "refusing it (a coordinator choosing the model could unmask one party across rounds)"
+        )
+    return weights
 
 
 @task(
     name="hlr-finish-round", task_run_name="round {ctx.round}: {ref.party} save model", **PARTY_STEP
 )
-def finish_round(ref: TableRef, ctx: RoundContext, final: bool = False) -> None:
-    """Receive the new model and checkpoint the round; drop this session's secrets.
+def finish_round(
+    ref: TableRef, ctx: RoundContext, options: TrainingOptions, final: bool = False
+) -> None:
+    """Receive the new model, verify it, and checkpoint the round; drop this session's secrets.
 
     After the last round, the party also keeps its own copy of the model.
     """
@@ -263,13 +309,15 @@ def finish_round(ref: TableRef, ctx: RoundContext, final: bool = False) -> None:
         raise RoundStateError(
             f"{ref.party}: the model message of round {ctx.round} belongs to another attempt"
         )
-    weights = np.asarray(message["weights"], dtype=np.float64)
+    features = _agreed_features(endpoint)
+    before = _weights_before(store, ctx, len(features), ref.party)
+    weights = verified_model(message, before, options, ref.party, ctx.round)
     cps = checkpoints(store, ctx.job_id)
     cps.save(ctx.round, {"weights": weights, "change": message["change"]})
     with secure_sum.session(store, ctx, ref.party) as records:
         records.forget_older_sessions()  # the revealed-senders record stays for the job's life
         if final:
-            model = model_record(ctx.job_id, _agreed_features(endpoint), weights, ctx.round + 1)
+            model = model_record(ctx.job_id, features, weights, ctx.round + 1)
             records.artifacts.put(model_key(ctx.job_id), model, "model", con=records.con)
     if final:
         cps.prune(keep_last=2)
@@ -291,11 +339,18 @@ def _agreed_schema(artifacts: ArtifactStore, job_id: str, con: Any = None) -> di
     task_run_name="round {ctx.round}: coordinator update model",
     **PARTY_STEP,
 )
-def update_model(ctx: RoundContext, options: TrainingOptions, started: float) -> dict[str, Any]:
+def update_model(
+    ctx: RoundContext,
+    options: TrainingOptions,
+    started: float,
+    responders: list[str] | None = None,
+) -> dict[str, Any]:
     """Secagg step 3 (coordinator): unmask the sum, update the model, checkpoint, broadcast.
 
     Only the weighted mean update, the mean loss and the total row count are ever in the
-    clear here. The checkpoint is the round's commit; a retry after it only re-sends.
+    clear here; they go to the parties with the new model, which each party recomputes from
+    them (:func:`verified_model`). The checkpoint is the round's commit; a retry after it
+    only re-sends.
     """
     store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
     cps = checkpoints(store, ctx.job_id)
@@ -303,17 +358,14 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
         saved = cps.load(ctx.round)
     else:
         schema = _agreed_schema(ArtifactStore(store), ctx.job_id)
-        total, survivors = secure_sum.coordinator_reconstruct(store, ctx)  # not stored
+        total, survivors = secure_sum.coordinator_reconstruct(store, ctx, responders)
         mean = unpack_weighted(total)
         previous = cps.load(ctx.round - 1) if ctx.round > 0 else None
         if previous is None:
             before, history = hlr.init_model(len(schema["feature_columns"])), []
         else:
             before, history = np.asarray(previous["weights"]), previous["history"]
-        if options.local_epochs == 0:
-            weights = hlr.apply_mean_gradient(before, mean.mean, options.learning_rate)
-        else:
-            weights = hlr.apply_mean_delta(before, mean.mean)
+        weights = hlr.next_model(before, mean.mean, options.local_epochs, options.learning_rate)
         entry = {
             "round": ctx.round,
             "loss": mean.mean_loss,
@@ -321,7 +373,12 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
             "survivors": survivors,
             "change": float(np.max(np.abs(weights - before))),
         }
-        saved = {"weights": weights, "change": entry["change"], "history": [*history, entry]}
+        saved = {
+            "weights": weights,
+            "aggregate": total,
+            "change": entry["change"],
+            "history": [*history, entry],
+        }
         cps.save(ctx.round, saved)
         get_run_logger().info(
             "round %d: loss %.6f from %d parties", ctx.round, entry["loss"], len(entry["survivors"])
@@ -330,6 +387,8 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
         "session_id": ctx.session_id,
         "round": ctx.round,
         "weights": saved["weights"],
+        "aggregate": saved["aggregate"],
+        "survivors": saved["history"][-1]["survivors"],
         "change": saved["change"],
     }
     for party in ctx.parties:

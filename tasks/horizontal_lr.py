@@ -7,6 +7,18 @@ horizontal-specific: checking tables, the masked local update, the coordinator's
 and the round checkpoints. Each party task opens only that party's store and channel
 endpoint; the coordinator is a logical party with its own store.
 
+Across rounds (issue: a coordinator unmasking one party by broadcasting the same model twice,
+then claiming that party dropped): each party checks that the model it is sent is exactly the
+previous model moved by the mean update sent along (:func:`verified_model`), and contributes at
+one model in one round only (``point`` of :func:`tasks.secure_sum.party_mask`). What is left:
+two consecutive sums with senders S and S - {C} differ by C's weighted update plus
+``sum over S - {C} of n_j (g_j(w_r) - g_j(w_r+1))``, at most ``N L |w_r+1 - w_r|`` with
+``L <= max |x|^2 / 4 + l2``. That is not C's update while the model moves, but it approaches
+it near convergence (honest-but-curious), and a coordinator that lies about the mean update
+can make the step as small as one float ulp. Closing that needs every round's contribution to
+carry noise (distributed DP) or a sum the parties can verify from authenticated inputs; the
+README says so.
+
 Tasks do not use Prefect's result cache (``NO_CACHE``): resuming is done by the parties' own
 round checkpoints, so nothing a party computes is kept in the orchestrator's result storage.
 """
@@ -24,7 +36,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 
 from core import horizontal_lr as hlr
-from core.secagg.errors import ProtocolViolationError, SecAggError
+from core.secagg.errors import ProtocolViolationError
 from core.secagg.weighted import packed_dimension, unpack_weighted
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
@@ -267,27 +279,27 @@ def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> N
 def verified_model(
     message: dict[str, Any], before: np.ndarray, options: TrainingOptions, who: str, round_: int
 ) -> np.ndarray:
-    """The broadcast weights, if they are exactly the update of ``before`` by the aggregate.
+    """The broadcast weights, if they are exactly the update of ``before`` by the mean update.
 
     Why: a party must not compute its next update at whatever model the coordinator names.
-    With this check the model of round r+1 is a function of the model of round r and of the
-    sum the coordinator unmasked; together with the one-point-one-round rule of
+    With this check the model of round r+1 is the model of round r moved by the mean update
+    the coordinator says it unmasked; together with the one-model-one-round rule of
     :func:`tasks.secure_sum.party_mask`, the coordinator cannot have two rounds summed at the
     same model (whose difference, with one party claimed dropped, is that party's update).
+    Only the mean update is sent along (not the total row count or loss), and the model's
+    change shows it anyway, so the check reveals nothing new to the parties.
     """
     where = f"{who}: coordinator's model of round {round_}"
-    try:
-        total = np.asarray(message["aggregate"], dtype=np.float64)
-        mean = unpack_weighted(total)
-    except (KeyError, SecAggError) as error:
-        raise ProtocolViolationError(f"{where} carries no usable aggregate: {error}") from None
+    mean = np.asarray(message.get("mean_update", ()), dtype=np.float64)
     weights = np.asarray(message["weights"], dtype=np.float64)
-    if total.shape != (before.size + 2,) or not np.all(np.isfinite(total)):
-        raise ProtocolViolationError(f"{where}: aggregate of shape {total.shape} is malformed")
-    expected = hlr.next_model(before, mean.mean, options.local_epochs, options.learning_rate)
+    if mean.shape != before.shape or not np.all(np.isfinite(mean)):
+        raise ProtocolViolationError(
+            f"{where} carries no usable mean update (shape {mean.shape}, expected {before.shape})"
+        )
+    expected = hlr.next_model(before, mean, options.local_epochs, options.learning_rate)
     if weights.shape != expected.shape or not np.array_equal(weights, expected):
         raise ProtocolViolationError(
-            f"{where} is not the update of round {round_ - 1}'s model by the aggregate it sent; "
+            f"{where} is not the update of round {round_ - 1}'s model by the mean it sent; "
             "refusing it (a coordinator choosing the model could unmask one party across rounds)"
         )
     return weights
@@ -375,7 +387,7 @@ def update_model(
         }
         saved = {
             "weights": weights,
-            "aggregate": total,
+            "mean_update": mean.mean,
             "change": entry["change"],
             "history": [*history, entry],
         }
@@ -387,7 +399,7 @@ def update_model(
         "session_id": ctx.session_id,
         "round": ctx.round,
         "weights": saved["weights"],
-        "aggregate": saved["aggregate"],
+        "mean_update": saved["mean_update"],
         "survivors": saved["history"][-1]["survivors"],
         "change": saved["change"],
     }

@@ -332,8 +332,8 @@ def test_a_transient_fault_is_retried_without_masking_again(
 def _tamper_model(monkeypatch: pytest.MonkeyPatch, round_: int, freeze: bool) -> None:
     """A malicious coordinator: its model message of ``round_`` repeats the previous model.
 
-    ``freeze`` also replaces the aggregate by a zero update, so the repeated model is consistent
-    with it; otherwise the real aggregate is sent along.
+    ``freeze`` also replaces the mean update by zeros, so the repeated model is consistent
+    with it; otherwise the real mean update is sent along.
     """
     real_write = Channel._write
     sent: dict[int, Any] = {}
@@ -344,9 +344,7 @@ def _tamper_model(monkeypatch: pytest.MonkeyPatch, round_: int, freeze: bool) ->
             if r == round_:
                 payload = {**payload, "weights": sent[r - 1]["weights"]}
                 if freeze:
-                    zero = np.zeros_like(payload["aggregate"])
-                    zero[-1] = payload["aggregate"][-1]  # keeps the total row count
-                    payload["aggregate"] = zero
+                    payload["mean_update"] = np.zeros_like(payload["mean_update"])
         return real_write(self, r, sender, receiver, kind, payload)
 
     monkeypatch.setattr(Channel, "_write", write)
@@ -360,7 +358,7 @@ def test_the_coordinator_cannot_unmask_one_party_across_rounds(
     claim_c_dropped = {"2:mask_input": {"hospital_c": "raise"}}
     options = {"rounds": 3, "threshold": 2, "inject_faults": claim_c_dropped, **FAST}
 
-    # the repeated model with the real aggregate: every party refuses to save round 1
+    # the repeated model with the real mean update: every party refuses to save round 1
     _tamper_model(monkeypatch, round_=1, freeze=False)
     with pytest.raises(secagg.ProtocolViolationError, match="coordinator's model of round 1 is"):
         run(refs, workspace, job_id="hlr-attack-repeat", **options)

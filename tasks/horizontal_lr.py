@@ -78,6 +78,7 @@ def round_context(
         dimension,
         workspace,
         stage_timeout=stage_timeout,
+        peer_copies=True,  # every sender checks the mean update the coordinator announces
     )
 
 
@@ -277,7 +278,12 @@ def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> N
 
 
 def verified_model(
-    message: dict[str, Any], before: np.ndarray, options: TrainingOptions, who: str, round_: int
+    message: dict[str, Any],
+    before: np.ndarray,
+    options: TrainingOptions,
+    who: str,
+    round_: int,
+    own_sum: np.ndarray | None = None,
 ) -> np.ndarray:
     """The broadcast weights, if they are exactly the update of ``before`` by the mean update.
 
@@ -286,8 +292,9 @@ def verified_model(
     the coordinator says it unmasked; together with the one-model-one-round rule of
     :func:`tasks.secure_sum.party_mask`, the coordinator cannot have two rounds summed at the
     same model (whose difference, with one party claimed dropped, is that party's update).
-    Only the mean update is sent along (not the total row count or loss), and the model's
-    change shows it anyway, so the check reveals nothing new to the parties.
+    ``own_sum`` is the round's sum as this party unmasked it itself
+    (:func:`tasks.secure_sum.party_unmasked_sum`; None if it did not help unmask): the mean
+    update must be exactly that sum's, so the coordinator cannot make one up.
     """
     where = f"{who}: coordinator's model of round {round_}"
     mean = np.asarray(message.get("mean_update", ()), dtype=np.float64)
@@ -295,6 +302,11 @@ def verified_model(
     if mean.shape != before.shape or not np.all(np.isfinite(mean)):
         raise ProtocolViolationError(
             f"{where} carries no usable mean update (shape {mean.shape}, expected {before.shape})"
+        )
+    if own_sum is not None and not np.array_equal(mean, unpack_weighted(own_sum).mean):
+        raise ProtocolViolationError(
+            f"{where}: its mean update is not the one of the sum {who} unmasked from its peers' "
+            "messages; refusing it (a made-up update could unmask one party across rounds)"
         )
     expected = hlr.next_model(before, mean, options.local_epochs, options.learning_rate)
     if weights.shape != expected.shape or not np.array_equal(weights, expected):
@@ -323,7 +335,8 @@ def finish_round(
         )
     features = _agreed_features(endpoint)
     before = _weights_before(store, ctx, len(features), ref.party)
-    weights = verified_model(message, before, options, ref.party, ctx.round)
+    own_sum = secure_sum.party_unmasked_sum(store, ctx, ref.party)
+    weights = verified_model(message, before, options, ref.party, ctx.round, own_sum)
     cps = checkpoints(store, ctx.job_id)
     cps.save(ctx.round, {"weights": weights, "change": message["change"]})
     with secure_sum.session(store, ctx, ref.party) as records:

@@ -66,6 +66,7 @@ class SumContext:
     workspace: str | None = None
     scale_bits: int = secagg.DEFAULT_SCALE_BITS
     stage_timeout: float = 60.0  # seconds a stage waits for the parties' answers
+    peer_copies: bool = False  # parties also send peers what lets each unmask the sum itself
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return channel_for(self.job_id, self.workspace).endpoint(party)
@@ -130,6 +131,11 @@ class SessionRecords:
             self.artifacts.put(self.ctx.prefix + step, record, "secagg-state", con=self.con)
         return record["outbox"]
 
+    def outbox(self, step: str) -> Any:
+        """The message a finished step sent (or None when it did not run in this session)."""
+        record = self._record(step)
+        return None if record is None else record["outbox"]
+
     def forget_older_sessions(self) -> None:
         """Drop what an aborted attempt left behind (or this session's secrets, once done)."""
         self.artifacts.delete_prefix(self.ctx.prefix, con=self.con)
@@ -183,6 +189,8 @@ def party_share(store: PartyStore, ctx: SumContext, party: str) -> None:
             "share", lambda: secagg.share_keys(records.state("advertise"), directory)
         )
     endpoint.send(COORDINATOR, "secagg_shares", message, round=ctx.round)
+    commitment = {k: message[k] for k in ("session_id", "party", "self_mask_commitment")}
+    _to_peers(endpoint, ctx, party, "secagg_commitment", commitment)
 
 
 def party_mask(
@@ -217,6 +225,7 @@ def party_mask(
 
         message = records.once("mask", mask)
     endpoint.send(COORDINATOR, "secagg_masked", message, round=ctx.round)
+    _to_peers(endpoint, ctx, party, "secagg_masked", message)
 
 
 def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
@@ -245,6 +254,65 @@ def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
 
         response = records.once("reveal", reveal)
     endpoint.send(COORDINATOR, "secagg_unmask_response", response, round=ctx.round)
+    _to_peers(endpoint, ctx, party, "secagg_unmask_response", response)
+
+
+def _to_peers(
+    endpoint: PartyEndpoint, ctx: SumContext, party: str, kind: str, message: Any
+) -> None:
+    """With ``ctx.peer_copies``, the same message to every other party (see
+    :func:`party_unmasked_sum`); each copy is authenticated by the channel, not relayed."""
+    if ctx.peer_copies:
+        for peer in ctx.parties:
+            if peer != party:
+                endpoint.send(peer, kind, message, round=ctx.round)
+
+
+def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.ndarray | None:
+    """The session's sum as this party unmasks it itself, from its peers' copies.
+
+    Why: a party that helped unmask must be able to check the sum the coordinator announces;
+    otherwise a coordinator could announce any sum (e.g. one that barely moves the model, so
+    that the next round, with one party claimed dropped, reveals that party's update). The
+    peers' commitments, masked inputs and unmask shares reach every party directly, and it runs
+    the coordinator's own steps on them; it learns the sum (the coordinator's view), no more.
+    Returns None when this party did not help unmask the session (it has nothing to check).
+    """
+    endpoint = ctx.endpoint(party)
+    with session(store, ctx, party) as records:
+        revealed = records._record("reveal")
+        own_masked, own_share = records.outbox("mask"), records.outbox("share")
+    if revealed is None or own_masked is None or own_share is None:
+        return None
+    state, own_response = revealed["state"], revealed["outbox"]
+    request = state["unmask_request"]
+    senders = [p for p in request["input_senders"] if p != party]
+    where = f"party {party!r}: round {ctx.round} of job {ctx.job_id}"
+    masked = [own_masked, *arrived(endpoint, ctx, "secagg_masked", senders)]
+    commitments = {party: own_share["self_mask_commitment"]}
+    for message in arrived(endpoint, ctx, "secagg_commitment", senders):
+        commitments[message["party"]] = message["self_mask_commitment"]
+    missing = sorted(set(request["input_senders"]) - {m["party"] for m in masked})
+    missing += sorted(set(request["input_senders"]) - set(commitments))
+    if missing:
+        raise secagg.ProtocolViolationError(
+            f"{where}: the coordinator counts {sorted(set(missing))} as senders, but their "
+            "masked inputs or commitments never reached this party; refusing its sum"
+        )
+    peer_state = secagg.CoordinatorState(
+        config=state["config"],
+        stage="collecting_inputs",
+        public_keys=state["public_keys"],
+        share_senders=state["share_senders"],
+        self_mask_commitments=commitments,
+        input_senders=[],
+        dropped=[],
+        masked_sum=None,
+    )
+    peer_state, _ = secagg.collect_masked_inputs(peer_state, masked)
+    responses = [own_response, *arrived(endpoint, ctx, "secagg_unmask_response", senders)]
+    _, aggregate = secagg.reconstruct_sum(peer_state, responses)
+    return secagg.decode(aggregate["ring_sum"], state["config"]["scale_bits"])
 
 
 def forget_session(store: PartyStore, ctx: SumContext, who: str) -> None:

@@ -329,19 +329,26 @@ def test_a_transient_fault_is_retried_without_masking_again(
     np.testing.assert_allclose(result["weights"], hlr.centralized_gd(X, y, L2, LR, 1), atol=1e-6)
 
 
-def _tamper_model(monkeypatch: pytest.MonkeyPatch, round_: int, freeze: bool) -> None:
-    """A malicious coordinator: its model message of ``round_`` repeats the previous model.
+def _tamper_model(
+    monkeypatch: pytest.MonkeyPatch,
+    round_: int,
+    freeze: bool,
+    receivers: tuple[str, ...] = HOSPITALS,
+) -> None:
+    """A malicious coordinator: its model message of ``round_`` to ``receivers`` repeats the
+    previous model.
 
     ``freeze`` also replaces the mean update by zeros, so the repeated model is consistent
     with it; otherwise the real mean update is sent along.
     """
+    monkeypatch.undo()  # one malicious coordinator at a time
     real_write = Channel._write
     sent: dict[int, Any] = {}
 
     def write(self: Channel, r: int, sender: str, receiver: str, kind: str, payload: Any) -> Any:
         if sender == "coordinator" and kind == "model":
             sent.setdefault(r, payload)
-            if r == round_:
+            if r == round_ and receiver in receivers:
                 payload = {**payload, "weights": sent[r - 1]["weights"]}
                 if freeze:
                     payload["mean_update"] = np.zeros_like(payload["mean_update"])
@@ -364,13 +371,26 @@ def test_the_coordinator_cannot_unmask_one_party_across_rounds(
         run(refs, workspace, job_id="hlr-attack-repeat", **options)
     assert last_rounds(refs, workspace, "hlr-attack-repeat")["hospital_a"] == 0
 
-    # the repeated model with a made-up zero update: accepted as the update it claims, but
-    # round 2 would sum the parties at round 1's model again; they refuse before masking
+    # with a made-up zero update to match: each party that helped unmask round 1 unmasked the
+    # sum itself from its peers' copies, and the coordinator's update is not that sum's
     _tamper_model(monkeypatch, round_=1, freeze=True)
-    with pytest.raises(
-        secagg.ProtocolViolationError, match="round 2 of job hlr-attack-freeze at the same model"
-    ):
+    with pytest.raises(secagg.ProtocolViolationError, match="is not the one of the sum"):
         run(refs, workspace, job_id="hlr-attack-freeze", **options)
-    log = channel_for("hlr-attack-freeze", str(workspace)).log()
-    assert not [r for r in log if r.round == 2 and r.kind == "secagg_masked"]
+    assert last_rounds(refs, workspace, "hlr-attack-freeze")["hospital_a"] == 0
+
+    # a party that missed the unmasking of round 1 cannot check the sum; fed the repeated model,
+    # it refuses to contribute at round 1's model again in round 2, before masking anything
+    _tamper_model(monkeypatch, round_=1, freeze=True, receivers=("hospital_b",))
+    faults = {"1:reveal_shares": {"hospital_b": "hang"}, **claim_c_dropped}
+    with pytest.raises(
+        secagg.ProtocolViolationError, match="round 2 of job hlr-attack-b at the same model"
+    ):
+        run(
+            refs,
+            workspace,
+            job_id="hlr-attack-b",
+            **{**options, "inject_faults": faults},
+            stage_timeout=4,
+        )
+    log = channel_for("hlr-attack-b", str(workspace)).log()
     assert not [r for r in log if r.round == 2 and r.kind == "secagg_unmask_response"]

@@ -7,17 +7,16 @@ horizontal-specific: checking tables, the masked local update, the coordinator's
 and the round checkpoints. Each party task opens only that party's store and channel
 endpoint; the coordinator is a logical party with its own store.
 
-Across rounds (issue: a coordinator unmasking one party by broadcasting the same model twice,
-then claiming that party dropped): each party checks that the model it is sent is exactly the
-previous model moved by the mean update sent along (:func:`verified_model`), and contributes at
-one model in one round only (``point`` of :func:`tasks.secure_sum.party_mask`). What is left:
-two consecutive sums with senders S and S - {C} differ by C's weighted update plus
+Across rounds (a coordinator unmasking one party by broadcasting the same model twice, then
+claiming that party dropped): each party checks that the model it is sent is exactly the
+previous model moved by the mean update sent along, and, if it helped unmask the round, that
+this mean is the one of the sum it unmasked itself from its peers' direct copies
+(:func:`verified_model`); and it contributes at one model in one round only (``point`` of
+:func:`tasks.secure_sum.party_mask`). What is left for an honest-but-curious coordinator: two
+consecutive sums with senders S and S - {C} differ by C's weighted update plus
 ``sum over S - {C} of n_j (g_j(w_r) - g_j(w_r+1))``, at most ``N L |w_r+1 - w_r|`` with
-``L <= max |x|^2 / 4 + l2``. That is not C's update while the model moves, but it approaches
-it near convergence (honest-but-curious), and a coordinator that lies about the mean update
-can make the step as small as one float ulp. Closing that needs every round's contribution to
-carry noise (distributed DP) or a sum the parties can verify from authenticated inputs; the
-README says so.
+``L <= max |(x, 1)|^2 / 4 + l2`` in gradient mode: not C's update while the model moves, an approximation of it
+near convergence (and C's row count exactly). Only per-round noise would hide that.
 
 Tasks do not use Prefect's result cache (``NO_CACHE``): resuming is done by the parties' own
 round checkpoints, so nothing a party computes is kept in the orchestrator's result storage.

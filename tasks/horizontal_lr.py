@@ -1,10 +1,10 @@
 """Horizontal logistic regression with secure aggregation, one task per party step.
 
 The maths is in :mod:`core.horizontal_lr` (the model) and :mod:`core.secagg` (the masking);
-the secure-aggregation steps themselves are the shared ones of :mod:`tasks.secure_sum` (the
-flow calls its tasks for keys, shares, routing and unmasking). This module adds what is
-horizontal-specific: checking tables, the masked local update, the coordinator's model update
-and the round checkpoints. Each party task opens only that party's store and channel
+the secure-aggregation steps and their driver (``run_session``) are the shared ones of
+:mod:`tasks.secure_sum`. This module adds what is horizontal-specific: checking tables, the
+masked local update, the coordinator's model update, the parties' check of it and the round
+checkpoints. Each party task opens only that party's store and channel
 endpoint; the coordinator is a logical party with its own store.
 
 Across rounds (a coordinator unmasking one party by broadcasting the same model twice, then
@@ -15,8 +15,9 @@ this mean is the one of the sum it unmasked itself from its peers' direct copies
 :func:`tasks.secure_sum.party_mask`). What is left for an honest-but-curious coordinator: two
 consecutive sums with senders S and S - {C} differ by C's weighted update plus
 ``sum over S - {C} of n_j (g_j(w_r) - g_j(w_r+1))``, at most ``N L |w_r+1 - w_r|`` with
-``L <= max |(x, 1)|^2 / 4 + l2`` in gradient mode: not C's update while the model moves, an approximation of it
-near convergence (and C's row count exactly). Only per-round noise would hide that.
+``L <= max |(x, 1)|^2 / 4 + l2`` in gradient mode: not C's update while the model moves, an
+approximation of it near convergence (and C's row count exactly). Only per-round noise would
+hide that.
 
 Tasks do not use Prefect's result cache (``NO_CACHE``): resuming is done by the parties' own
 round checkpoints, so nothing a party computes is kept in the orchestrator's result storage.

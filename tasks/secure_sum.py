@@ -131,10 +131,9 @@ class SessionRecords:
             self.artifacts.put(self.ctx.prefix + step, record, "secagg-state", con=self.con)
         return record["outbox"]
 
-    def outbox(self, step: str) -> Any:
-        """The message a finished step sent (or None when it did not run in this session)."""
-        record = self._record(step)
-        return None if record is None else record["outbox"]
+    def stored(self, step: str) -> dict[str, Any] | None:
+        """This session's record of a finished step (``state`` and ``outbox``), or None."""
+        return self._record(step)
 
     def forget_older_sessions(self) -> None:
         """Drop what an aborted attempt left behind (or this session's secrets, once done)."""
@@ -280,11 +279,11 @@ def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.nda
     """
     endpoint = ctx.endpoint(party)
     with session(store, ctx, party) as records:
-        revealed = records._record("reveal")
-        own_masked, own_share = records.outbox("mask"), records.outbox("share")
-    if revealed is None or own_masked is None or own_share is None:
+        revealed, masked, shared = (records.stored(s) for s in ("reveal", "mask", "share"))
+    if revealed is None or masked is None or shared is None:
         return None
     state, own_response = revealed["state"], revealed["outbox"]
+    own_masked, own_share = masked["outbox"], shared["outbox"]
     request = state["unmask_request"]
     senders = [p for p in request["input_senders"] if p != party]
     where = f"party {party!r}: round {ctx.round} of job {ctx.job_id}"
@@ -610,7 +609,8 @@ def run_stage(
 
     Each party's step is its own Prefect task run, so one party's exception or hang cannot
     stop another's. The step itself is a function of the party's own state and the messages
-    addressed to it, so the same stage works when the party runs in another process.
+    addressed to it, so the same stage works when the party runs in another process; there the
+    rule is the coordinator's: a message not received by the deadline is a dropout.
     """
     injected = faults.at(ctx.round, stage)
     futures: dict[str, PrefectFuture[Any]] = {}

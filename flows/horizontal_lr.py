@@ -10,8 +10,8 @@ mean loss and the total row count. Each stage runs every party's step at once an
 ``stage_timeout`` seconds (``tasks.secure_sum.run_session``): a party that has not answered by
 then, whatever the reason, has dropped out, and the round goes on while at least ``threshold``
 remain. Each party checks that the model it is sent is the update of the previous one by the
-revealed aggregate, and never contributes twice at one model. A re-run of the same job resumes
-after the last round that every party finished.
+round's mean update, which it unmasks itself too, and never contributes twice at one model.
+A re-run of the same job resumes after the last round that every party finished.
 """
 
 from __future__ import annotations

@@ -261,6 +261,19 @@ def apply_mean_delta(weights: np.ndarray, mean_delta: np.ndarray) -> np.ndarray:
     return weights + mean_delta
 
 
+def next_model(
+    weights: np.ndarray, mean_update: np.ndarray, local_epochs: int, learning_rate: float
+) -> np.ndarray:
+    """The coordinator's update of a round, which every party recomputes to check the broadcast.
+
+    Deterministic (elementwise IEEE operations on the same inputs), so a party holding the
+    previous model and the revealed aggregate gets the very same bits.
+    """
+    if local_epochs == 0:
+        return apply_mean_gradient(weights, mean_update, learning_rate)
+    return apply_mean_delta(weights, mean_update)
+
+
 def centralized_gd(
     X: np.ndarray, y: np.ndarray, l2: float, learning_rate: float, iterations: int
 ) -> np.ndarray:

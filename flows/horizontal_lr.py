@@ -6,19 +6,20 @@ party:        advertise keys ─▶ share keys ─▶ mask update ─▶ reveal 
 coordinator:    publish keys ─▶ route shares ─▶ add masked ─▶ unmask sum, update, checkpoint
 (the key, share, routing and reveal steps are the shared tasks of ``tasks.secure_sum``)
 Every arrow crosses the channel; the coordinator sees only the row-weighted mean update, the
-mean loss and the total row count. Parties that fall silent mid-round are tolerated while at
-least ``threshold`` remain. A re-run of the same job resumes after the last round that every
-party finished.
+mean loss and the total row count. Each stage runs every party's step at once and waits up to
+``stage_timeout`` seconds (``tasks.secure_sum.run_session``): a party that has not answered by
+then, whatever the reason, has dropped out, and the round goes on while at least ``threshold``
+remain. Each party checks that the model it is sent is the update of the previous one by the
+round's mean update, which it unmasks itself too, and never contributes twice at one model.
+A re-run of the same job resumes after the last round that every party finished.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import secrets
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -32,56 +33,13 @@ from tasks import secure_sum
 from tasks.horizontal_lr import COORDINATOR, predict_proba
 from tasks.loading import load_table
 from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table
+from tasks.secure_sum import Faults, SimulatedCrashError
 
 __all__ = ["CRASH_POINTS", "SimulatedCrashError", "horizontal_lr", "predict_proba"]
 
 #: Where ``inject_crash_after`` can stop a run: after a secagg stage, or after the
 #: coordinator's commit but before the parties saved the round.
 CRASH_POINTS = (*secagg.DROPOUT_STAGES, "commit")
-_FAULT_KEY = re.compile(r"^(\*|\d+):([a-z_]+)$")
-
-
-class SimulatedCrashError(RuntimeError):
-    """Raised where ``inject_crash_after`` says: stands in for a killed process (tests only)."""
-
-
-@dataclass(frozen=True)
-class _Faults:
-    """Test-only fault injection: parties that fall silent, and where the run dies."""
-
-    dropouts: dict[str, list[str]]
-    crash_after: str | None
-
-    @classmethod
-    def parse(
-        cls, dropouts: dict[str, list[str]] | None, crash_after: str | None, names: list[str]
-    ) -> _Faults:
-        for key, parties in (dropouts or {}).items():
-            match = _FAULT_KEY.match(key)
-            if not match or match.group(2) not in secagg.DROPOUT_STAGES:
-                raise ValueError(
-                    f"inject_dropouts key {key!r} must be '<round or *>:<stage>' with a stage "
-                    f"in {secagg.DROPOUT_STAGES}"
-                )
-            unknown = sorted(set(parties) - set(names))
-            if unknown:
-                raise ValueError(f"inject_dropouts[{key!r}] names unknown parties {unknown}")
-        if crash_after is not None:
-            match = _FAULT_KEY.match(crash_after)
-            if not match or match.group(1) == "*" or match.group(2) not in CRASH_POINTS:
-                raise ValueError(
-                    f"inject_crash_after {crash_after!r} must be '<round>:<point>' with a point "
-                    f"in {CRASH_POINTS}"
-                )
-        return cls(dict(dropouts or {}), crash_after)
-
-    def present(self, round_: int, stage: str, parties: list[str]) -> list[str]:
-        silent = {*self.dropouts.get(f"{round_}:{stage}", []), *self.dropouts.get(f"*:{stage}", [])}
-        return [p for p in parties if p not in silent]
-
-    def crash_point(self, round_: int, point: str) -> None:
-        if self.crash_after == f"{round_}:{point}":
-            raise SimulatedCrashError(f"injected crash after {point!r} in round {round_}")
 
 
 def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
@@ -100,8 +58,10 @@ def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
 
 
 def _check_options(
-    rounds: int, local_epochs: int, learning_rate: float, l2: float, tol: float
+    rounds: int, local_epochs: int, learning_rate: float, l2: float, tol: float, timeout: float
 ) -> None:
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"stage_timeout must be a positive number of seconds, got {timeout}")
     if rounds < 1 or local_epochs < 0:
         raise ValueError(f"need rounds >= 1 and local_epochs >= 0, got {rounds}, {local_epochs}")
     if not (math.isfinite(learning_rate) and learning_rate > 0):
@@ -130,32 +90,17 @@ def _run_round(
     refs: dict[str, TableRef],
     ctx: steps.RoundContext,
     options: steps.TrainingOptions,
-    faults: _Faults,
+    faults: Faults,
     last_round: int,
 ) -> dict[str, Any]:
-    """One secure-aggregation session; only the parties the coordinator answered go on."""
-    r, started = ctx.round, time.time()
-    live = faults.present(r, "advertise_keys", list(refs))
-    for party in live:
-        secure_sum.advertise_keys(refs[party], ctx)
-    faults.crash_point(r, "advertise_keys")
-    live = faults.present(r, "share_keys", secure_sum.publish_key_directory(ctx))
-    for party in live:
-        secure_sum.share_keys(refs[party], ctx)
-    faults.crash_point(r, "share_keys")
-    live = faults.present(r, "mask_input", secure_sum.route_shares(ctx))
-    for party in live:
-        steps.mask_update(refs[party], ctx, options)
-    faults.crash_point(r, "mask_input")
-    live = faults.present(r, "reveal_shares", secure_sum.collect_masked(ctx))
-    for party in live:
-        secure_sum.reveal_shares(refs[party], ctx)
-    faults.crash_point(r, "reveal_shares")
-    entry = steps.update_model(ctx, options, started)
-    faults.crash_point(r, "commit")
-    final = r == last_round or entry["change"] < options.tol
-    for ref in refs.values():  # silent parties come back for the model
-        steps.finish_round(ref, ctx, final)
+    """One secure-aggregation session; the parties that answered in time are the survivors."""
+    started = time.time()
+    responders = secure_sum.run_session(refs, ctx, steps.mask_update, (options,), faults=faults)
+    entry = steps.update_model(ctx, options, started, responders)
+    faults.crash_point(ctx.round, "commit")
+    final = ctx.round == last_round or entry["change"] < options.tol
+    # every party, dropped ones too, verifies and saves the model; one failing here lags behind
+    secure_sum.run_stage("save_model", steps.finish_round, refs, list(refs), ctx, options, final)
     return entry
 
 
@@ -196,7 +141,8 @@ def horizontal_lr(
     threshold: int | None = None,
     workspace: str | None = None,
     job_id: str | None = None,
-    inject_dropouts: dict[str, list[str]] | None = None,
+    stage_timeout: float = 60.0,
+    inject_faults: dict[str, dict[str, str]] | None = None,
     inject_crash_after: str | None = None,
 ) -> dict[str, Any]:
     """Train logistic regression on the parties' rows; the coordinator sees only masked sums.
@@ -208,18 +154,20 @@ def horizontal_lr(
     parties' salted table digests and every option that shapes the model (not ``rounds`` or
     ``tol``), so re-running resumes and asking for more rounds continues. Training is
     deterministic (zero start, full-batch steps); ``seed`` only names the job, since masks
-    must come from fresh OS randomness.
+    must come from fresh OS randomness. ``stage_timeout`` is how long each secure-aggregation
+    stage waits for the parties' answers before counting the silent ones as dropped.
 
-    Fault injection, for tests only: ``inject_dropouts`` maps ``"<round or *>:<stage>"`` to
-    parties that fall silent at that stage; ``inject_crash_after`` (``"<round>:<point>"``)
-    raises :class:`SimulatedCrashError` there, as if the process were killed.
+    Fault injection, for tests only: ``inject_faults`` maps ``"<round or *>:<stage>"`` to
+    ``{party: "raise" | "hang"}`` (that party's step fails, or never answers);
+    ``inject_crash_after`` (``"<round>:<point>"``) raises :class:`SimulatedCrashError` there,
+    as if the flow's process were killed.
     """
     refs = _party_refs(parties)
     names = [ref.party for ref in refs]
     threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
-    _check_options(rounds, local_epochs, learning_rate, l2, tol)
+    _check_options(rounds, local_epochs, learning_rate, l2, tol, stage_timeout)
     secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
-    faults = _Faults.parse(inject_dropouts, inject_crash_after, names)
+    faults = Faults.parse(inject_faults, inject_crash_after, names)
 
     digests = [steps.check_table(ref) for ref in refs]
     if job_id is None:
@@ -249,7 +197,7 @@ def horizontal_lr(
             break
         session = f"{job_id}/round-{round_}/{secrets.token_hex(8)}"
         ctx = steps.round_context(
-            job_id, round_, session, tuple(names), threshold, n_features, workspace
+            job_id, round_, session, tuple(names), threshold, n_features, workspace, stage_timeout
         )
         entry = _run_round(by_name, ctx, options, faults, rounds - 1)
         ran += 1

@@ -57,21 +57,6 @@ def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
     return refs
 
 
-def _dropouts(inject: dict[str, list[str]] | None, names: list[str]) -> secure_sum.Present:
-    """Test-only: ``{stage: [parties]}`` fall silent at that secure-sum stage."""
-    for stage, silent in (inject or {}).items():
-        if stage not in secagg.DROPOUT_STAGES:
-            raise ValueError(f"inject_dropouts stage {stage!r} must be in {secagg.DROPOUT_STAGES}")
-        unknown = sorted(set(silent) - set(names))
-        if unknown:
-            raise ValueError(f"inject_dropouts[{stage!r}] names unknown parties {unknown}")
-
-    def present(stage: str, parties: list[str]) -> list[str]:
-        return [p for p in parties if p not in (inject or {}).get(stage, [])]
-
-    return present
-
-
 def _summary(job: steps.SparseLDAJob, model: dict[str, Any], releases: dict[str, Any]) -> str:
     """The UI's view: method, privacy, who contributed, the kept features, each ledger."""
     items = [
@@ -167,7 +152,7 @@ def sparse_lda(
     )
     steps.check_job(job)
     rule = ThresholdRule(hard_threshold_scale, hard_threshold_noise_multiplier)
-    present = _dropouts(inject_dropouts, names)
+    faults = secure_sum.Faults.silent(inject_dropouts, names)  # test only
 
     digests = [steps.check_table(ref) for ref in refs]
     if job_id is None:
@@ -193,9 +178,7 @@ def sparse_lda(
     else:
         releases = secure_sum.each_party(steps.release_contribution, by_name, names, job)
         ctx = steps.sum_context(job, len(features), f"{job_id}/{secrets.token_hex(8)}")
-        secure_sum.sum_stored_vectors(
-            by_name, ctx, steps.input_key(job_id), list(releases), present
-        )
+        secure_sum.sum_stored_vectors(by_name, ctx, steps.input_key(job_id), list(releases), faults)
         model = steps.build_model(job, ctx, rule)
     secure_sum.each_party(steps.keep_model, by_name, names, job, ctx)  # dropped ones too
     return _finish(job, model, releases)

@@ -1,11 +1,23 @@
 """Horizontal logistic regression with secure aggregation, one task per party step.
 
 The maths is in :mod:`core.horizontal_lr` (the model) and :mod:`core.secagg` (the masking);
-the secure-aggregation steps themselves are the shared ones of :mod:`tasks.secure_sum` (the
-flow calls its tasks for keys, shares, routing and unmasking). This module adds what is
-horizontal-specific: checking tables, the masked local update, the coordinator's model update
-and the round checkpoints. Each party task opens only that party's store and channel
+the secure-aggregation steps and their driver (``run_session``) are the shared ones of
+:mod:`tasks.secure_sum`. This module adds what is horizontal-specific: checking tables, the
+masked local update, the coordinator's model update, the parties' check of it and the round
+checkpoints. Each party task opens only that party's store and channel
 endpoint; the coordinator is a logical party with its own store.
+
+Across rounds (a coordinator unmasking one party by broadcasting the same model twice, then
+claiming that party dropped): each party checks that the model it is sent is exactly the
+previous model moved by the mean update sent along, and, if it helped unmask the round, that
+this mean is the one of the sum it unmasked itself from its peers' direct copies
+(:func:`verified_model`); and it contributes at one model in one round only (``point`` of
+:func:`tasks.secure_sum.party_mask`). What is left for an honest-but-curious coordinator: two
+consecutive sums with senders S and S - {C} differ by C's weighted update plus
+``sum over S - {C} of n_j (g_j(w_r) - g_j(w_r+1))``, at most ``N L |w_r+1 - w_r|`` with
+``L <= max |(x, 1)|^2 / 4 + l2`` in gradient mode: not C's update while the model moves, an
+approximation of it near convergence (and C's row count exactly). Only per-round noise would
+hide that.
 
 Tasks do not use Prefect's result cache (``NO_CACHE``): resuming is done by the parties' own
 round checkpoints, so nothing a party computes is kept in the orchestrator's result storage.
@@ -24,6 +36,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 
 from core import horizontal_lr as hlr
+from core.secagg.errors import ProtocolViolationError
 from core.secagg.weighted import packed_dimension, unpack_weighted
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
@@ -50,12 +63,22 @@ def round_context(
     threshold: int,
     n_features: int,
     workspace: str | None = None,
+    stage_timeout: float = 60.0,
 ) -> SumContext:
     """The session of one round: packed vector = [rows * update (n_features + 1), rows * loss,
     rows]."""
     dimension = packed_dimension(n_features + 1)
     return SumContext(
-        PROTOCOL, job_id, round_, session_id, tuple(parties), threshold, dimension, workspace
+        PROTOCOL,
+        job_id,
+        round_,
+        session_id,
+        tuple(parties),
+        threshold,
+        dimension,
+        workspace,
+        stage_timeout=stage_timeout,
+        peer_copies=True,  # every sender checks the mean update the coordinator announces
     )
 
 
@@ -92,6 +115,11 @@ def _weights_before(store: PartyStore, ctx: RoundContext, n_features: int, who: 
     except KeyError:
         raise RoundStateError(f"{who}: no checkpoint of round {ctx.round - 1}") from None
     return np.asarray(saved["weights"], dtype=np.float64)
+
+
+def model_point(weights: np.ndarray) -> str:
+    """Digest of a model, naming the point at which a party computed its update."""
+    return hashlib.sha256(np.ascontiguousarray(weights, dtype="<f8").tobytes()).hexdigest()
 
 
 def model_record(
@@ -246,14 +274,56 @@ def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> N
         update = hlr.local_epochs(
             weights, X, y, options.l2, options.learning_rate, options.local_epochs
         )
-    secure_sum.party_mask(store, ctx, ref.party, update.packed())
+    secure_sum.party_mask(store, ctx, ref.party, update.packed(), point=model_point(weights))
+
+
+def verified_model(
+    message: dict[str, Any],
+    before: np.ndarray,
+    options: TrainingOptions,
+    who: str,
+    round_: int,
+    own_sum: np.ndarray | None = None,
+) -> np.ndarray:
+    """The broadcast weights, if they are exactly the update of ``before`` by the mean update.
+
+    Why: a party must not compute its next update at whatever model the coordinator names.
+    With this check the model of round r+1 is the model of round r moved by the mean update
+    the coordinator says it unmasked; together with the one-model-one-round rule of
+    :func:`tasks.secure_sum.party_mask`, the coordinator cannot have two rounds summed at the
+    same model (whose difference, with one party claimed dropped, is that party's update).
+    ``own_sum`` is the round's sum as this party unmasked it itself
+    (:func:`tasks.secure_sum.party_unmasked_sum`; None if it did not help unmask): the mean
+    update must be exactly that sum's, so the coordinator cannot make one up.
+    """
+    where = f"{who}: coordinator's model of round {round_}"
+    mean = np.asarray(message.get("mean_update", ()), dtype=np.float64)
+    weights = np.asarray(message["weights"], dtype=np.float64)
+    if mean.shape != before.shape or not np.all(np.isfinite(mean)):
+        raise ProtocolViolationError(
+            f"{where} carries no usable mean update (shape {mean.shape}, expected {before.shape})"
+        )
+    if own_sum is not None and not np.array_equal(mean, unpack_weighted(own_sum).mean):
+        raise ProtocolViolationError(
+            f"{where}: its mean update is not the one of the sum {who} unmasked from its peers' "
+            "messages; refusing it (a made-up update could unmask one party across rounds)"
+        )
+    expected = hlr.next_model(before, mean, options.local_epochs, options.learning_rate)
+    if weights.shape != expected.shape or not np.array_equal(weights, expected):
+        raise ProtocolViolationError(
+            f"{where} is not the update of round {round_ - 1}'s model by the mean it sent; "
+            "refusing it (a coordinator choosing the model could unmask one party across rounds)"
+        )
+    return weights
 
 
 @task(
     name="hlr-finish-round", task_run_name="round {ctx.round}: {ref.party} save model", **PARTY_STEP
 )
-def finish_round(ref: TableRef, ctx: RoundContext, final: bool = False) -> None:
-    """Receive the new model and checkpoint the round; drop this session's secrets.
+def finish_round(
+    ref: TableRef, ctx: RoundContext, options: TrainingOptions, final: bool = False
+) -> None:
+    """Receive the new model, verify it, and checkpoint the round; drop this session's secrets.
 
     After the last round, the party also keeps its own copy of the model.
     """
@@ -263,13 +333,16 @@ def finish_round(ref: TableRef, ctx: RoundContext, final: bool = False) -> None:
         raise RoundStateError(
             f"{ref.party}: the model message of round {ctx.round} belongs to another attempt"
         )
-    weights = np.asarray(message["weights"], dtype=np.float64)
+    features = _agreed_features(endpoint)
+    before = _weights_before(store, ctx, len(features), ref.party)
+    own_sum = secure_sum.party_unmasked_sum(store, ctx, ref.party)
+    weights = verified_model(message, before, options, ref.party, ctx.round, own_sum)
     cps = checkpoints(store, ctx.job_id)
     cps.save(ctx.round, {"weights": weights, "change": message["change"]})
     with secure_sum.session(store, ctx, ref.party) as records:
         records.forget_older_sessions()  # the revealed-senders record stays for the job's life
         if final:
-            model = model_record(ctx.job_id, _agreed_features(endpoint), weights, ctx.round + 1)
+            model = model_record(ctx.job_id, features, weights, ctx.round + 1)
             records.artifacts.put(model_key(ctx.job_id), model, "model", con=records.con)
     if final:
         cps.prune(keep_last=2)
@@ -291,11 +364,18 @@ def _agreed_schema(artifacts: ArtifactStore, job_id: str, con: Any = None) -> di
     task_run_name="round {ctx.round}: coordinator update model",
     **PARTY_STEP,
 )
-def update_model(ctx: RoundContext, options: TrainingOptions, started: float) -> dict[str, Any]:
+def update_model(
+    ctx: RoundContext,
+    options: TrainingOptions,
+    started: float,
+    responders: list[str] | None = None,
+) -> dict[str, Any]:
     """Secagg step 3 (coordinator): unmask the sum, update the model, checkpoint, broadcast.
 
     Only the weighted mean update, the mean loss and the total row count are ever in the
-    clear here. The checkpoint is the round's commit; a retry after it only re-sends.
+    clear here; they go to the parties with the new model, which each party recomputes from
+    them (:func:`verified_model`). The checkpoint is the round's commit; a retry after it
+    only re-sends.
     """
     store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
     cps = checkpoints(store, ctx.job_id)
@@ -303,17 +383,14 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
         saved = cps.load(ctx.round)
     else:
         schema = _agreed_schema(ArtifactStore(store), ctx.job_id)
-        total, survivors = secure_sum.coordinator_reconstruct(store, ctx)  # not stored
+        total, survivors = secure_sum.coordinator_reconstruct(store, ctx, responders)
         mean = unpack_weighted(total)
         previous = cps.load(ctx.round - 1) if ctx.round > 0 else None
         if previous is None:
             before, history = hlr.init_model(len(schema["feature_columns"])), []
         else:
             before, history = np.asarray(previous["weights"]), previous["history"]
-        if options.local_epochs == 0:
-            weights = hlr.apply_mean_gradient(before, mean.mean, options.learning_rate)
-        else:
-            weights = hlr.apply_mean_delta(before, mean.mean)
+        weights = hlr.next_model(before, mean.mean, options.local_epochs, options.learning_rate)
         entry = {
             "round": ctx.round,
             "loss": mean.mean_loss,
@@ -321,7 +398,12 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
             "survivors": survivors,
             "change": float(np.max(np.abs(weights - before))),
         }
-        saved = {"weights": weights, "change": entry["change"], "history": [*history, entry]}
+        saved = {
+            "weights": weights,
+            "mean_update": mean.mean,
+            "change": entry["change"],
+            "history": [*history, entry],
+        }
         cps.save(ctx.round, saved)
         get_run_logger().info(
             "round %d: loss %.6f from %d parties", ctx.round, entry["loss"], len(entry["survivors"])
@@ -330,6 +412,8 @@ def update_model(ctx: RoundContext, options: TrainingOptions, started: float) ->
         "session_id": ctx.session_id,
         "round": ctx.round,
         "weights": saved["weights"],
+        "mean_update": saved["mean_update"],
+        "survivors": saved["history"][-1]["survivors"],
         "change": saved["change"],
     }
     for party in ctx.parties:

@@ -13,17 +13,28 @@ Every step stores its new state and its outgoing message in the stepping party's
 session's masks never cover two different inputs. A party also refuses to help unmask a
 (job, round) a second time for a different set of senders: the difference of two such sums
 would be one party's vector.
+
+One driver runs a session for every protocol (:func:`run_session`): each stage submits every
+live party's step at once and waits for the answers until the stage deadline
+(``SumContext.stage_timeout``). A party that has not answered by then, for whatever reason
+(its task raised, hung, or its process is gone), is a dropout; the coordinator's next step
+reads only the messages of the parties that answered. While at least ``threshold`` remain the
+round goes on; below that it aborts, naming the missing parties and why, before anything is
+unmasked. A party that *refuses* (a protocol violation it detected, a budget refusal) stops the
+run: that is an accusation or a data owner's decision, not a fault to route around.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from prefect import get_run_logger, task
+from prefect.futures import PrefectFuture, wait
 
 from core import secagg
 from storage.artifacts import ArtifactStore
@@ -54,6 +65,8 @@ class SumContext:
     dimension: int
     workspace: str | None = None
     scale_bits: int = secagg.DEFAULT_SCALE_BITS
+    stage_timeout: float = 60.0  # seconds a stage waits for the parties' answers
+    peer_copies: bool = False  # parties also send peers what lets each unmask the sum itself
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return channel_for(self.job_id, self.workspace).endpoint(party)
@@ -72,6 +85,10 @@ class SumContext:
     def revealed_key(self) -> str:
         """Which senders a party helped unmask this (job, round) for; kept for the job's life."""
         return f"{self.protocol}/{self.job_id}/revealed/{self.round:07d}"
+
+    def point_key(self, point: str) -> str:
+        """Which round a party contributed at ``point`` (e.g. a model); kept for the job's life."""
+        return f"{self.protocol}/{self.job_id}/point/{point}"
 
     @property
     def sum_key(self) -> str:
@@ -114,6 +131,10 @@ class SessionRecords:
             self.artifacts.put(self.ctx.prefix + step, record, "secagg-state", con=self.con)
         return record["outbox"]
 
+    def stored(self, step: str) -> dict[str, Any] | None:
+        """This session's record of a finished step (``state`` and ``outbox``), or None."""
+        return self._record(step)
+
     def forget_older_sessions(self) -> None:
         """Drop what an aborted attempt left behind (or this session's secrets, once done)."""
         self.artifacts.delete_prefix(self.ctx.prefix, con=self.con)
@@ -125,10 +146,13 @@ def session(store: PartyStore, ctx: SumContext, who: str) -> Iterator[SessionRec
         yield SessionRecords(store, con, ctx, who)
 
 
-def arrived(endpoint: PartyEndpoint, ctx: SumContext, kind: str) -> list[dict[str, Any]]:
-    """This session's messages of ``kind``; a party with none (or a stale one) has dropped."""
+def arrived(
+    endpoint: PartyEndpoint, ctx: SumContext, kind: str, parties: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """This session's messages of ``kind`` from ``parties`` (those that answered the stage in
+    time; default all); a party with none (or a stale one) has dropped."""
     messages = []
-    for party in ctx.parties:
+    for party in ctx.parties if parties is None else parties:
         try:
             message = endpoint.receive(party, kind, round=ctx.round)
         except ChannelError:
@@ -164,17 +188,43 @@ def party_share(store: PartyStore, ctx: SumContext, party: str) -> None:
             "share", lambda: secagg.share_keys(records.state("advertise"), directory)
         )
     endpoint.send(COORDINATOR, "secagg_shares", message, round=ctx.round)
+    commitment = {k: message[k] for k in ("session_id", "party", "self_mask_commitment")}
+    _to_peers(endpoint, ctx, party, "secagg_commitment", commitment)
 
 
-def party_mask(store: PartyStore, ctx: SumContext, party: str, vector: np.ndarray) -> None:
-    """Step 2: send ``vector`` masked (a retry re-sends the stored masked message)."""
+def party_mask(
+    store: PartyStore, ctx: SumContext, party: str, vector: np.ndarray, point: str | None = None
+) -> None:
+    """Step 2: send ``vector`` masked (a retry re-sends the stored masked message).
+
+    ``point`` names what the vector is a function of (horizontal LR: a digest of the model it
+    was computed at). A party contributes at one point in one round only: two sums at the same
+    point whose senders differ by one party give that party's exact vector, and a coordinator
+    could otherwise get them across rounds (broadcast the same model twice, then claim the
+    party dropped). A re-run of the same round may use its point again; the per-round guard of
+    :func:`party_reveal` keeps its senders unchanged.
+    """
     endpoint = ctx.endpoint(party)
     delivery = endpoint.receive(COORDINATOR, "secagg_shares", round=ctx.round)
     with session(store, ctx, party) as records:
-        message = records.once(
-            "mask", lambda: secagg.mask_input(records.state("share"), delivery, vector)
-        )
+
+        def mask() -> tuple[Any, Any]:
+            if point is not None:
+                key = ctx.point_key(point)
+                seen = records.artifacts.get(key, con=records.con)
+                if seen is not None and seen != ctx.round:
+                    raise secagg.ProtocolViolationError(
+                        f"party {party!r}: the coordinator asks for round {ctx.round} of job "
+                        f"{ctx.job_id} at the same model as round {seen}; refusing to "
+                        "contribute twice at one model (the difference of two such sums "
+                        "would reveal single updates)"
+                    )
+                records.artifacts.put(key, ctx.round, "secagg-point", con=records.con)
+            return secagg.mask_input(records.state("share"), delivery, vector)
+
+        message = records.once("mask", mask)
     endpoint.send(COORDINATOR, "secagg_masked", message, round=ctx.round)
+    _to_peers(endpoint, ctx, party, "secagg_masked", message)
 
 
 def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
@@ -203,6 +253,65 @@ def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
 
         response = records.once("reveal", reveal)
     endpoint.send(COORDINATOR, "secagg_unmask_response", response, round=ctx.round)
+    _to_peers(endpoint, ctx, party, "secagg_unmask_response", response)
+
+
+def _to_peers(
+    endpoint: PartyEndpoint, ctx: SumContext, party: str, kind: str, message: Any
+) -> None:
+    """With ``ctx.peer_copies``, the same message to every other party (see
+    :func:`party_unmasked_sum`); each copy is authenticated by the channel, not relayed."""
+    if ctx.peer_copies:
+        for peer in ctx.parties:
+            if peer != party:
+                endpoint.send(peer, kind, message, round=ctx.round)
+
+
+def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.ndarray | None:
+    """The session's sum as this party unmasks it itself, from its peers' copies.
+
+    Why: a party that helped unmask must be able to check the sum the coordinator announces;
+    otherwise a coordinator could announce any sum (e.g. one that barely moves the model, so
+    that the next round, with one party claimed dropped, reveals that party's update). The
+    peers' commitments, masked inputs and unmask shares reach every party directly, and it runs
+    the coordinator's own steps on them; it learns the sum (the coordinator's view), no more.
+    Returns None when this party did not help unmask the session (it has nothing to check).
+    """
+    endpoint = ctx.endpoint(party)
+    with session(store, ctx, party) as records:
+        revealed, masked, shared = (records.stored(s) for s in ("reveal", "mask", "share"))
+    if revealed is None or masked is None or shared is None:
+        return None
+    state, own_response = revealed["state"], revealed["outbox"]
+    own_masked, own_share = masked["outbox"], shared["outbox"]
+    request = state["unmask_request"]
+    senders = [p for p in request["input_senders"] if p != party]
+    where = f"party {party!r}: round {ctx.round} of job {ctx.job_id}"
+    masked = [own_masked, *arrived(endpoint, ctx, "secagg_masked", senders)]
+    commitments = {party: own_share["self_mask_commitment"]}
+    for message in arrived(endpoint, ctx, "secagg_commitment", senders):
+        commitments[message["party"]] = message["self_mask_commitment"]
+    missing = sorted(set(request["input_senders"]) - {m["party"] for m in masked})
+    missing += sorted(set(request["input_senders"]) - set(commitments))
+    if missing:
+        raise secagg.ProtocolViolationError(
+            f"{where}: the coordinator counts {sorted(set(missing))} as senders, but their "
+            "masked inputs or commitments never reached this party; refusing its sum"
+        )
+    peer_state = secagg.CoordinatorState(
+        config=state["config"],
+        stage="collecting_inputs",
+        public_keys=state["public_keys"],
+        share_senders=state["share_senders"],
+        self_mask_commitments=commitments,
+        input_senders=[],
+        dropped=[],
+        masked_sum=None,
+    )
+    peer_state, _ = secagg.collect_masked_inputs(peer_state, masked)
+    responses = [own_response, *arrived(endpoint, ctx, "secagg_unmask_response", senders)]
+    _, aggregate = secagg.reconstruct_sum(peer_state, responses)
+    return secagg.decode(aggregate["ring_sum"], state["config"]["scale_bits"])
 
 
 def forget_session(store: PartyStore, ctx: SumContext, who: str) -> None:
@@ -215,10 +324,12 @@ def forget_session(store: PartyStore, ctx: SumContext, who: str) -> None:
 # Coordinator steps: it relays, tracks who dropped, and unmasks only the sum
 
 
-def coordinator_directory(store: PartyStore, ctx: SumContext) -> list[str]:
+def coordinator_directory(
+    store: PartyStore, ctx: SumContext, answered: Sequence[str] | None = None
+) -> list[str]:
     """Step 0: the directory of public keys, to every advertiser; returns the advertisers."""
     endpoint = ctx.endpoint(COORDINATOR)
-    advertisements = arrived(endpoint, ctx, "secagg_keys")
+    advertisements = arrived(endpoint, ctx, "secagg_keys", answered)
     with session(store, ctx, COORDINATOR) as records:
 
         def directory() -> tuple[Any, Any]:
@@ -233,10 +344,12 @@ def coordinator_directory(store: PartyStore, ctx: SumContext) -> list[str]:
     return list(message["public_keys"])
 
 
-def coordinator_route(store: PartyStore, ctx: SumContext) -> list[str]:
+def coordinator_route(
+    store: PartyStore, ctx: SumContext, answered: Sequence[str] | None = None
+) -> list[str]:
     """Step 1: forward the encrypted shares it cannot open; returns the share senders."""
     endpoint = ctx.endpoint(COORDINATOR)
-    messages = arrived(endpoint, ctx, "secagg_shares")
+    messages = arrived(endpoint, ctx, "secagg_shares", answered)
     with session(store, ctx, COORDINATOR) as records:
         deliveries = records.once(
             "route", lambda: secagg.route_encrypted_shares(records.state("directory"), messages)
@@ -246,10 +359,12 @@ def coordinator_route(store: PartyStore, ctx: SumContext) -> list[str]:
     return list(deliveries)
 
 
-def coordinator_collect(store: PartyStore, ctx: SumContext) -> list[str]:
+def coordinator_collect(
+    store: PartyStore, ctx: SumContext, answered: Sequence[str] | None = None
+) -> list[str]:
     """Step 2: add the masked inputs; ask the senders to help unmask the sum."""
     endpoint = ctx.endpoint(COORDINATOR)
-    messages = arrived(endpoint, ctx, "secagg_masked")
+    messages = arrived(endpoint, ctx, "secagg_masked", answered)
     with session(store, ctx, COORDINATOR) as records:
         request = records.once(
             "collect", lambda: secagg.collect_masked_inputs(records.state("route"), messages)
@@ -259,11 +374,13 @@ def coordinator_collect(store: PartyStore, ctx: SumContext) -> list[str]:
     return list(request["input_senders"])
 
 
-def coordinator_reconstruct(store: PartyStore, ctx: SumContext) -> tuple[np.ndarray, list[str]]:
+def coordinator_reconstruct(
+    store: PartyStore, ctx: SumContext, answered: Sequence[str] | None = None
+) -> tuple[np.ndarray, list[str]]:
     """Step 3: the decoded sum of the input senders, and who they are (deterministic)."""
     with session(store, ctx, COORDINATOR) as records:
         state = records.state("collect")
-    responses = arrived(ctx.endpoint(COORDINATOR), ctx, "secagg_unmask_response")
+    responses = arrived(ctx.endpoint(COORDINATOR), ctx, "secagg_unmask_response", answered)
     _, aggregate = secagg.reconstruct_sum(state, responses)
     total = secagg.decode(aggregate["ring_sum"], state["config"]["scale_bits"])
     return total, list(aggregate["input_senders"])
@@ -330,8 +447,8 @@ def forget_party_session(ref: TableRef, ctx: SumContext) -> None:
     task_run_name="round {ctx.round}: coordinator publish keys",
     **PARTY_STEP,
 )
-def publish_key_directory(ctx: SumContext) -> list[str]:
-    return coordinator_directory(coordinator_store(ctx.workspace), ctx)
+def publish_key_directory(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
+    return coordinator_directory(coordinator_store(ctx.workspace), ctx, answered)
 
 
 @task(
@@ -339,8 +456,8 @@ def publish_key_directory(ctx: SumContext) -> list[str]:
     task_run_name="round {ctx.round}: coordinator route shares",
     **PARTY_STEP,
 )
-def route_shares(ctx: SumContext) -> list[str]:
-    return coordinator_route(coordinator_store(ctx.workspace), ctx)
+def route_shares(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
+    return coordinator_route(coordinator_store(ctx.workspace), ctx, answered)
 
 
 @task(
@@ -348,8 +465,8 @@ def route_shares(ctx: SumContext) -> list[str]:
     task_run_name="round {ctx.round}: coordinator add masked",
     **PARTY_STEP,
 )
-def collect_masked(ctx: SumContext) -> list[str]:
-    return coordinator_collect(coordinator_store(ctx.workspace), ctx)
+def collect_masked(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
+    return coordinator_collect(coordinator_store(ctx.workspace), ctx, answered)
 
 
 @task(
@@ -357,7 +474,7 @@ def collect_masked(ctx: SumContext) -> list[str]:
     task_run_name="round {ctx.round}: coordinator unmask sum",
     **PARTY_STEP,
 )
-def unmask_sum(ctx: SumContext) -> list[str]:
+def unmask_sum(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
     """Store the decoded sum under ``ctx.sum_key`` in the coordinator's store; return senders.
 
     The sum and the dropping of the session's secrets are one transaction; a retry after it
@@ -368,7 +485,7 @@ def unmask_sum(ctx: SumContext) -> list[str]:
     stored = artifacts.get(ctx.sum_key)
     if stored is not None and stored["session_id"] == ctx.session_id:
         return list(stored["senders"])
-    total, senders = coordinator_reconstruct(store, ctx)
+    total, senders = coordinator_reconstruct(store, ctx, answered)
     record = {"session_id": ctx.session_id, "total": total, "senders": senders}
     with session(store, ctx, COORDINATOR) as records:
         records.artifacts.put(ctx.sum_key, record, "secure-sum", con=records.con)
@@ -385,24 +502,210 @@ def stored_sum(ctx: SumContext) -> tuple[np.ndarray, list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Orchestration: one whole session over stored vectors (called from a flow)
+# Orchestration: the one driver of a session's stages (called from flows)
 
-Present = Callable[[str, list[str]], list[str]]
-"""``(stage, parties) -> parties that take part``: lets tests silence parties at a stage."""
+#: What a party may answer with instead of a result: a refusal stops the run, anything else
+#: (an exception, a hang, a killed process) only drops the party from the session.
+REFUSALS: tuple[type[Exception], ...] = (secagg.ProtocolViolationError, BudgetError)
 
 
-def _everyone(stage: str, parties: list[str]) -> list[str]:
-    return parties
+class SimulatedCrashError(RuntimeError):
+    """Raised by the fault injector (tests only): stands in for a crash or a killed process."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Test-only fault injection for :func:`run_session`; empty in production.
+
+    ``parties`` maps ``"<round or *>:<stage>"`` to ``{party: "raise" | "hang"}``: that party's
+    step is replaced by a stand-in task that raises, or that sleeps past the stage deadline
+    and never answers (a killed process, in the one-process mode). ``crash_after``
+    (``"<round>:<stage or commit>"``) makes the driver itself raise there, as if the flow's
+    process were killed.
+    """
+
+    parties: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    crash_after: str | None = None
+
+    @classmethod
+    def parse(
+        cls,
+        parties: Mapping[str, Mapping[str, str]] | None,
+        crash_after: str | None,
+        names: Sequence[str],
+    ) -> Faults:
+        """Check a flow's fault options (unknown stages, parties and kinds are refused)."""
+        for key, faults in (parties or {}).items():
+            round_, _, stage = key.partition(":")
+            if not (round_ == "*" or round_.isdigit()) or stage not in secagg.DROPOUT_STAGES:
+                raise ValueError(
+                    f"fault key {key!r} must be '<round or *>:<stage>' with a stage in "
+                    f"{secagg.DROPOUT_STAGES}"
+                )
+            unknown = sorted(set(faults) - set(names))
+            kinds = sorted(set(faults.values()) - {"raise", "hang"})
+            if unknown or kinds:
+                raise ValueError(f"faults[{key!r}]: unknown parties {unknown} or kinds {kinds}")
+        if crash_after is not None:
+            round_, _, point = crash_after.partition(":")
+            if not round_.isdigit() or point not in (*secagg.DROPOUT_STAGES, "commit"):
+                raise ValueError(
+                    f"crash_after {crash_after!r} must be '<round>:<point>' with a point in "
+                    f"{(*secagg.DROPOUT_STAGES, 'commit')}"
+                )
+        return cls({k: dict(v) for k, v in (parties or {}).items()}, crash_after)
+
+    @classmethod
+    def silent(cls, stages: Mapping[str, Sequence[str]] | None, names: Sequence[str]) -> Faults:
+        """``{stage: [parties]}`` whose step raises at that stage in every round."""
+        plan = {
+            f"*:{stage}": dict.fromkeys(parties, "raise")
+            for stage, parties in (stages or {}).items()
+        }
+        return cls.parse(plan, None, names)
+
+    def at(self, round_: int, stage: str) -> dict[str, str]:
+        return {**self.parties.get(f"*:{stage}", {}), **self.parties.get(f"{round_}:{stage}", {})}
+
+    def crash_point(self, round_: int, point: str) -> None:
+        if self.crash_after == f"{round_}:{point}":
+            raise SimulatedCrashError(f"injected crash after {point!r} in round {round_}")
+
+
+NO_FAULTS = Faults()
+
+
+@task(
+    name="secagg-injected-fault",
+    task_run_name="round {round_}: {party} {stage} (injected {kind}, test only)",
+    cache_policy=PARTY_STEP["cache_policy"],
+)
+def injected_fault(party: str, stage: str, round_: int, kind: str, hang_seconds: float) -> None:
+    """Stand-in for a party's step that fails (``raise``) or never answers (``hang``)."""
+    if kind == "hang":
+        time.sleep(hang_seconds)
+        return
+    raise SimulatedCrashError(f"{party}: injected failure at {stage} in round {round_}")
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """Who answered a stage by its deadline (with their results) and why the others did not."""
+
+    answered: dict[str, Any]
+    missing: dict[str, str]
+
+
+def run_stage(
+    stage: str,
+    step: Any,
+    refs: Mapping[str, TableRef],
+    parties: Sequence[str],
+    ctx: SumContext,
+    *args: Any,
+    faults: Faults = NO_FAULTS,
+) -> StageOutcome:
+    """Run ``step(ref, ctx, *args)`` for every party at once; wait until the stage deadline.
+
+    Each party's step is its own Prefect task run, so one party's exception or hang cannot
+    stop another's. The step itself is a function of the party's own state and the messages
+    addressed to it, so the same stage works when the party runs in another process; there the
+    rule is the coordinator's: a message not received by the deadline is a dropout.
+    """
+    injected = faults.at(ctx.round, stage)
+    futures: dict[str, PrefectFuture[Any]] = {}
+    for party in parties:
+        if party in injected:
+            hang = ctx.stage_timeout + 1.0
+            futures[party] = injected_fault.submit(party, stage, ctx.round, injected[party], hang)
+        else:
+            futures[party] = step.submit(refs[party], ctx, *args)
+    done = wait(list(futures.values()), timeout=ctx.stage_timeout).done
+    answered: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    for party, future in futures.items():
+        if future not in done:
+            missing[party] = f"no answer within {ctx.stage_timeout:g} s"
+            continue
+        future.wait(0)  # records the run's final state on the future (no API round trip)
+        if future.state.is_completed():
+            answered[party] = future.result()
+        else:
+            error = future.result(raise_on_failure=False)
+            if isinstance(error, REFUSALS):
+                raise error
+            missing[party] = f"{type(error).__name__}: {error}"
+    for party, why in missing.items():
+        get_run_logger().warning(
+            "round %d of job %s: %s dropped out at %s (%s)",
+            ctx.round,
+            ctx.job_id,
+            party,
+            stage,
+            why,
+        )
+    return StageOutcome(answered, missing)
+
+
+def require_threshold(
+    ctx: SumContext, stage: str, outcome: StageOutcome, gone: Mapping[str, str]
+) -> list[str]:
+    """The parties that answered; abort (nothing unmasked or committed) below the threshold."""
+    live = list(outcome.answered)
+    if len(live) < ctx.threshold:
+        why = {**gone, **outcome.missing}
+        missing = "; ".join(f"{p} ({why[p]})" for p in ctx.parties if p in why)
+        raise secagg.InsufficientSurvivorsError(
+            f"round {ctx.round} of job {ctx.job_id}, stage {stage}: only {len(live)} of "
+            f"{len(ctx.parties)} parties answered ({live}), fewer than the threshold "
+            f"{ctx.threshold}; missing: {missing}. The round is aborted: nothing was unmasked "
+            "or committed"
+        )
+    return live
+
+
+def run_session(
+    refs: Mapping[str, TableRef],
+    ctx: SumContext,
+    mask_step: Any,
+    mask_args: tuple[Any, ...] = (),
+    parties: Sequence[str] | None = None,
+    faults: Faults = NO_FAULTS,
+) -> list[str]:
+    """The four stages of one secure-sum session, up to the parties' unmask shares.
+
+    ``mask_step(ref, ctx, *mask_args)`` is the protocol's own masking task (it computes or
+    reads the party's vector and calls :func:`party_mask`). Returns the parties whose unmask
+    shares arrived in time; the caller's coordinator step reconstructs from exactly those.
+    """
+    live = list(parties if parties is not None else refs)
+    gone: dict[str, str] = {}
+    stages: list[tuple[str, Any, tuple[Any, ...], Any]] = [
+        ("advertise_keys", advertise_keys, (), publish_key_directory),
+        ("share_keys", share_keys, (), route_shares),
+        ("mask_input", mask_step, mask_args, collect_masked),
+        ("reveal_shares", reveal_shares, (), None),
+    ]
+    for stage, step, args, coordinator_step in stages:
+        outcome = run_stage(stage, step, refs, live, ctx, *args, faults=faults)
+        gone.update(outcome.missing)
+        answered = require_threshold(ctx, stage, outcome, gone)
+        faults.crash_point(ctx.round, stage)
+        if coordinator_step is None:
+            return answered
+        live = coordinator_step(ctx, answered)  # those the coordinator heard (and answered)
+    raise AssertionError("unreachable")
 
 
 def each_party(
     step: Any, refs: dict[str, TableRef], parties: Sequence[str], *args: Any
 ) -> dict[str, Any]:
-    """Run a party step for ``parties``; return the results of those that finished.
+    """Run a (non-secure-sum) party step for ``parties``; return the results of those that
+    finished.
 
     A party whose step still fails after its retries with a transient error (I/O, a missing
-    message) has dropped out: the coordinator's next step goes on without it. Refused input,
-    protocol violations and budget refusals (``ValueError``, ``BudgetError``) fail the flow.
+    message) has dropped out. Refused input, protocol violations and budget refusals
+    (``ValueError``, ``BudgetError``) fail the flow.
     """
     done: dict[str, Any] = {}
     for party in parties:
@@ -422,20 +725,12 @@ def sum_stored_vectors(
     ctx: SumContext,
     input_key: str,
     parties: Sequence[str] | None = None,
-    present: Present = _everyone,
+    faults: Faults = NO_FAULTS,
 ) -> list[str]:
     """One secure-sum session over the vectors stored under ``input_key`` in each party's store.
 
     The decoded sum ends in the coordinator's store (:func:`stored_sum`); returns the parties
-    whose vectors it contains. Only the parties the coordinator answered go on to each next
-    step, so the session completes while at least ``ctx.threshold`` remain.
+    whose vectors it contains.
     """
-    live = present("advertise_keys", list(parties if parties is not None else refs))
-    each_party(advertise_keys, refs, live, ctx)
-    live = present("share_keys", publish_key_directory(ctx))
-    each_party(share_keys, refs, live, ctx)
-    live = present("mask_input", route_shares(ctx))
-    each_party(mask_stored_input, refs, live, ctx, input_key)
-    live = present("reveal_shares", collect_masked(ctx))
-    each_party(reveal_shares, refs, live, ctx)
-    return unmask_sum(ctx)
+    responders = run_session(refs, ctx, mask_stored_input, (input_key,), parties, faults)
+    return unmask_sum(ctx, responders)

@@ -164,15 +164,19 @@ def test_gradient_averaging_equals_centralized_gd_and_coordinator_sees_no_update
     np.testing.assert_allclose(more["weights"], hlr.centralized_gd(X, y, L2, LR, 3), atol=1e-6)
 
 
-def test_dropouts_up_to_threshold_give_the_survivors_model(
+def test_a_failing_and_a_hanging_party_leave_the_survivors_model(
     hospitals: Loader, workspace: Path
 ) -> None:
     refs = hospitals(workspace)
     parts = dict(zip(HOSPITALS, arrays(refs), strict=True))
-    dropouts = {"0:mask_input": ["hospital_c"], "1:reveal_shares": ["hospital_b"]}
-    result = run(refs, workspace, rounds=2, threshold=2, inject_dropouts=dropouts, **FAST)
+    # c's step raises in round 0; b's step hangs past the deadline in round 1 (in this
+    # one-process mode, the stand-in for a killed process)
+    faults = {"0:mask_input": {"hospital_c": "raise"}, "1:reveal_shares": {"hospital_b": "hang"}}
+    result = run(
+        refs, workspace, rounds=2, threshold=2, stage_timeout=4, inject_faults=faults, **FAST
+    )
 
-    # round 0 sums a and b (c shared keys, then went silent: its masks were rebuilt);
+    # round 0 sums a and b (c shared keys, then failed: its masks were rebuilt);
     # round 1 sums all three (b sent its masked input and only missed the unmasking)
     weights = hlr.init_model(parts["hospital_a"][0].shape[1])
     for senders in (["hospital_a", "hospital_b"], list(HOSPITALS)):
@@ -195,9 +199,21 @@ def test_fewer_survivors_than_threshold_abort_the_round_uncommitted(
     hospitals: Loader, workspace: Path
 ) -> None:
     refs = hospitals(workspace)
-    dropouts = {"0:mask_input": ["hospital_b", "hospital_c"]}
-    with pytest.raises(secagg.InsufficientSurvivorsError, match="fewer than the threshold 2"):
-        run(refs, workspace, rounds=3, job_id="hlr-too-few", inject_dropouts=dropouts, **FAST)
+    faults = {"0:mask_input": {"hospital_b": "raise", "hospital_c": "hang"}}
+    with pytest.raises(secagg.InsufficientSurvivorsError, match="fewer than the threshold 2") as e:
+        run(
+            refs,
+            workspace,
+            rounds=3,
+            job_id="hlr-too-few",
+            stage_timeout=3,
+            inject_faults=faults,
+            **FAST,
+        )
+    message = str(e.value)
+    assert "round 0 of job hlr-too-few, stage mask_input" in message
+    assert "hospital_b (SimulatedCrashError" in message
+    assert "hospital_c (no answer within 3 s)" in message
     assert set(last_rounds(refs, workspace, "hlr-too-few").values()) == {-1}  # no checkpoint
     kinds = {(r.sender, r.kind) for r in channel_for("hlr-too-few", str(workspace)).log()}
     assert ("hospital_a", "secagg_masked") in kinds and ("hospital_b", "secagg_masked") not in kinds
@@ -283,7 +299,7 @@ def test_a_rerun_round_is_never_unmasked_for_other_senders(
     # round 0 was unmasked for all three; redoing it without hospital_c would let the
     # coordinator subtract the two sums and read hospital_c's gradient
     with pytest.raises(secagg.ProtocolViolationError, match="already unmasked"):
-        run(refs, workspace, inject_dropouts={"0:mask_input": ["hospital_c"]}, **options)
+        run(refs, workspace, inject_faults={"0:mask_input": {"hospital_c": "raise"}}, **options)
     assert run(refs, workspace, **options)["rounds_run"] == 1  # the same senders may finish it
 
 
@@ -307,6 +323,74 @@ def test_a_transient_fault_is_retried_without_masking_again(
     monkeypatch.setattr(secagg, "mask_input", counting_mask)
     monkeypatch.setattr(Channel, "_write", flaky_write)
     result = run(refs, workspace, rounds=1, **FAST)
-    assert masked == ["hospital_a", "failed", "hospital_b", "hospital_c"]  # a masked once
+    # the parties mask concurrently; a masked once although its first send failed
+    assert sorted(masked) == ["failed", "hospital_a", "hospital_b", "hospital_c"]
     X, y = pooled(arrays(refs))
     np.testing.assert_allclose(result["weights"], hlr.centralized_gd(X, y, L2, LR, 1), atol=1e-6)
+
+
+def _tamper_model(
+    monkeypatch: pytest.MonkeyPatch,
+    round_: int,
+    freeze: bool,
+    receivers: tuple[str, ...] = HOSPITALS,
+) -> None:
+    """A malicious coordinator: its model message of ``round_`` to ``receivers`` repeats the
+    previous model.
+
+    ``freeze`` also replaces the mean update by zeros, so the repeated model is consistent
+    with it; otherwise the real mean update is sent along.
+    """
+    monkeypatch.undo()  # one malicious coordinator at a time
+    real_write = Channel._write
+    sent: dict[int, Any] = {}
+
+    def write(self: Channel, r: int, sender: str, receiver: str, kind: str, payload: Any) -> Any:
+        if sender == "coordinator" and kind == "model":
+            sent.setdefault(r, payload)
+            if r == round_ and receiver in receivers:
+                payload = {**payload, "weights": sent[r - 1]["weights"]}
+                if freeze:
+                    payload["mean_update"] = np.zeros_like(payload["mean_update"])
+        return real_write(self, r, sender, receiver, kind, payload)
+
+    monkeypatch.setattr(Channel, "_write", write)
+
+
+def test_the_coordinator_cannot_unmask_one_party_across_rounds(
+    hospitals: Loader, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15.2: the same weights twice, then everyone but C: the difference is C's update."""
+    refs = hospitals(workspace)
+    claim_c_dropped = {"2:mask_input": {"hospital_c": "raise"}}
+    options = {"rounds": 3, "threshold": 2, "inject_faults": claim_c_dropped, **FAST}
+
+    # the repeated model with the real mean update: every party refuses to save round 1
+    _tamper_model(monkeypatch, round_=1, freeze=False)
+    with pytest.raises(secagg.ProtocolViolationError, match="coordinator's model of round 1 is"):
+        run(refs, workspace, job_id="hlr-attack-repeat", **options)
+    assert last_rounds(refs, workspace, "hlr-attack-repeat")["hospital_a"] == 0
+
+    # with a made-up zero update to match: each party that helped unmask round 1 unmasked the
+    # sum itself from its peers' copies, and the coordinator's update is not that sum's
+    _tamper_model(monkeypatch, round_=1, freeze=True)
+    with pytest.raises(secagg.ProtocolViolationError, match="is not the one of the sum"):
+        run(refs, workspace, job_id="hlr-attack-freeze", **options)
+    assert last_rounds(refs, workspace, "hlr-attack-freeze")["hospital_a"] == 0
+
+    # a party that missed the unmasking of round 1 cannot check the sum; fed the repeated model,
+    # it refuses to contribute at round 1's model again in round 2, before masking anything
+    _tamper_model(monkeypatch, round_=1, freeze=True, receivers=("hospital_b",))
+    faults = {"1:reveal_shares": {"hospital_b": "hang"}, **claim_c_dropped}
+    with pytest.raises(
+        secagg.ProtocolViolationError, match="round 2 of job hlr-attack-b at the same model"
+    ):
+        run(
+            refs,
+            workspace,
+            job_id="hlr-attack-b",
+            **{**options, "inject_faults": faults},
+            stage_timeout=4,
+        )
+    log = channel_for("hlr-attack-b", str(workspace)).log()
+    assert not [r for r in log if r.round == 2 and r.kind == "secagg_unmask_response"]

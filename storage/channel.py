@@ -108,6 +108,12 @@ class MessageRecord:
     def key(self) -> MessageKey:
         return MessageKey(self.run, self.round, self.sender, self.receiver, self.kind)
 
+    @property
+    def base_kind(self) -> str:
+        """The kind without its attempt suffix (``secagg_keys.<session>`` is ``secagg_keys``):
+        a protocol whose retries must not reuse a key names each attempt after a dot."""
+        return self.kind.split(".", 1)[0]
+
 
 class Transport(Protocol):
     """How encoded messages move. ``party`` is ``None`` when one process hosts every party."""

@@ -328,7 +328,7 @@ def finish_round(
     After the last round, the party also keeps its own copy of the model.
     """
     store, endpoint = PartyStore.of(ref), ctx.endpoint(ref.party)
-    message = endpoint.receive(COORDINATOR, "model", round=ctx.round)
+    message = endpoint.receive(COORDINATOR, ctx.kind("model"), round=ctx.round)
     if message["session_id"] != ctx.session_id or message["round"] != ctx.round:
         raise RoundStateError(
             f"{ref.party}: the model message of round {ctx.round} belongs to another attempt"
@@ -417,7 +417,7 @@ def update_model(
         "change": saved["change"],
     }
     for party in ctx.parties:
-        endpoint.send(party, "model", message, round=ctx.round)
+        endpoint.send(party, ctx.kind("model"), message, round=ctx.round)
     secure_sum.forget_session(store, ctx, COORDINATOR)
     return saved["history"][-1]
 

@@ -26,6 +26,7 @@ run: that is an accusation or a data owner's decision, not a fault to route arou
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -75,6 +76,12 @@ class SumContext:
         return secagg.new_session(
             self.session_id, list(self.parties), self.threshold, self.dimension, self.scale_bits
         )
+
+    def kind(self, name: str) -> str:
+        """``name`` as a message kind of this session: every attempt at a round has messages
+        of its own, so a restarted session never sends under a key an aborted one used (the
+        channel refuses other bytes under a key already sent)."""
+        return f"{name}.{hashlib.sha256(self.session_id.encode()).hexdigest()[:12]}"
 
     @property
     def prefix(self) -> str:
@@ -154,7 +161,7 @@ def arrived(
     messages = []
     for party in ctx.parties if parties is None else parties:
         try:
-            message = endpoint.receive(party, kind, round=ctx.round)
+            message = endpoint.receive(party, ctx.kind(kind), round=ctx.round)
         except ChannelError:
             continue
         if isinstance(message, dict) and message.get("session_id") == ctx.session_id:
@@ -176,18 +183,18 @@ def party_advertise(store: PartyStore, ctx: SumContext, party: str) -> None:
             return secagg.advertise_keys(config, party)
 
         message = records.once("advertise", start)
-    ctx.endpoint(party).send(COORDINATOR, "secagg_keys", message, round=ctx.round)
+    ctx.endpoint(party).send(COORDINATOR, ctx.kind("secagg_keys"), message, round=ctx.round)
 
 
 def party_share(store: PartyStore, ctx: SumContext, party: str) -> None:
     """Step 1: Shamir shares of the mask key and self-mask seed, encrypted per peer."""
     endpoint = ctx.endpoint(party)
-    directory = endpoint.receive(COORDINATOR, "secagg_directory", round=ctx.round)
+    directory = endpoint.receive(COORDINATOR, ctx.kind("secagg_directory"), round=ctx.round)
     with session(store, ctx, party) as records:
         message = records.once(
             "share", lambda: secagg.share_keys(records.state("advertise"), directory)
         )
-    endpoint.send(COORDINATOR, "secagg_shares", message, round=ctx.round)
+    endpoint.send(COORDINATOR, ctx.kind("secagg_shares"), message, round=ctx.round)
     commitment = {k: message[k] for k in ("session_id", "party", "self_mask_commitment")}
     _to_peers(endpoint, ctx, party, "secagg_commitment", commitment)
 
@@ -205,7 +212,7 @@ def party_mask(
     :func:`party_reveal` keeps its senders unchanged.
     """
     endpoint = ctx.endpoint(party)
-    delivery = endpoint.receive(COORDINATOR, "secagg_shares", round=ctx.round)
+    delivery = endpoint.receive(COORDINATOR, ctx.kind("secagg_shares"), round=ctx.round)
     with session(store, ctx, party) as records:
 
         def mask() -> tuple[Any, Any]:
@@ -223,7 +230,7 @@ def party_mask(
             return secagg.mask_input(records.state("share"), delivery, vector)
 
         message = records.once("mask", mask)
-    endpoint.send(COORDINATOR, "secagg_masked", message, round=ctx.round)
+    endpoint.send(COORDINATOR, ctx.kind("secagg_masked"), message, round=ctx.round)
     _to_peers(endpoint, ctx, party, "secagg_masked", message)
 
 
@@ -235,7 +242,7 @@ def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
     be the plain vector of the parties in one set and not the other.
     """
     endpoint = ctx.endpoint(party)
-    request = endpoint.receive(COORDINATOR, "secagg_unmask_request", round=ctx.round)
+    request = endpoint.receive(COORDINATOR, ctx.kind("secagg_unmask_request"), round=ctx.round)
     senders = sorted(request["input_senders"])
     with session(store, ctx, party) as records:
 
@@ -252,7 +259,7 @@ def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
             return secagg.reveal_shares(records.state("mask"), request)
 
         response = records.once("reveal", reveal)
-    endpoint.send(COORDINATOR, "secagg_unmask_response", response, round=ctx.round)
+    endpoint.send(COORDINATOR, ctx.kind("secagg_unmask_response"), response, round=ctx.round)
     _to_peers(endpoint, ctx, party, "secagg_unmask_response", response)
 
 
@@ -264,7 +271,7 @@ def _to_peers(
     if ctx.peer_copies:
         for peer in ctx.parties:
             if peer != party:
-                endpoint.send(peer, kind, message, round=ctx.round)
+                endpoint.send(peer, ctx.kind(kind), message, round=ctx.round)
 
 
 def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.ndarray | None:
@@ -340,7 +347,7 @@ def coordinator_directory(
 
         message = records.once("directory", directory)
     for party in message["public_keys"]:
-        endpoint.send(party, "secagg_directory", message, round=ctx.round)
+        endpoint.send(party, ctx.kind("secagg_directory"), message, round=ctx.round)
     return list(message["public_keys"])
 
 
@@ -355,7 +362,7 @@ def coordinator_route(
             "route", lambda: secagg.route_encrypted_shares(records.state("directory"), messages)
         )
     for party, delivery in deliveries.items():
-        endpoint.send(party, "secagg_shares", delivery, round=ctx.round)
+        endpoint.send(party, ctx.kind("secagg_shares"), delivery, round=ctx.round)
     return list(deliveries)
 
 
@@ -370,7 +377,7 @@ def coordinator_collect(
             "collect", lambda: secagg.collect_masked_inputs(records.state("route"), messages)
         )
     for party in request["input_senders"]:
-        endpoint.send(party, "secagg_unmask_request", request, round=ctx.round)
+        endpoint.send(party, ctx.kind("secagg_unmask_request"), request, round=ctx.round)
     return list(request["input_senders"])
 
 

@@ -118,14 +118,14 @@ def local_estimates(refs: list[TableRef], debiased: bool = True) -> list[Any]:
 def audit_coordinator_inbox(channel: Channel, plain: list[np.ndarray]) -> None:
     """The coordinator got column names and secagg messages only, never a party's vector."""
     received = [r for r in channel.log() if r.receiver == secure_sum.COORDINATOR]
-    assert {r.kind for r in received} == TO_COORDINATOR
+    assert {r.base_kind for r in received} == TO_COORDINATOR
     for record in received:
         message = codec.loads(channel.read_raw(record))
         for array in arrays_in(message):
             for vector in plain:
                 assert secagg.encode(vector, len(HOSPITALS)).tobytes() not in array.tobytes()
                 assert vector.tobytes() not in array.tobytes()
-        if record.kind == "secagg_masked":
+        if record.base_kind == "secagg_masked":
             masked = message["masked_input"].view(np.int64)
             assert np.mean(np.abs(masked) > 2.0**50) > 0.9  # uniform-looking, not small numbers
 
@@ -254,7 +254,7 @@ def test_over_budget_or_no_budget_is_refused_before_any_computation(
         run(refs, workspace, epsilon=0.4, job_id="slda-unset")
     assert fits == [] and all(not s for s in spends(refs))
     for job in ("slda-over", "slda-unset"):
-        assert not [r for r in Channel(workspace, job).log() if r.kind.startswith("secagg")]
+        assert not [r for r in Channel(workspace, job).log() if r.base_kind.startswith("secagg")]
 
 
 def _one_class(frame: pd.DataFrame) -> pd.DataFrame:
@@ -292,7 +292,7 @@ def test_bad_tables_are_refused_before_any_computation(
     with pytest.raises(error, match=message):
         run(refs, workspace, job_id="slda-bad")
     assert fits == [] and all(not s for s in spends(refs))
-    assert not [r for r in Channel(workspace, "slda-bad").log() if r.kind.startswith("secagg")]
+    assert not [r for r in Channel(workspace, "slda-bad").log() if r.base_kind.startswith("secagg")]
 
 
 def test_bad_options_are_refused(hospitals: Loader, workspace: Path) -> None:
@@ -316,7 +316,7 @@ def test_naive_and_pooled_reference_methods(hospitals: Loader, workspace: Path) 
     reference = fit_centralized([steps.read_party(r) for r in refs])
     np.testing.assert_allclose(pooled["direction"], reference.direction, rtol=0, atol=1e-12)
     assert not pooled["private"] and all(not s for s in spends(refs))
-    kinds = {r.kind for r in channel_for(pooled["job_id"], str(workspace)).log()}
+    kinds = {r.base_kind for r in channel_for(pooled["job_id"], str(workspace)).log()}
     assert "rows_not_private" in kinds and not any(k.startswith("secagg") for k in kinds)
 
 

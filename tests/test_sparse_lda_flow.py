@@ -102,7 +102,7 @@ def fits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def run(refs: list[TableRef], workspace: Path, **options: Any) -> dict[str, Any]:
     options = {"epsilon": EPS, "delta": DELTA, "direction_clip_norm": CLIP,
-               "mean_clip_norm": CLIP, **options}  # fmt: skip
+               "mean_clip_norm": CLIP, "privacy_unit": "party", **options}  # fmt: skip
     return sparse_lda([r.to_dict() for r in refs], workspace=str(workspace), **options)
 
 

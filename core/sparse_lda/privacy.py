@@ -316,7 +316,7 @@ def check_contribution(party: str, vector: np.ndarray, norm_bound: float | None)
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         raise ContributionError(
-            f"party {party!r}: contribution coordinate {int(bad[0])} is {values[bad[0]]!r}; "
+            f"party {party!r}: contribution coordinate {int(bad[0])} is {float(values[bad[0]])}; "
             "refused, it is not averaged in"
         )
     if norm_bound is None:

@@ -12,7 +12,8 @@ Private columns add one discrete Gaussian draw with the sum's sigma to the exact
 parties' vectors: the same distribution as m shares (up to the negligible gap of summed
 discrete Gaussians) at a fraction of the sampling time.
 
-    python benchmarks/bench_sparse_lda.py [--quick] [--repetitions R] [--workers W] [--clime]
+    python benchmarks/bench_sparse_lda.py [--quick] [--repetitions R] [--workers W]
+        [--parties M ...] [--timing] [--clime]
 """
 
 from __future__ import annotations
@@ -367,12 +368,17 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--clime", action="store_true", help="also compare CLIME (slow)")
+    parser.add_argument("--timing", action="store_true", help="time one full protocol fit")
+    parser.add_argument(
+        "--parties", type=int, nargs="+", choices=tuple(PAPER), help="m values (default all)"
+    )
     args = parser.parse_args()
     reps = 2 if args.quick else args.repetitions
-    ms = (20,) if args.quick else tuple(PAPER)
+    ms = (20,) if args.quick else tuple(args.parties or PAPER)
     model = SyntheticModel()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        protocol_timing(model, pool)
+        if args.timing:
+            protocol_timing(model, pool)
         results = synthetic_runs(model, ms, reps, pool)
         main_table(results, reps)
         epsilon_table(results, reps)

@@ -2,16 +2,24 @@
 
 Setting: d = 200, Sigma_kl = 0.8^|k-l|, mu1 = 0, mu2 = (1 x 10, 0 x 190), 100 rows per class
 per party, m parties, error measured on 10,000 fresh rows (5,000 per class). Prints markdown
-tables: centralized / naive averaging / debiased aggregation beside the paper, then the
-error of debiased aggregation versus epsilon at m = 20, then the precision-estimator
-comparison (nodewise lasso vs CLIME) when asked for.
+tables, medians over repetitions on fresh data: centralized / naive averaging / debiased
+aggregation / the two private modes beside the paper; error against epsilon for m = 20, 60,
+100 in both privacy units (row: noisy clipped moments; party: noisy clipped debiased
+directions); the pathological multi-site data (real and synthetic); the demo's hospitals at
+the demo job's epsilon; and the precision-estimator comparison when asked for.
 
-    python benchmarks/bench_sparse_lda.py [--quick] [--repetitions R] [--workers W] [--clime]
+Private columns add one discrete Gaussian draw with the sum's sigma to the exact sum of the
+parties' vectors: the same distribution as m shares (up to the negligible gap of summed
+discrete Gaussians) at a fraction of the sampling time.
+
+    python benchmarks/bench_sparse_lda.py [--quick] [--repetitions R] [--workers W]
+        [--parties M ...] [--timing] [--clime]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -25,7 +33,9 @@ import numpy as np
 from scipy.linalg import toeplitz
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from core.dp import gaussian_on_grid
 from core.sparse_lda import (
     NO_THRESHOLD,
     LinearDiscriminant,
@@ -35,16 +45,20 @@ from core.sparse_lda import (
     PrecisionMethod,
     PrivacySettings,
     ThresholdRule,
-    average_noise_std,
     fit_centralized,
     fit_debiased_aggregate,
     fit_local,
+    model_from_statistics,
     model_from_sum,
+    party_calibration,
     party_contribution,
     plain_sum,
+    statistics_vector,
     sum_contributions,
 )
+from core.sparse_lda.privacy import party_level_blocks
 
+ROOT = Path(__file__).resolve().parents[1]
 N_FEATURES = 200
 CORRELATION = 0.8
 SIGNAL_FEATURES = 10
@@ -61,6 +75,8 @@ DELTA = 1e-5
 EPSILONS = (1.0, 3.0, 10.0, 30.0, 100.0)
 DIRECTION_CLIP_NORM = 5.0
 MEAN_CLIP_NORM = 4.0
+ROW_CLIP_NORM = 14.0  # about sqrt(d): clips the largest ~15% of rows a little
+DEMO_JOB = ROOT / "jobs" / "sparse_lda_demo.json"
 COLUMNS = tuple(f"x{k}" for k in range(N_FEATURES))
 
 
@@ -89,20 +105,48 @@ class SyntheticModel:
 
 
 def privacy_at(epsilon: float) -> PrivacySettings:
+    """Party-level settings of the paper's experiment."""
     return PrivacySettings(epsilon, DELTA, DIRECTION_CLIP_NORM, MEAN_CLIP_NORM)
 
 
-def aggregate(
-    estimates: Sequence[LocalEstimate],
-    privacy: PrivacySettings,
-    *,
-    debiased: bool,
-    rule: ThresholdRule,
+def row_privacy_at(epsilon: float, radius: float = ROW_CLIP_NORM, delta: float = DELTA):
+    return PrivacySettings.row_level(epsilon, delta, radius)
+
+
+def noisy(total: np.ndarray, privacy: PrivacySettings, d: int, m: int) -> tuple[np.ndarray, float]:
+    """The exact sum plus one draw with the released sum's sigma (all m shares)."""
+    std = party_calibration(privacy, d, m).sum_std(m)
+    return total + gaussian_on_grid(std, privacy.grid_granularity, total.size), std
+
+
+def party_private(
+    estimates: Sequence[LocalEstimate], privacy: PrivacySettings, rule: ThresholdRule
 ) -> LinearDiscriminant:
-    """The coordinator's side of the protocol on already-fitted local estimates."""
+    """Party unit: clipped debiased directions and means, summed, noise, threshold."""
+    m, d = len(estimates), estimates[0].mean_positive.shape[0]
+    blocks = [
+        party_level_blocks(e.debiased_direction, e.mean_positive, e.mean_negative, privacy)
+        for e in estimates
+    ]
+    total, _ = noisy(np.sum(blocks, axis=0), privacy, d, m)
+    return model_from_sum(total, m, sum(e.n_rows for e in estimates), privacy, rule)
+
+
+def row_private(
+    exact_total: np.ndarray, d: int, m: int, rows: int, privacy: PrivacySettings
+) -> LinearDiscriminant:
+    """Row unit: the summed clipped statistics, noise, one pooled sparse fit."""
+    total, std = noisy(exact_total, privacy, d, m)
+    return model_from_statistics(total, d, rows, std, privacy)
+
+
+def noiseless(estimates: Sequence[LocalEstimate], *, debiased: bool) -> LinearDiscriminant:
+    """Naive (no threshold) or debiased (threshold) average without any noise."""
+    privacy = PrivacySettings.noiseless_for_testing()
     m = len(estimates)
     contributions = [party_contribution(e, privacy, m, debiased=debiased) for e in estimates]
     total = sum_contributions(contributions, plain_sum)
+    rule = ThresholdRule() if debiased else NO_THRESHOLD
     return model_from_sum(total, m, sum(e.n_rows for e in estimates), privacy, rule)
 
 
@@ -112,87 +156,176 @@ def local_fits(
     return list(pool.map(partial(fit_local, settings=settings, debiased=True), parties))
 
 
-def mean_sd(values: Sequence[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.3f} ± {sd:.3f}"
+def med(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.3f}"
 
 
-def main_table(
+def synthetic_runs(
     model: SyntheticModel, ms: Sequence[int], reps: int, pool: ProcessPoolExecutor
-) -> None:
-    settings = LocalFitSettings()
-    noiseless = PrivacySettings.noiseless_for_testing()
-    private = privacy_at(MAIN_EPSILON)
-    rule = ThresholdRule()
-    print(f"\n## Misclassification on 10,000 fresh rows, mean ± sd over {reps} repetitions\n")
-    print(
-        f"Last DP column: epsilon = {MAIN_EPSILON:g}, delta = {DELTA:g} for the whole release "
-        f"(party-level), clip ||beta_tilde|| <= {DIRECTION_CLIP_NORM:g}, "
-        f"||mu_k|| <= {MEAN_CLIP_NORM:g}. Other columns add no noise. "
-        f"Bayes error {BAYES_ERROR}.\n"
-    )
-    print(
-        "| m | centralized | naive averaging | debiased | debiased, DP "
-        "| paper: centralized / naive / debiased | local fits s |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    keys = ("centralized", "naive", "debiased", "debiased_dp")
+) -> dict[int, dict[str, list[float]]]:
+    """Every synthetic figure of one repetition on one fresh data set (per m)."""
+    row_template = row_privacy_at(MAIN_EPSILON)
+    results: dict[int, dict[str, list[float]]] = {}
     for m in ms:
         rng = np.random.default_rng(1000 + m)
-        errors: dict[str, list[float]] = {key: [] for key in keys}
-        seconds = []
+        errors: dict[str, list[float]] = {}
         for _ in range(reps):
             parties = model.parties(m, rng)
             test_x, test_y = model.rows(TEST_ROWS_PER_CLASS, rng)
             start = time.perf_counter()
-            estimates = local_fits(parties, settings, pool)
-            seconds.append(time.perf_counter() - start)
+            estimates = local_fits(parties, LocalFitSettings(), pool)
+            errors.setdefault("seconds", []).append(time.perf_counter() - start)
+            rows = sum(p.n_rows for p in parties)
+            stats = np.sum([statistics_vector(p, row_template) for p in parties], axis=0)
             fitted = {
-                "centralized": fit_centralized(parties, settings),
-                "naive": aggregate(estimates, noiseless, debiased=False, rule=NO_THRESHOLD),
-                "debiased": aggregate(estimates, noiseless, debiased=True, rule=rule),
-                "debiased_dp": aggregate(estimates, private, debiased=True, rule=rule),
+                "centralized": fit_centralized(parties),
+                "naive": noiseless(estimates, debiased=False),
+                "debiased": noiseless(estimates, debiased=True),
+            }
+            for epsilon in EPSILONS:
+                fitted[f"party {epsilon:g}"] = party_private(
+                    estimates, privacy_at(epsilon), ThresholdRule()
+                )
+                fitted[f"row {epsilon:g}"] = row_private(
+                    stats, N_FEATURES, m, rows, row_privacy_at(epsilon)
+                )
+            for key, lda in fitted.items():
+                errors.setdefault(key, []).append(lda.error_rate(test_x, test_y))
+                errors.setdefault(f"support {key}", []).append(lda.support_size)
+        results[m] = errors
+    return results
+
+
+def main_table(results: dict[int, dict[str, list[float]]], reps: int) -> None:
+    eps = f"{MAIN_EPSILON:g}"
+    print(f"\n## Misclassification on 10,000 fresh rows, median of {reps} fresh data sets\n")
+    print(
+        f"Private columns: epsilon = {eps}, delta = {DELTA:g}. Row unit: rows clipped to "
+        f"||x|| <= {ROW_CLIP_NORM:g}, noisy moments summed, one pooled sparse fit. Party unit: "
+        f"||beta_tilde|| <= {DIRECTION_CLIP_NORM:g}, ||mu_k|| <= {MEAN_CLIP_NORM:g}. "
+        f"Bayes error {BAYES_ERROR}.\n"
+    )
+    print(
+        "| m | centralized | naive averaging | debiased | row-level DP | party-level DP "
+        "| paper: centralized / naive / debiased | local fits s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for m, errors in results.items():
+        keys = ("centralized", "naive", "debiased", f"row {eps}", f"party {eps}")
+        cells = " | ".join(med(errors[key]) for key in keys)
+        paper = " / ".join(f"{v:.3f}" for v in PAPER[m])
+        print(f"| {m} | {cells} | {paper} | {statistics.median(errors['seconds']):.1f} |")
+
+
+def epsilon_table(results: dict[int, dict[str, list[float]]], reps: int) -> None:
+    print(f"\n## Error against epsilon, delta = {DELTA:g}, median of {reps} (support size)\n")
+    ms = list(results)
+    print("| epsilon | " + " | ".join(f"m={m} row | m={m} party" for m in ms) + " |")
+    print("|---|" + "---|---|" * len(ms))
+    for epsilon in EPSILONS:
+        cells = []
+        for m in ms:
+            for unit in ("row", "party"):
+                key = f"{unit} {epsilon:g}"
+                support = statistics.median(results[m][f"support {key}"])
+                cells.append(f"{med(results[m][key])} ({support:g})")
+        print(f"| {epsilon:g} | " + " | ".join(cells) + " |")
+
+
+def pathological_table(reps: int, pool: ProcessPoolExecutor) -> None:
+    from sparse_lda_sites import breast_sites, synthetic_sites
+
+    print(f"\n## Awkward sites, held-out misclassification, median of {reps} splits\n")
+    print(
+        "Four sites; a test never run at two of them (column = pooled median), one measured for "
+        "5% of a site's patients, one site with a 5% class; 20% of each site held out. "
+        f"Private columns: epsilon = {MAIN_EPSILON:g}, delta = {DELTA:g}; row clip "
+        "sqrt(d) + 0.5.\n"
+    )
+    print(
+        "| data | centralized | naive | debiased, no noise | row-level DP | party-level DP "
+        "| max abs(beta_tilde) over sites |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, build in (
+        ("breast, 4 sites (real)", breast_sites),
+        ("synthetic d=24", synthetic_sites),
+    ):
+        errors: dict[str, list[float]] = {}
+        largest = []
+        for seed in range(reps):
+            sites = build(seed)
+            parties, tx, ty = sites.parties, sites.test_features, sites.test_labels
+            d, m = parties[0].n_features, len(parties)
+            estimates = local_fits(parties, LocalFitSettings(), pool)
+            largest.append(max(float(np.abs(e.debiased_direction).max()) for e in estimates))
+            row = row_privacy_at(MAIN_EPSILON, math.sqrt(d) + 0.5)
+            stats = np.sum([statistics_vector(p, row) for p in parties], axis=0)
+            fitted = {
+                "centralized": fit_centralized(parties),
+                "naive": noiseless(estimates, debiased=False),
+                "debiased": noiseless(estimates, debiased=True),
+                "row": row_private(stats, d, m, sum(p.n_rows for p in parties), row),
+                "party": party_private(estimates, privacy_at(MAIN_EPSILON), ThresholdRule()),
             }
             for key, lda in fitted.items():
-                errors[key].append(lda.error_rate(test_x, test_y))
-        paper = " / ".join(f"{v:.3f}" for v in PAPER[m])
-        cells = " | ".join(mean_sd(errors[key]) for key in keys)
-        print(f"| {m} | {cells} | {paper} | {statistics.median(seconds):.1f} |")
+                errors.setdefault(key, []).append(lda.error_rate(tx, ty))
+        cells = " | ".join(
+            med(errors[k]) for k in ("centralized", "naive", "debiased", "row", "party")
+        )
+        print(f"| {label} | {cells} | {statistics.median(largest):.3g} |")
 
 
-def epsilon_table(model: SyntheticModel, reps: int, pool: ProcessPoolExecutor) -> None:
-    m = 20
-    print(f"\n## Debiased aggregation versus epsilon, m = {m}, delta = {DELTA:g}\n")
+def demo_table(reps: int) -> None:
+    """The demo job's hospitals and options, 20% of each hospital held out."""
+    import json
+
+    import pandas as pd
+
+    from core.sparse_lda import fit_debiased_aggregate, fit_moments_release, fit_naive_average
+
+    job = json.loads(DEMO_JOB.read_text())
+    options = job["sparse_lda"]
+    frames = []
+    for party in job["parties"].values():
+        table = party["table"]
+        frame = pd.read_csv(ROOT / party["source"])
+        frames.append((table["party"], frame, table["id_column"], table["label_column"]))
+    columns = tuple(c for c in frames[0][1].columns if c not in (frames[0][2], frames[0][3]))
+    privacy = row_privacy_at(options["epsilon"], options["row_clip_norm"], options["delta"])
+    errors: dict[str, list[float]] = {}
+    for seed in range(reps):
+        rng = np.random.default_rng(seed)
+        parties, tx, ty = [], [], []
+        for name, frame, _, label in frames:
+            x, y = frame[list(columns)].to_numpy(float), frame[label].to_numpy()
+            test = rng.random(len(y)) < 0.2
+            parties.append(PartyData(name, x[~test], y[~test], columns))
+            tx.append(x[test])
+            ty.append(y[test])
+        test_x, test_y = np.vstack(tx), np.concatenate(ty)
+        quiet = PrivacySettings.noiseless_for_testing()
+        private = fit_moments_release(parties, privacy)
+        fitted = {
+            "centralized": fit_centralized(parties),
+            "naive": fit_naive_average(parties, quiet),
+            "debiased": fit_debiased_aggregate(parties, quiet),
+            "private": private,
+        }
+        for key, lda in fitted.items():
+            errors.setdefault(key, []).append(lda.error_rate(test_x, test_y))
+        errors.setdefault("kept", []).append(private.support_size)
+    print(f"\n## Demo hospitals (jobs/sparse_lda_demo.json), held-out rows, median of {reps}\n")
     print(
-        "Noise after aggregation: shares summing to one calibrated Gaussian. Noise before "
-        f"aggregation: every party adds the full calibrated noise itself (shares sized for "
-        f"{m - 1} colluders), i.e. each local model is private on its own.\n"
+        f"Private model as the demo runs it: row-level, epsilon = {options['epsilon']:g}, "
+        f"delta = {options['delta']:g}, row clip {options['row_clip_norm']:g}; 30 features.\n"
     )
     print(
-        "| epsilon | noise sd per coordinate, after | error, noise after aggregation "
-        "| support | error, noise before aggregation |"
+        "| centralized | naive average | debiased, no noise | private (row-level) | features kept |"
     )
     print("|---|---|---|---|---|")
-    rng = np.random.default_rng(7)
-    runs = []
-    for _ in range(reps):
-        parties = model.parties(m, rng)
-        runs.append((local_fits(parties, LocalFitSettings(), pool), model.rows(5_000, rng)))
-    for epsilon in EPSILONS:
-        after = privacy_at(epsilon)
-        before = replace(after, colluding_parties=m - 1)
-        errors_after, errors_before, supports = [], [], []
-        for estimates, (test_x, test_y) in runs:
-            lda = aggregate(estimates, after, debiased=True, rule=ThresholdRule())
-            errors_after.append(lda.error_rate(test_x, test_y))
-            supports.append(lda.support_size)
-            lda = aggregate(estimates, before, debiased=True, rule=ThresholdRule())
-            errors_before.append(lda.error_rate(test_x, test_y))
-        noise = average_noise_std(after, N_FEATURES, m)
-        print(
-            f"| {epsilon:g} | {noise:.3f} | {mean_sd(errors_after)} | "
-            f"{statistics.median(supports):g} | {mean_sd(errors_before)} |"
-        )
+    cells = " | ".join(med(errors[k]) for k in ("centralized", "naive", "debiased", "private"))
+    print(f"| {cells} | {statistics.median(errors['kept']):g} of {len(columns)} |")
 
 
 def protocol_timing(model: SyntheticModel, pool: ProcessPoolExecutor) -> None:
@@ -201,7 +334,9 @@ def protocol_timing(model: SyntheticModel, pool: ProcessPoolExecutor) -> None:
     start = time.perf_counter()
     fit_debiased_aggregate(parties, privacy_at(MAIN_EPSILON), map_parties=pool.map)
     elapsed = time.perf_counter() - start
-    print(f"\nOne full private protocol fit at m = {m} (local fits in the pool): {elapsed:.1f} s")
+    print(
+        f"\nOne full party-level protocol fit at m = {m} (local fits in the pool): {elapsed:.1f} s"
+    )
 
 
 def precision_table(
@@ -209,7 +344,7 @@ def precision_table(
 ) -> None:
     m = 20
     print(f"\n## Precision estimator for debiasing, m = {m}, no DP noise\n")
-    print("| estimator | error (mean ± sd) | core-seconds per party (wall x workers / m) |")
+    print("| estimator | error (median) | core-seconds per party (wall x workers / m) |")
     print("|---|---|---|")
     rng = np.random.default_rng(11)
     data = [(model.parties(m, rng), model.rows(5_000, rng)) for _ in range(reps)]
@@ -223,14 +358,8 @@ def precision_table(
             start = time.perf_counter()
             estimates = local_fits(parties, settings, pool)
             per_party.append((time.perf_counter() - start) / m * workers)
-            lda = aggregate(
-                estimates,
-                PrivacySettings.noiseless_for_testing(),
-                debiased=True,
-                rule=ThresholdRule(),
-            )
-            errors.append(lda.error_rate(test_x, test_y))
-        print(f"| {label} | {mean_sd(errors)} | {statistics.median(per_party):.2f} |")
+            errors.append(noiseless(estimates, debiased=True).error_rate(test_x, test_y))
+        print(f"| {label} | {med(errors)} | {statistics.median(per_party):.2f} |")
 
 
 def main() -> None:
@@ -239,14 +368,22 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--clime", action="store_true", help="also compare CLIME (slow)")
+    parser.add_argument("--timing", action="store_true", help="time one full protocol fit")
+    parser.add_argument(
+        "--parties", type=int, nargs="+", choices=tuple(PAPER), help="m values (default all)"
+    )
     args = parser.parse_args()
     reps = 2 if args.quick else args.repetitions
-    ms = (20,) if args.quick else tuple(PAPER)
+    ms = (20,) if args.quick else tuple(args.parties or PAPER)
     model = SyntheticModel()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        protocol_timing(model, pool)
-        main_table(model, ms, reps, pool)
-        epsilon_table(model, reps, pool)
+        if args.timing:
+            protocol_timing(model, pool)
+        results = synthetic_runs(model, ms, reps, pool)
+        main_table(results, reps)
+        epsilon_table(results, reps)
+        pathological_table(reps, pool)
+        demo_table(reps)
         if args.clime:
             precision_table(model, 1 if args.quick else 2, pool, args.workers)
 

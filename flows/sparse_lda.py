@@ -1,9 +1,12 @@
 """Flow ``sparse_lda``: one sparse linear discriminant from parties holding different rows.
 
 party:  check table ─▶ check budget, column names ──▶ coordinator compares, agrees on order
-party:  fit own rows, debias, clip, add own noise share; store and charge the release (once)
+party:  row unit: clip rows, sum class sums / counts / second moments; party unit: fit own
+        rows, debias, clip; either way check the vector, add own noise share, store and
+        charge the release (once)
         └─▶ secure sum of the stored vectors (tasks.secure_sum) ──▶ coordinator: noisy sum
-coordinator: average, hard-threshold, store the model ──▶ every party keeps a copy
+coordinator: fit on the noisy moments (row) or average and hard-threshold (party), store
+        the model ──▶ every party keeps a copy ──▶ (hold-out) each scores its held-out rows
 
 What crosses the channel: column names, the agreed order, secure-aggregation messages (public
 keys, encrypted shares, masked vectors, unmask shares) and the final model. No party's vector
@@ -19,13 +22,14 @@ from __future__ import annotations
 
 import secrets
 import sys
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy as np
 from prefect import flow, get_run_logger
 
 from core import secagg
-from core.sparse_lda import ThresholdRule
+from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
 from core.sparse_lda.aggregation import DEFAULT_THRESHOLD_SCALE
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
 from flows.jobs import read_job
@@ -37,7 +41,32 @@ from tasks.loading import load_table
 from tasks.reporting import artifact_key, markdown_table, publish_markdown, publish_model_link
 from tasks.secure_sum import COORDINATOR
 
-__all__ = ["sparse_lda", "sparse_lda_job", "summary_line"]
+__all__ = ["SparseLDAFigures", "sparse_lda", "sparse_lda_job", "summary_line"]
+
+
+@dataclass(frozen=True)
+class SparseLDAFigures:
+    """The few numbers a run is judged by (the flow's result carries them as ``figures``)."""
+
+    method: str
+    privacy_unit: str | None
+    epsilon: float | None
+    delta: float | None
+    features_kept: int
+    features: int
+    holdout_rows: int
+    holdout_error: float | None
+    """Misclassified share of the parties' held-out rows under the released model."""
+    naive_holdout_error: float | None = None
+    """Same rows under the noise-free naive average (a reference the demo runner computes)."""
+
+    def line(self) -> str:
+        text = f"{self.features_kept} of {self.features} features kept"
+        if self.holdout_error is not None:
+            text += f", held-out error {self.holdout_error:.3f} on {self.holdout_rows} rows"
+        if self.naive_holdout_error is not None:
+            text += f" (naive average {self.naive_holdout_error:.3f})"
+        return text
 
 
 def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
@@ -57,7 +86,12 @@ def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
     return refs
 
 
-def _summary(job: steps.SparseLDAJob, model: dict[str, Any], releases: dict[str, Any]) -> str:
+def _summary(
+    job: steps.SparseLDAJob,
+    model: dict[str, Any],
+    releases: dict[str, Any],
+    figures: SparseLDAFigures,
+) -> str:
     """The UI's view: method, privacy, who contributed, the kept features, each ledger."""
     items = [
         ("method", job.method),
@@ -65,9 +99,14 @@ def _summary(job: steps.SparseLDAJob, model: dict[str, Any], releases: dict[str,
         ("epsilon, delta per party", f"{job.epsilon:g}, {job.delta:g}" if job.private else "-"),
         ("contributors", ", ".join(model["contributors"])),
         ("rows in total", model["total_rows"]),
-        ("noise std of the average", f"{model['noise_std_of_average']:.4g}"),
+        ("privacy unit", model.get("privacy_unit") or "-"),
+        ("noise std (per model entry)", f"{model['noise_std_of_average']:.4g}"),
         ("hard threshold", f"{model['hard_threshold']:.4g}"),
         ("features kept", f"{len(model['support'])} of {len(model['features'])}"),
+        (
+            "held-out error",
+            "-" if figures.holdout_error is None else f"{figures.holdout_error:.3f}",
+        ),
     ]
     ledger = [
         {
@@ -101,9 +140,12 @@ def sparse_lda(
     parties: list[dict[str, Any]],
     epsilon: float,
     delta: float,
-    direction_clip_norm: float,
-    mean_clip_norm: float,
+    direction_clip_norm: float | None = None,
+    mean_clip_norm: float | None = None,
     method: str = "debiased",
+    privacy_unit: str = "row",
+    row_clip_norm: float | None = None,
+    holdout_fraction: float = 0.0,
     lambda_scale: float = DEFAULT_DIRECTION_RADIUS_SCALE,
     precision_method: str = "nodewise_lasso",
     hard_threshold_scale: float = DEFAULT_THRESHOLD_SCALE,
@@ -117,10 +159,14 @@ def sparse_lda(
 ) -> dict[str, Any]:
     """Fit a sparse LDA model across parties; each party's release is (epsilon, delta)-DP.
 
-    ``epsilon``/``delta`` are charged once to every party's ledger (its table is protected;
-    the guarantee is party-level, so row-level too). ``direction_clip_norm`` and
-    ``mean_clip_norm`` bound what one party can move (choose them without looking at the
-    data). ``lambda_scale`` sets the Dantzig radius ``lambda_scale * sqrt(log d / n)``;
+    ``epsilon``/``delta`` are charged once to every party's ledger. ``privacy_unit="row"``
+    (default) protects one row of one party: rows are clipped to ``row_clip_norm`` (about
+    sqrt(d) for standardised features; choose it without looking at the data) and the noisy
+    summed moments are fitted. ``privacy_unit="party"`` protects a whole party's table:
+    ``direction_clip_norm`` and ``mean_clip_norm`` bound what one party can move.
+    ``holdout_fraction`` keeps that share of every party's rows out of the release (a public
+    seeded split) and reports the model's error on them. ``lambda_scale`` sets the Dantzig
+    radius ``lambda_scale * sqrt(log d / n)``;
     ``hard_threshold_scale`` and ``hard_threshold_noise_multiplier`` the threshold
     ``max(scale sqrt(log d / N), multiplier * noise sd)`` (``None``: ``sqrt(2 log d)``).
     ``threshold`` (default: a strict majority) is the fewest parties whose vectors the
@@ -149,6 +195,9 @@ def sparse_lda(
         lambda_scale,
         precision_method,
         noise_disabled_for_testing,
+        privacy_unit=privacy_unit,
+        row_clip_norm=row_clip_norm,
+        holdout_fraction=holdout_fraction,
     )
     steps.check_job(job)
     rule = ThresholdRule(hard_threshold_scale, hard_threshold_noise_multiplier)
@@ -181,16 +230,38 @@ def sparse_lda(
         secure_sum.sum_stored_vectors(by_name, ctx, steps.input_key(job_id), list(releases), faults)
         model = steps.build_model(job, ctx, rule)
     secure_sum.each_party(steps.keep_model, by_name, names, job, ctx)  # dropped ones too
-    return _finish(job, model, releases)
+    scores = []
+    if holdout_fraction > 0:
+        scores = list(secure_sum.each_party(steps.score_holdout, by_name, names, job).values())
+    return _finish(job, model, releases, _figures(job, model, scores))
+
+
+def _figures(
+    job: steps.SparseLDAJob, model: dict[str, Any], scores: list[dict[str, int]]
+) -> SparseLDAFigures:
+    rows = sum(s["rows"] for s in scores)
+    return SparseLDAFigures(
+        method=job.method,
+        privacy_unit=job.privacy_unit if job.private else None,
+        epsilon=job.epsilon if job.private else None,
+        delta=job.delta if job.private else None,
+        features_kept=len(model["support"]),
+        features=len(model["features"]),
+        holdout_rows=rows,
+        holdout_error=sum(s["errors"] for s in scores) / rows if rows else None,
+    )
 
 
 def _finish(
-    job: steps.SparseLDAJob, model: dict[str, Any], releases: dict[str, Any]
+    job: steps.SparseLDAJob,
+    model: dict[str, Any],
+    releases: dict[str, Any],
+    figures: SparseLDAFigures,
 ) -> dict[str, Any]:
     short = job.job_id.removeprefix("sparse-lda-")
     publish_markdown(
         artifact_key("sparse-lda", short, "summary"),
-        _summary(job, model, releases),
+        _summary(job, model, releases, figures),
         f"sparse LDA summary of job {job.job_id}",
     )
     publish_model_link(
@@ -206,17 +277,21 @@ def _finish(
         "model_key": steps.model_key(job.job_id),
         "threshold": job.threshold,
         "job_id": job.job_id,
+        "figures": asdict(figures),
     }
 
 
 def summary_line(result: dict[str, Any]) -> str:
-    """One line for the pipeline summary: method, privacy, features kept, ledger reuse."""
+    """One line for the pipeline summary: method, privacy, features kept, held-out error
+    (and the naive average's), ledger reuse."""
     budgets = [r["budget"] for r in result["releases"].values() if r["budget"] is not None]
-    privacy = f"eps {result['epsilon']:g} per party" if result["private"] else "NOT private"
-    text = (
-        f"{result['method']}, {privacy}, {len(result['support'])} of "
-        f"{len(result['features'])} features kept, {len(result['contributors'])} parties"
+    privacy = (
+        f"{result['privacy_unit']}-level eps {result['epsilon']:g}"
+        if result["private"]
+        else "NOT private"
     )
+    figures = SparseLDAFigures(**result["figures"])
+    text = f"{result['method']}, {privacy}, {figures.line()}, {len(result['contributors'])} parties"
     if budgets:
         text += ", eps spent " + ", ".join(
             f"{b['epsilon_spent']:g}/{b['epsilon_total']:g}" for b in budgets
@@ -242,8 +317,33 @@ def sparse_lda_job(
         load_table(party["source"], ref, party.get("privacy_budget"))  # only if none is set
         descriptors.append(ref.to_dict())
     result = sparse_lda(descriptors, workspace=workspace, **job["sparse_lda"])
+    if result["figures"]["holdout_rows"]:
+        fraction = job["sparse_lda"]["holdout_fraction"]
+        naive = _naive_reference_error(descriptors, result, fraction)
+        result["figures"] = {**result["figures"], "naive_holdout_error": naive}
     print(f"job {result['job_id']}: {summary_line(result)}")
     return result
+
+
+def _naive_reference_error(
+    descriptors: list[dict[str, Any]], result: dict[str, Any], holdout_fraction: float
+) -> float:
+    """Demo runner only (it plays every owner, having loaded every table): the noise-free
+    naive average of the parties' local fits on the same training rows, scored on the same
+    held-out rows. A reference for the summary line; never sent, stored or released."""
+    refs = [TableRef.from_dict(d) for d in descriptors]
+    parties_names = tuple(r.party for r in refs)
+    split = steps.SparseLDAJob(
+        "reference", None, parties_names, "naive", 1.0, 0.5, None, None, len(refs),
+        holdout_fraction=holdout_fraction,
+    )  # fmt: skip
+    columns = list(result["features"])
+    parties = [steps.read_party(ref, columns, split) for ref in refs]
+    naive = fit_naive_average(parties, PrivacySettings.noiseless_for_testing())
+    tests = [steps.read_holdout(ref, columns, split) for ref in refs]
+    features = np.vstack([t[0] for t in tests])
+    labels = np.concatenate([t[1] for t in tests])
+    return naive.error_rate(features, labels)
 
 
 if __name__ == "__main__":

@@ -7,20 +7,29 @@ discrete Gaussian noise, then its row count. The secure sum masks that stored ve
 one (not the coordinator, not the flow) ever sees a party's vector, and no one sees the
 noiseless sum. The coordinator averages, hard-thresholds and stores the model.
 
-Privacy (party-level (epsilon, delta)-DP of the released sum, hence row-level too):
+Privacy unit (``privacy_unit``):
 
-* Sensitivity: ``2 sqrt(C_beta^2 + 2 C_mu^2) + g sqrt(3 d)``, the bound of
-  :func:`core.sparse_lda.privacy.sum_sensitivity` (any change to one party, after clipping).
-* Calibration: ``zcdp_sigma`` (:mod:`core.dp.discrete_privacy`), a proven bound for the
-  *discrete* Gaussian the samplers draw (as in :mod:`core.sparse_lda.privacy`). Shares are
-  sized by the secure-sum threshold rather than the party count (below), so this module
-  clips, grids and adds the noise share itself, with the core's helpers.
+* ``row`` (default): each party releases its clipped sufficient statistics (class sums,
+  class counts, second moments; :mod:`core.sparse_lda.moments_release`) and the coordinator
+  fits the sparse discriminant on their noisy sum. (epsilon, delta)-DP for one row (one
+  patient) of one party; the noise on the model falls as the total row count grows.
+* ``party``: each party releases ``clip(direction) | clip(mu1) | clip(mu2)`` of its local
+  debiased fit (``method="naive"``: the un-debiased fit); the guarantee covers everything one
+  party holds, so the noise does not fall with rows.
+
+* Sensitivity and calibration: :func:`core.sparse_lda.privacy.calibrate`, the only place the
+  noise is calibrated (proven discrete-Gaussian zCDP bound); this module only says how many
+  honest shares a released sum holds.
 * Shares: each party adds ``sigma / sqrt(t - c)``, t the secure-sum threshold and c
   ``colluding_parties``. The coordinator unmasks only sums of at least t senders, so every
   released sum carries at least ``t - c`` shares no colluder knows: variance >= sigma^2.
   (A sum of discrete Gaussians is not exactly one; at sigma / g ~ 10^7 the gap is negligible.)
 * Not protected: the total row count (summed exactly, treated as public as in the core),
-  the feature names, which parties took part.
+  the feature names, which parties took part, which columns a party reports constant
+  (party unit only), and the held-out error counts (rows kept out of the release, scored
+  with the released model).
+* Checked before the sum: every party checks its own vector (finite; within its norm bound)
+  and refuses to send it otherwise, naming itself; a broken vector is never averaged in.
 * Ledger: the release is stored and charged in one transaction under a key derived from the
   salted table fingerprint and every parameter that shapes it (the job id included, as it
   fixes the other parties), so a retry or re-run reuses it and is charged nothing.
@@ -30,34 +39,39 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 from prefect import get_run_logger, task
 
-from core.dp import gaussian_on_grid, zcdp_sigma
 from core.sparse_lda import (
     MAX_FEATURES,
     NO_THRESHOLD,
     ColumnMismatchError,
+    DegenerateDataError,
     DimensionLimitError,
     LinearDiscriminant,
-    LocalEstimate,
     LocalFitSettings,
+    NoiseCalibration,
     PartyData,
     PrecisionMethod,
     PrivacySettings,
+    PrivacyUnit,
     ThresholdRule,
+    calibrate,
+    check_columns_usable,
+    check_contribution,
+    degenerate_columns,
     fit_centralized,
     fit_local,
     model_from_average,
-    party_contribution,
-    sum_sensitivity,
+    model_from_statistics,
+    statistics_norm_bound,
+    statistics_vector,
 )
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
-from core.sparse_lda.privacy import clip_to_norm, round_to_grid
+from core.sparse_lda.privacy import add_noise_share, party_level_blocks, release_dimension
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
@@ -71,10 +85,10 @@ from tasks.policy import PARTY_STEP
 from tasks.secure_sum import COORDINATOR, SumContext, coordinator_store
 
 PROTOCOL = "sparse_lda"
-RELEASE_VERSION = "sparse-lda/v1"
+RELEASE_VERSION = "sparse-lda/v2"
 MECHANISM = "sparse-lda discrete Gaussian shares (zCDP calibration)"
 METHODS = ("debiased", "naive", "centralized_reference")
-BLOCKS = 3  # direction, mean of label 1, mean of label 0
+UNITS = tuple(unit.value for unit in PrivacyUnit)
 
 
 class SparseLDASetupError(ValueError):
@@ -91,13 +105,17 @@ class SparseLDAJob:
     method: str
     epsilon: float
     delta: float
-    direction_clip_norm: float
-    mean_clip_norm: float
+    direction_clip_norm: float | None
+    mean_clip_norm: float | None
     threshold: int  # secure-sum threshold: fewest senders the coordinator may unmask
     colluding_parties: int = 0
     lambda_scale: float = DEFAULT_DIRECTION_RADIUS_SCALE
     precision_method: str = PrecisionMethod.NODEWISE_LASSO.value
     noise_disabled_for_testing: bool = False
+    privacy_unit: str = PrivacyUnit.PARTY.value
+    row_clip_norm: float | None = None
+    holdout_fraction: float = 0.0
+    holdout_seed: int = 0
 
     @property
     def private(self) -> bool:
@@ -113,6 +131,10 @@ class SparseLDAJob:
             precision_method=PrecisionMethod(self.precision_method),
         )
 
+    @property
+    def row_unit(self) -> bool:
+        return self.privacy_unit == PrivacyUnit.ROW.value
+
     def privacy(self) -> PrivacySettings:
         return PrivacySettings(
             self.epsilon,
@@ -121,7 +143,14 @@ class SparseLDAJob:
             self.mean_clip_norm,
             self.colluding_parties,
             noise_disabled_for_testing=self.noise_disabled_for_testing,
+            unit=self.privacy_unit,
+            row_clip_norm=self.row_clip_norm,
         )
+
+    def holdout_rows(self, rows: int) -> np.ndarray:
+        """Rows kept out of the release to score the model; from public values only."""
+        count = min(round(rows * self.holdout_fraction), max(rows - 4, 0))
+        return np.sort(np.random.default_rng(self.holdout_seed).permutation(rows)[:count])
 
     def release_parameters(self) -> dict[str, Any]:
         """Everything that shapes a party's release (not the workspace)."""
@@ -142,6 +171,17 @@ def check_job(job: SparseLDAJob) -> None:
         raise SparseLDASetupError(
             f"precision_method must be one of {choices}; got {job.precision_method!r}"
         ) from None
+    if job.privacy_unit not in UNITS:
+        raise SparseLDASetupError(
+            f"privacy_unit must be one of {', '.join(UNITS)}; got {job.privacy_unit!r}"
+        )
+    if job.row_unit and job.method == "naive":
+        raise SparseLDASetupError(
+            "method 'naive' averages local fits, which only the party-level release protects; "
+            "use privacy_unit='party'"
+        )
+    if not 0.0 <= job.holdout_fraction < 1.0:
+        raise SparseLDASetupError(f"holdout_fraction must be in [0, 1); got {job.holdout_fraction}")
     job.fit_settings()
     job.privacy()
     if job.private and not 0 <= job.colluding_parties < job.threshold:
@@ -156,57 +196,43 @@ def check_job(job: SparseLDAJob) -> None:
 # Noise: calibration and one party's share
 
 
-@dataclass(frozen=True)
-class NoiseCalibration:
-    """Public noise parameters of one job (they depend only on parameters and d)."""
-
-    sensitivity: float
-    sigma: float  # std the released sum carries at least
-    share_sigma: float  # std of one party's share
-    honest_shares: int  # t - c: shares every unmaskable sum holds that no colluder knows
-    granularity: float
-
-    def average_std(self, contributors: int) -> float:
-        """Per-coordinate noise std of the average over ``contributors`` noisy vectors."""
-        return self.share_sigma * math.sqrt(contributors) / contributors
-
-
 def noise_calibration(job: SparseLDAJob, n_features: int) -> NoiseCalibration:
-    """sigma for (epsilon, delta) with a proven discrete-Gaussian bound, split into shares."""
-    privacy = job.privacy()
-    sensitivity = sum_sensitivity(privacy, n_features)
-    sigma = zcdp_sigma(job.epsilon, job.delta, sensitivity)
-    honest = job.threshold - job.colluding_parties
-    return NoiseCalibration(
-        sensitivity, sigma, sigma / math.sqrt(honest), honest, privacy.grid_granularity
-    )
+    """The core's calibration, for the ``t - c`` shares every unmaskable sum holds."""
+    return calibrate(job.privacy(), n_features, job.threshold - job.colluding_parties)
 
 
 def noise_share(calibration: NoiseCalibration, size: int) -> np.ndarray:
-    """One party's noise share: exact discrete Gaussian on the grid (CSPRNG)."""
-    return gaussian_on_grid(calibration.share_sigma, calibration.granularity, size)
+    """One party's noise share alone (exact discrete Gaussian on the grid, CSPRNG)."""
+    return add_noise_share(np.zeros(size), calibration)
 
 
 def contribution_vector(
-    estimate: LocalEstimate, job: SparseLDAJob, calibration: NoiseCalibration | None
+    data: PartyData, job: SparseLDAJob, calibration: NoiseCalibration | None
 ) -> np.ndarray:
-    """``direction | mu1 | mu2`` as the party sends it: clipped, on the grid, plus its share.
+    """The vector the party sends, checked (finite, bounded) before its noise share is added.
 
-    With noise disabled for testing, the exact unclipped blocks (the core's noiseless mode).
+    Row unit: clipped statistics. Party unit: ``direction | mu1 | mu2`` of the local fit,
+    clipped (exact and unclipped with noise disabled for testing). A vector that fails the
+    check is refused here, at its owner, naming the party: it never enters the sum.
     """
-    debiased = job.method == "debiased"
+    privacy = job.privacy()
+    if job.row_unit:
+        exact = statistics_vector(data, privacy)
+        bound = statistics_norm_bound(data.n_rows, privacy, data.n_features)
+    else:
+        estimate = fit_local(data, job.fit_settings(), debiased=job.method == "debiased")
+        direction = (
+            estimate.debiased_direction if job.method == "debiased" else estimate.sparse_direction
+        )
+        assert direction is not None  # fit_local ran with debiased=(method == "debiased")
+        exact = party_level_blocks(
+            direction, estimate.mean_positive, estimate.mean_negative, privacy
+        )
+        bound = None  # clipped already; the check refuses NaN and noise-free blow-ups
+    check_contribution(data.name, exact, bound)
     if job.noise_disabled_for_testing or calibration is None:
-        noiseless = PrivacySettings.noiseless_for_testing()
-        return party_contribution(estimate, noiseless, len(job.parties), debiased=debiased)
-    direction = estimate.debiased_direction if debiased else estimate.sparse_direction
-    assert direction is not None  # fit_local ran with debiased=(method == "debiased")
-    blocks = [
-        clip_to_norm(direction, job.direction_clip_norm),
-        clip_to_norm(estimate.mean_positive, job.mean_clip_norm),
-        clip_to_norm(estimate.mean_negative, job.mean_clip_norm),
-    ]
-    exact = round_to_grid(np.concatenate(blocks), calibration.granularity)
-    return exact + noise_share(calibration, exact.size)
+        return exact
+    return add_noise_share(exact, calibration)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,7 +241,7 @@ def contribution_vector(
 
 def sum_context(job: SparseLDAJob, n_features: int, session_id: str) -> SumContext:
     """The one secure-sum session of a run: ``direction | mu1 | mu2 | rows`` per party."""
-    dimension = BLOCKS * n_features + 1
+    dimension = release_dimension(job.privacy(), n_features) + 1
     return SumContext(
         PROTOCOL, job.job_id, 0, session_id, job.parties, job.threshold, dimension, job.workspace
     )
@@ -243,11 +269,14 @@ def _schema_key(job_id: str) -> str:
     return f"{PROTOCOL}/{job_id}/schema"
 
 
-def read_party(ref: TableRef, columns: list[str] | None = None) -> PartyData:
+def read_party(
+    ref: TableRef, columns: list[str] | None = None, job: SparseLDAJob | None = None
+) -> PartyData:
     """The party's rows as validated :class:`PartyData` (both classes, d within the limit).
 
     ``columns`` fixes the feature order (the coordinator's agreed one); by default every
-    column but the id and the label, in storage order.
+    column but the id and the label, in storage order. With ``job``, only the training rows
+    (the job's held-out rows removed).
     """
     if ref.label_column is None:
         raise SparseLDASetupError(f"party {ref.party!r}: the descriptor names no label_column")
@@ -255,12 +284,19 @@ def read_party(ref: TableRef, columns: list[str] | None = None) -> PartyData:
     frame = PartyStore.of(ref).read_table(ref)
     if columns is None:
         columns = [c for c in frame.columns if c not in (ref.id_column, ref.label_column)]
-    return PartyData(
-        name=ref.party,
-        features=frame[columns].to_numpy(dtype=np.float64),
-        labels=frame[ref.label_column].to_numpy(),
-        columns=tuple(columns),
-    )
+    features = frame[columns].to_numpy(dtype=np.float64)
+    labels = frame[ref.label_column].to_numpy()
+    if job is not None and job.holdout_fraction > 0:
+        keep = np.setdiff1d(np.arange(len(labels)), job.holdout_rows(len(labels)))
+        features, labels = features[keep], labels[keep]
+    return PartyData(ref.party, features, labels, tuple(columns))
+
+
+def read_holdout(ref: TableRef, columns: list[str], job: SparseLDAJob) -> tuple:
+    """The party's held-out rows (features, labels), in the agreed column order."""
+    frame = PartyStore.of(ref).read_table(ref)
+    rows = job.holdout_rows(len(frame))
+    return frame[columns].to_numpy(dtype=np.float64)[rows], frame[ref.label_column].to_numpy()[rows]
 
 
 def _check_width(ref: TableRef) -> None:
@@ -306,9 +342,16 @@ def check_table(ref: TableRef) -> str:
     """Validate the own table before anything is computed or sent; return its salted digest.
 
     Refuses a missing class (fewer than two rows of label 0 or 1), labels other than 0/1,
-    more features than the LP solver's limit, and non-finite values, naming party and column.
+    more features than the LP solver's limit, non-finite values, and a table whose columns
+    are all constant within classes, naming party and column. Nothing is charged yet.
     """
-    read_party(ref)
+    data = read_party(ref)
+    flat = degenerate_columns(data)
+    if len(flat) == data.n_features:
+        raise DegenerateDataError(
+            f"party {ref.party!r}: every column is constant within each class (first: column "
+            f"{flat[0]!r}); nothing to fit"
+        )
     return fingerprint.fn(ref)
 
 
@@ -326,17 +369,19 @@ def join_job(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
             budget = ledger.status(ref.table).as_dict()
         else:
             budget = ledger.require_affordable(ref.table, job.epsilon, job.delta).as_dict()
-    job.endpoint(ref.party).send(COORDINATOR, "schema", {"feature_columns": list(data.columns)})
+    schema: dict[str, Any] = {"feature_columns": list(data.columns)}
+    if not job.row_unit:  # local fits leave these at zero; the coordinator refuses all-flat ones
+        schema["degenerate_columns"] = list(degenerate_columns(read_party(ref, job=job)))
+    job.endpoint(ref.party).send(COORDINATOR, "schema", schema)
     return {"reused": reused, "budget": budget}
 
 
 def _build_release(
     job: SparseLDAJob, ref: TableRef, features: list[str], calibration: NoiseCalibration | None
 ) -> dict[str, Any]:
-    data = read_party(ref, features)
-    estimate = fit_local(data, job.fit_settings(), debiased=job.method == "debiased")
+    data = read_party(ref, features, job)
     release: dict[str, Any] = {
-        "vector": contribution_vector(estimate, job, calibration),
+        "vector": contribution_vector(data, job, calibration),
         "rows": data.n_rows,
         "method": job.method,
         "features": features,
@@ -404,7 +449,7 @@ def send_rows_not_private(ref: TableRef, job: SparseLDAJob) -> None:
     if job.method != "centralized_reference":
         raise SparseLDASetupError(f"refusing to send rows for method {job.method!r}")
     check_owner_allows(ref, job)
-    data = read_party(ref, _agreed_features(job, ref.party))
+    data = read_party(ref, _agreed_features(job, ref.party), job)
     payload = {"features": data.features, "labels": data.labels.astype(np.int64)}
     job.endpoint(ref.party).send(COORDINATOR, "rows_not_private", payload)
 
@@ -429,7 +474,8 @@ def keep_model(ref: TableRef, job: SparseLDAJob, ctx: SumContext | None = None) 
 def open_job(job: SparseLDAJob) -> list[str]:
     """Refuse parties whose feature columns differ; send everyone the agreed order."""
     endpoint = job.endpoint(COORDINATOR)
-    schemas = {p: endpoint.receive(p, "schema")["feature_columns"] for p in job.parties}
+    messages = {p: endpoint.receive(p, "schema") for p in job.parties}
+    schemas = {p: message["feature_columns"] for p, message in messages.items()}
     first = job.parties[0]
     expected = list(schemas[first])
     for party in job.parties[1:]:
@@ -441,6 +487,8 @@ def open_job(job: SparseLDAJob) -> list[str]:
                 f"party {party!r}: feature columns differ from party {first!r}'s: missing "
                 f"{missing}, extra {extra}; every party needs the same columns"
             )
+    flat = {p: m["degenerate_columns"] for p, m in messages.items() if "degenerate_columns" in m}
+    check_columns_usable(flat, expected)
     ArtifactStore(coordinator_store(job.workspace)).put(_schema_key(job.job_id), expected, "schema")
     for party in job.parties:
         endpoint.send(party, "schema_agreed", expected)
@@ -458,6 +506,7 @@ def _model_record(
         "private": job.private,
         "epsilon": job.epsilon if job.private else None,
         "delta": job.delta if job.private else None,
+        "privacy_unit": job.privacy_unit if job.private else None,
         "features": list(features),
         "direction": direction,
         "mean_positive": np.asarray(model.mean_positive, dtype=np.float64),
@@ -487,12 +536,19 @@ def build_model(job: SparseLDAJob, ctx: SumContext, rule: ThresholdRule) -> dict
     total, senders = secure_sum.stored_sum(ctx)
     features = ArtifactStore(coordinator_store(job.workspace)).get(_schema_key(job.job_id))
     contributors, total_rows = len(senders), round(float(total[-1]))
-    noise_std = 0.0
-    if job.private:
-        noise_std = noise_calibration(job, len(features)).average_std(contributors)
-    if job.method != "debiased":
-        rule = NO_THRESHOLD  # the naive baseline averages the biased fits as they are
-    model = model_from_average(total[:-1] / contributors, rule, total_rows, noise_std)
+    calibration = noise_calibration(job, len(features)) if job.private else None
+    if job.row_unit:
+        sum_std = calibration.sum_std(contributors) if calibration else 0.0
+        noise_std = sum_std / total_rows  # per entry of the pooled covariance
+        rule = NO_THRESHOLD  # the pooled L1 fit is sparse by itself
+        model = model_from_statistics(
+            total[:-1], len(features), total_rows, sum_std, job.privacy(), job.fit_settings()
+        )
+    else:
+        noise_std = calibration.average_std(contributors) if calibration else 0.0
+        if job.method != "debiased":
+            rule = NO_THRESHOLD  # the naive baseline averages the biased fits as they are
+        model = model_from_average(total[:-1] / contributors, rule, total_rows, noise_std)
     record = _model_record(
         job,
         features,
@@ -539,6 +595,15 @@ def fit_pooled_reference(job: SparseLDAJob) -> dict[str, Any]:
     )
     _publish_model(job, record)
     return record
+
+
+@task(name="sparse-lda-score", task_run_name="{ref.party}: score held-out rows", **PARTY_STEP)
+def score_holdout(ref: TableRef, job: SparseLDAJob) -> dict[str, int]:
+    """Misclassified held-out rows under the kept model: two counts, no rows, leave."""
+    model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
+    features, labels = read_holdout(ref, list(model["features"]), job)
+    wrong = int(np.count_nonzero(discriminant(model).predict(features) != labels))
+    return {"rows": int(labels.size), "errors": wrong}
 
 
 def discriminant(model: dict[str, Any]) -> LinearDiscriminant:

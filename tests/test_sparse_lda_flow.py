@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,15 @@ from core import secagg
 from core.dp import analytic_gaussian_sigma, zcdp_sigma
 from core.sparse_lda import (
     ColumnMismatchError,
+    DegenerateDataError,
     DimensionLimitError,
     LocalFitSettings,
     MissingClassError,
+    PrivacySettings,
+    calibrate,
     fit_centralized,
     fit_local,
+    fit_moments_release,
     sum_sensitivity,
 )
 from core.sparse_lda.privacy import clip_to_norm, round_to_grid
@@ -107,7 +112,7 @@ def fits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def run(refs: list[TableRef], workspace: Path, **options: Any) -> dict[str, Any]:
     options = {"epsilon": EPS, "delta": DELTA, "direction_clip_norm": CLIP,
-               "mean_clip_norm": CLIP, **options}  # fmt: skip
+               "mean_clip_norm": CLIP, "privacy_unit": "party", **options}  # fmt: skip
     return sparse_lda([r.to_dict() for r in refs], workspace=str(workspace), **options)
 
 
@@ -265,6 +270,11 @@ def _renamed(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.rename(columns={"mean_area": "mean_volume"})
 
 
+def _all_flat(frame: pd.DataFrame) -> pd.DataFrame:
+    features = [c for c in frame.columns if c not in ("patient_id", "diagnosis")]
+    return frame.assign(**{c: 0.5 for c in features})
+
+
 def _too_wide(frame: pd.DataFrame) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     wide = pd.DataFrame(rng.normal(size=(20, 2001)), columns=[f"x{i}" for i in range(2001)])
@@ -277,6 +287,7 @@ def _too_wide(frame: pd.DataFrame) -> pd.DataFrame:
         (_one_class, MissingClassError, "party 'hospital_c' has 0 rows with label 0"),
         (_too_wide, DimensionLimitError, "party 'hospital_c': 2001 features exceeds .* 2000"),
         (_renamed, ColumnMismatchError, r"party 'hospital_c'.*missing \['mean_area'\]"),
+        (_all_flat, DegenerateDataError, r"party 'hospital_c': every column is constant"),
     ],
 )
 def test_bad_tables_are_refused_before_any_computation(
@@ -337,3 +348,46 @@ def test_a_party_dropping_out_leaves_the_average_of_the_others(
     np.testing.assert_allclose(result["direction"], expected, rtol=0, atol=1e-7)
     assert result["contributors"] == ["hospital_a", "hospital_b"]
     assert result["total_rows"] == ROWS["hospital_a"] + ROWS["hospital_b"]
+
+
+def test_a_column_flat_at_every_party_is_refused_before_any_charge(
+    hospitals: Loader, workspace: Path, fits: list[str]
+) -> None:
+    frames = {
+        name: pd.read_csv(ROOT / "demo" / "horizontal" / f"{name}.csv").assign(mean_area=0.0)
+        for name in HOSPITALS
+    }
+    refs = hospitals(workspace, frames)
+    with pytest.raises(DegenerateDataError, match=r"column 'mean_area' is constant .* every party"):
+        run(refs, workspace, job_id="slda-flat")
+    assert fits == [] and all(not s for s in spends(refs))
+    assert not [r for r in Channel(workspace, "slda-flat").log() if r.kind.startswith("secagg")]
+
+
+def test_row_level_release_is_the_plain_moments_fit_and_reports_held_out_figures(
+    hospitals: Loader, workspace: Path
+) -> None:
+    refs = hospitals(workspace)
+    options = {"privacy_unit": "row", "row_clip_norm": 3.0, "holdout_fraction": 0.2}
+    exact = run(refs, workspace, noise_disabled_for_testing=True, **options)
+    job = steps.SparseLDAJob("x", None, HOSPITALS, "debiased", EPS, DELTA, None, None, 2,
+                             holdout_fraction=0.2)  # fmt: skip
+    parties = [steps.read_party(r, exact["features"], job) for r in refs]
+    plain = PrivacySettings.row_level(EPS, DELTA, 3.0, noise_disabled_for_testing=True)
+    expected = fit_moments_release(parties, plain)
+    np.testing.assert_allclose(exact["direction"], expected.direction, rtol=0, atol=1e-6)
+    held_out = sum(len(job.holdout_rows(n)) for n in ROWS.values())
+    assert exact["total_rows"] == sum(ROWS.values()) - held_out
+    assert exact["figures"]["holdout_rows"] == held_out
+    assert all(not s for s in spends(refs))
+
+    private = run(refs, workspace, **options)
+    figures = private["figures"]
+    assert figures["privacy_unit"] == "row" and figures["epsilon"] == EPS
+    assert figures["features_kept"] > 0 and 0.0 <= figures["holdout_error"] < 0.25
+    assert [len(s) for s in spends(refs)] == [1, 1, 1]
+    row_job = replace(job, privacy_unit="row", row_clip_norm=3.0)
+    calibration = steps.noise_calibration(row_job, 30)  # the core's, for t - c = 2 shares
+    assert calibration == calibrate(row_job.privacy(), 30, 2)
+    sensitivity = sum_sensitivity(row_job.privacy(), 30)
+    assert calibration.share_sigma == pytest.approx(zcdp_sigma(EPS, DELTA, sensitivity) / 2**0.5)

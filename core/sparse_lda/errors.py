@@ -39,3 +39,13 @@ class InfeasibleProgramError(ValueError):
 
 class PrivacySettingsError(ValueError):
     """Privacy parameters are out of range or inconsistent with the number of parties."""
+
+
+class DegenerateDataError(SparseLDAInputError):
+    """No usable column or class anywhere: a site's columns are all constant within classes,
+    a class is missing at every site, or a column is degenerate at every site."""
+
+
+class ContributionError(ValueError):
+    """A party's vector for the secure sum is not finite or exceeds the bound it must meet;
+    the party is refused by name and its vector never enters the sum."""

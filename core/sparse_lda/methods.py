@@ -2,6 +2,8 @@
 
 * ``fit_debiased_aggregate``: the protocol. Local debiased fits, private average, threshold.
 * ``fit_naive_average``: baseline. Same private average of the *un-debiased* local fits.
+* ``fit_moments_release``: the row-level private protocol. Each party's clipped sufficient
+  statistics plus noise shares are summed; one pooled sparse fit on the noisy sum.
 * ``fit_centralized``: reference only. The local estimator on all rows pooled, which the
   protocol exists to avoid; it shows what accuracy the pooled data could reach.
 """
@@ -21,16 +23,25 @@ from core.sparse_lda.aggregation import (
     plain_sum,
     sum_contributions,
 )
-from core.sparse_lda.errors import SparseLDAInputError
+from core.sparse_lda.errors import DegenerateDataError, SparseLDAInputError
 from core.sparse_lda.local_fit import LocalEstimate, LocalFitSettings, fit_local
 from core.sparse_lda.model import LinearDiscriminant
+from core.sparse_lda.moments_release import (
+    model_from_statistics,
+    statistics_norm_bound,
+    statistics_vector,
+)
 from core.sparse_lda.party_data import PartyData, check_same_columns
 from core.sparse_lda.privacy import (
     BLOCKS_PER_CONTRIBUTION,
     PrivacySettings,
+    PrivacyUnit,
+    add_noise_share,
     average_noise_std,
+    check_contribution,
     check_party_count,
-    private_contribution,
+    party_calibration,
+    party_level_blocks,
 )
 
 MapParties = Callable[
@@ -87,16 +98,63 @@ def fit_centralized(
     )
 
 
+def fit_moments_release(
+    parties: Sequence[PartyData],
+    privacy: PrivacySettings,
+    settings: LocalFitSettings = DEFAULT_SETTINGS,
+    *,
+    sum_vectors: SumVectors = plain_sum,
+) -> LinearDiscriminant:
+    """Row-level DP: noisy clipped statistics of every party summed, one pooled sparse fit."""
+    columns = check_same_columns(parties)
+    n_parties = len(parties)
+    calibration = party_calibration(privacy, len(columns), n_parties)
+    contributions = []
+    for party in parties:
+        exact = statistics_vector(party, privacy)
+        bound = statistics_norm_bound(party.n_rows, privacy, len(columns))
+        check_contribution(party.name, exact, bound)
+        noisy = exact if privacy.noise_disabled_for_testing else add_noise_share(exact, calibration)
+        contributions.append(noisy)
+    total = sum_contributions(contributions, sum_vectors)
+    noise = 0.0 if privacy.noise_disabled_for_testing else calibration.sum_std(n_parties)
+    rows = sum(p.n_rows for p in parties)
+    return model_from_statistics(total, len(columns), rows, noise, privacy, settings)
+
+
+def check_columns_usable(degenerate: dict[str, Sequence[str]], columns: Sequence[str]) -> None:
+    """Refuse a column that every party reports degenerate: no site can estimate it."""
+    if not degenerate:
+        return
+    everywhere = set(columns)
+    for names in degenerate.values():
+        everywhere &= set(names)
+    if everywhere:
+        column = next(c for c in columns if c in everywhere)
+        raise DegenerateDataError(
+            f"column {column!r} is constant within each class at every party "
+            f"({', '.join(degenerate)}): no site can estimate it; drop the column"
+        )
+
+
 def party_contribution(
     estimate: LocalEstimate, privacy: PrivacySettings, n_parties: int, *, debiased: bool
 ) -> np.ndarray:
-    """What one party feeds into the secure sum (runs at the party, so its noise stays there)."""
+    """What one party feeds into the secure sum (runs at the party, so its noise stays there).
+
+    The exact vector is checked first (finite; bounded: clipped, or within the noise-free
+    coordinate bound), so a broken local fit is refused by name and never averaged in.
+    """
+    if privacy.unit is not PrivacyUnit.PARTY:
+        raise SparseLDAInputError("local-fit contributions need party-level privacy settings")
     direction = estimate.debiased_direction if debiased else estimate.sparse_direction
     if direction is None:
         raise SparseLDAInputError(f"party {estimate.party!r}: local fit was run without debiasing")
-    return private_contribution(
-        direction, estimate.mean_positive, estimate.mean_negative, privacy, n_parties
-    )
+    exact = party_level_blocks(direction, estimate.mean_positive, estimate.mean_negative, privacy)
+    check_contribution(estimate.party, exact, None)
+    if privacy.noise_disabled_for_testing:
+        return exact
+    return add_noise_share(exact, party_calibration(privacy, direction.shape[0], n_parties))
 
 
 def model_from_sum(
@@ -127,6 +185,7 @@ def _fit_by_averaging(
         check_party_count(privacy, n_parties)
     local = partial(fit_local, settings=settings, debiased=debiased)
     estimates = list(map_parties(local, parties))
+    check_columns_usable({e.party: e.degenerate_columns for e in estimates}, parties[0].columns)
     contributions = [
         party_contribution(e, privacy, n_parties, debiased=debiased) for e in estimates
     ]

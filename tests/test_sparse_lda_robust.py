@@ -1,0 +1,150 @@
+"""Sparse LDA at awkward sites and the row-level mechanism: bounded fits, named refusals,
+noise that matches its calibration, and a sensitivity bound that holds for any row."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from sparse_lda_sites import breast_sites, synthetic_sites
+
+from core.dp.discrete_privacy import zcdp_sigma
+from core.sparse_lda import (
+    ContributionError,
+    DegenerateDataError,
+    LocalFitSettings,
+    PartyData,
+    PrivacySettings,
+    calibrate,
+    check_contribution,
+    fit_debiased_aggregate,
+    fit_local,
+    fit_naive_average,
+    party_calibration,
+    party_contribution,
+    row_sensitivity,
+    statistics_vector,
+    sum_sensitivity,
+)
+from core.sparse_lda.moments_release import pack_symmetric, unpack_symmetric
+from core.sparse_lda.privacy import add_noise_share
+
+NOISELESS = PrivacySettings.noiseless_for_testing()
+DIRECTION_BOUND = 100.0  # |beta_tilde| entries on standardised features; the bug gave 1e14
+ERROR_MARGIN = 0.03  # about 3 of ~110 held-out rows
+
+
+@pytest.mark.parametrize("build", [breast_sites, synthetic_sites])
+def test_awkward_sites_give_bounded_fits_and_beat_or_match_naive_averaging(build) -> None:
+    sites = build(0)
+    estimates = [fit_local(p, LocalFitSettings(), debiased=True) for p in sites.parties]
+    for estimate in estimates:
+        assert np.all(np.isfinite(estimate.debiased_direction))
+        assert np.max(np.abs(estimate.debiased_direction)) <= DIRECTION_BOUND
+    flat = {e.party: set(e.degenerate_columns) for e in estimates}
+    assert flat["site_a"] == {"x3", "x13"} and flat["site_b"] == {"x7"}
+    assert not flat["site_c"] and not flat["site_d"]
+    columns = sites.parties[0].columns
+    for estimate in estimates:  # left at zero where the site has no information
+        for column in estimate.degenerate_columns:
+            assert estimate.debiased_direction[columns.index(column)] == 0.0
+    test = (sites.test_features, sites.test_labels)
+    debiased = fit_debiased_aggregate(sites.parties, NOISELESS).error_rate(*test)
+    naive = fit_naive_average(sites.parties, NOISELESS).error_rate(*test)
+    assert debiased <= naive + ERROR_MARGIN
+
+
+def _party(name: str, features: np.ndarray, labels: np.ndarray) -> PartyData:
+    return PartyData(name, features, labels, tuple(f"c{k}" for k in range(features.shape[1])))
+
+
+def test_impossible_inputs_are_refused_by_name() -> None:
+    rng = np.random.default_rng(3)
+    labels = np.repeat([0, 1], 20)
+    flat = _party("clinic", np.full((40, 3), 2.5), labels)
+    with pytest.raises(DegenerateDataError, match=r"party 'clinic': every column .* 'c0'"):
+        fit_local(flat, LocalFitSettings(), debiased=True)
+    parties = []
+    for name in ("north", "south"):
+        features = rng.normal(size=(40, 4))
+        features[:, 2] = 7.0  # never measured anywhere
+        parties.append(_party(name, features, labels))
+    with pytest.raises(DegenerateDataError, match=r"column 'c2' is constant .* every party"):
+        fit_debiased_aggregate(parties, NOISELESS)
+
+
+def test_broken_contributions_are_refused_with_the_party_name() -> None:
+    rng = np.random.default_rng(4)
+    party = _party("east", rng.normal(size=(40, 4)), np.repeat([0, 1], 20))
+    estimate = fit_local(party, LocalFitSettings(), debiased=True)
+    nan = estimate.debiased_direction.copy()
+    nan[1] = np.nan
+    broken = type(estimate)(**{**estimate.__dict__, "debiased_direction": nan})
+    for privacy in (NOISELESS, PrivacySettings(1.0, 1e-6, 2.0, 2.0)):
+        with pytest.raises(ContributionError, match=r"party 'east'.* coordinate \d+ is nan"):
+            party_contribution(broken, privacy, 3, debiased=True)
+    huge = type(estimate)(**{**estimate.__dict__, "debiased_direction": np.full_like(nan, 1e14)})
+    with pytest.raises(ContributionError, match=r"party 'east'.*beyond the bound"):
+        party_contribution(huge, NOISELESS, 3, debiased=True)
+    with pytest.raises(ContributionError, match=r"party 'west'.*L2 norm .* > its bound"):
+        check_contribution("west", np.ones(4) * 10, 5.0)
+
+
+def test_row_level_noise_matches_its_calibration() -> None:
+    privacy = PrivacySettings.row_level(2.0, 1e-6, 3.0)
+    d, m = 4, 5
+    calibration = party_calibration(privacy, d, m)
+    assert calibration.sigma == pytest.approx(
+        zcdp_sigma(2.0, 1e-6, row_sensitivity(3.0, privacy.mean_weight) + 2**-24 * math.sqrt(20))
+    )
+    assert calibration == calibrate(privacy, d, m)  # one calibration, whoever asks
+    exact = np.zeros(2 * d + 2 + d * (d + 1) // 2)
+    draws = np.stack(
+        [sum(add_noise_share(exact, calibration) for _ in range(m)) for _ in range(400)]
+    )  # 400 released sums of m shares, 20 coordinates each: 8,000 values
+    spread = float(draws.std())
+    assert spread == pytest.approx(calibration.sum_std(m), rel=0.04)
+    assert calibration.sum_std(m) == pytest.approx(calibration.sigma)
+    assert abs(float(draws.mean())) < 4 * calibration.sigma / math.sqrt(draws.size)
+
+
+def test_packing_keeps_the_frobenius_norm() -> None:
+    matrix = np.random.default_rng(5).normal(size=(5, 5))
+    matrix = matrix + matrix.T
+    packed = pack_symmetric(matrix)
+    assert np.linalg.norm(packed) == pytest.approx(np.linalg.norm(matrix))
+    np.testing.assert_allclose(unpack_symmetric(packed, 5), matrix)
+
+
+def test_one_row_moves_the_statistics_by_at_most_the_sensitivity() -> None:
+    rng = np.random.default_rng(6)
+    d, radius = 5, 2.0
+    privacy = PrivacySettings.row_level(1.0, 1e-6, radius)
+    bound = sum_sensitivity(privacy, d)
+    unit = np.eye(d)
+    worst_cases = [  # (old row, old label, new row, new label)
+        (radius * unit[0], 1, radius * unit[1], 1),  # orthogonal rows: M moves sqrt(2) R^2
+        (radius * unit[0], 1, -radius * unit[0], 1),  # opposite rows: class sum moves 2R
+        (radius * unit[0], 1, radius * unit[1], 0),  # label flips too
+        (np.zeros(d), 0, 50 * unit[2], 1),  # far outside the ball: clipped first
+    ]
+    largest = 0.0
+    for trial in range(300):
+        features = rng.normal(scale=1.5, size=(30, d))
+        labels = np.repeat([0, 1], 15)
+        row = int(rng.integers(30))
+        if trial < len(worst_cases):
+            old, old_label, new, new_label = worst_cases[trial]
+            features[row], labels[row] = old, old_label
+        else:
+            new = rng.normal(scale=rng.choice([0.5, 3.0, 30.0]), size=d)
+            new_label = int(rng.integers(2))
+        changed_features, changed_labels = features.copy(), labels.copy()
+        changed_features[row], changed_labels[row] = new, new_label
+        before = statistics_vector(_party("p", features, labels), privacy)
+        after = statistics_vector(_party("p", changed_features, changed_labels), privacy)
+        moved = float(np.linalg.norm(after - before))
+        assert moved <= bound
+        largest = max(largest, moved)
+    assert largest >= 0.8 * bound  # the worst cases come close: the bound is not loose

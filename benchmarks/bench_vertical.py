@@ -26,8 +26,8 @@ from phe import paillier
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
+from core.paillier import cipher
 from core.paillier.keys import generate_keypair
-from core.vertical_lr import cipher
 from core.vertical_lr.fixed_point import encode_features
 from core.vertical_lr.reference import train_reference, with_intercept
 from core.vertical_lr.schedule import Schedule

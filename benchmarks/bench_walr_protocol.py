@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from phe import paillier
 
-from core.vertical_lr import cipher
+from core.paillier import cipher
 from core.walr import WalrFeatures, prepare_binary_features, prepare_clipped_features
 
 DATA = Path(__file__).resolve().parent / "data" / "fate"

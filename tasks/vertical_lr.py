@@ -16,8 +16,8 @@ from phe import paillier
 from prefect import task
 
 from core.ids import id_order_digest
-from core.paillier.keys import generate_keypair
-from core.vertical_lr import cipher
+from core.paillier import cipher
+from core.paillier.keys import MIN_SECURE_KEY_BITS, generate_keypair
 from core.vertical_lr.fixed_point import decode_gradient, encode_features
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import (
@@ -37,7 +37,6 @@ from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 
 PROTOCOL = "vertical"
-MIN_SECURE_KEY_BITS = 2048
 
 
 class VerticalSetupError(ValueError):
@@ -59,7 +58,7 @@ class VerticalJob:
     momentum: float
     decay: float
     l2: float
-    randomizer: str = "standard"
+    randomizer: str = cipher.DEFAULT_RANDOMIZER
     clip_features: float | None = None
 
     @property

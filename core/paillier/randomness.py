@@ -47,6 +47,7 @@ the value is used: no value is handed out twice, across processes and restarts.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import math
 import os
 import secrets
@@ -72,7 +73,7 @@ _ALIASES = {"djn": SHORT}
 DEFAULT_WINDOW_BITS = 10
 """Fixed-base window: k/10 multiplications per value; the table holds 1023 * k/10 residues
 (about 107 MB for the full 2048-bit exponent, built once per process and key)."""
-_MIN_PARALLEL_CHUNK = 8
+_MIN_PARALLEL_CHUNK = 32
 _TABLE_WORTH = 48  # fewer values than this, with no table built yet: plain powmod in C
 _TABLE_CACHE_SIZE = 4
 
@@ -137,7 +138,10 @@ def _parallel_generate(
     *,
     sensitive: bool = False,
 ) -> list[mpz]:
-    parts = min(backend.parallelism, max(1, count // _MIN_PARALLEL_CHUNK))
+    # A few chunks per worker, so that a worker slowed by a busy neighbour does not hold
+    # the whole batch back (each chunk still takes milliseconds per value).
+    parts = 1 if backend.parallelism == 1 else 4 * backend.parallelism
+    parts = min(parts, max(1, count // _MIN_PARALLEL_CHUNK))
     if parts <= 1:
         return function(*fixed_args, count)  # type: ignore[operator]
     sizes = [stop - start for start, stop in chunk_bounds(count, parts)]
@@ -454,7 +458,7 @@ class ObfuscatorFile:
         return self._source.n
 
     def _make_header(self) -> bytes:
-        digest = format(self._source.n % (1 << 256), "064x")[:48].encode()
+        digest = hashlib.sha256(f"paillier:{self._source.n:x}".encode()).hexdigest()[:48].encode()
         mode = self._source.mode.encode().ljust(26, b" ")
         header = _FILE_MAGIC + digest + mode
         assert len(header) == _CONSUMED_OFFSET

@@ -220,13 +220,11 @@ def synthetic_fate(rows: int, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame
 
 
 def split_row(label: str, seconds: float, split: dict[str, float], scale: float = 1.0) -> str:
+    split = dict(split)
+    cpu = split.pop("cpu")
     other = seconds - sum(split.values())
-    parts = [*split.values(), other]
-    return (
-        f"| {label} | {scale * seconds:,.1f} | "
-        + " | ".join(f"{scale * v:,.1f}" for v in parts)
-        + " |"
-    )
+    cells = " | ".join(f"{scale * v:,.1f}" for v in [*split.values(), other, cpu])
+    return f"| {label} | {scale * seconds:,.1f} | {cells} |"
 
 
 def main() -> None:

@@ -55,14 +55,19 @@ worker: $(STAMP)
 serve: $(STAMP)
 	PREFECT_API_URL=$(API_URL) $(BIN)/python -m flows.serve
 
+BENCH_VERTICAL_ARGS ?=
+
 bench-vertical: $(STAMP)
-	$(BIN)/python benchmarks/bench_vertical.py
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python benchmarks/bench_vertical.py $(BENCH_VERTICAL_ARGS)
 
 bench-paillier: $(STAMP)
+	$(BIN)/python -m pip install --quiet "sf-heu==0.5.2b0" || echo "sf-heu unavailable: comparing with the anchor numbers"
 	$(BIN)/python benchmarks/bench_paillier.py
 
 bench-walr: $(STAMP)
 	$(BIN)/python benchmarks/bench_walr.py
+	$(BIN)/python benchmarks/bench_walr_protocol.py
 
 bench-labeldp: $(STAMP)
 	$(BIN)/python benchmarks/bench_labeldp.py

@@ -1,6 +1,7 @@
 """The encrypted one-shot WALR sum on FATE's default_credit, timed step by step.
 
 Usage: python benchmarks/bench_walr_protocol.py [--rows N] [--key-size 2048] [--mode clipped]
+       [--randomizer full|short|standard]
 
 The labels party holds the guest's ``y`` (30,000 rows), the features party the host's ten
 standardised features of the same rows (joined on ``id``, standing in for a PSI alignment).
@@ -23,9 +24,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from phe import paillier
 
-from core.vertical_lr import cipher
+from core.paillier import cipher
+from core.paillier.keys import MIN_SECURE_KEY_BITS, generate_keypair
+from core.paillier.randomness import DEFAULT_RANDOMIZER
 from core.walr import WalrFeatures, prepare_binary_features, prepare_clipped_features
 
 DATA = Path(__file__).resolve().parent / "data" / "fate"
@@ -54,15 +56,25 @@ def timed(rows: list[dict[str, Any]], step: str, party: str, call: Callable[[], 
     return result
 
 
-def run(rows_wanted: int | None, key_size: int, mode: str) -> tuple[list[dict[str, Any]], bool]:
+def run(
+    rows_wanted: int | None, key_size: int, mode: str, randomizer: str
+) -> tuple[list[dict[str, Any]], bool]:
     frame, labels = load(rows_wanted)
     features = prepare(frame, mode)
     grid = features.grid_units()
     steps: list[dict[str, Any]] = []
     public, private = timed(
-        steps, "key pair", "labels", lambda: paillier.generate_paillier_keypair(n_length=key_size)
+        steps,
+        "key pair",
+        "labels",
+        lambda: generate_keypair(key_size, allow_insecure_key_size=key_size < MIN_SECURE_KEY_BITS),
     )
-    encrypted = timed(steps, "[[y]]", "labels", lambda: cipher.encrypt(public, labels.tolist()))
+    encrypted = timed(  # as the flow does: its own key, so the CRT path
+        steps,
+        "[[y]]",
+        "labels",
+        lambda: cipher.encrypt(public, labels.tolist(), randomizer, private=private),
+    )
     sums = timed(
         steps, "X^T [[y]]", "features", lambda: cipher.transpose_dot(public, grid, encrypted)
     )
@@ -71,7 +83,7 @@ def run(rows_wanted: int | None, key_size: int, mode: str) -> tuple[list[dict[st
         steps,
         "mask + re-randomise",
         "features",
-        lambda: cipher.rerandomize(public, cipher.add_plain(public, sums, masks)),
+        lambda: cipher.rerandomize(public, cipher.add_plain(public, sums, masks), randomizer),
     )
     masked = timed(steps, "decrypt", "labels", lambda: cipher.decrypt(private, hidden))
     unmasked = [m - r for m, r in zip(masked, masks, strict=True)]
@@ -84,12 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=None, help="first N rows (default: all)")
     parser.add_argument("--key-size", type=int, default=2048)
     parser.add_argument("--mode", choices=("clipped", "binary"), default="clipped")
+    parser.add_argument("--randomizer", default=DEFAULT_RANDOMIZER)
     args = parser.parse_args(argv)
-    steps, equal = run(args.rows, args.key_size, args.mode)
+    steps, equal = run(args.rows, args.key_size, args.mode, args.randomizer)
     total = sum(s["seconds"] for s in steps)
     print(
         f"WALR one-shot encrypted sum: {args.rows or 'all'} rows, {args.mode}, "
-        f"{args.key_size}-bit key\n"
+        f"{args.key_size}-bit key, randomizer {args.randomizer!r}\n"
     )
     print("| step | party | seconds |\n|---|---|---|")
     for s in steps:

@@ -19,6 +19,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 
+from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.vertical_lr.schedule import Schedule
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -109,7 +110,7 @@ def vertical_lr(
     arbiter_database: str | None = None,
     workspace: str | None = None,
     job_id: str | None = None,
-    randomizer: str = "standard",
+    randomizer: str = DEFAULT_RANDOMIZER,
     clip_features: float | None = None,
     allow_insecure_key_size: bool = False,
     fail_at_round: int | None = None,
@@ -120,11 +121,14 @@ def vertical_lr(
     ``job_id`` defaults to one derived from the tables' salted fingerprints and every
     option except ``epochs`` (so a run with more epochs continues the same job).
     ``clip_features`` clips every party's features to [-c, c] locally (standardised data).
-    ``randomizer="djn"`` opts into the Damgard-Jurik-Nielsen short-exponent randomizer
-    (about 10x cheaper encryption; see core/paillier/randomness.py for its security argument).
+    ``randomizer`` picks the Paillier obfuscators: ``"full"`` (default: fixed-base h_s^r with
+    r < n, semantically secure under DCR alone), ``"short"`` (``"djn"``: r of k/2 bits, about
+    1.6x cheaper, needs an extra short-exponent assumption) or ``"standard"`` (textbook r^n,
+    slowest); see core/paillier/randomness.py for the security statement.
     ``allow_insecure_key_size`` and ``fail_at_round`` exist for tests only.
     """
     logger = get_run_logger()
+    randomizer_mode(randomizer)  # an unknown name fails here, before any key is made
     guest_ref = TableRef.from_dict(guest)
     host_refs = [TableRef.from_dict(h) for h in hosts]
     if not host_refs:

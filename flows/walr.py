@@ -24,6 +24,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from core.dp.gaussian import validate_epsilon_delta
+from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import walr as steps
@@ -131,6 +132,7 @@ def walr(
     evaluate: bool = False,
     protected_table: str | None = None,
     allow_noiseless_release_for_tests: bool = False,
+    randomizer: str = DEFAULT_RANDOMIZER,
 ) -> dict[str, Any]:
     """Train WALR: (epsilon, delta)-label-DP logistic regression from one noisy sum.
 
@@ -142,7 +144,10 @@ def walr(
     every row's prediction to the labels party and is not covered by the DP guarantee.
     ``noise=False`` (tests only) needs ``allow_noiseless_release_for_tests=True`` and the
     labels owner's policy (``privreg policy set ... --allow-noiseless-release``).
+    ``randomizer`` picks the Paillier obfuscators: ``"full"`` (default, DCR only), ``"short"``
+    (faster, extra assumption) or ``"standard"`` (textbook r^n); see core/paillier/randomness.py.
     """
+    randomizer_mode(randomizer)
     validate_epsilon_delta(epsilon, delta)
     _check_options(
         mode,
@@ -178,6 +183,7 @@ def walr(
         features_fingerprint=prints["features"],
         noise=noise,
         noiseless_for_tests=not noise and allow_noiseless_release_for_tests,
+        randomizer=randomizer,
         **release,
     )
     checked = steps.check_labels_and_budget(job, labels_ref)  # before any computation

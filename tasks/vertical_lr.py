@@ -18,9 +18,9 @@ from phe import paillier
 from prefect import get_run_logger, task
 
 from core.ids import id_order_digest
+from core.paillier import cipher
 from core.paillier.errors import PaillierError
-from core.paillier.keys import generate_keypair
-from core.vertical_lr import cipher
+from core.paillier.keys import MIN_SECURE_KEY_BITS, generate_keypair
 from core.vertical_lr.fixed_point import decode_gradient, encode_features
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import (
@@ -41,7 +41,6 @@ from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 
 PROTOCOL = "vertical"
-MIN_SECURE_KEY_BITS = 2048
 # Rows a mini-batch must have beyond a host's feature count; see check_batches.
 LABEL_LEAK_MARGIN = 64
 KEEP_SENT_ROUNDS = 3  # sent messages kept for re-sending, as many as round checkpoints
@@ -70,7 +69,7 @@ class VerticalJob:
     momentum: float
     decay: float
     l2: float
-    randomizer: str = "standard"
+    randomizer: str = cipher.DEFAULT_RANDOMIZER
     clip_features: float | None = None
     # (party, length of its gradient) agreed at set-up: the guest's features + intercept,
     # each host's features. The key holder decrypts nothing of another length.

@@ -35,8 +35,9 @@ from prefect import get_run_logger, task
 from core.dp.errors import PrivacyParameterError
 from core.dp.gaussian import analytic_gaussian_sigma, classic_gaussian_sigma
 from core.ids import id_order_digest
+from core.paillier import cipher
 from core.paillier.errors import PaillierError
-from core.vertical_lr import cipher
+from core.paillier.keys import MIN_SECURE_KEY_BITS, generate_keypair
 from core.walr import (
     WalrFeatures,
     WalrFit,
@@ -59,7 +60,6 @@ from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 
 PROTOCOL = "walr"
-MIN_SECURE_KEY_BITS = 2048
 MODES = ("binary", "clipped")
 _EXACT_FLOAT_INT = 2**53
 
@@ -88,6 +88,7 @@ class WalrJob:
     # the features party's column count, agreed at set-up: the labels party decrypts exactly
     # columns + 1 sums (with the intercept), once
     columns: int | None = None
+    randomizer: str = cipher.DEFAULT_RANDOMIZER
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return channel_for(self.job_id, self.workspace).endpoint(party)
@@ -251,14 +252,17 @@ def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: b
     artifacts = ArtifactStore(PartyStore.of(ref))
     stored = artifacts.get(job.key("keypair"))
     if stored is None:
-        public, private = paillier.generate_paillier_keypair(n_length=key_size)
+        public, private = generate_keypair(key_size, allow_insecure_key_size=allow_insecure)
         stored = {"n": public.n, "p": private.p, "q": private.q}
         artifacts.put(job.key("keypair"), stored, "secret")
     _, labels = _labels(ref)
     public = paillier.PaillierPublicKey(int(stored["n"]))
+    # Its own key: the same obfuscators, computed modulo p^2 and q^2 (CRT).
+    private = paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
+    encrypted = cipher.encrypt(public, labels.tolist(), job.randomizer, private=private)
     endpoint = job.endpoint(ref.party)
     endpoint.send(job.features_party, "walr_public_key", stored["n"])
-    endpoint.send(job.features_party, "walr_encrypted_labels", cipher.encrypt(public, labels))
+    endpoint.send(job.features_party, "walr_encrypted_labels", encrypted)
     get_run_logger().info("%s encrypted %d labels", ref.party, labels.size)
     return int(stored["n"]).bit_length()
 
@@ -280,7 +284,7 @@ def masked_sums(job: WalrJob, ref: TableRef) -> int:
     masks = cipher.random_masks(len(sums))
     mask_id = secrets.token_hex(16)
     ArtifactStore(PartyStore.of(ref)).put(job.key("mask", mask_id), masks, "secret")
-    hidden = cipher.rerandomize(public, cipher.add_plain(public, sums, masks))
+    hidden = cipher.rerandomize(public, cipher.add_plain(public, sums, masks), job.randomizer)
     endpoint.send(job.labels_party, "walr_masked_sums", {"mask_id": mask_id, "sums": hidden})
     return len(sums)
 

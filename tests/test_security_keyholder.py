@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 from phe import paillier
 
+from core.paillier import cipher
 from core.paillier.decryption import CrtDecryptor
 from core.paillier.errors import PaillierError
-from core.vertical_lr import cipher
 from core.vertical_lr.schedule import Schedule
 from storage.artifacts import ArtifactStore
 from storage.channel import ChannelError

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.paillier import cipher
 from core.paillier.keys import generate_keypair
-from core.vertical_lr import cipher
 
 
 @pytest.fixture(scope="module")

@@ -23,27 +23,8 @@ class KeyMismatchError(PaillierError):
     """Ciphertexts under different public keys were combined."""
 
 
-class EncodingError(PaillierError):
-    """A value cannot be represented in the fixed-point encoding (NaN, inf, too large)."""
-
-
-class PaillierOverflowError(PaillierError):
-    """A (possibly homomorphically computed) value left the safely decodable range.
-
-    Raised instead of silently returning a wrapped-around number modulo ``n``.
-    """
-
-
 class ShapeError(PaillierError):
     """Operand lengths or matrix shapes do not fit together."""
-
-
-class WireFormatError(PaillierError):
-    """A message received from another party does not have the expected structure."""
-
-
-class PackingError(PaillierError):
-    """Values cannot be packed with the requested layout."""
 
 
 class BackendError(PaillierError):

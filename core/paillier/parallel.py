@@ -7,9 +7,14 @@ operations. Private-key material never goes to a Dask cluster unless explicitly 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.context
 import os
-from collections.abc import Callable, Sequence
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -52,11 +57,63 @@ class SerialBackend:
         return [function(*args) for args in arguments]
 
 
+_MAIN_SWAP = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """While a worker starts, show multiprocessing a bare ``__main__``.
+
+    A ``forkserver`` or ``spawn`` worker normally re-imports the parent's main script. A
+    script that calls a flow at module level (no ``if __name__ == "__main__":`` guard, as in
+    Prefect's own examples) would then run the flow again in every worker, which fails and
+    breaks the pool. Our chunk functions all live in importable modules, so workers never
+    need the caller's ``__main__``: hiding it for the instant of the start is enough.
+    """
+    with _MAIN_SWAP:
+        real = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = real
+
+
+class _ForkServerWorker(multiprocessing.context.ForkServerProcess):
+    def start(self) -> None:
+        with _main_module_hidden():
+            super().start()
+
+
+class _SpawnWorker(multiprocessing.context.SpawnProcess):
+    def start(self) -> None:
+        with _main_module_hidden():
+            super().start()
+
+
+class _ForkServerWorkers(multiprocessing.context.ForkServerContext):
+    Process = _ForkServerWorker
+
+
+class _SpawnWorkers(multiprocessing.context.SpawnContext):
+    Process = _SpawnWorker
+
+
+def _worker_context(start_method: str) -> multiprocessing.context.BaseContext:
+    """The start method's context, with workers that never import the caller's main."""
+    if start_method == "forkserver":
+        return _ForkServerWorkers()
+    if start_method == "spawn":
+        return _SpawnWorkers()
+    return multiprocessing.get_context(start_method)
+
+
 class ProcessBackend:
     """A local process pool, created lazily and reused across calls (start-up is costly).
 
     Uses the ``forkserver`` start method so that worker processes never inherit threads or
-    locks of a busy parent (Prefect, Dask clients).
+    locks of a busy parent (Prefect, Dask clients), and starts them without re-importing the
+    caller's main script (see :func:`_main_module_hidden`).
     """
 
     def __init__(self, max_workers: int | None = None, *, start_method: str = "forkserver"):
@@ -72,7 +129,7 @@ class ProcessBackend:
 
     def _pool(self) -> Executor:
         if self._executor is None:
-            context = multiprocessing.get_context(self._start_method)
+            context = _worker_context(self._start_method)
             self._executor = ProcessPoolExecutor(self._max_workers, mp_context=context)
         return self._executor
 

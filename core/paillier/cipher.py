@@ -1,9 +1,12 @@
-"""Integer Paillier operations the vertical protocol needs, over ``phe`` keys and gmpy2.
+"""The one Paillier API every encrypted flow uses (vertical LR, WALR): integer operations on
+lists of ciphertext ints under ``phe`` key objects (the key format of :mod:`.keys`).
 
-The protocol works on fixed-point integers it encodes itself (:mod:`.fixed_point`), so it
-needs only exact integer operations on ciphertexts: encrypt, add, add a plaintext, multiply
-by plaintext integers (``X^T [[d]]``), re-randomise and decrypt to signed integers. The
-heavy ones delegate to :mod:`core.paillier` when it offers a faster path.
+Flows encode fixed-point values themselves, so they need only exact integer operations:
+encrypt, add, add a plaintext, multiply by plaintext integers (``X^T [[d]]``, by Pippenger's
+bucket method in :mod:`.multiexp`), re-randomise and decrypt to signed integers (CRT, in
+:mod:`.decryption`). Large calls run on a process pool over the machine's cores (or a Dask
+cluster). The ``randomizer`` argument picks how obfuscators are made; the default is the
+fixed-base full-length mode whose security rests on DCR alone (see :mod:`.randomness`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,17 @@ from phe import paillier
 
 from core.paillier import kernels
 from core.paillier.decryption import CrtDecryptor
+from core.paillier.errors import KeyMismatchError
 from core.paillier.parallel import SERIAL, Backend, DaskBackend, ProcessBackend, chunk_bounds
-from core.paillier.randomness import DJNRandomizer, StandardRandomizer
+from core.paillier.randomness import (
+    DEFAULT_RANDOMIZER,
+    RANDOMIZER_MODES,
+    FixedBaseRandomizer,
+    ObfuscatorFile,
+    StandardRandomizer,
+    make_randomizer,
+    randomizer_mode,
+)
 
 Ciphertexts = list[int]
 _PARALLEL_MIN_WORK = 256  # below this, starting work in another process costs more than it saves
@@ -53,43 +65,69 @@ def _nsquare(public: paillier.PaillierPublicKey) -> gmpy2.mpz:
     return gmpy2.mpz(public.nsquare)
 
 
-RANDOMIZERS = ("standard", "djn")
+RANDOMIZERS = RANDOMIZER_MODES
 
 
 @functools.lru_cache(maxsize=8)
-def _randomizer(n: int, kind: str) -> StandardRandomizer | DJNRandomizer:
-    """One randomizer per key and kind per process (DJN builds a fixed-base table once)."""
+def _randomizer(
+    n: int, mode: str, factors: tuple[int, int] | None
+) -> StandardRandomizer | FixedBaseRandomizer:
+    """One randomizer per key and mode per process (the fixed-base table is built once)."""
     public = paillier.PaillierPublicKey(n)
-    if kind == "standard":
-        return StandardRandomizer(public)
-    if kind == "djn":
-        return DJNRandomizer(public)
-    raise ValueError(f"randomizer must be one of {RANDOMIZERS}, got {kind!r}")
+    private = None if factors is None else paillier.PaillierPrivateKey(public, *factors)
+    return make_randomizer(public, mode, private_key=private)
 
 
 def _obfuscators(
-    public: paillier.PaillierPublicKey, count: int, kind: str = "standard"
+    public: paillier.PaillierPublicKey,
+    count: int,
+    kind: str = DEFAULT_RANDOMIZER,
+    private: paillier.PaillierPrivateKey | None = None,
+    pool: ObfuscatorFile | None = None,
 ) -> list[gmpy2.mpz]:
-    """Fresh n-th residues: standard ``r^n`` by default, or the opt-in DJN short-exponent ones
-    (see :class:`core.paillier.randomness.DJNRandomizer` for their security argument)."""
-    return _randomizer(public.n, kind).obfuscators(count, backend=_backend(count))
+    """Fresh n-th residues of the chosen mode; with the key's own ``private`` key the same
+    values are computed faster by CRT; a ``pool`` of precomputed ones is drawn from first."""
+    if pool is not None:
+        if pool.n != public.n:
+            raise KeyMismatchError("the obfuscator pool belongs to another public key")
+        return pool.obfuscators(count, backend=_backend(count))
+    factors = None
+    if private is not None:
+        if private.public_key.n != public.n:
+            raise KeyMismatchError("the private key does not belong to this public key")
+        factors = (int(private.p), int(private.q))
+    source = _randomizer(public.n, randomizer_mode(kind), factors)
+    return source.obfuscators(count, backend=_backend(count))
 
 
 def encrypt(
-    public: paillier.PaillierPublicKey, values: Sequence[int], randomizer: str = "standard"
+    public: paillier.PaillierPublicKey,
+    values: Sequence[int],
+    randomizer: str = DEFAULT_RANDOMIZER,
+    *,
+    private: paillier.PaillierPrivateKey | None = None,
+    pool: ObfuscatorFile | None = None,
 ) -> Ciphertexts:
-    """``(1 + m n) r^n mod n^2`` for each integer ``m`` (negatives as ``n - |m|``)."""
+    """``(1 + m n) u mod n^2`` for each integer ``m`` (negatives as ``n - |m|``), u fresh.
+
+    ``private`` (only for a party encrypting under its *own* key) enables the CRT speed-up.
+    """
     n, nsq = gmpy2.mpz(public.n), _nsquare(public)
-    noise = _obfuscators(public, len(values), randomizer)
+    noise = _obfuscators(public, len(values), randomizer, private, pool)
     return [int((1 + (gmpy2.mpz(v) % n) * n) * r % nsq) for v, r in zip(values, noise, strict=True)]
 
 
 def rerandomize(
-    public: paillier.PaillierPublicKey, cts: Sequence[int], randomizer: str = "standard"
+    public: paillier.PaillierPublicKey,
+    cts: Sequence[int],
+    randomizer: str = DEFAULT_RANDOMIZER,
+    *,
+    private: paillier.PaillierPrivateKey | None = None,
+    pool: ObfuscatorFile | None = None,
 ) -> Ciphertexts:
     """Same plaintexts, fresh randomness: the receiver cannot link them to earlier values."""
     nsq = _nsquare(public)
-    noise = _obfuscators(public, len(cts), randomizer)
+    noise = _obfuscators(public, len(cts), randomizer, private, pool)
     return [int(gmpy2.mpz(c) * r % nsq) for c, r in zip(cts, noise, strict=True)]
 
 

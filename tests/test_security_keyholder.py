@@ -19,6 +19,7 @@ from phe import paillier
 from core.paillier import cipher
 from core.paillier.decryption import CrtDecryptor
 from core.paillier.errors import PaillierError
+from core.paillier.keys import generate_keypair
 from core.vertical_lr.schedule import Schedule
 from storage.artifacts import ArtifactStore
 from storage.channel import ChannelError
@@ -34,7 +35,7 @@ KEY_BITS = 512  # tests only (allow_insecure_key_size)
 
 @pytest.fixture(scope="module")
 def keypair() -> tuple[paillier.PaillierPublicKey, paillier.PaillierPrivateKey]:
-    return paillier.generate_paillier_keypair(n_length=KEY_BITS)
+    return generate_keypair(KEY_BITS, allow_insecure_key_size=True)
 
 
 def test_decryption_refuses_non_units_that_would_factor_the_key(keypair) -> None:

@@ -17,7 +17,6 @@ from storage import codec
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
-from tasks.reporting import artifact_key
 from tasks.vertical_lr import VerticalSetupError
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -86,9 +85,9 @@ def test_encrypted_training_equals_plaintext_protocol(
     assert_same_model(result, reference(guest_X, host_X, y), guest_ref, host_refs)
     assert result["metrics"]["train_auc"] > 0.95
     assert len(result["probabilities"]) == ROWS
-    rounds = Artifact.get(artifact_key("vertical-lr", result["job_id"], "rounds"))
+    rounds = Artifact.get(f"{guest_ref.table}-vertical-rounds")  # job named by its table
     assert rounds is not None and rounds.type == "table"
-    link = Artifact.get(artifact_key("vertical-lr", result["job_id"], "model"))
+    link = Artifact.get(f"{guest_ref.table}-vertical-model")
     assert link is not None and "models/vertical/" in link.data  # a link to the saved model
     # the encrypted Taylor loss is the real Taylor loss of the weights before each round
     assert result["losses"][0] == pytest.approx(np.log(2))

@@ -45,7 +45,16 @@ FLOW_SHORT = {
     "score_local": "score-local",
 }
 #: Flow parameters that hold table descriptors, in the order that names a run.
-_TABLE_PARAMETERS = ("party_a", "guest", "features", "labels", "parties", "party_b", "hosts")
+_TABLE_PARAMETERS = (
+    "party_a",
+    "guest",
+    "features",
+    "labels",
+    "parties",
+    "table",
+    "party_b",
+    "hosts",
+)
 _JOB_TAG = "job:"
 _DERIVED_ID = re.compile(r"^([a-z-]+-)?[0-9a-f]{16}$")
 

@@ -5,7 +5,7 @@ score_vertical (a model split across parties):
     host ── X_h w_h (its score share only) ──▶ guest ── X_g w_g + b + shares ──▶ scores table
 score_local (a model one party holds whole): the party scores its own new rows.
 
-Scores land in the scoring party's store as ``<table>_scores`` (id, score, probability);
+Scores land in the scoring party's store as ``<table>_scored`` (id, score, probability);
 the summary gives the row counts and, where the new table has labels, the AUC.
 """
 
@@ -69,14 +69,18 @@ def score_vertical(
 
 
 @flow(name="score_local", flow_run_name=run_namer("score_local"))
-def score_local(table: dict[str, Any], model_key: str) -> dict[str, Any]:
+def score_local(
+    table: dict[str, Any], model_key: str | None = None, model_prefix: str = "horizontal/"
+) -> dict[str, Any]:
     """Score a party's new rows with a model it holds whole (WALR, label DP, horizontal).
 
     Args:
         table: Descriptor of the party's new table (labels optional, for an AUC).
         model_key: Key of the model in the party's store (see privreg models list).
+        model_prefix: Without model_key, the newest model whose key starts with this.
     """
     ref = TableRef.from_dict(table)
+    model_key = model_key or steps.latest_model(ref, model_prefix)
     result = steps.local_scores(ref, model_key)
     publish_summary(
         RunSummary(

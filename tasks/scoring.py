@@ -60,16 +60,21 @@ def _matrix(ref: TableRef, features: list[str]) -> tuple[Any, np.ndarray]:
     return frame, frame.loc[:, features].to_numpy(dtype=float)
 
 
-def latest_vertical_job(ref: TableRef) -> str:
-    """The job id of the newest vertical model slice in the party's store."""
+def latest_model(ref: TableRef, prefix: str, suffix: str = "") -> str:
+    """The key of the newest model in the party's store whose key has this prefix/suffix."""
     listed = [
         (created, key)
-        for key, kind, _, created in ArtifactStore(PartyStore.of(ref)).list("models/vertical/")
-        if kind == "model" and key.endswith(f"/{ref.party}")
+        for key, kind, _, created in ArtifactStore(PartyStore.of(ref)).list(prefix)
+        if kind == "model" and key.endswith(suffix)
     ]
     if not listed:
-        raise ScoringError(f"party {ref.party}: no vertical model in {ref.path.name}")
-    return max(listed)[1].split("/")[2]
+        raise ScoringError(f"party {ref.party}: no model under {prefix!r} in {ref.path.name}")
+    return max(listed)[1]
+
+
+def latest_vertical_job(ref: TableRef) -> str:
+    """The job id of the newest vertical model slice in the party's store."""
+    return latest_model(ref, "models/vertical/", f"/{ref.party}").split("/")[2]
 
 
 @task(name="score-host-share", task_run_name="{ref.party}: score share of new rows", **PARTY_STEP)
@@ -109,7 +114,7 @@ def _store_scores(ref: TableRef, frame: Any, scores: np.ndarray) -> dict[str, An
     from sklearn.metrics import roc_auc_score
 
     probabilities = 1.0 / (1.0 + np.exp(-scores))
-    table = f"{ref.table}_scores"
+    table = f"{ref.table}_scored"  # not _scores: training's own predictions live there
     PartyStore.of(ref).write_table(
         table, frame[[ref.id_column]].assign(score=scores, probability=probabilities)
     )

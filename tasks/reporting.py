@@ -124,8 +124,8 @@ def artifact_key(*parts: str) -> str:
 def _plain(value: Any) -> Any:
     if hasattr(value, "item") and not isinstance(value, (list, dict)):
         value = value.item()
-    if isinstance(value, float):
-        return round(value, 6)
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.6g}")  # six significant digits: a delta of 1e-7 stays 1e-07
     return value
 
 

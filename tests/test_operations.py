@@ -240,8 +240,8 @@ def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(
     # the summary read back through the API holds the figures the flow returned
     summary = _artifact(server, "patients-vertical-summary")["data"]
     auc, log_loss = straight["metrics"]["holdout_auc"], straight["metrics"]["holdout_log_loss"]
-    assert f"| AUC | {round(auc, 6)} | 0.5 | held-out rows | higher |" in summary
-    assert f"| log-loss | {round(log_loss, 6)} |" in summary
+    assert f"| AUC | {float(f'{auc:.6g}')} | 0.5 | held-out rows | higher |" in summary
+    assert f"| log-loss | {float(f'{log_loss:.6g}')} |" in summary
     assert "| guest | 160 |" in summary  # rows used by the guest
 
 

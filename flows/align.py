@@ -22,9 +22,11 @@ from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import psi as steps
 from tasks.loading import fingerprint
+from tasks.reporting import run_namer
+from tasks.summaries import psi_summary
 
 
-@flow(name="psi_align", flow_run_name="psi_align {party_a[table]}~{party_b[table]}")
+@flow(name="psi_align", flow_run_name=run_namer("psi_align"))
 def psi_align(
     party_a: dict[str, Any],
     party_b: dict[str, Any],
@@ -35,6 +37,12 @@ def psi_align(
 
     Re-running on unchanged inputs reuses the stored alignment (the job id is derived from
     both parties' salted table fingerprints).
+
+    Args:
+        party_a: Descriptor of the first party's table (database, table, party, id column).
+        party_b: Descriptor of the second party's table.
+        min_rows: Refuse an intersection smaller than this many rows.
+        workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
     """
     a, b = TableRef.from_dict(party_a), TableRef.from_dict(party_b)
     if a.party == b.party:
@@ -60,6 +68,7 @@ def psi_align(
             steps.store_aligned_rows(a, b.party, job_id, min_rows, workspace),
             steps.store_aligned_rows(b, a.party, job_id, min_rows, workspace),
         ]
+    psi_summary(job_id, [a, b], [r["own_size"] for r in results], results[0]["size"], workspace)
     return {
         "job_id": job_id,
         "intersection_size": results[0]["size"],
@@ -79,6 +88,12 @@ def psi_align_party(
 
     ``job_id`` is agreed between the parties (the job's name); a re-run of a finished job
     reuses the stored alignment.
+
+    Args:
+        own: Descriptor of this party's own table.
+        peer: Name of the other party (as its certificate names it).
+        job_id: Job name agreed between the two parties.
+        min_rows: Smallest intersection either party accepts.
     """
     ref = TableRef.from_dict(own)
     result = steps.stored_alignment(ref, job_id)

@@ -32,8 +32,9 @@ from tasks import horizontal_lr as steps
 from tasks import secure_sum
 from tasks.horizontal_lr import COORDINATOR, predict_proba
 from tasks.loading import load_table
-from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table
+from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
 from tasks.secure_sum import Faults, SimulatedCrashError
+from tasks.summaries import horizontal_summary
 
 __all__ = ["CRASH_POINTS", "SimulatedCrashError", "horizontal_lr", "predict_proba"]
 
@@ -129,7 +130,7 @@ def _publish(job_id: str, model: dict[str, Any], workspace: str | None) -> None:
     )
 
 
-@flow(name="horizontal_lr", flow_run_name="horizontal_lr: {rounds} rounds")
+@flow(name="horizontal_lr", flow_run_name=run_namer("horizontal_lr"))
 def horizontal_lr(
     parties: list[dict[str, Any]],
     rounds: int = 20,
@@ -161,6 +162,21 @@ def horizontal_lr(
     ``{party: "raise" | "hang"}`` (that party's step fails, or never answers);
     ``inject_crash_after`` (``"<round>:<point>"``) raises :class:`SimulatedCrashError` there,
     as if the flow's process were killed.
+
+    Args:
+        parties: Descriptors of every party's table (same columns, a label column each).
+        rounds: Most rounds to run in total; asking for more later continues the job.
+        local_epochs: 0 averages gradients; k > 0 runs FedAvg with k local epochs.
+        learning_rate: Step size of each round's update.
+        l2: L2 penalty on the coefficients.
+        tol: Stop once the largest weight change falls below this.
+        seed: Names the job (training itself is deterministic).
+        threshold: Parties that must remain at every stage (default: a strict majority).
+        workspace: Folder for the coordinator's store and the run's messages.
+        job_id: Job to continue; default derived from the tables and options.
+        stage_timeout: Seconds a secure-sum stage waits before silent parties count as dropped.
+        inject_faults: Party steps that fail or hang, by "<round or *>:<stage>" (tests only).
+        inject_crash_after: "<round>:<point>" where the run dies (tests only).
     """
     refs = _party_refs(parties)
     names = [ref.party for ref in refs]
@@ -206,6 +222,7 @@ def horizontal_lr(
 
     model = steps.coordinator_model(job_id, workspace)  # parties saved theirs in the last round
     _publish(job_id, model, workspace)
+    horizontal_summary(job_id, refs, model, ran, workspace)
     return {
         "job_id": job_id,
         "features": model["features"],

@@ -27,7 +27,14 @@ from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import label_dp as steps
 from tasks.loading import fingerprint, load_table
-from tasks.reporting import artifact_key, markdown_table, publish_markdown, publish_model_link
+from tasks.reporting import (
+    artifact_key,
+    markdown_table,
+    publish_markdown,
+    publish_model_link,
+    run_namer,
+)
+from tasks.summaries import label_dp_summary
 
 
 def _label_range(label_range: list[float] | None, labels: TableRef) -> tuple[float, float]:
@@ -79,9 +86,7 @@ def _summary(
     )
 
 
-@flow(
-    name="label_dp_regression", flow_run_name="label_dp {mechanism} eps={epsilon} {labels[table]}"
-)
+@flow(name="label_dp_regression", flow_run_name=run_namer("label_dp_regression"))
 def label_dp_regression(
     features: dict[str, Any],
     labels: dict[str, Any],
@@ -109,6 +114,23 @@ def label_dp_regression(
     ``staircase``). ``evaluate`` sends the hold-out predictions to the labels party for a
     test MSE on the true labels (outside the budget; see the README). The job id defaults to
     one derived from both tables' salted fingerprints and the options.
+
+    Args:
+        features: Descriptor of the features party's aligned table.
+        labels: Descriptor of the labels party's aligned table (its label column is protected).
+        epsilon: Label-DP epsilon of the release (prior plus labels).
+        loss: Loss the mechanism and the model optimise, e.g. "squared".
+        label_range: Public [low, high] of the labels (default: the descriptor's label_domain).
+        mechanism: "rr_on_bins", or a baseline: "laplace", "exponential", "staircase".
+        prior_epsilon: Epsilon spent on the private prior (default: the paper's rule).
+        grid_size: Number of evenly spaced grid points in the label range.
+        integer_labels: Use every integer of the range as the grid when it fits.
+        clip: Clip labels outside the range (False: refuse them).
+        holdout_fraction: Share of rows held out for evaluation.
+        seed: Seed of the public hold-out split.
+        evaluate: Send hold-out predictions to the labels party for a test MSE (outside DP).
+        workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
+        job_id: Job to continue; default derived from the tables and options.
     """
     features_ref, labels_ref = TableRef.from_dict(features), TableRef.from_dict(labels)
     job = steps.LabelDPJob(
@@ -142,7 +164,7 @@ def label_dp_regression(
         steps.send_predictions(job, features_ref)
         evaluation = steps.evaluate(job, labels_ref)
     publish_markdown(
-        artifact_key("label-dp", job_id, "summary"),
+        artifact_key("label-dp", job_id, "release"),
         _summary(job, release, model, evaluation),
         f"label-DP regression summary of job {job_id}",
     )
@@ -150,6 +172,10 @@ def label_dp_regression(
         artifact_key("label-dp", job_id, "model"), features_ref.database, model["key"]
     )
     get_run_logger().info("job %s: %s", job_id, release["summary"])
+    metrics = {**model["metrics"], **(evaluation or {})}
+    label_dp_summary(
+        job, features_ref, labels_ref, checked["rows"], release["budget"], metrics, workspace
+    )
     return {
         "job_id": job_id,
         "rows": checked["rows"],
@@ -165,7 +191,7 @@ def label_dp_regression(
     }
 
 
-@flow(name="label_dp_job", flow_run_name="label_dp_job {job_file}")
+@flow(name="label_dp_job", flow_run_name=run_namer("label_dp_job"))
 def label_dp_job(
     job_file: str = "jobs/label_dp_demo.json", workspace: str | None = None
 ) -> dict[str, Any]:
@@ -174,6 +200,10 @@ def label_dp_job(
     The job file's ``guest`` holds the labels, its ``host`` the features. The guest's
     ``privacy_budget`` is an initial budget for its source table, set at load time only if its
     owner has none; the aligned copy is charged to that source table.
+
+    Args:
+        job_file: Path of the job file (JSON) naming both parties' sources and options.
+        workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
     """
     job = read_job(job_file)
     refs = {role: TableRef.from_dict(job["parties"][role]["table"]) for role in ("guest", "host")}

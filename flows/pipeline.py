@@ -11,9 +11,10 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, tags
 
 from flows.align import psi_align
 from flows.horizontal_lr import horizontal_job
@@ -26,7 +27,8 @@ from flows.walr import walr
 from storage.descriptor import TableRef
 from storage.workspace import channel_for
 from tasks.loading import load_table
-from tasks.reporting import publish_markdown
+from tasks.reporting import run_namer
+from tasks.summaries import pipeline_summary
 
 Stage = tuple[str, str]  # (one-line result, job id whose channel holds the stage's messages)
 
@@ -96,13 +98,24 @@ class _Timer:
         stage = {"seconds": time.perf_counter() - self.started, "result": result}
         if job_id is not None:
             stage["bytes"] = _bytes_exchanged(job_id, self.workspace)
+            stage["job_id"] = job_id
         self.stages[self.name] = stage
 
 
-@flow(name="pipeline", flow_run_name="pipeline {job_file}")
+@flow(name="pipeline", flow_run_name=run_namer("pipeline"))
 def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> dict[str, Any]:
-    """Run every stage the job file configures; prints and records a summary."""
+    """Run every stage the job file configures; prints and records a summary.
+
+    Args:
+        job_file: Path of the job file (JSON) naming the parties, their sources and stages.
+        workspace: Folder for the runs' messages (default: var or PRIVREG_HOME).
+    """
     job = read_job(job_file)
+    with tags(f"job:{job.get('job') or Path(job_file).stem}"):  # names the stages' runs
+        return _stages(job, job_file, workspace)
+
+
+def _stages(job: dict[str, Any], job_file: str, workspace: str | None) -> dict[str, Any]:
     stages: dict[str, dict[str, Any]] = {}
 
     timer = _Timer(stages, "load", workspace)
@@ -154,7 +167,7 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
         timer.done(*SUBJOBS[name](sub_job, workspace))
 
     summary = _summary_markdown(job.get("job", job_file), stages)
-    publish_markdown("pipeline-summary", summary, "privreg pipeline: stages, quality, traffic")
+    pipeline_summary(stages, alignment, [s.get("job_id") for s in stages.values()], workspace)
     print(summary)
     return {"stages": stages, "alignment": alignment, "vertical": model}
 

@@ -1,39 +1,54 @@
-"""One process that serves every flow of ``prefect.yaml``: no work pool, no worker.
+"""One process that serves every flow of ``prefect.yaml`` from this checkout: no pool, no worker.
 
 ``make serve`` runs this against the server in ``PREFECT_API_URL`` (start one with ``make
-ui``). Deployments, parameters and schedules are read from ``prefect.yaml``, so the two ways of
-running privreg never drift apart; only active schedules are served as schedules.
+ui``). Deployments, parameters, tags and schedules are read from ``prefect.yaml``, so the two
+ways of running privreg never drift apart; only active schedules are served active.
+
+Served deployments are named ``<name>-served`` (``psi_align/demo-psi-served``). Under the
+worker deployments' own names they would overwrite them: the server keeps a deployment's
+fields that ``serve`` does not send (its storage path among them), so runs of either kind then
+crash looking for flow code at ``None``. With their own names both kinds live side by side on
+one server, and each runs where it was made: the served ones in this process, from this
+checkout; the deployed ones on a worker of the ``privreg-process`` pool.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 from prefect import serve
 from prefect.flows import load_flow_from_entrypoint
+from prefect.schedules import Cron
 
 ROOT = Path(__file__).resolve().parents[1]
+SERVED_SUFFIX = "-served"
 
 
 def served_deployments(spec: dict[str, Any]) -> list[Any]:
     deployments = []
     for entry in spec["deployments"]:
         flow = load_flow_from_entrypoint(str(ROOT / entry["entrypoint"]))
-        crons = [s["cron"] for s in entry.get("schedules", []) if s.get("active", True)]
+        schedules = [
+            Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
+            for s in entry.get("schedules", [])
+        ]
         deployments.append(
             flow.to_deployment(
-                name=entry["name"],
+                name=entry["name"] + SERVED_SUFFIX,
                 description=entry.get("description"),
                 parameters=entry.get("parameters", {}),
-                cron=crons[0] if crons else None,
+                tags=entry.get("tags"),
+                schedules=schedules or None,
             )
         )
     return deployments
 
 
 def main() -> None:
+    os.chdir(ROOT)  # the flows' relative paths (var/parties/...) are the checkout's
     serve(*served_deployments(yaml.safe_load((ROOT / "prefect.yaml").read_text())))
 
 

@@ -38,8 +38,15 @@ from storage.workspace import derive_job_id
 from tasks import secure_sum
 from tasks import sparse_lda as steps
 from tasks.loading import load_table
-from tasks.reporting import artifact_key, markdown_table, publish_markdown, publish_model_link
+from tasks.reporting import (
+    artifact_key,
+    markdown_table,
+    publish_markdown,
+    publish_model_link,
+    run_namer,
+)
 from tasks.secure_sum import COORDINATOR
+from tasks.summaries import sparse_lda_summary
 
 __all__ = ["SparseLDAFigures", "sparse_lda", "sparse_lda_job", "summary_line"]
 
@@ -135,7 +142,7 @@ def _summary(
     )
 
 
-@flow(name="sparse_lda", flow_run_name="sparse_lda {method} eps={epsilon}")
+@flow(name="sparse_lda", flow_run_name=run_namer("sparse_lda"))
 def sparse_lda(
     parties: list[dict[str, Any]],
     epsilon: float,
@@ -176,6 +183,27 @@ def sparse_lda(
     Test only: ``noise_disabled_for_testing`` sends exact, unclipped vectors without noise and
     charges nothing (NOT private); ``inject_dropouts`` maps a secure-sum stage to parties that
     fall silent there.
+
+    Args:
+        parties: Descriptors of every party's table (same columns, a 0/1 label each).
+        epsilon: Epsilon charged once to every party's ledger.
+        delta: Delta charged once to every party's ledger.
+        direction_clip_norm: Bound on one party's direction vector (set without the data).
+        mean_clip_norm: Bound on one party's class means (set without the data).
+        method: "debiased", "naive", or "centralized_reference" (NOT private).
+        lambda_scale: Scale of the Dantzig radius lambda_scale * sqrt(log d / n).
+        precision_method: How each party estimates its precision matrix.
+        hard_threshold_scale: Scale of the final hard threshold.
+        hard_threshold_noise_multiplier: Noise multiple in the threshold (None: sqrt(2 log d)).
+        colluding_parties: Colluders whose noise shares the calibration discounts.
+        threshold: Fewest parties whose vectors may be unmasked (default: strict majority).
+        workspace: Folder for the coordinator's store and the run's messages.
+        job_id: Job to continue; default derived from the tables and options.
+        noise_disabled_for_testing: Exact vectors, no noise, nothing charged (tests only).
+        inject_dropouts: Parties that fall silent, by secure-sum stage (tests only).
+        privacy_unit: "row" (one row at any party, the default) or "party" (a whole party).
+        row_clip_norm: Bound on one row's norm under the row unit (set without the data).
+        holdout_fraction: Share of each party's rows kept out of training for the error.
     """
     refs = _party_refs(parties)
     names = [ref.party for ref in refs]
@@ -233,6 +261,7 @@ def sparse_lda(
     scores = []
     if holdout_fraction > 0:
         scores = list(secure_sum.each_party(steps.score_holdout, by_name, names, job).values())
+    sparse_lda_summary(job, refs, model, releases)
     return _finish(job, model, releases, _figures(job, model, scores))
 
 
@@ -260,7 +289,7 @@ def _finish(
 ) -> dict[str, Any]:
     short = job.job_id.removeprefix("sparse-lda-")
     publish_markdown(
-        artifact_key("sparse-lda", short, "summary"),
+        artifact_key("sparse-lda", short, "release"),
         _summary(job, model, releases, figures),
         f"sparse LDA summary of job {job.job_id}",
     )

@@ -27,7 +27,8 @@ from storage.party_store import PartyStore
 from storage.workspace import derive_job_id, workspace_root
 from tasks import vertical_lr as steps
 from tasks.loading import fingerprint
-from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table
+from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
+from tasks.summaries import vertical_round_history, vertical_summary
 
 
 class InjectedFaultError(RuntimeError):
@@ -58,10 +59,11 @@ def train_round(
         raise InjectedFaultError(f"injected fault in round {round_} (test-only fail_at_round)")
     squared = steps.update_weights(job, guest, round_, "guest")
     squared += sum(steps.update_weights(job, host, round_, "host") for host in hosts)
-    ArtifactStore(PartyStore(job.key_holder_database)).put(
-        f"vertical/{job.job_id}/loss/{round_:07d}", loss, "metric"
-    )
-    return {"loss": loss, "gradient_norm": squared**0.5, "seconds": time.perf_counter() - started}
+    metrics = {"gradient_norm": squared**0.5, "seconds": time.perf_counter() - started}
+    key_holder = ArtifactStore(PartyStore(job.key_holder_database))
+    key_holder.put(f"vertical/{job.job_id}/loss/{round_:07d}", loss, "metric")
+    key_holder.put(f"vertical/{job.job_id}/round-metrics/{round_:07d}", metrics, "metric")
+    return {"loss": loss, **metrics}
 
 
 @task(name="vertical-holdout", task_run_name="epoch {epoch} hold-out loss")
@@ -92,7 +94,7 @@ def _epoch_loss(losses: dict[int, float], epoch: int, batches: int) -> float | N
     return sum(losses[r] for r in rounds) / batches
 
 
-@flow(name="vertical_lr", flow_run_name="vertical_lr {guest[table]}")
+@flow(name="vertical_lr", flow_run_name=run_namer("vertical_lr"))
 def vertical_lr(
     guest: dict[str, Any],
     hosts: list[dict[str, Any]],
@@ -126,6 +128,28 @@ def vertical_lr(
     1.6x cheaper, needs an extra short-exponent assumption) or ``"standard"`` (textbook r^n,
     slowest); see core/paillier/randomness.py for the security statement.
     ``allow_insecure_key_size`` and ``fail_at_round`` exist for tests only.
+
+    Args:
+        guest: Descriptor of the guest's aligned table (holds the labels and some features).
+        hosts: Descriptors of the hosts' aligned tables (features only), one per host.
+        epochs: Passes over the training rows; more epochs on the same job continue it.
+        batch_size: Rows per mini-batch (one protocol round per batch).
+        learning_rate: Step size of the momentum gradient descent.
+        momentum: Momentum of the gradient descent (0 for plain steps).
+        decay: Learning-rate decay per epoch.
+        l2: L2 penalty on the coefficients.
+        tol: Stop once an epoch's mean loss changes by less than this.
+        key_size: Paillier modulus bits (2048 by default; smaller only for tests).
+        seed: Seed of the public batch schedule and hold-out split.
+        holdout_fraction: Share of rows held out for the hold-out loss and metrics.
+        arbiter: Let an arbiter hold the key (False: the guest holds it, two-party mode).
+        arbiter_database: The arbiter's database (default: under the workspace).
+        workspace: Folder for run messages and the arbiter (default: var or PRIVREG_HOME).
+        job_id: Job to continue; default derived from the tables and options.
+        randomizer: Paillier randomizer, "standard" or "djn" (cheaper encryption).
+        clip_features: Clip every party's features to [-c, c] locally; None keeps them.
+        allow_insecure_key_size: Allow keys under 2048 bits (tests only).
+        fail_at_round: Inject a failure in this round on the first try (tests only).
     """
     logger = get_run_logger()
     randomizer_mode(randomizer)  # an unknown name fails here, before any key is made
@@ -225,18 +249,11 @@ def vertical_lr(
                 logger.info("converged after epoch %d (loss change < %g)", epoch, tol)
                 break
     final_round = stopped if stopped is not None else last_done
-    if history:
-        publish_table(
-            artifact_key("vertical-lr", job_id, "rounds"),
-            [
-                {
-                    k: row.get(k)
-                    for k in ("round", "epoch", "loss", "gradient_norm", "seconds", "holdout_loss")
-                }
-                for row in history
-            ],
-            f"vertical_lr rounds of job {job_id}",
-        )
+    publish_table(  # every finished round of the job, including those of earlier attempts
+        artifact_key("vertical-lr", job_id, "rounds"),
+        vertical_round_history(job, workspace),
+        f"vertical_lr rounds of job {job_id} (every attempt)",
+    )
     guest_model = steps.save_model(job, guest_ref, final_round, "guest")
     for host in host_refs:  # each host's slice stays in its own store
         steps.save_model(job, host, final_round, "host")
@@ -246,6 +263,7 @@ def vertical_lr(
     publish_model_link(
         artifact_key("vertical-lr", job_id, "model"), guest_ref.database, guest_model["key"]
     )
+    vertical_summary(job, guest_ref, host_refs, prediction["metrics"], len(history), workspace)
     guest_coefficients = dict(guest_model["coefficients"])
     # The guest's slice only: hosts' coefficients stay in their stores (models/vertical/...).
     return {

@@ -29,7 +29,14 @@ from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import walr as steps
 from tasks.loading import fingerprint
-from tasks.reporting import artifact_key, markdown_table, publish_markdown, publish_model_link
+from tasks.reporting import (
+    artifact_key,
+    markdown_table,
+    publish_markdown,
+    publish_model_link,
+    run_namer,
+)
+from tasks.summaries import walr_summary
 
 
 def _check_options(
@@ -115,7 +122,7 @@ def _summary(
     return f"# WALR {job.job_id}\n\n" + markdown_table(rows)
 
 
-@flow(name="walr", flow_run_name="walr {features[table]}~{labels[table]} eps={epsilon}")
+@flow(name="walr", flow_run_name=run_namer("walr"))
 def walr(
     features: dict[str, Any],
     labels: dict[str, Any],
@@ -146,6 +153,24 @@ def walr(
     labels owner's policy (``privreg policy set ... --allow-noiseless-release``).
     ``randomizer`` picks the Paillier obfuscators: ``"full"`` (default, DCR only), ``"short"``
     (faster, extra assumption) or ``"standard"`` (textbook r^n); see core/paillier/randomness.py.
+
+    Args:
+        features: Descriptor of the features party's aligned table.
+        labels: Descriptor of the labels party's aligned table (only its label column is used).
+        epsilon: Epsilon of the one noisy label-weighted sum.
+        delta: Delta of the one noisy label-weighted sum.
+        mode: "clipped" (rows clipped to clip_norm) or "binary" (0/1 features).
+        clip_norm: Row-norm bound of clipped mode, chosen without looking at the labels.
+        l2: L2 penalty of the logistic regression (> 0).
+        key_size: Paillier modulus bits of the labels party's key.
+        workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
+        job_id: Job to continue; default derived from the tables and options.
+        allow_insecure_key_size: Allow keys under 2048 bits (tests only).
+        noise: Add the calibrated noise (False only for tests).
+        evaluate: Send predictions to the labels party for an AUC (not covered by the DP).
+        protected_table: The labels table or its source (checked by the labels party).
+        allow_noiseless_release_for_tests: Confirms noise=False (tests only).
+        randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
     """
     randomizer_mode(randomizer)
     validate_epsilon_delta(epsilon, delta)
@@ -206,9 +231,19 @@ def walr(
         artifact_key("walr", job_id, "model"), features_ref.database, model["model_key"]
     )
     publish_markdown(
-        artifact_key("walr", job_id, "summary"),
+        artifact_key("walr", job_id, "release"),
         _summary(job, sent, model, metrics, checked["reused"]),
         f"WALR release and model of job {job_id}",
+    )
+    walr_summary(
+        job_id,
+        features_ref,
+        labels_ref,
+        shape["rows"],
+        sent["budget"],
+        metrics,
+        workspace,
+        sent["release_job_id"],
     )
     return {
         "job_id": job_id,

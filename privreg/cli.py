@@ -7,16 +7,22 @@ privreg budget show --database D [--table T] [--json]
 privreg policy set --database D --table T [--allow-noiseless-release | --no-allow-noiseless-release]
                    [--allow-raw-export | --no-allow-raw-export]
 privreg policy show --database D [--table T] [--json]
-privreg models list --database D
+privreg models list --database D         every flow's saved models in a party's database
+privreg models show --database D --key K  one model: coefficients by feature, intercept
 privreg models export --database D --key K --out FILE.json
 privreg certs ... / privreg party ...     a party at its own organisation (privreg/party_cli.py)
+
+Errors print one line and exit with status 1; add --debug for the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +32,7 @@ import numpy as np
 from privreg import party_cli
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
-from storage.ledger import BudgetError, PrivacyLedger
+from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy, PolicyError
 
@@ -49,10 +55,37 @@ def _load(args: argparse.Namespace) -> None:
     print(json.dumps(ref.to_dict()))
 
 
+class _ProgressPrinter(logging.Handler):
+    """``privreg run``'s progress: the stage (flow run) starting, round x of y, elapsed time."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.started = time.monotonic()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Beginning subflow run"):
+            text = "stage " + message.split("'")[1]
+        elif message.startswith("progress: "):
+            text = f"{getattr(record, 'flow_run_name', '')}: {message.removeprefix('progress: ')}"
+        else:
+            return
+        print(f"[{time.monotonic() - self.started:7.1f} s] {text}", file=sys.stderr, flush=True)
+
+
 def _run(args: argparse.Namespace) -> None:
+    if not Path(args.job_file).is_file():
+        raise FileNotFoundError(f"job file {args.job_file} does not exist")
     from flows.pipeline import pipeline
 
-    pipeline(args.job_file, workspace=args.workspace)
+    printer = _ProgressPrinter()
+    logger = logging.getLogger("prefect.flow_runs")
+    logger.addHandler(printer)
+    try:
+        pipeline(args.job_file, workspace=args.workspace)
+    finally:
+        logger.removeHandler(printer)
+    print(f"finished in {time.monotonic() - printer.started:.1f} s", file=sys.stderr)
 
 
 def _text_table(rows: list[dict[str, Any]]) -> str:
@@ -116,23 +149,57 @@ def _plain(value: Any) -> Any:
 
 
 def _models(args: argparse.Namespace) -> None:
+    if not Path(args.database).is_file():
+        raise FileNotFoundError(f"database {args.database} does not exist")
     artifacts = ArtifactStore(PartyStore(args.database))
     if args.action == "list":
-        for key, _, size, created in artifacts.list("models/"):
+        models = [
+            (k, size, created) for k, kind, size, created in artifacts.list() if kind == "model"
+        ]
+        if not models:
+            print(f"no models in {args.database}")
+        for key, size, created in models:
             print(f"{created:%Y-%m-%d %H:%M:%S}  {size:>8} B  {key}")
         return
     model = artifacts.get(args.key)
     if model is None:
-        raise SystemExit(f"no model {args.key!r} in {args.database}")
+        raise KeyError(f"no model {args.key!r} in {args.database} (see privreg models list)")
+    if args.action == "show":
+        _show_model(args.key, model)
+        return
     Path(args.out).write_text(json.dumps(_plain(model), indent=2))
     print(f"wrote {args.out}")
 
 
+def _show_model(key: str, model: dict[str, Any]) -> None:
+    from tasks.reporting import model_table
+
+    rows, intercept = model_table(model)
+    print(f"model {key}")
+    for field in ("job_id", "round", "rounds", "table", "fingerprint"):
+        if model.get(field) is not None:
+            print(f"  {field.replace('_', ' ')}: {_plain(model[field])}")
+    if intercept is not None:
+        print(f"  intercept: {intercept:.6g}")
+    width = max((len(r["feature"]) for r in rows), default=7)
+    print(f"  {'feature':<{width}}  coefficient")
+    for row in rows:
+        print(f"  {row['feature']:<{width}}  {row['coefficient']:.6g}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and status 1, like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="privreg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     load = commands.add_parser("load", help="validate and import a CSV or Parquet file")
     load.add_argument("source")
     load.add_argument("--database", required=True)
@@ -164,8 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         policy.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None)
     policy.add_argument("--json", action="store_true", help="print JSON instead of a table")
     policy.set_defaults(handler=_policy)
-    models = commands.add_parser("models", help="list or export saved models")
-    models.add_argument("action", choices=["list", "export"])
+    models = commands.add_parser("models", help="list, show or export saved models")
+    models.add_argument("action", choices=["list", "show", "export"])
     models.add_argument("--database", required=True)
     models.add_argument("--key")
     models.add_argument("--out")
@@ -182,12 +249,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("policy set needs --table")
     if args.command == "models" and args.action == "export" and not (args.key and args.out):
         raise SystemExit("models export needs --key and --out")
+    if args.command == "models" and args.action == "show" and not args.key:
+        print("privreg: error: models show needs --key", file=sys.stderr)
+        return 1
     try:
         args.handler(args)
-    except (BudgetError, ValueError) as error:  # the owner's own mistake: one line, exit 1
-        print(f"privreg: {error}", file=sys.stderr)
+    except Exception as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"privreg: error: {_one_line(error)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line (KeyError's repr quotes dropped), with its kind when the
+    message alone would not say what went wrong."""
+    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    text = " ".join(str(text).split())
+    return text or type(error).__name__
 
 
 if __name__ == "__main__":

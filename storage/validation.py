@@ -27,8 +27,8 @@ class DataValidationError(ValueError):
             where += f", column {column!r}"
         if row is not None:
             where += f", row {row}"
-            if row_id is not None:
-                where += f" (id {row_id!r})"
+            if row_id is not None:  # a plain number, not np.int64(3)
+                where += f" (id {getattr(row_id, 'item', lambda: row_id)()!r})"
         super().__init__(f"{where}: {problem}")
 
 

@@ -1,34 +1,142 @@
-"""What the Prefect UI shows: per-round tables, progress, summaries, links to saved models.
+"""What the Prefect UI shows: run names, per-round tables, progress, one summary per run, models.
 
-Artifact keys are stable per flow and job (lowercase letters, digits and dashes), so the UI's
-Artifacts page shows their history run over run.
+Artifact keys are readable and stable per job and flow (``demo-vertical-summary``): the job
+name comes from the run's ``job:<name>`` tag (deployments and the pipeline set it), so the UI's
+Artifacts page shows a job's history run over run. Summaries also go to the run's log, one
+line per stage, so a log reader sees the same figures.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefect import get_run_logger, task
 from prefect.artifacts import (
-    create_link_artifact,
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.context import FlowRunContext, TagsContext
+from prefect.runtime import deployment as runtime_deployment
+from prefect.runtime import flow_run as runtime_flow_run
+
+from storage.artifacts import ArtifactStore
+from storage.party_store import PartyStore
+from tasks.policy import PARTY_STEP
+
+#: Short names of the flows, used in run names and artifact keys.
+FLOW_SHORT = {
+    "psi_align": "psi",
+    "vertical_lr": "vertical",
+    "walr": "walr",
+    "label_dp_regression": "label-dp",
+    "label_dp_job": "label-dp-job",
+    "horizontal_lr": "horizontal",
+    "sparse_lda": "sparse-lda",
+    "pipeline": "pipeline",
+    "score_vertical": "score-vertical",
+    "score_local": "score-local",
+}
+#: Flow parameters that hold table descriptors, in the order that names a run.
+_TABLE_PARAMETERS = (
+    "party_a",
+    "guest",
+    "features",
+    "labels",
+    "parties",
+    "table",
+    "party_b",
+    "hosts",
+)
+_JOB_TAG = "job:"
+_DERIVED_ID = re.compile(r"^([a-z-]+-)?[0-9a-f]{16}$")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
+def _tables(parameters: dict[str, Any]) -> list[str]:
+    tables = []
+    for name in _TABLE_PARAMETERS:
+        value = parameters.get(name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, dict) and "table" in item:
+                tables.append(f"{item.get('party') or Path(item['database']).stem}.{item['table']}")
+    return tables
+
+
+def job_name() -> str:
+    """The readable job a run belongs to: its ``job:<name>`` tag, else its deployment's name,
+    else its job file's name, else its first table's name."""
+    for tag in [*TagsContext.get().current_tags, *(runtime_flow_run.tags or [])]:
+        if tag.startswith(_JOB_TAG):
+            return _slug(tag.removeprefix(_JOB_TAG))
+    if runtime_deployment.name:
+        return _slug(runtime_deployment.name)
+    parameters = runtime_flow_run.parameters or {}
+    if parameters.get("job_file"):
+        return _slug(Path(parameters["job_file"]).stem)
+    tables = _tables(parameters)
+    return _slug(tables[0].split(".", 1)[1]) if tables else "adhoc"
+
+
+def flow_short() -> str:
+    name = runtime_flow_run.flow_name or "flow"
+    return FLOW_SHORT.get(name, _slug(name))
+
+
+def run_namer(flow: str) -> Callable[[], str]:
+    """``flow_run_name`` for a flow: ``<job> <flow>: <party.table>, ...`` (job and flow first)."""
+
+    def name() -> str:
+        job, short = job_name(), FLOW_SHORT.get(flow, flow)
+        head = job if job == short or job.endswith(f"-{short}") else f"{job} {short}"
+        tables = _tables(runtime_flow_run.parameters or {})
+        return f"{head}: {', '.join(tables)}" if tables else head
+
+    return name
+
+
+_PART_SHORT = {"vertical-lr": "vertical", "horizontal-lr": "horizontal"}
 
 
 def artifact_key(*parts: str) -> str:
-    key = "-".join(parts).lower()
-    return re.sub(r"[^a-z0-9-]+", "-", key).strip("-")[:100]
+    """A readable key, ``<job>-<flow>-<what>``: derived job-id hashes are left out, and a job
+    named after its flow (the deployment ``demo-vertical``) does not repeat the flow."""
+    job = job_name()
+    kept = [_slug(str(p)) for p in parts if not _DERIVED_ID.match(str(p).lower())]
+    if kept:
+        kept[0] = _PART_SHORT.get(kept[0], kept[0])
+        if job == kept[0] or job.endswith(f"-{kept[0]}"):
+            kept = kept[1:]
+    key = re.sub(r"-+", "-", "-".join([job, *kept])).strip("-")
+    return key[:100]
 
 
 def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
+    if hasattr(value, "item") and not isinstance(value, (list, dict)):
         value = value.item()
-    if isinstance(value, float):
-        return round(value, 6)
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.6g}")  # six significant digits: a delta of 1e-7 stays 1e-07
+    return value
+
+
+def plain(value: Any) -> Any:
+    """A JSON-friendly copy: numpy scalars and arrays become Python numbers and lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
     return value
 
 
@@ -44,14 +152,84 @@ def publish_markdown(key: str, markdown: str, description: str) -> None:
     create_markdown_artifact(key=key, markdown=markdown, description=description)
 
 
-def publish_model_link(key: str, database: str | Path, model_key: str) -> None:
-    path = Path(database).resolve()
-    create_link_artifact(
-        key=key,
-        link=path.as_uri(),
-        link_text=f"{model_key} in {path.name}",
-        description=f"saved model `{model_key}` in the party database",
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+def model_table(record: dict[str, Any]) -> tuple[list[dict[str, Any]], float | None]:
+    """(feature, coefficient) rows and the intercept of a stored model record, whichever flow
+    saved it (vertical slices keep ``features`` + ``weights``, others a ``coefficients`` map)."""
+    intercept = record.get("intercept")
+    if isinstance(record.get("coefficients"), dict):
+        pairs = list(record["coefficients"].items())
+    elif "features" in record and "weights" in record:
+        weights = [float(w) for w in plain(record["weights"])]
+        pairs = list(zip(record["features"], weights, strict=False))
+    elif "features" in record and "direction" in record:
+        pairs = list(zip(record["features"], plain(record["direction"]), strict=False))
+    else:
+        pairs = []
+    rows = []
+    for feature, value in pairs:
+        if feature == "intercept":
+            intercept = float(value)
+        else:
+            rows.append({"feature": str(feature), "coefficient": float(value)})
+    return rows, None if intercept is None else float(intercept)
+
+
+@task(name="describe-model", task_run_name="{party}: describe model {model_key}", **PARTY_STEP)
+def describe_model(party: str, database: str, model_key: str) -> dict[str, Any]:
+    """A party's public description of one of its saved models (its own store only)."""
+    store = PartyStore(database)
+    record = ArtifactStore(store).get(model_key)
+    if record is None:
+        raise KeyError(f"party {party}: no model {model_key!r} in {Path(database).name}")
+    rows, intercept = model_table(record)
+    listed = {k: (kind, size, created) for k, kind, size, created in ArtifactStore(store).list()}
+    return {
+        "party": party,
+        "key": model_key,
+        "database": str(Path(database).resolve()),
+        "coefficients": rows,
+        "intercept": intercept,
+        "trained_on": record.get("table") or record.get("job_id", ""),
+        "fingerprint": record.get("fingerprint") or record.get("job_id", ""),
+        "saved_at": str(listed.get(model_key, ("", "", ""))[2]),
+    }
+
+
+def model_markdown(description: dict[str, Any]) -> str:
+    items = [
+        ("party", description["party"]),
+        ("model key", f"`{description['key']}`"),
+        ("stored in", f"`{description['database']}`"),
+        ("trained on", description["trained_on"]),
+        ("fingerprint", description["fingerprint"]),
+        ("saved at", description["saved_at"]),
+        ("intercept", "-" if description["intercept"] is None else description["intercept"]),
+    ]
+    return "\n\n".join(
+        [
+            f"# Model `{description['key']}`",
+            markdown_table([{"item": k, "value": v} for k, v in items]),
+            "## Coefficients",
+            markdown_table(description["coefficients"]),
+            "Open it with `privreg models show --database "
+            f"{description['database']} --key {description['key']}`.",
+        ]
     )
+
+
+def publish_model_link(key: str, database: str | Path, model_key: str, party: str = "") -> None:
+    """The model as a readable artifact (coefficients by feature, intercept, where it lives)."""
+    who = party or Path(database).stem
+    description = describe_model(who, str(database), model_key)
+    publish_markdown(key, model_markdown(description), f"model {model_key} of {who}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress and round history
 
 
 class Progress:
@@ -64,6 +242,7 @@ class Progress:
     def update(self, done: int) -> None:
         if self.id is not None:
             update_progress_artifact(self.id, progress=min(100.0, 100.0 * done / self.total))
+        get_run_logger().info("progress: round %d of %d", done, self.total)
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -71,5 +250,242 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         return "(none)"
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(_plain(row[h])) for h in header) + " |" for row in rows]
+    lines += [
+        "| " + " | ".join("" if row.get(h) is None else str(_plain(row[h])) for h in header) + " |"
+        for row in rows
+    ]
     return "\n".join(lines)
+
+
+def round_warnings(history: list[dict[str, Any]], loss: str = "loss") -> list[str]:
+    """What a reader should look at: a loss that rose at the end, a diverging gradient."""
+    warnings = []
+    losses = [(r["round"], r[loss]) for r in history if r.get(loss) is not None]
+    if len(losses) >= 2 and losses[-1][1] > losses[-2][1]:
+        warnings.append(
+            f"loss rose in the last round ({losses[-2][1]:.6g} in round {losses[-2][0]} -> "
+            f"{losses[-1][1]:.6g} in round {losses[-1][0]})"
+        )
+    if any(not math.isfinite(v) for _, v in losses):
+        warnings.append("the loss is not finite")
+    norms = [r["gradient_norm"] for r in history if r.get("gradient_norm") is not None]
+    if norms and (
+        not all(math.isfinite(n) for n in norms) or norms[-1] > 10 * max(norms[0], 1e-12)
+    ):
+        warnings.append(
+            f"the gradient diverges (norm {norms[0]:.4g} in the first round, "
+            f"{norms[-1]:.4g} in the last)"
+        )
+    return warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# One summary per run
+
+
+@dataclass(frozen=True)
+class Quality:
+    """One quality figure of the model next to a plain baseline on the same rows."""
+
+    metric: str
+    model: float | None
+    baseline: float | None
+    higher_is_better: bool
+    rows: str = "held-out rows"
+
+    def below_baseline(self) -> bool:
+        if self.model is None or self.baseline is None:
+            return False
+        return self.model < self.baseline if self.higher_is_better else self.model > self.baseline
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """Privacy spent and left on one protected table (its owner's ledger)."""
+
+    party: str
+    table: str
+    epsilon_spent: float
+    epsilon_left: float
+    delta_spent: float
+    delta_left: float
+
+    @classmethod
+    def from_status(cls, party: str, status: dict[str, Any]) -> BudgetLine:
+        return cls(
+            party,
+            str(status["protected_table"]),
+            float(status["epsilon_spent"]),
+            float(status["epsilon_left"]),
+            float(status.get("delta_spent", 0.0)),
+            float(status.get("delta_left", 0.0)),
+        )
+
+
+@dataclass
+class RunSummary:
+    """Everything a reader of one flow run needs, for the artifact and the log alike."""
+
+    job_id: str
+    parties: dict[str, int]  # rows each party used
+    quality: list[Quality] = field(default_factory=list)
+    budgets: list[BudgetLine] = field(default_factory=list)
+    bytes_sent: dict[str, int] = field(default_factory=dict)
+    rounds: int = 0
+    rounds_table: list[dict[str, Any]] = field(default_factory=list)
+    details: list[tuple[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float | None = None
+
+    def figures(self) -> dict[str, Any]:
+        """The summary as plain values (what the flow returns and the tests compare)."""
+        return {
+            "job": job_name(),
+            "flow": runtime_flow_run.flow_name,
+            "job_id": self.job_id,
+            "parties": dict(self.parties),
+            "quality": [q.__dict__ for q in self.quality],
+            "budgets": [b.__dict__ for b in self.budgets],
+            "bytes_sent": dict(self.bytes_sent),
+            "rounds": self.rounds,
+            "seconds": self.seconds,
+            "warnings": list(self.warnings),
+        }
+
+
+def bytes_sent(job_ids: Iterable[str], workspace: str | None) -> dict[str, int]:
+    """Bytes each party sent in these jobs (every run of them), from the channel's log."""
+    from storage.workspace import channel_for
+
+    totals: dict[str, int] = {}
+    for job_id in job_ids:
+        for party, counts in channel_for(job_id, workspace).bytes_by_party().items():
+            totals[party] = totals.get(party, 0) + int(counts["sent"])
+    return totals
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _stage_lines(summary: RunSummary, job: str, flow: str) -> list[str]:
+    lines = [
+        f"job {job} ({summary.job_id}), flow {flow}: parties "
+        + ", ".join(f"{p} {n:,} rows" for p, n in summary.parties.items())
+    ]
+    if summary.quality:
+        lines.append(
+            "quality: "
+            + "; ".join(
+                f"{q.metric} {_number(q.model)} (baseline {_number(q.baseline)}, {q.rows})"
+                for q in summary.quality
+            )
+        )
+    for b in summary.budgets:
+        lines.append(
+            f"privacy of {b.party}.{b.table}: epsilon spent {b.epsilon_spent:g}, left "
+            f"{b.epsilon_left:g}; delta spent {b.delta_spent:g}, left {b.delta_left:g}"
+        )
+    if summary.bytes_sent:
+        lines.append(
+            "traffic: " + ", ".join(f"{p} sent {n:,} bytes" for p, n in summary.bytes_sent.items())
+        )
+    lines.append(f"rounds {summary.rounds}, wall time {summary.seconds or 0.0:.1f} s")
+    return lines
+
+
+def summary_markdown(summary: RunSummary, job: str, flow: str) -> str:
+    parts = [
+        f"# {job}: {flow}",
+        markdown_table(
+            [
+                {"item": "job", "value": job},
+                {"item": "job id", "value": summary.job_id},
+                {"item": "flow", "value": flow},
+                {"item": "rounds", "value": summary.rounds},
+                {"item": "wall time (s)", "value": f"{summary.seconds or 0.0:.1f}"},
+                *({"item": k, "value": v} for k, v in summary.details),
+            ]
+        ),
+        "## Parties",
+        markdown_table(
+            [
+                {"party": p, "rows used": n, "bytes sent": summary.bytes_sent.get(p, 0)}
+                for p in dict.fromkeys([*summary.parties, *summary.bytes_sent])
+                for n in [summary.parties.get(p, "-")]
+            ]
+        ),
+    ]
+    if summary.quality:
+        parts += [
+            "## Quality",
+            markdown_table(
+                [
+                    {
+                        "metric": q.metric,
+                        "model": q.model,
+                        "baseline": q.baseline,
+                        "rows": q.rows,
+                        "better is": "higher" if q.higher_is_better else "lower",
+                    }
+                    for q in summary.quality
+                ]
+            ),
+        ]
+    if summary.budgets:
+        parts += [
+            "## Privacy budget",
+            markdown_table(
+                [
+                    {
+                        "party": b.party,
+                        "protected table": b.table,
+                        "epsilon spent": b.epsilon_spent,
+                        "epsilon left": b.epsilon_left,
+                        "delta spent": b.delta_spent,
+                        "delta left": b.delta_left,
+                    }
+                    for b in summary.budgets
+                ]
+            ),
+        ]
+    if summary.rounds_table:
+        parts += ["## Rounds (every run of the job)", markdown_table(summary.rounds_table)]
+    if summary.warnings:
+        parts += ["## Warnings", "\n".join(f"- **WARNING** {w}" for w in summary.warnings)]
+    return "\n\n".join(parts)
+
+
+#: Figures of the summaries published in this process, by job id: a parent flow (the pipeline)
+#: gathers its sub-flows' quality and budgets from here instead of recomputing them.
+PUBLISHED: dict[str, dict[str, Any]] = {}
+
+
+def publish_summary(summary: RunSummary) -> dict[str, Any]:
+    """The run's one summary: a markdown artifact keyed ``<job>-<flow>-summary`` and the same
+    figures as log lines; quality under the baseline and round warnings are WARNINGs."""
+    context = FlowRunContext.get()
+    if summary.seconds is None and context is not None:
+        started = context.start_time.timestamp()
+        summary.seconds = max(0.0, time.time() - started)
+    for q in summary.quality:
+        if q.below_baseline():
+            summary.warnings.append(
+                f"{q.metric} {_number(q.model)} is worse than the baseline "
+                f"{_number(q.baseline)} ({q.rows})"
+            )
+    summary.warnings.extend(round_warnings(summary.rounds_table))
+    job, flow = job_name(), flow_short()
+    logger = get_run_logger()
+    for line in _stage_lines(summary, job, flow):
+        logger.info(line)
+    for warning in summary.warnings:
+        logger.warning(warning)
+    key = artifact_key(flow, "summary")
+    publish_markdown(key, summary_markdown(summary, job, flow), f"{flow} summary of job {job}")
+    PUBLISHED[summary.job_id] = {"key": key, **summary.figures()}
+    return PUBLISHED[summary.job_id]

@@ -112,6 +112,6 @@ def test_pipeline_runs_on_the_bundled_demo(workspace: Path) -> None:
     assert "train_auc" in result["stages"]["vertical_lr"]["result"]
     assert "release reused" in again["stages"]["walr"]["result"]  # charged once
     assert "KiB" in result["stages"]["psi"]["bytes"]
-    assert "bytes sent per party" in Artifact.get("pipeline-summary").data
+    assert "bytes sent" in Artifact.get("demo-pipeline-summary").data
     guest_ref = TableRef.from_dict(job["parties"]["guest"]["table"])
     assert len(PartyStore.of(guest_ref).read_table(guest_ref)) == len(guest)

@@ -18,7 +18,6 @@ from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
-from tasks.reporting import artifact_key
 from tasks.vertical_lr import VerticalSetupError
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -95,9 +94,9 @@ def test_encrypted_training_equals_plaintext_protocol(
         TableRef(guest_ref.database, result["scores_table"], id_column="id")
     )
     assert len(scores) == ROWS and scores["probability"].between(0, 1).all()
-    rounds = Artifact.get(artifact_key("vertical-lr", result["job_id"], "rounds"))
+    rounds = Artifact.get(f"{guest_ref.table}-vertical-rounds")  # job named by its table
     assert rounds is not None and rounds.type == "table"
-    link = Artifact.get(artifact_key("vertical-lr", result["job_id"], "model"))
+    link = Artifact.get(f"{guest_ref.table}-vertical-model")
     assert link is not None and "models/vertical/" in link.data  # a link to the saved model
     # the encrypted Taylor loss is the real Taylor loss of the weights before each round
     assert result["losses"][0] == pytest.approx(np.log(2))

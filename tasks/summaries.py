@@ -1,0 +1,368 @@
+"""Each flow's one summary: gathers its figures and hands them to ``reporting.publish_summary``.
+
+Quality figures that need labels are computed by the party holding them, on its own rows,
+and only aggregates (AUC, log-loss, MSE, row counts) leave it; each sits next to a plain
+baseline on the same rows (the training rows' label rate or mean, predicted for every row).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from prefect import task
+
+from core.horizontal_lr import decision_function, predict_proba
+from core.sparse_lda.model import LinearDiscriminant
+from storage.artifacts import ArtifactStore
+from storage.channel import Channel
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from storage.workspace import workspace_root
+from tasks.policy import PARTY_STEP
+from tasks.reporting import (
+    PUBLISHED,
+    BudgetLine,
+    Quality,
+    RunSummary,
+    bytes_sent,
+    publish_summary,
+)
+
+_EPS = 1e-15
+
+
+def _log_loss(labels: np.ndarray, probabilities: np.ndarray) -> float:
+    p = np.clip(probabilities, _EPS, 1 - _EPS)
+    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+
+
+def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(labels, scores)) if len(set(labels.tolist())) == 2 else None
+
+
+@task(name="label-rate-baseline", task_run_name="{ref.party}: baseline on own labels", **PARTY_STEP)
+def label_rate_baseline(
+    ref: TableRef, train_rows: list[int], eval_rows: list[int]
+) -> dict[str, float | None]:
+    """The plain baseline at the labels party: predict the training rows' positive rate for
+    every evaluated row (AUC 0.5 by construction, log-loss of that constant)."""
+    labels = PartyStore.of(ref).read_table(ref)[ref.label_column].to_numpy(dtype=float)
+    rate = float(np.mean(labels[train_rows])) if len(train_rows) else float(np.mean(labels))
+    evaluated = labels[eval_rows] if len(eval_rows) else labels
+    constant = np.full(len(evaluated), rate)
+    return {"auc": 0.5, "log_loss": _log_loss(evaluated, constant), "rate": rate}
+
+
+@task(name="evaluate-model", task_run_name="{ref.party}: evaluate on own rows", **PARTY_STEP)
+def evaluate_own_rows(
+    ref: TableRef, features: list[str], weights: list[float], intercept: float
+) -> dict[str, Any]:
+    """A party scores its own rows with a model it holds whole; returns aggregates only."""
+    frame = PartyStore.of(ref).read_table(ref)
+    labels = frame[ref.label_column].to_numpy(dtype=float)
+    packed = np.asarray([*weights, intercept], dtype=float)
+    X = frame.loc[:, features].to_numpy(dtype=float)
+    scores = decision_function(packed, X)
+    probabilities = predict_proba(packed, X)
+    rate = float(np.mean(labels))
+    return {
+        "rows": len(labels),
+        "auc": _auc(labels, scores),
+        "log_loss": _log_loss(labels, probabilities),
+        "baseline_log_loss": _log_loss(labels, np.full(len(labels), rate)),
+    }
+
+
+def _classifier_quality(metrics: dict[str, Any], baseline: dict[str, Any], rows: str) -> list:
+    return [
+        Quality("AUC", metrics.get("auc"), baseline.get("auc"), True, rows),
+        Quality("log-loss", metrics.get("log_loss"), baseline.get("log_loss"), False, rows),
+    ]
+
+
+def _round_bytes(job_id: str, workspace: str | None) -> dict[int, int]:
+    """Bytes that crossed in each round of a job (every run of it), from the channel's log."""
+    totals: dict[int, int] = {}
+    for record in Channel(workspace_root(workspace), job_id).log():
+        totals[record.round] = totals.get(record.round, 0) + record.size
+    return totals
+
+
+# ---------------------------------------------------------------------------------------------
+# Per flow
+
+
+def psi_summary(
+    job_id: str, refs: list[TableRef], set_sizes: list[int], shared: int, workspace: str | None
+) -> dict[str, Any]:
+    return publish_summary(
+        RunSummary(
+            job_id,
+            {ref.party: int(n) for ref, n in zip(refs, set_sizes, strict=True)},
+            bytes_sent=bytes_sent([job_id], workspace),
+            rounds=1,
+            details=[("shared rows", int(shared))],
+        )
+    )
+
+
+def vertical_round_history(job: Any, workspace: str | None) -> list[dict[str, Any]]:
+    """Every finished round of a vertical job, from the key holder's store (so rounds finished
+    before a retry are included), with the bytes that crossed in each."""
+    artifacts = ArtifactStore(PartyStore(job.key_holder_database))
+    prefix = f"vertical/{job.job_id}/"
+    rows: dict[int, dict[str, Any]] = {}
+    for key, *_ in artifacts.list(prefix):
+        kind, _, number = key.removeprefix(prefix).rpartition("/")
+        if kind not in ("loss", "round-metrics") or not number.isdigit():
+            continue
+        value = artifacts.get(key)
+        entry = rows.setdefault(int(number), {"round": int(number)})
+        entry.update({"loss": value} if kind == "loss" else value)
+    traffic = _round_bytes(job.job_id, workspace)
+    return [
+        {
+            "round": r,
+            "loss": rows[r].get("loss"),
+            "gradient_norm": rows[r].get("gradient_norm"),
+            "bytes": traffic.get(r, 0),
+            "seconds": rows[r].get("seconds"),
+        }
+        for r in sorted(rows)
+    ]
+
+
+def vertical_summary(
+    job: Any,
+    guest: TableRef,
+    hosts: list[TableRef],
+    metrics: dict[str, Any],
+    rounds_run: int,
+    workspace: str | None,
+) -> dict[str, Any]:
+    schedule = job.schedule
+    holdout = [int(r) for r in schedule.holdout_rows]
+    scope = "held-out rows" if holdout else "training rows (in-sample)"
+    baseline = label_rate_baseline(guest, [int(r) for r in schedule.train_rows], holdout)
+    prefix = "holdout" if holdout else "train"
+    quality = _classifier_quality(
+        {"auc": metrics.get(f"{prefix}_auc"), "log_loss": metrics.get(f"{prefix}_log_loss")},
+        baseline,
+        scope,
+    )
+    history = vertical_round_history(job, workspace)
+    rows = int(len(schedule.train_rows) + len(schedule.holdout_rows))
+    return publish_summary(
+        RunSummary(
+            job.job_id,
+            {ref.party: rows for ref in (guest, *hosts)},
+            quality=quality,
+            bytes_sent=bytes_sent([job.job_id], workspace),
+            rounds=len(history),
+            rounds_table=history,
+            details=[("rounds run in this attempt", rounds_run), ("key holder", job.key_holder)],
+        )
+    )
+
+
+def walr_summary(
+    job_id: str,
+    features: TableRef,
+    labels: TableRef,
+    rows: int,
+    budget: dict[str, Any],
+    metrics: dict[str, Any],
+    workspace: str | None,
+    release_job_id: str | None = None,
+) -> dict[str, Any]:
+    quality = []
+    if metrics.get("auc") is not None:
+        quality = [Quality("AUC", metrics["auc"], 0.5, True, "all aligned rows (in-sample)")]
+    jobs = dict.fromkeys([job_id, *([release_job_id] if release_job_id else [])])
+    return publish_summary(
+        RunSummary(
+            job_id,
+            {features.party: rows, labels.party: rows},
+            quality=quality,
+            budgets=[BudgetLine.from_status(labels.party, budget)],
+            bytes_sent=bytes_sent(jobs, workspace),
+            rounds=1,
+        )
+    )
+
+
+@task(name="label-mean-baseline", task_run_name="{ref.party}: baseline on own labels", **PARTY_STEP)
+def label_mean_baseline(ref: TableRef, train_rows: list[int], eval_rows: list[int]) -> float:
+    """The plain regression baseline at the labels party: the training rows' mean label
+    predicted for every evaluated row; returns its mean squared error."""
+    labels = PartyStore.of(ref).read_table(ref)[ref.label_column].to_numpy(dtype=float)
+    mean = float(np.mean(labels[train_rows])) if len(train_rows) else float(np.mean(labels))
+    evaluated = labels[eval_rows] if len(eval_rows) else labels
+    return float(np.mean((evaluated - mean) ** 2))
+
+
+def label_dp_summary(
+    job: Any,
+    features: TableRef,
+    labels: TableRef,
+    rows: int,
+    budget: dict[str, Any],
+    metrics: dict[str, Any],
+    workspace: str | None,
+) -> dict[str, Any]:
+    quality = []
+    if metrics.get("test_mse") is not None:
+        holdout = [int(r) for r in job.holdout_rows(rows)]
+        train = [int(r) for r in job.train_rows(rows)]
+        baseline = label_mean_baseline(labels, train, holdout)
+        scope = str(metrics.get("evaluated_on", "held-out rows"))
+        quality = [Quality("MSE", metrics["test_mse"], baseline, False, scope)]
+    return publish_summary(
+        RunSummary(
+            job.job_id,
+            {features.party: rows, labels.party: rows},
+            quality=quality,
+            budgets=[BudgetLine.from_status(labels.party, budget)],
+            bytes_sent=bytes_sent([job.job_id], workspace),
+            rounds=1,
+        )
+    )
+
+
+def horizontal_summary(
+    job_id: str,
+    refs: list[TableRef],
+    model: dict[str, Any],
+    rounds_run: int,
+    workspace: str | None,
+) -> dict[str, Any]:
+    """Quality: each party scores its own rows with the (shared) final model; the AUCs and
+    log-losses are reported per party, next to its label-rate baseline (in-sample)."""
+    weights = [float(model["coefficients"][f]) for f in model["features"]]
+    evaluations = {
+        ref.party: evaluate_own_rows(ref, list(model["features"]), weights, model["intercept"])
+        for ref in refs
+    }
+    quality = []
+    for party, e in evaluations.items():
+        scope = f"{party}'s rows (in-sample)"
+        quality += [
+            Quality(f"AUC at {party}", e["auc"], 0.5, True, scope),
+            Quality(f"log-loss at {party}", e["log_loss"], e["baseline_log_loss"], False, scope),
+        ]
+    traffic = _round_bytes(job_id, workspace)
+    history = [
+        {
+            "round": e["round"],
+            "loss": e["loss"],
+            "gradient_norm": None,
+            "max weight change": e["change"],
+            "parties": len(e["survivors"]),
+            "bytes": traffic.get(e["round"], 0),
+            "seconds": e["seconds"],
+        }
+        for e in model["history"]
+    ]
+    return publish_summary(
+        RunSummary(
+            job_id,
+            {party: e["rows"] for party, e in evaluations.items()},
+            quality=quality,
+            bytes_sent=bytes_sent([job_id], workspace),
+            rounds=len(history),
+            rounds_table=history,
+            details=[("rounds run in this attempt", rounds_run)],
+        )
+    )
+
+
+@task(name="lda-accuracy", task_run_name="{ref.party}: classify own rows", **PARTY_STEP)
+def lda_error_own_rows(ref: TableRef, model: dict[str, Any]) -> dict[str, Any]:
+    """A party applies the sparse discriminant to its own rows: misclassification rate and
+    the majority-class baseline's (aggregates only)."""
+    frame = PartyStore.of(ref).read_table(ref)
+    labels = frame[ref.label_column].to_numpy(dtype=float)
+    rule = LinearDiscriminant(
+        np.asarray(model["direction"], dtype=float),
+        np.asarray(model["mean_positive"], dtype=float),
+        np.asarray(model["mean_negative"], dtype=float),
+    )
+    error = rule.error_rate(frame.loc[:, model["features"]].to_numpy(dtype=float), labels)
+    positive = float(np.mean(labels))
+    return {
+        "rows": len(labels),
+        "error": error,
+        "baseline_error": min(positive, 1 - positive),
+    }
+
+
+def sparse_lda_summary(
+    job: Any, refs: list[TableRef], model: dict[str, Any], releases: dict[str, Any]
+) -> dict[str, Any]:
+    errors = {ref.party: lda_error_own_rows(ref, model) for ref in refs}
+    quality = [
+        Quality(
+            f"misclassification at {party}",
+            e["error"],
+            e["baseline_error"],
+            False,
+            f"{party}'s rows (in-sample)",
+        )
+        for party, e in errors.items()
+    ]
+    budgets = [
+        BudgetLine.from_status(party, r["budget"])
+        for party, r in releases.items()
+        if r.get("budget") is not None
+    ]
+    kept = f"{len(model['support'])} of {len(model['features'])}"
+    return publish_summary(
+        RunSummary(
+            job.job_id,
+            {party: e["rows"] for party, e in errors.items()},
+            quality=quality,
+            budgets=budgets,
+            bytes_sent=bytes_sent([job.job_id], job.workspace),
+            rounds=1,
+            details=[("method", job.method), ("features kept", kept)],
+        )
+    )
+
+
+def pipeline_summary(
+    stages: dict[str, dict[str, Any]],
+    alignment: dict[str, Any],
+    job_ids: list[str | None],
+    workspace: str | None,
+) -> dict[str, Any]:
+    """The pipeline's summary: its stages' summaries (published by their runs in this
+    process) gathered into one, plus each stage's result line and time."""
+    stage_figures = [PUBLISHED[j] for j in job_ids if j in PUBLISHED]
+    parties: dict[str, int] = {}
+    quality, budgets = [], []
+    for figures in stage_figures:
+        for party, rows in figures["parties"].items():
+            parties.setdefault(party, rows)
+        flow = figures["flow"]
+        quality += [
+            Quality(**{**q, "metric": f"{flow}: {q['metric']}"}) for q in figures["quality"]
+        ]
+        budgets += [BudgetLine(**b) for b in figures["budgets"]]
+    unique_budgets = list({(b.party, b.table): b for b in budgets}.values())
+    return publish_summary(
+        RunSummary(
+            "pipeline-" + alignment["job_id"].removeprefix("psi-"),
+            parties,
+            quality=quality,
+            budgets=unique_budgets,
+            bytes_sent=bytes_sent([j for j in job_ids if j], workspace),
+            rounds=sum(f["rounds"] for f in stage_figures),
+            details=[
+                (f"stage {name}", f"{stage['result']} ({stage['seconds']:.1f} s)")
+                for name, stage in stages.items()
+            ],
+        )
+    )

@@ -1,0 +1,62 @@
+"""The summary's warnings and tables, as pure functions (the flows' runs test the rest)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tasks.reporting import (
+    BudgetLine,
+    Quality,
+    RunSummary,
+    model_table,
+    round_warnings,
+    summary_markdown,
+)
+
+
+def test_a_rising_loss_and_a_diverging_gradient_are_warned_about() -> None:
+    falling = [{"round": r, "loss": 0.7 - 0.1 * r, "gradient_norm": 1.0} for r in range(4)]
+    assert round_warnings(falling) == []
+    rising = [*falling, {"round": 4, "loss": 0.45, "gradient_norm": 1.0}]
+    [warning] = round_warnings(rising)
+    assert "loss rose in the last round" in warning and "round 4" in warning
+    diverging = [*falling, {"round": 4, "loss": 0.2, "gradient_norm": 50.0}]
+    [warning] = round_warnings(diverging)
+    assert "gradient diverges" in warning
+
+
+def test_quality_below_the_baseline_respects_the_metric_s_direction() -> None:
+    assert Quality("AUC", 0.45, 0.5, True).below_baseline()
+    assert not Quality("AUC", 0.9, 0.5, True).below_baseline()
+    assert Quality("log-loss", 0.8, 0.69, False).below_baseline()
+    assert not Quality("MSE", None, 10.0, False).below_baseline()
+
+
+def test_the_summary_holds_every_figure() -> None:
+    summary = RunSummary(
+        "walr-0123456789abcdef",
+        {"lab": 470, "clinic": 470},
+        quality=[Quality("AUC", 0.91, 0.5, True, "held-out rows")],
+        budgets=[BudgetLine("clinic", "patients", 1.0, 3.0, 1e-7, 9e-5)],
+        bytes_sent={"lab": 1234, "clinic": 567},
+        rounds=1,
+        seconds=2.5,
+    )
+    text = summary_markdown(summary, "demo", "walr")
+    for figure in (
+        "| job | demo |",
+        "| flow | walr |",
+        "| lab | 470 | 1234 |",
+        "| AUC | 0.91 | 0.5 | held-out rows | higher |",
+        "| clinic | patients | 1.0 | 3.0 | 1e-07 | 9e-05 |",
+        "| rounds | 1 |",
+        "| wall time (s) | 2.5 |",
+    ):
+        assert figure in text, figure
+
+
+def test_model_tables_read_every_flow_s_record() -> None:
+    vertical = {"features": ["intercept", "age"], "weights": np.array([0.5, -1.0])}
+    assert model_table(vertical) == ([{"feature": "age", "coefficient": -1.0}], 0.5)
+    whole = {"coefficients": {"age": 2.0}, "intercept": -0.25}
+    assert model_table(whole) == ([{"feature": "age", "coefficient": 2.0}], -0.25)

@@ -448,7 +448,10 @@ def test_every_deployment_runs_on_a_process_worker(
             listed = api(
                 server, "/flow_runs/filter", {"deployments": {"id": {"any_": [psi["id"]]}}}
             )
-            scheduled = [r for r in listed if r["auto_scheduled"]]
+            # the schedule also books the next hours' runs: wait for the earliest one
+            scheduled = sorted(
+                (r for r in listed if r["auto_scheduled"]), key=lambda r: r["expected_start_time"]
+            )
             time.sleep(1)
         assert scheduled, "the schedule created no run"
         fired = _wait(server, scheduled[0]["id"])

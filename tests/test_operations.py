@@ -243,7 +243,7 @@ def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(
     auc, log_loss = straight["metrics"]["holdout_auc"], straight["metrics"]["holdout_log_loss"]
     assert f"| AUC | {float(f'{auc:.6g}')} | 0.5 | held-out rows | higher |" in summary
     assert f"| log-loss | {float(f'{log_loss:.6g}')} |" in summary
-    assert "| guest | 160 |" in summary  # rows used by the guest
+    assert "| guest | 400 |" in summary  # rows used by the guest
 
 
 def test_the_demo_command_runs_the_pipeline(server: dict[str, str], tmp_path: Path) -> None:

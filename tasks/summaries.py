@@ -43,15 +43,23 @@ def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
     return float(roc_auc_score(labels, scores)) if len(set(labels.tolist())) == 2 else None
 
 
+def _training_mean(
+    ref: TableRef, train_rows: list[int], eval_rows: list[int]
+) -> tuple[float, np.ndarray]:
+    """The labels party's plain predictor, the training rows' mean label, and the labels it is
+    evaluated on (every row when there is no split)."""
+    labels = PartyStore.of(ref).read_table(ref)[ref.label_column].to_numpy(dtype=float)
+    mean = float(np.mean(labels[train_rows])) if len(train_rows) else float(np.mean(labels))
+    return mean, labels[eval_rows] if len(eval_rows) else labels
+
+
 @task(name="label-rate-baseline", task_run_name="{ref.party}: baseline on own labels", **PARTY_STEP)
 def label_rate_baseline(
     ref: TableRef, train_rows: list[int], eval_rows: list[int]
 ) -> dict[str, float | None]:
     """The plain baseline at the labels party: predict the training rows' positive rate for
     every evaluated row (AUC 0.5 by construction, log-loss of that constant)."""
-    labels = PartyStore.of(ref).read_table(ref)[ref.label_column].to_numpy(dtype=float)
-    rate = float(np.mean(labels[train_rows])) if len(train_rows) else float(np.mean(labels))
-    evaluated = labels[eval_rows] if len(eval_rows) else labels
+    rate, evaluated = _training_mean(ref, train_rows, eval_rows)
     constant = np.full(len(evaluated), rate)
     return {"auc": 0.5, "log_loss": _log_loss(evaluated, constant), "rate": rate}
 
@@ -181,26 +189,15 @@ def walr_summary(
     quality = []
     if metrics.get("auc") is not None:
         quality = [Quality("AUC", metrics["auc"], 0.5, True, "all aligned rows (in-sample)")]
-    jobs = dict.fromkeys([job_id, *([release_job_id] if release_job_id else [])])
-    return publish_summary(
-        RunSummary(
-            job_id,
-            {features.party: rows, labels.party: rows},
-            quality=quality,
-            budgets=[BudgetLine.from_status(labels.party, budget)],
-            bytes_sent=bytes_sent(jobs, workspace),
-            rounds=1,
-        )
-    )
+    jobs = [job_id, *([release_job_id] if release_job_id else [])]
+    return _one_release_summary(job_id, features, labels, rows, budget, quality, jobs, workspace)
 
 
 @task(name="label-mean-baseline", task_run_name="{ref.party}: baseline on own labels", **PARTY_STEP)
 def label_mean_baseline(ref: TableRef, train_rows: list[int], eval_rows: list[int]) -> float:
     """The plain regression baseline at the labels party: the training rows' mean label
     predicted for every evaluated row; returns its mean squared error."""
-    labels = PartyStore.of(ref).read_table(ref)[ref.label_column].to_numpy(dtype=float)
-    mean = float(np.mean(labels[train_rows])) if len(train_rows) else float(np.mean(labels))
-    evaluated = labels[eval_rows] if len(eval_rows) else labels
+    mean, evaluated = _training_mean(ref, train_rows, eval_rows)
     return float(np.mean((evaluated - mean) ** 2))
 
 
@@ -220,13 +217,30 @@ def label_dp_summary(
         baseline = label_mean_baseline(labels, train, holdout)
         scope = str(metrics.get("evaluated_on", "held-out rows"))
         quality = [Quality("MSE", metrics["test_mse"], baseline, False, scope)]
+    return _one_release_summary(
+        job.job_id, features, labels, rows, budget, quality, [job.job_id], workspace
+    )
+
+
+def _one_release_summary(
+    job_id: str,
+    features: TableRef,
+    labels: TableRef,
+    rows: int,
+    budget: dict[str, Any],
+    quality: list[Quality],
+    jobs: list[str],
+    workspace: str | None,
+) -> dict[str, Any]:
+    """The summary of a flow that releases once (WALR, label DP): both parties' aligned rows,
+    the labels party's ledger, the traffic of ``jobs``."""
     return publish_summary(
         RunSummary(
-            job.job_id,
+            job_id,
             {features.party: rows, labels.party: rows},
             quality=quality,
             budgets=[BudgetLine.from_status(labels.party, budget)],
-            bytes_sent=bytes_sent([job.job_id], workspace),
+            bytes_sent=bytes_sent(dict.fromkeys(jobs), workspace),
             rounds=1,
         )
     )

@@ -10,6 +10,10 @@ import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers: one
+    home = Path(os.environ.get("PREFECT_HOME", "var/prefect")) / worker  # Prefect home each
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["PREFECT_HOME"] = str(home.resolve())
 
 
 @pytest.fixture(scope="session")

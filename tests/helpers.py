@@ -9,6 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+
 
 def arrays_in(value: Any) -> list[np.ndarray]:
     """Every numpy array inside a decoded message."""
@@ -34,3 +38,13 @@ def relocate_job(job: dict[str, Any], root: Path, workspace: Path) -> Path:
     job_file = workspace / "job.json"
     job_file.write_text(json.dumps(job))
     return job_file
+
+
+def vertical_slices(job_id: str, *descriptors: dict) -> dict[str, list[float]]:
+    """Every party's stored model slice of a vertical job, read from its own store."""
+    slices = {}
+    for descriptor in descriptors:
+        ref = TableRef.from_dict(descriptor)
+        model = ArtifactStore(PartyStore.of(ref)).get(f"models/vertical/{job_id}/{ref.party}")
+        slices[ref.party] = [float(w) for w in model["weights"]]
+    return slices

@@ -1,85 +1,33 @@
-"""Operating privreg against a real Prefect server: deployments, schedules, retries, kills.
-
-These start ``prefect server start`` on a free loopback port (once per module) and drive it
-with the same commands a user types.
-"""
+"""Operating privreg against a real Prefect server: deployments from prefect.yaml through a
+process worker and through serve(), schedules, summaries, and a retry from the UI."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-import pandas as pd
 import pytest
 import yaml
+from helpers import vertical_slices as _slices
+from prefect_api import PREFECT, ROOT, api, api_get, prefect_server_process
+from prefect_api import artifact as _artifact
 
-from storage.checkpoints import RoundCheckpoints
+from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
+from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "benchmarks" / "data" / "fate"
-PREFECT = str(Path(sys.executable).parent / "prefect")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+pytestmark = pytest.mark.xdist_group("deployments")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        # lean polling, so runs and schedules are picked up within seconds
-        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
-        "PREFECT_WORKER_QUERY_SECONDS": "2",
-        "PREFECT_RUNNER_POLL_FREQUENCY": "2",
-    }
-    process = subprocess.Popen(
-        [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{env['PREFECT_API_URL']}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(1)
-    else:
-        process.kill()
-        pytest.fail("prefect server did not start")
-    yield env
-    process.terminate()
-    process.wait(timeout=30)
-
-
-def api(env: dict[str, str], path: str, body: dict | list | None = None) -> object:
-    for attempt in range(5):  # a busy server answers 503 now and then
-        response = httpx.post(f"{env['PREFECT_API_URL']}{path}", json=body or {}, timeout=60)
-        if response.status_code != 503:
-            break
-        time.sleep(2 * (attempt + 1))
-    response.raise_for_status()
-    return response.json()
+    yield from prefect_server_process(tmp_path_factory.mktemp("prefect-home"))
 
 
 def test_deployments_from_prefect_yaml_get_scheduled_runs(server: dict[str, str]) -> None:
@@ -127,157 +75,17 @@ def test_deployments_from_prefect_yaml_get_scheduled_runs(server: dict[str, str]
     assert inactive == []  # its schedule is inactive
 
 
-def _breast_job(workspace: Path) -> tuple[dict, dict]:
-    guest = pd.read_csv(DATA / "breast_hetero_guest.csv.gz").head(400)
-    host = pd.read_csv(DATA / "breast_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
-    guest_ref = TableRef(
-        database=str(workspace / "guest.duckdb"),
-        table="patients",
-        label_column="y",
-        label_domain=(0, 1),
-    )
-    host_ref = TableRef(database=str(workspace / "host.duckdb"), table="labs")
-    PartyStore.of(guest_ref).import_frame(guest, guest_ref)
-    PartyStore.of(host_ref).import_frame(host.reset_index(), host_ref)
-    return guest_ref.to_dict(), host_ref.to_dict()
-
-
-def _run_vertical(
-    env: dict[str, str],
-    workspace: Path,
-    guest: dict,
-    host: dict,
-    extra: str = "",
-    wait: bool = True,
-) -> subprocess.Popen | subprocess.CompletedProcess:
-    script = textwrap.dedent(f"""
-        import json
-        from flows.vertical_lr import vertical_lr
-        result = vertical_lr({guest!r}, [{host!r}], epochs=3, batch_size=90, seed=1,
-                             key_size=1024, allow_insecure_key_size=True, tol=0.0,
-                             workspace={str(workspace)!r}, job_id="ops-job"{extra})
-        print("RESULT", json.dumps({{"resumed_from": result["resumed_from"],
-              "rounds_run": result["rounds_run"], "intercept": result["intercept"],
-              "metrics": result["metrics"], "losses": result["losses"]}}))
-    """)
-    command = [sys.executable, "-c", script]
-    if wait:
-        return subprocess.run(
-            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-        )
-    return subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-
-
-def _result(output: str) -> dict:
-    line = [row for row in output.splitlines() if row.startswith("RESULT ")][-1]
-    return json.loads(line.removeprefix("RESULT "))
-
-
-def test_flow_run_retry_resumes_from_the_finished_rounds(
-    server: dict[str, str], tmp_path: Path
-) -> None:
-    guest, host = _breast_job(tmp_path)
-    failed = _run_vertical(server, tmp_path, guest, host, extra=", fail_at_round=4")
-    assert failed.returncode != 0
-    runs = api(
-        server,
-        "/flow_runs/filter",
-        {"flow_runs": {"state": {"type": {"any_": ["FAILED"]}}}, "sort": "START_TIME_DESC"},
-    )
-    run_id = runs[0]["id"]
-    retried = subprocess.run(
-        [PREFECT, "flow-run", "retry", run_id, "--entrypoint", "flows/vertical_lr.py:vertical_lr"],
-        env=server,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert retried.returncode == 0, retried.stdout + retried.stderr
-    state = httpx.get(f"{server['PREFECT_API_URL']}/flow_runs/{run_id}").json()["state"]["type"]
-    assert state == "COMPLETED"
-    task_runs = api(server, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
-    completed_rounds = [
-        t["name"]
-        for t in task_runs
-        if t["name"].startswith("round ") and t["state"]["type"] == "COMPLETED"
-    ]
-    rounds = sorted(int(name.split()[1]) for name in completed_rounds)
-    assert rounds == list(range(len(rounds)))  # every round finished exactly once: 0-3 reused
-    assert len(rounds) == 3 * 4  # 360 training rows / 90 per batch = 4 batches, 3 epochs
-    # the rounds table covers the rounds finished before the retry too, read from the stores
-    # an explicit job id (not a derived hash) stays in the key
-    table = json.loads(_artifact(server, "patients-vertical-ops-job-rounds")["data"])
-    assert [row["round"] for row in table] == list(range(12))
-    assert all(row["gradient_norm"] > 0 and row["bytes"] > 0 for row in table)
-    summary = _artifact(server, "patients-vertical-summary")
-    assert summary["flow_run_id"] == run_id and "| rounds | 12 |" in summary["data"]
-
-
-def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(
-    server: dict[str, str], tmp_path: Path
-) -> None:
-    guest, host = _breast_job(tmp_path / "killed")
-    guest_ref = TableRef.from_dict(guest)
-    process = _run_vertical(server, tmp_path / "killed", guest, host, wait=False)
-    # watch the run's channel folder (the party databases are locked by the running process)
-    messages = tmp_path / "killed" / "runs" / "ops-job" / "messages"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list(messages.glob("r000003/*")):
-        time.sleep(0.1)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    killed_at = RoundCheckpoints(PartyStore.of(guest_ref), "vertical", "ops-job").last_round()
-    assert 1 <= killed_at < 11
-    resumed = _run_vertical(server, tmp_path / "killed", guest, host)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    outcome = _result(resumed.stdout)
-    assert outcome["resumed_from"] >= killed_at - 1
-    assert outcome["rounds_run"] == 12 - 1 - outcome["resumed_from"]
-    guest2, host2 = _breast_job(tmp_path / "straight")
-    straight = _result(_run_vertical(server, tmp_path / "straight", guest2, host2).stdout)
-    assert straight["rounds_run"] == 12
-    assert outcome["intercept"] == straight["intercept"]  # bit-identical model
-    # the summary read back through the API holds the figures the flow returned
-    summary = _artifact(server, "patients-vertical-summary")["data"]
-    auc, log_loss = straight["metrics"]["holdout_auc"], straight["metrics"]["holdout_log_loss"]
-    assert f"| AUC | {float(f'{auc:.6g}')} | 0.5 | held-out rows | higher |" in summary
-    assert f"| log-loss | {float(f'{log_loss:.6g}')} |" in summary
-    assert "| guest | 400 |" in summary  # rows used by the guest
-
-
-def test_the_demo_command_runs_the_pipeline(server: dict[str, str], tmp_path: Path) -> None:
-    """``make demo`` runs ``python -m flows.pipeline``: it must run a job and print its summary."""
-    job = json.loads((ROOT / "jobs" / "demo.json").read_text())
-    for key in ("vertical", "walr", "subjobs"):
-        job.pop(key)
-    for party in job["parties"].values():
-        party["source"] = str(ROOT / party["source"])
-        party["table"]["database"] = str(tmp_path / Path(party["table"]["database"]).name)
-    job_file = tmp_path / "job.json"
-    job_file.write_text(json.dumps(job))
-    done = subprocess.run(
-        [sys.executable, "-m", "flows.pipeline", str(job_file)],
-        env=server,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "# privreg pipeline: demo" in done.stdout
-    assert "470 shared rows of 520 / 519" in done.stdout
-
-
 # ---------------------------------------------------------------------------------------------
 # Every deployment of prefect.yaml, through a process worker and through serve()
 
 #: Small knobs so every deployment runs in seconds (the demo's own values otherwise).
 SMALL = {
-    "demo-vertical": {"epochs": 1, "key_size": 1024, "allow_insecure_key_size": True},
+    "demo-vertical": {"epochs": 2, "key_size": 1024, "allow_insecure_key_size": True},
     "demo-walr": {"key_size": 1024, "allow_insecure_key_size": True},
     "demo-horizontal": {"rounds": 1},
 }
+#: The worker's demo-vertical run fails in its second round and is retried like the UI does.
+FAULTS = {"demo-vertical": {"fail_at_round": 1, "job_id": "retried"}}
 #: Worker deployments run first (the pipeline loads and aligns every table the others use).
 ORDER = [
     "demo-pipeline",
@@ -343,17 +151,30 @@ def _parameters(entry: dict, demo_root: Path) -> dict:
 def _wait(env: dict[str, str], run_id: str, timeout: float = 600) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        run = httpx.get(f"{env['PREFECT_API_URL']}/flow_runs/{run_id}", timeout=30).json()
+        run = api_get(env, f"/flow_runs/{run_id}")
         if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             return run
         time.sleep(1)
     pytest.fail(f"flow run {run_id} did not finish within {timeout} s")
 
 
+def _retry_like_the_ui(env: dict[str, str], run_id: str) -> dict:
+    """The UI's Retry (and `prefect flow-run retry` for a deployment run): back to Scheduled,
+    so a worker picks the same flow run up again."""
+    body = {"state": {"type": "SCHEDULED", "name": "AwaitingRetry"}, "force": True}
+    assert api(env, f"/flow_runs/{run_id}/set_state", body)["status"] == "ACCEPT"
+    return _wait(env, run_id)
+
+
 def _run_all(
-    env: dict[str, str], demo_root: Path, suffix: str = "", names: list[str] = ORDER
+    env: dict[str, str],
+    demo_root: Path,
+    suffix: str = "",
+    names: list[str] = ORDER,
+    faults: dict[str, dict] | None = None,
 ) -> dict[str, dict]:
-    """Runs deployments of prefect.yaml (named with ``suffix``) one after the other."""
+    """Runs deployments of prefect.yaml (named with ``suffix``) one after the other; a run
+    given a fault must fail, and then complete once retried."""
     spec = {
         d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
     }
@@ -362,12 +183,19 @@ def _run_all(
     finished = {}
     for name in names:
         deployment = deployments[name + suffix]
+        fault = (faults or {}).get(name, {})
         run = api(
             env,
             f"/deployments/{deployment['id']}/create_flow_run",
-            {"parameters": _parameters(spec[name], demo_root)},
+            {
+                "parameters": {**_parameters(spec[name], demo_root), **fault},
+                "idempotency_key": f"{name}{suffix}-{time.time_ns()}",
+            },
         )
         finished[name] = _wait(env, run["id"])
+        if fault:
+            assert finished[name]["state"]["type"] == "FAILED", finished[name]["state"]
+            finished[name] = _retry_like_the_ui(env, run["id"])
         assert finished[name]["state"]["type"] == "COMPLETED", (
             name + suffix,
             finished[name]["state"],
@@ -375,10 +203,13 @@ def _run_all(
     return finished
 
 
-def _artifact(env: dict[str, str], key: str) -> dict:
-    found = api(env, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key]}}})
-    assert found, f"no artifact {key}"
-    return found[0]
+def _spends(demo_root: Path) -> list[dict]:
+    """Every privacy charge booked in the demo parties' ledgers."""
+    return [
+        spend
+        for database in sorted((demo_root / "parties").glob("*.duckdb"))
+        for spend in PrivacyLedger(PartyStore(database)).spends()
+    ]
 
 
 def _background(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -422,7 +253,14 @@ def test_every_deployment_runs_on_a_process_worker(
         [PREFECT, "worker", "start", "--pool", "privreg-process"], server, tmp_path / "worker.log"
     )
     try:
-        runs = _run_all(server, demo)
+        runs = _run_all(server, demo, faults=FAULTS)
+        # a retry of a finished pipeline reuses every release: no budget is spent twice
+        spent = _spends(demo)
+        assert spent and all(s["epsilon"] > 0 for s in spent)
+        assert _retry_like_the_ui(server, runs["demo-pipeline"]["id"])["state"]["type"] == (
+            "COMPLETED"
+        )
+        assert _spends(demo) == spent
         # a schedule: every hour from a few seconds from now, with the test's parameters
         psi = next(d for d in deployments if d["name"] == "demo-psi")
         entry = {"name": "demo-psi", "parameters": psi["parameters"]}
@@ -459,6 +297,18 @@ def test_every_deployment_runs_on_a_process_worker(
     finally:
         _stop(worker)
 
+    # the retried deployment run resumed after its finished round and ended with the model
+    # of the pipeline's uninterrupted run on the same tables and options
+    tables = runs["demo-vertical"]["parameters"]
+    models = ArtifactStore(PartyStore.of(TableRef.from_dict(tables["guest"]))).list(
+        "models/vertical/"
+    )
+    (pipeline_job,) = {key.split("/")[2] for key, *_ in models} - {"retried"}
+    assert _slices("retried", tables["guest"], *tables["hosts"]) == _slices(
+        pipeline_job, tables["guest"], *tables["hosts"]
+    )
+    rounds = json.loads(_artifact(server, "demo-vertical-retried-rounds")["data"])
+    assert [row["round"] for row in rounds] == [0, 1]
     # readable names, and one summary per run with the figures of item 2
     assert runs["demo-vertical"]["name"].startswith("demo vertical: clinic.patients_aligned")
     psi_summary = _artifact(server, "demo-psi-summary")

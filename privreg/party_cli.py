@@ -112,7 +112,7 @@ def _walr(args: argparse.Namespace) -> None:
     own = _own_table(config, args.table)
     from flows.walr import walr_party
 
-    result = walr_party(own, args.role, args.peer, args.job, **_options(args))
+    result = walr_party(own, args.role, args.peer, args.job, **_options(args, walr_party))
     print(json.dumps(result))
 
 
@@ -121,16 +121,16 @@ def _label_dp(args: argparse.Namespace) -> None:
     own = _own_table(config, args.table)
     from flows.label_dp import label_dp_party
 
-    result = label_dp_party(own, args.role, args.peer, args.job, **_options(args))
+    result = label_dp_party(own, args.role, args.peer, args.job, **_options(args, label_dp_party))
     print(json.dumps(result))
 
 
-_COMMON = {"config", "table", "role", "peer", "job", "handler", "command", "party_command"}
+def _options(args: argparse.Namespace, flow: Any) -> dict[str, Any]:
+    """The flow's options given on the command line; the flow's defaults fill the rest."""
+    import inspect
 
-
-def _options(args: argparse.Namespace) -> dict[str, Any]:
-    """The protocol options given on the command line; the flow's defaults fill the rest."""
-    return {k: v for k, v in vars(args).items() if k not in _COMMON}
+    names = set(inspect.signature(flow.fn).parameters) - {"own", "role", "peer", "job_id"}
+    return {k: v for k, v in vars(args).items() if k in names}
 
 
 def _one_release_parser(actions: Any, name: str, help_text: str) -> argparse.ArgumentParser:

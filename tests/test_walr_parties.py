@@ -1,0 +1,285 @@
+"""WALR and label DP with each party its own OS process, own folder and database, over mTLS gRPC.
+
+The labels party is killed (SIGKILL) after it sent its release and restarted: the budget has
+room for one release only, so a second charge would fail the run; every message it sent
+before is re-sent byte for byte. Copies of the two parties' stores then give the one-process
+flow the same stored release, and it must train the same model from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flows.label_dp import label_dp_regression
+from flows.walr import walr
+from privreg.cli import main as privreg
+from storage.descriptor import TableRef
+from storage.ledger import PrivacyLedger
+from storage.party_store import PartyStore
+from storage.workspace import channel_for
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "benchmarks" / "data" / "fate"
+LABELS, FEATURES = "advertiser", "publisher"
+PEER = {LABELS: FEATURES, FEATURES: LABELS}
+ROWS = 150
+CLI = [sys.executable, "-m", "privreg.cli", "party"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def party_env(folder: Path) -> dict[str, str]:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVREG_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        PREFECT_API_URL=str(PREFECT_API_URL.value()),
+        PREFECT_HOME=str(folder / "prefect"),
+        GRPC_VERBOSITY="NONE",
+    )
+    return env
+
+
+class Parties:
+    """Two organisations: certificates, one party.toml each, their message servers."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        certs = folder / "ca-admin"
+        assert privreg(["certs", "init", "--out", str(certs)]) == 0
+        ports = {party: free_port() for party in PEER}
+        self.configs = {}
+        for party, peer in PEER.items():
+            assert privreg(["certs", "issue", "--ca", str(certs), "--party", party,
+                            "--out", str(certs)]) == 0  # fmt: skip
+            (folder / party).mkdir()
+            self.configs[party] = folder / party / "party.toml"
+            self.configs[party].write_text(
+                f'party = "{party}"\nroot = "home"\nlisten = "127.0.0.1:{ports[party]}"\n'
+                f'receive_timeout = 60\n\n[tls]\nca = "{certs / "ca.pem"}"\n'
+                f'cert = "{certs / party}.pem"\nkey = "{certs / party}.key"\n\n'
+                f'[peers]\n{peer} = "127.0.0.1:{ports[peer]}"\n'
+            )
+        self.servers = [self.start(p, ["serve"], stdout=subprocess.PIPE) for p in PEER]
+        for server in self.servers:
+            assert "serving its messages" in server.stdout.readline()
+
+    def start(self, party: str, command: list[str], **pipes: Any) -> subprocess.Popen:
+        if command[0] != "serve":
+            pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        return subprocess.Popen(
+            [*CLI, command[0], "--config", str(self.configs[party]), *command[1:]],
+            cwd=self.folder / party,
+            env=party_env(self.folder / party),
+            text=True,
+            **pipes,
+        )
+
+    def run(self, protocol: str, job: str, tables: dict[str, TableRef], options: dict[str, list],
+            evaluate: dict[str, bool]) -> dict[str, subprocess.Popen]:  # fmt: skip
+        """Start both parties' side of ``job``; each gets only its own table and options."""
+        runs = {}
+        for party, ref in tables.items():
+            role = "labels" if party == LABELS else "features"
+            command = [protocol, "--table", json.dumps(ref.to_dict()), "--role", role,
+                       "--peer", PEER[party], "--job", job, *options[party]]  # fmt: skip
+            runs[party] = self.start(party, command + ["--evaluate"] * evaluate[party])
+        return runs
+
+    def message(self, party: str, job: str, kind: str) -> Path:
+        name = f"{party}__{PEER[party]}__{kind}"
+        return self.folder / party / "home" / "runs" / job / "messages" / "r000000" / name
+
+    def sent(self, party: str, job: str) -> dict[str, str]:
+        """SHA-256 of every message ``party`` sent in ``job``."""
+        folder = self.message(party, job, "x").parent
+        return {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.glob(f"{party}__*")
+        }
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def parties(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Parties]:
+    organisations = Parties(tmp_path_factory.mktemp("organisations"))
+    yield organisations
+    organisations.close()
+
+
+def finish(runs: dict[str, subprocess.Popen], timeout: float = 120) -> dict[str, dict[str, Any]]:
+    deadline, results = time.monotonic() + timeout, {}
+    try:
+        for party, run in runs.items():
+            out, err = run.communicate(timeout=max(deadline - time.monotonic(), 1))
+            assert run.returncode == 0, f"{party}: {err[-3000:]}"
+            results[party] = json.loads(out.strip().splitlines()[-1])
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    return results
+
+
+def kill_after(run: subprocess.Popen, sent: Path, timeout: float = 90) -> None:
+    """SIGKILL ``run`` once it has sent ``sent``, while it still waits for the peer."""
+    deadline = time.monotonic() + timeout
+    while not sent.exists():
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{sent.name} was never sent"
+        time.sleep(0.05)
+    assert run.poll() is None  # waiting for predictions its peer was not asked to send
+    os.kill(run.pid, signal.SIGKILL)
+    run.communicate()
+
+
+def copy_stores(parties: Parties, folder: Path) -> dict[str, Path]:
+    """The parties' databases as they are now, in one folder for the one-process flow."""
+    folder.mkdir()
+    for party in PEER:
+        for path in (parties.folder / party).glob(f"{party}.duckdb*"):
+            shutil.copy(path, folder / path.name)
+    return {party: folder / f"{party}.duckdb" for party in PEER}
+
+
+def run_killing_the_labels_party(
+    parties: Parties,
+    protocol: str,
+    job: str,
+    tables: dict[str, TableRef],
+    options: dict[str, list],
+    release_kind: str,
+) -> dict[str, dict[str, Any]]:
+    """Run 1: only the labels party asks for an evaluation, so after sending its release it
+    waits for predictions that never come; it is killed there. Run 2: both again, with
+    evaluation. Returns run 2's results (and checks nothing sent in run 1 changed)."""
+    first = parties.run(protocol, job, tables, options, {LABELS: True, FEATURES: False})
+    kill_after(first[LABELS], parties.message(LABELS, job, release_kind))
+    trained = finish({FEATURES: first[FEATURES]})[FEATURES]
+    before = {party: parties.sent(party, job) for party in PEER}
+    second = finish(parties.run(protocol, job, tables, options, dict.fromkeys(PEER, True)))
+    after = {party: parties.sent(party, job) for party in PEER}
+    assert after[LABELS] == before[LABELS]  # the same bytes, nothing new
+    kept = {k: v for k, v in after[FEATURES].items() if k in before[FEATURES]}
+    assert kept == before[FEATURES]  # and one new message: the predictions
+    assert set(after[FEATURES]) - set(kept) == {f"{FEATURES}__{LABELS}__predictions"}
+    assert second[FEATURES]["coefficients"] == trained["coefficients"]
+    return second
+
+
+def test_walr_parties_as_processes_release_once_and_match_one_process(
+    parties: Parties, tmp_path: Path
+) -> None:
+    guest = pd.read_csv(DATA / "breast_hetero_guest.csv.gz").head(ROWS)
+    host = pd.read_csv(DATA / "breast_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
+    tables = {
+        LABELS: TableRef(
+            str(parties.folder / LABELS / f"{LABELS}.duckdb"), "conversions", label_column="y"
+        ),
+        FEATURES: TableRef(str(parties.folder / FEATURES / f"{FEATURES}.duckdb"), "impressions"),
+    }
+    PartyStore.of(tables[LABELS]).import_frame(guest, tables[LABELS])
+    PartyStore.of(tables[FEATURES]).import_frame(host.reset_index(), tables[FEATURES])
+    # room for exactly one release: a second charge would be refused and fail the run
+    PrivacyLedger(PartyStore.of(tables[LABELS])).set_budget("conversions", 1.0, 1e-4)
+    shared = ["--epsilon", "1", "--delta", "1e-4", "--clip-norm", "5", "--l2", "0.01"]
+    options = {
+        LABELS: [*shared, "--key-size", "1024", "--allow-insecure-key-size"],
+        FEATURES: shared,
+    }
+    job = "walr-two-processes"
+    result = run_killing_the_labels_party(parties, "walr", job, tables, options, "walr_release")
+    labels, features = result[LABELS], result[FEATURES]
+    assert labels["reused_release"] and labels["release_job_id"] == job
+    assert labels["budget"]["epsilon_spent"] == pytest.approx(1.0)
+    assert labels["metrics"]["auc"] > 0.8
+    assert "coefficients" not in labels and "budget" not in features
+    assert len(PrivacyLedger(PartyStore.of(tables[LABELS])).spends("conversions")) == 1
+
+    # the one-process flow, given the same stored state, sends the same release bytes and
+    # trains the same model
+    stores = copy_stores(parties, tmp_path / "one")
+    one = walr(
+        TableRef(str(stores[FEATURES]), "impressions").to_dict(),
+        TableRef(str(stores[LABELS]), "conversions", label_column="y").to_dict(),
+        epsilon=1.0, delta=1e-4, clip_norm=5.0, l2=0.01, key_size=1024,
+        allow_insecure_key_size=True, workspace=str(tmp_path / "one"), job_id=job,
+    )  # fmt: skip
+    assert one["reused_release"] and one["release_job_id"] == job
+    assert one["noisy_sum"] == features["noisy_sum"]
+    assert one["coefficients"] == features["coefficients"]
+    assert one["intercept"] == features["intercept"]
+    channel = channel_for(job, str(tmp_path / "one"))
+    sent = next(r for r in channel.log() if r.kind == "walr_release")
+    party_bytes = parties.message(LABELS, job, "walr_release").read_bytes()
+    assert sent.sha256 == hashlib.sha256(party_bytes).hexdigest()
+
+
+def test_label_dp_parties_as_processes_release_once_and_match_one_process(
+    parties: Parties, tmp_path: Path
+) -> None:
+    rng = np.random.default_rng(5)
+    ids = [f"p{i:04d}" for i in range(ROWS)]
+    X = rng.normal(size=(ROWS, 3))
+    y = np.clip(np.round(10 + 3 * X[:, 0] - 2 * X[:, 1] + rng.normal(size=ROWS)), 0, 20)
+    tables = {
+        LABELS: TableRef(
+            str(parties.folder / LABELS / f"{LABELS}.duckdb"), "scores", label_column="y"
+        ),
+        FEATURES: TableRef(str(parties.folder / FEATURES / f"{FEATURES}.duckdb"), "measures"),
+    }
+    PartyStore.of(tables[LABELS]).import_frame(pd.DataFrame({"id": ids, "y": y}), tables[LABELS])
+    frame = pd.DataFrame(X, columns=["x0", "x1", "x2"]).assign(id=ids)
+    PartyStore.of(tables[FEATURES]).import_frame(frame, tables[FEATURES])
+    PrivacyLedger(PartyStore.of(tables[LABELS])).set_budget("scores", 1.0, 0.0)
+    labels_options = ["--epsilon", "1", "--label-range", "0", "20", "--integer-labels"]
+    job = "label-dp-two-processes"
+    result = run_killing_the_labels_party(
+        parties, "label-dp", job, tables, {LABELS: labels_options, FEATURES: []}, "noisy_labels"
+    )
+    labels, features = result[LABELS], result[FEATURES]
+    assert labels["reused"] and labels["budget"]["epsilon_spent"] == pytest.approx(1.0)
+    assert labels["metrics"]["test_rows"] == round(0.2 * ROWS)
+    assert len(PrivacyLedger(PartyStore.of(tables[LABELS])).spends("scores")) == 1
+
+    stores = copy_stores(parties, tmp_path / "one")
+    one = label_dp_regression(
+        TableRef(str(stores[FEATURES]), "measures").to_dict(),
+        TableRef(str(stores[LABELS]), "scores", label_column="y").to_dict(),
+        epsilon=1.0, label_range=[0, 20], integer_labels=True, evaluate=True,
+        workspace=str(tmp_path / "one"), job_id=job,
+    )  # fmt: skip
+    assert one["reused"] and one["release_key"] == labels["release_key"]
+    assert one["coefficients"] == features["coefficients"]
+    assert one["intercept"] == features["intercept"]
+    assert one["metrics"]["test_mse"] == labels["metrics"]["test_mse"]
+    channel = channel_for(job, str(tmp_path / "one"))
+    sent = next(r for r in channel.log() if r.kind == "noisy_labels")
+    party_bytes = parties.message(LABELS, job, "noisy_labels").read_bytes()
+    assert sent.sha256 == hashlib.sha256(party_bytes).hexdigest()

@@ -1,9 +1,10 @@
 """WALR and label DP with each party its own OS process, own folder and database, over mTLS gRPC.
 
-The labels party is killed (SIGKILL) after it sent its release and restarted: the budget has
-room for one release only, so a second charge would fail the run; every message it sent
-before is re-sent byte for byte. Copies of the two parties' stores then give the one-process
-flow the same stored release, and it must train the same model from it.
+In WALR the labels party is killed (SIGKILL) after it sent its release and restarted: the
+budget has room for one release only, so a second charge would fail the run; every message it
+sent before is re-sent byte for byte. For both flows, copies of the two parties' stores then
+give the one-process flow the same stored release, and it must train the same model from it
+(the noise is drawn once, by the labels party, and stored).
 """
 
 from __future__ import annotations
@@ -287,23 +288,28 @@ def test_label_dp_parties_as_processes_release_once_and_match_one_process(
     PrivacyLedger(PartyStore.of(tables[LABELS])).set_budget("scores", 1.0, 0.0)
     labels_options = ["--epsilon", "1", "--label-range", "0", "20", "--integer-labels"]
     job = "label-dp-two-processes"
-    result = run_killing_the_labels_party(
-        parties, "label-dp", job, tables, {LABELS: labels_options, FEATURES: []}, "noisy_labels"
-    )
+    # the features party passes no release option: the terms arrive with the digest
+    runs = parties.run("label-dp", job, tables, {LABELS: labels_options, FEATURES: []},
+                       dict.fromkeys(PEER, True))  # fmt: skip
+    result = finish(runs)
     labels, features = result[LABELS], result[FEATURES]
-    assert labels["reused"] and labels["budget"]["epsilon_spent"] == pytest.approx(1.0)
+    assert not labels["reused"] and labels["budget"]["epsilon_spent"] == pytest.approx(1.0)
+    assert labels["metrics"]["test_rows"] == round(0.2 * ROWS)  # predictions crossed
     assert len(PrivacyLedger(PartyStore.of(tables[LABELS])).spends("scores")) == 1
 
     stores = copy_stores(parties, tmp_path / "one")
     one = label_dp_regression(
         TableRef(str(stores[FEATURES]), "measures").to_dict(),
         TableRef(str(stores[LABELS]), "scores", label_column="y").to_dict(),
-        epsilon=1.0, label_range=[0, 20], integer_labels=True,
+        epsilon=1.0, label_range=[0, 20], integer_labels=True, evaluate=True,
         workspace=str(tmp_path / "one"), job_id=job,
     )  # fmt: skip
     assert one["reused"] and one["release_key"] == labels["release_key"]
     assert one["coefficients"] == features["coefficients"]
     assert one["intercept"] == features["intercept"]
+    assert one["metrics"]["test_mse"] == labels["metrics"]["test_mse"]
+    copied = PrivacyLedger(PartyStore.of(TableRef(str(stores[LABELS]), "scores")))
+    assert len(copied.spends("scores")) == 1  # reused, not charged again
     channel = channel_for(job, str(tmp_path / "one"))
     sent = next(r for r in channel.log() if r.kind == "noisy_labels")
     party_bytes = parties.message(LABELS, job, "noisy_labels").read_bytes()

@@ -7,6 +7,13 @@ private prior ─▶ mechanism ─▶ noisy labels
                                     ── noisy labels ────▶ train on own features, save model
 optional:  evaluate on true labels ◀── predictions ────── (hold-out rows only)
 
+With the digest, the labels party sends the release's public terms (parameters, hold-out
+split); the features party trains for them. ``label_dp_regression`` runs both columns in one
+process, one party's step after the other's; ``label_dp_party`` is one column, run by a party
+service at its own organisation with the agreed job id (the features party needs no release
+option: the terms arrive as a message). The release is stored before it is sent, so a re-run
+of either party re-sends identical bytes and charges nothing.
+
 ``label_dp_job`` runs a job file end to end: load both tables (the labels party's initial
 budget applies only if its owner has none), align them by PSI, then train
 (``python -m flows.label_dp <job file>``).
@@ -54,11 +61,11 @@ def _label_range(label_range: list[float] | None, labels: TableRef) -> tuple[flo
 def _summary(
     job: steps.LabelDPJob,
     release: dict[str, Any],
-    model: dict[str, Any],
+    model: dict[str, Any] | None,
     evaluation: dict[str, Any] | None,
 ) -> str:
     """The UI's view: the mechanism, the budget, the metrics (all DP or public, except an
-    optional evaluation on true labels)."""
+    optional evaluation on true labels). ``model`` is ``None`` at the labels party."""
     s, budget = release["summary"], release["budget"]
     items = [
         ("mechanism", f"{s['mechanism']} for {s['loss']} loss"),
@@ -73,12 +80,13 @@ def _summary(
         ("epsilon spent / total", f"{budget['epsilon_spent']:g} / {budget['epsilon_total']:g}"),
         ("epsilon left", f"{budget['epsilon_left']:g}"),
     ]  # fmt: skip
-    metrics = {**model["metrics"], **(evaluation or {})}
+    metrics = {**(model["metrics"] if model else {}), **(evaluation or {})}
+    trained = f"on {model['train_rows']} rows" if model else "(its side, not shown here)"
     return "\n\n".join(
         [
             f"# Label-DP regression, job {job.job_id}",
             f"Protected table `{budget['protected_table']}` of **{job.labels_party}**; model "
-            f"trained by **{job.features_party}** on {model['train_rows']} rows.",
+            f"trained by **{job.features_party}** {trained}.",
             markdown_table([{"item": k, "value": v} for k, v in items]),
             "## Metrics",
             markdown_table([{"metric": k, "value": v} for k, v in metrics.items()]),
@@ -155,13 +163,18 @@ def label_dp_regression(
         options = {**job.release_parameters(), "holdout_fraction": holdout_fraction, "seed": seed}
         job_id = derive_job_id("label-dp", {"tables": tables, **options})
         job = replace(job, job_id=job_id)
+    # each party's steps in turn; the features party's job is built from the terms it received
     checked = steps.check_labels(job, labels_ref)
-    steps.check_features(job, features_ref)
+    terms = steps.receive_terms(job_id, workspace, job.labels_party, features_ref)
+    features_job = steps.LabelDPJob.from_terms(
+        job_id, workspace, job.labels_party, job.features_party, terms
+    )
+    steps.check_features(features_job, features_ref)
     release = steps.release_noisy_labels(job, labels_ref)
-    model = steps.train_model(job, features_ref)
+    model = steps.train_model(features_job, features_ref)
     evaluation = None
     if evaluate:
-        steps.send_predictions(job, features_ref)
+        steps.send_predictions(features_job, features_ref)
         evaluation = steps.evaluate(job, labels_ref)
     publish_markdown(
         artifact_key("label-dp", job_id, "release"),
@@ -188,6 +201,105 @@ def label_dp_regression(
         "metrics": {**model["metrics"], **(evaluation or {})},
         "model_key": model["key"],
         "database": features_ref.database,
+    }
+
+
+ROLES = ("labels", "features")
+
+
+@flow(name="label_dp_party", flow_run_name=run_namer("label_dp_party"))
+def label_dp_party(
+    own: dict[str, Any],
+    role: str,
+    peer: str,
+    job_id: str,
+    epsilon: float | None = None,
+    loss: str = "squared",
+    label_range: list[float] | None = None,
+    mechanism: str = "rr_on_bins",
+    prior_epsilon: float | None = None,
+    grid_size: int = DEFAULT_GRID_SIZE,
+    integer_labels: bool = False,
+    clip: bool = True,
+    holdout_fraction: float = 0.2,
+    seed: int = 0,
+    evaluate: bool = False,
+) -> dict[str, Any]:
+    """One party's side of label-DP regression; its result holds only what that party may see.
+
+    Both parties run it with the same agreed ``job_id``. The labels party sets the release
+    options (as in ``label_dp_regression``) and sends them with its digest; the features
+    party's own release options are unused (the terms arrive as a message). A killed party
+    re-runs it with the same arguments: the stored release is re-sent, never charged again.
+
+    Args:
+        own: Descriptor of this party's own aligned table.
+        role: "labels" (holds the protected label column and the budget) or "features".
+        peer: Name of the other party (as its certificate names it).
+        job_id: Job name agreed between the two parties.
+        epsilon: Label-DP epsilon of the release (labels party; required there).
+        loss: Loss the mechanism and the model optimise (labels party).
+        label_range: Public [low, high] of the labels (default: the descriptor's label_domain).
+        mechanism: "rr_on_bins", or a baseline: "laplace", "exponential", "staircase".
+        prior_epsilon: Epsilon spent on the private prior (default: the paper's rule).
+        grid_size: Number of evenly spaced grid points in the label range.
+        integer_labels: Use every integer of the range as the grid when it fits.
+        clip: Clip labels outside the range (False: refuse them).
+        holdout_fraction: Share of rows held out for evaluation (labels party).
+        seed: Seed of the public hold-out split (labels party).
+        evaluate: Hold-out predictions go to the labels party for a test MSE (outside DP);
+            both parties must pass it.
+    """
+    if role not in ROLES:
+        raise steps.LabelDPSetupError(f"role must be one of {ROLES}, got {role!r}")
+    ref = TableRef.from_dict(own)
+    if role == "features":
+        return _features_side(job_id, ref, peer, evaluate)
+    if epsilon is None:
+        raise steps.LabelDPSetupError("the labels party needs epsilon")
+    job = steps.LabelDPJob(
+        job_id, None, ref.party, peer, epsilon, loss, _label_range(label_range, ref), mechanism,
+        prior_epsilon, grid_size, integer_labels, clip, holdout_fraction, seed,
+    )  # fmt: skip
+    steps.check_parameters(job)
+    checked = steps.check_labels(job, ref)
+    release = steps.release_noisy_labels(job, ref)
+    evaluation = steps.evaluate(job, ref) if evaluate else None
+    publish_markdown(
+        artifact_key("label-dp", job_id, "release"),
+        _summary(job, release, None, evaluation),
+        f"label-DP release of job {job_id} ({ref.party}'s side)",
+    )
+    return {
+        "job_id": job_id,
+        "role": "labels",
+        "rows": checked["rows"],
+        "release_key": release["release_key"],
+        "reused": release["reused"],
+        "mechanism": release["summary"],
+        "budget": release["budget"],
+        "metrics": evaluation or {},
+    }
+
+
+def _features_side(job_id: str, ref: TableRef, peer: str, evaluate: bool) -> dict[str, Any]:
+    """The features party's column: the terms, the alignment check, training on the release."""
+    terms = steps.receive_terms(job_id, None, peer, ref)
+    job = steps.LabelDPJob.from_terms(job_id, None, peer, ref.party, terms)
+    checked = steps.check_features(job, ref)
+    model = steps.train_model(job, ref)
+    if evaluate:
+        steps.send_predictions(job, ref)
+    publish_model_link(artifact_key("label-dp", job_id, "model"), ref.database, model["key"])
+    return {
+        "job_id": job_id,
+        "role": "features",
+        "rows": checked["rows"],
+        "coefficients": model["coefficients"],
+        "intercept": model["intercept"],
+        "metrics": model["metrics"],
+        "model_key": model["key"],
+        "database": ref.database,
     }
 
 

@@ -12,6 +12,14 @@ AUC
 
 A re-run on unchanged tables and release parameters reuses the stored release and charges
 nothing; the labels party then only re-sends it.
+
+``walr`` runs both columns in one process (the embedded mode), one party's step after the
+other's. ``walr_party`` is one column, run by a party service at its own organisation: both
+parties run it with the same agreed job id and options, each on its own table; what it needs
+from the other (the features' shape, the release plan, ciphertexts, the release) arrives as
+messages. Before the set-up shown above, the features party sends its public facts (column
+count, mode, clip norm, salted fingerprint) and the labels party answers whether it makes a
+new release or re-sends a stored one.
 """
 
 from __future__ import annotations
@@ -79,7 +87,7 @@ def _sigma_text(value: float | None) -> str:
 def _summary(
     job: steps.WalrJob,
     release: dict[str, Any],
-    model: dict[str, Any],
+    model: dict[str, Any] | None,
     metrics: dict[str, Any],
     reused: bool,
 ) -> str:
@@ -114,12 +122,72 @@ def _summary(
             "quantity": f"budget of {budget['protected_table']}: delta spent / left",
             "value": f"{budget['delta_spent']:g} / {budget['delta_left']:g}",
         },
-        {"quantity": "converged", "value": f"{model['converged']} ({model['n_iter']} iterations)"},
     ]
+    if model is not None:
+        converged = f"{model['converged']} ({model['n_iter']} iterations)"
+        rows.append({"quantity": "converged", "value": converged})
     if metrics.get("auc") is not None:
         auc = f"{metrics['auc']:.4f}"
         rows.append({"quantity": "AUC at the labels party (not DP)", "value": auc})
     return f"# WALR {job.job_id}\n\n" + markdown_table(rows)
+
+
+def _make_job(
+    features_party: str,
+    labels_party: str,
+    job_id: str,
+    workspace: str | None,
+    protected_table: str,
+    fingerprints: tuple[str, str],
+    release: dict[str, Any],
+    noise: bool,
+    allow_noiseless_release_for_tests: bool,
+    randomizer: str,
+) -> steps.WalrJob:
+    """The public job both parties hold: names, release parameters, fingerprints known so far."""
+    if features_party == labels_party:
+        raise steps.WalrSetupError(f"both tables belong to {features_party!r}")
+    return steps.WalrJob(
+        job_id=job_id,
+        workspace=workspace,
+        features_party=features_party,
+        labels_party=labels_party,
+        protected_table=protected_table,
+        labels_fingerprint=fingerprints[0],
+        features_fingerprint=fingerprints[1],
+        noise=noise,
+        noiseless_for_tests=not noise and allow_noiseless_release_for_tests,
+        randomizer=randomizer,
+        **release,
+    )
+
+
+def _release_facts(sent: dict[str, Any], reused: bool) -> dict[str, Any]:
+    """The labels party's public view of its release (no value of it)."""
+    return {
+        "reused_release": reused,
+        "release_job_id": sent["release_job_id"],
+        "sensitivity": sent["sensitivity"],
+        "sigma": sent["sigma"],
+        "sigma_analytic_continuous": sent["sigma_analytic_continuous"],
+        "sigma_classic": sent["sigma_classic"],
+        "budget": sent["budget"],
+    }
+
+
+def _model_facts(model: dict[str, Any], ref: TableRef) -> dict[str, Any]:
+    """The features party's model: its own, fitted on the (DP) noisy sum."""
+    return {
+        "features": list(model["coefficients"]),
+        "coefficients": model["coefficients"],
+        "intercept": model["intercept"],
+        "converged": model["converged"],
+        "n_iter": model["n_iter"],
+        "noisy_sum": model["noisy_sum"],
+        "granularity": model["granularity"],
+        "model_key": model["model_key"],
+        "database": str(Path(ref.database)),
+    }
 
 
 @flow(name="walr", flow_run_name=run_namer("walr"))
@@ -184,7 +252,7 @@ def walr(
         allow_noiseless_release_for_tests,
     )
     features_ref, labels_ref = TableRef.from_dict(features), TableRef.from_dict(labels)
-    if features_ref.party == labels_ref.party:
+    if features_ref.party == labels_ref.party:  # before anything is read or fingerprinted
         raise steps.WalrSetupError(f"both tables belong to {features_ref.party!r}")
     labels_view = steps.labels_only(labels_ref)
     prints = {"features": fingerprint(features_ref), "labels": fingerprint(labels_view)}
@@ -198,29 +266,31 @@ def walr(
             "shaping": [noise, l2, key_size, protected],
         }
         job_id = derive_job_id("walr", {**described, **release})
-    job = steps.WalrJob(
-        job_id=job_id,
-        workspace=workspace,
-        features_party=features_ref.party,
-        labels_party=labels_ref.party,
-        protected_table=protected,
-        labels_fingerprint=prints["labels"],
-        features_fingerprint=prints["features"],
-        noise=noise,
-        noiseless_for_tests=not noise and allow_noiseless_release_for_tests,
-        randomizer=randomizer,
-        **release,
+    job = _make_job(
+        features_ref.party,
+        labels_ref.party,
+        job_id,
+        workspace,
+        protected,
+        (prints["labels"], prints["features"]),
+        release,
+        noise,
+        allow_noiseless_release_for_tests,
+        randomizer,
     )
+    # each party's steps in turn, in the order the messages need
     checked = steps.check_labels_and_budget(job, labels_ref)  # before any computation
     shape = steps.check_features(job, features_ref)
-    job = replace(job, columns=shape["columns"])  # the shape the labels party will decrypt
+    job = replace(job, **steps.receive_features_facts(job, labels_ref))
     steps.check_alignment(job, labels_ref)
+    steps.send_plan(job, labels_ref, checked["reused"])
     if checked["reused"]:
         get_run_logger().info("unchanged inputs: reusing the stored release (nothing charged)")
     else:
         steps.encrypt_labels(job, labels_ref, key_size, allow_insecure_key_size)
+    if steps.receive_plan(job, features_ref):
         steps.masked_sums(job, features_ref)
-        steps.release_noisy_sums(job, labels_ref)
+    steps.release_noisy_sums(job, labels_ref)  # a stored release is kept as it is
     sent = steps.send_release(job, labels_ref)
     model = steps.train(job, features_ref, l2)
     metrics: dict[str, Any] = {}
@@ -247,24 +317,125 @@ def walr(
     )
     return {
         "job_id": job_id,
-        "reused_release": checked["reused"],
-        "release_job_id": sent["release_job_id"],
         "rows": shape["rows"],
-        "features": list(model["coefficients"]),
-        "coefficients": model["coefficients"],
-        "intercept": model["intercept"],
-        "converged": model["converged"],
-        "n_iter": model["n_iter"],
-        "noisy_sum": model["noisy_sum"],
-        "granularity": model["granularity"],
-        "sensitivity": sent["sensitivity"],
-        "sigma": sent["sigma"],
-        "sigma_analytic_continuous": sent["sigma_analytic_continuous"],
-        "sigma_classic": sent["sigma_classic"],
+        **_release_facts(sent, checked["reused"]),
+        **_model_facts(model, features_ref),
         "epsilon": epsilon,
         "delta": delta,
-        "budget": sent["budget"],
         "metrics": metrics,
-        "model_key": model["model_key"],
-        "database": str(Path(features_ref.database)),
+    }
+
+
+ROLES = ("labels", "features")
+
+
+@flow(name="walr_party", flow_run_name=run_namer("walr_party"))
+def walr_party(
+    own: dict[str, Any],
+    role: str,
+    peer: str,
+    job_id: str,
+    epsilon: float,
+    delta: float,
+    mode: str = "clipped",
+    clip_norm: float | None = None,
+    l2: float = 1e-3,
+    key_size: int = 2048,
+    allow_insecure_key_size: bool = False,
+    noise: bool = True,
+    evaluate: bool = False,
+    protected_table: str | None = None,
+    allow_noiseless_release_for_tests: bool = False,
+    randomizer: str = DEFAULT_RANDOMIZER,
+) -> dict[str, Any]:
+    """One party's side of WALR; its result holds only what that party may see.
+
+    Both parties run it with the same agreed ``job_id`` and release options, each with its
+    own table and ``role``; a killed party re-runs it with the same arguments and resumes:
+    messages already sent stand, and a stored release is re-sent, never charged again.
+
+    Args:
+        own: Descriptor of this party's own aligned table.
+        role: "labels" (holds the label column, the key and the budget) or "features".
+        peer: Name of the other party (as its certificate names it).
+        job_id: Job name agreed between the two parties.
+        epsilon: Epsilon of the one noisy label-weighted sum.
+        delta: Delta of the one noisy label-weighted sum.
+        mode: "clipped" (rows clipped to clip_norm) or "binary" (0/1 features).
+        clip_norm: Row-norm bound of clipped mode, chosen without looking at the labels.
+        l2: L2 penalty of the logistic regression (> 0; used by the features party).
+        key_size: Paillier modulus bits of the labels party's key.
+        allow_insecure_key_size: Allow keys under 2048 bits (tests only).
+        noise: Add the calibrated noise (False only for tests).
+        evaluate: Predictions go to the labels party for an AUC (not covered by the DP).
+        protected_table: The labels table or its source (checked by the labels party).
+        allow_noiseless_release_for_tests: Confirms noise=False (tests only).
+        randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
+    """
+    if role not in ROLES:
+        raise steps.WalrSetupError(f"role must be one of {ROLES}, got {role!r}")
+    randomizer_mode(randomizer)
+    validate_epsilon_delta(epsilon, delta)
+    _check_options(
+        mode, clip_norm, l2, key_size, allow_insecure_key_size, noise,
+        allow_noiseless_release_for_tests,
+    )  # fmt: skip
+    ref = TableRef.from_dict(own)
+    release = {"epsilon": epsilon, "delta": delta, "mode": mode, "clip_norm": clip_norm}
+    if role == "labels":
+        prints = (fingerprint(steps.labels_only(ref)), "")  # the features' arrives as a message
+        names = (peer, ref.party, protected_table or ref.table)
+    else:
+        prints = ("", fingerprint(ref))
+        names = (ref.party, peer, "")
+    job = _make_job(
+        names[0], names[1], job_id, None, names[2], prints, release, noise,
+        allow_noiseless_release_for_tests, randomizer,
+    )  # fmt: skip
+    if role == "labels":
+        return _labels_side(job, ref, key_size, allow_insecure_key_size, evaluate)
+    return _features_side(job, ref, l2, evaluate)
+
+
+def _labels_side(
+    job: steps.WalrJob, ref: TableRef, key_size: int, allow_insecure: bool, evaluate: bool
+) -> dict[str, Any]:
+    """The labels party's column: refuse before computing, release once, re-send on re-runs."""
+    job = replace(job, **steps.receive_features_facts(job, ref))  # names the release key
+    checked = steps.check_labels_and_budget(job, ref)  # before any computation
+    steps.check_alignment(job, ref)
+    steps.send_plan(job, ref, checked["reused"])
+    if not checked["reused"]:
+        steps.encrypt_labels(job, ref, key_size, allow_insecure)
+    steps.release_noisy_sums(job, ref)  # a stored release is kept as it is
+    sent = steps.send_release(job, ref)
+    metrics = steps.evaluate(job, ref) if evaluate else {}
+    publish_markdown(
+        artifact_key("walr", job.job_id, "release"),
+        _summary(job, sent, None, metrics, checked["reused"]),
+        f"WALR release of job {job.job_id} ({ref.party}'s side)",
+    )
+    return {
+        "job_id": job.job_id,
+        "role": "labels",
+        "rows": checked["rows"],
+        **_release_facts(sent, checked["reused"]),
+        "metrics": metrics,
+    }
+
+
+def _features_side(job: steps.WalrJob, ref: TableRef, l2: float, evaluate: bool) -> dict[str, Any]:
+    """The features party's column: mask the encrypted sums if asked, then fit in the clear."""
+    shape = steps.check_features(job, ref)
+    if steps.receive_plan(job, ref):
+        steps.masked_sums(job, ref)
+    model = steps.train(job, ref, l2)
+    if evaluate:
+        steps.send_predictions(job, ref)
+    publish_model_link(artifact_key("walr", job.job_id, "model"), ref.database, model["model_key"])
+    return {
+        "job_id": job.job_id,
+        "role": "features",
+        "rows": shape["rows"],
+        **_model_facts(model, ref),
     }

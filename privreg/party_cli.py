@@ -4,6 +4,10 @@ privreg certs init --out DIR                      a demo CA (DIR/ca.pem, DIR/ca.
 privreg certs issue --ca DIR --party NAME --out DIR
 privreg party serve --config party.toml [--flows] its message endpoint (mTLS gRPC) [and flows]
 privreg party psi --config party.toml --table DESCRIPTOR --peer NAME --job JOB [--min-rows N]
+privreg party walr --config party.toml --table DESCRIPTOR --role labels|features --peer NAME
+    --job JOB --epsilon E --delta D [--mode M --clip-norm C ...]   (both: the same options)
+privreg party label-dp --config party.toml --table DESCRIPTOR --role labels|features
+    --peer NAME --job JOB [--epsilon E --label-range LOW HIGH ...] (labels party: the options)
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
 the network, and it is given no other party's path.
@@ -72,8 +76,11 @@ def _serve_flows(party: str) -> None:
     from prefect import serve
 
     from flows.align import psi_align_party
+    from flows.label_dp import label_dp_party
+    from flows.walr import walr_party
 
-    serve(psi_align_party.to_deployment(name=party, tags=["privreg", party]))
+    flows = (psi_align_party, walr_party, label_dp_party)
+    serve(*(f.to_deployment(name=party, tags=["privreg", party]) for f in flows))
 
 
 def _descriptor(text: str) -> dict[str, Any]:
@@ -90,6 +97,53 @@ def _psi(args: argparse.Namespace) -> None:
 
     result = psi_align_party(own, args.peer, args.job, min_rows=args.min_rows)
     print(json.dumps(result))
+
+
+def _own_table(config: Any, text: str) -> dict[str, Any]:
+    """The descriptor of this party's own table; another party's table is refused."""
+    own = _descriptor(text)
+    if own.get("party", Path(own["database"]).stem) != config.party:
+        raise SystemExit(f"the table belongs to {own.get('party')!r}, not to {config.party!r}")
+    return own
+
+
+def _walr(args: argparse.Namespace) -> None:
+    config = _as_party(args.config)
+    own = _own_table(config, args.table)
+    from flows.walr import walr_party
+
+    result = walr_party(own, args.role, args.peer, args.job, **_options(args, walr_party))
+    print(json.dumps(result))
+
+
+def _label_dp(args: argparse.Namespace) -> None:
+    config = _as_party(args.config)
+    own = _own_table(config, args.table)
+    from flows.label_dp import label_dp_party
+
+    result = label_dp_party(own, args.role, args.peer, args.job, **_options(args, label_dp_party))
+    print(json.dumps(result))
+
+
+def _options(args: argparse.Namespace, flow: Any) -> dict[str, Any]:
+    """The flow's options given on the command line; the flow's defaults fill the rest."""
+    import inspect
+
+    names = set(inspect.signature(flow.fn).parameters) - {"own", "role", "peer", "job_id"}
+    return {k: v for k, v in vars(args).items() if k in names}
+
+
+def _one_release_parser(actions: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """The arguments every one-release party command shares (WALR, label DP); options left
+    out take the flow's defaults."""
+    parser = actions.add_parser(name, help=help_text, argument_default=argparse.SUPPRESS)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--table", required=True, help="own table descriptor (JSON or file)")
+    parser.add_argument("--role", required=True, choices=["labels", "features"])
+    parser.add_argument("--peer", required=True)
+    parser.add_argument("--job", required=True, help="the job id both parties agreed on")
+    parser.add_argument("--evaluate", action="store_true", help="both parties must pass it")
+    return parser
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -116,3 +170,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     psi.add_argument("--job", required=True, help="the job id both parties agreed on")
     psi.add_argument("--min-rows", type=int, default=100)
     psi.set_defaults(handler=_psi)
+    walr = _one_release_parser(actions, "walr", "this party's side of walr")
+    walr.add_argument("--epsilon", type=float, required=True)
+    walr.add_argument("--delta", type=float, required=True)
+    walr.add_argument("--mode", choices=["clipped", "binary"])
+    walr.add_argument("--clip-norm", type=float)
+    walr.add_argument("--l2", type=float)
+    walr.add_argument("--key-size", type=int)
+    walr.add_argument("--allow-insecure-key-size", action="store_true", help="tests only")
+    walr.add_argument("--protected-table", help="the labels table or its source (labels)")
+    walr.add_argument("--randomizer", help="Paillier obfuscators: full, short or standard")
+    walr.set_defaults(handler=_walr)
+    label_dp = _one_release_parser(actions, "label-dp", "this party's side of label DP")
+    label_dp.add_argument("--epsilon", type=float, help="the labels party's (required there)")
+    label_dp.add_argument("--loss")
+    label_dp.add_argument("--label-range", type=float, nargs=2, metavar=("LOW", "HIGH"))
+    label_dp.add_argument("--mechanism")
+    label_dp.add_argument("--prior-epsilon", type=float)
+    label_dp.add_argument("--grid-size", type=int)
+    label_dp.add_argument("--integer-labels", action="store_true")
+    label_dp.add_argument("--no-clip", dest="clip", action="store_false")
+    label_dp.add_argument("--holdout-fraction", type=float)
+    label_dp.add_argument("--seed", type=int)
+    label_dp.set_defaults(handler=_label_dp)

@@ -108,6 +108,32 @@ class LabelDPJob:
     def train_rows(self, rows: int) -> np.ndarray:
         return np.setdiff1d(np.arange(rows), self.holdout_rows(rows))
 
+    def terms(self) -> dict[str, Any]:
+        """What the labels party tells the features party: the release's public parameters
+        and the public hold-out split, so the features party trains for the same loss."""
+        return {
+            **self.release_parameters(),
+            "label_range": [float(v) for v in self.label_range],
+            "holdout_fraction": self.holdout_fraction,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_terms(
+        cls,
+        job_id: str,
+        workspace: str | None,
+        labels_party: str,
+        features_party: str,
+        terms: dict[str, Any],
+    ) -> LabelDPJob:
+        """The features party's view of the job, built from the terms it received."""
+        low, high = terms["label_range"]
+        fields = {k: v for k, v in terms.items() if k != "label_range"}
+        return cls(
+            job_id, workspace, labels_party, features_party, label_range=(low, high), **fields
+        )
+
 
 def check_parameters(job: LabelDPJob) -> None:
     """Refuse unusable public parameters before any party does anything."""
@@ -225,7 +251,9 @@ def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     else:
         status = ledger.require_affordable(ref.table, job.epsilon, 0.0)
     digest = id_order_digest(job.job_id, frame[ref.id_column])
-    job.endpoint(ref.party).send(job.features_party, "id_order_digest", digest)
+    endpoint = job.endpoint(ref.party)
+    endpoint.send(job.features_party, "id_order_digest", digest)
+    endpoint.send(job.features_party, "label_dp_terms", job.terms())
     return {"rows": len(labels), "release_key": key, "reused": reused, "budget": status.as_dict()}
 
 
@@ -307,6 +335,24 @@ def _read_features(ref: TableRef) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
 
 def model_key(job_id: str) -> str:
     return f"models/{PROTOCOL}/{job_id}"
+
+
+_TERMS = ("epsilon", "loss", "label_range", "mechanism", "prior_epsilon", "grid_size",
+          "integer_labels", "clip", "holdout_fraction", "seed")  # fmt: skip
+
+
+@task(name="label-dp-terms", task_run_name="{ref.party}: the release's terms", **PARTY_STEP)
+def receive_terms(
+    job_id: str, workspace: str | None, labels_party: str, ref: TableRef
+) -> dict[str, Any]:
+    """The features party learns the labels party's public release parameters and hold-out
+    split (it trains for the loss the release was made for); unusable terms are refused."""
+    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
+    terms = endpoint.receive(labels_party, "label_dp_terms")
+    if not isinstance(terms, dict) or sorted(terms) != sorted(_TERMS):
+        raise LabelDPSetupError(f"{ref.party} got unreadable release terms from {labels_party}")
+    check_parameters(LabelDPJob.from_terms(job_id, workspace, labels_party, ref.party, terms))
+    return terms
 
 
 @task(name="label-dp-check-features", task_run_name="{ref.party}: check alignment", **PARTY_STEP)

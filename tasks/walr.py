@@ -5,11 +5,16 @@ features) and the *labels party* (e.g. an advertiser: 0/1 labels). The only labe
 value ever released is ``s = sum_i y_i z_i`` (``z_i`` = grid-encoded features and a 1 for the
 intercept) plus discrete Gaussian noise, computed once:
 
+0. features party: the id-order digest and its public facts (column count, mode, clip norm,
+   salted fingerprint); labels party: checks them, and tells whether it makes a new release;
 1. labels party: own Paillier key (never leaves its store), sends ``n`` and ``[[y]]``;
 2. features party: ``[[X^T y + r]]`` with a random mask ``r`` it keeps, re-randomised;
 3. labels party: decrypts ``s + r``, adds noise for (epsilon, delta), stores and charges the
    release in one ledger transaction, sends ``s + r + noise`` back;
 4. features party: removes ``r`` and fits in the clear.
+
+Every randomised message (``[[y]]``, the masked sums) is sent once per job and the release is
+stored before it is sent, so a re-run of either party re-sends identical bytes.
 
 What each side learns (semi-honest parties): the labels party sees ``s + r``, which the
 256-bit mask hides, so nothing about the features beyond N (its own row count), the number of
@@ -114,6 +119,43 @@ class WalrJob:
     @property
     def mechanism(self) -> str:
         return "walr-discrete-gaussian" if self.noise else "walr-no-noise-testing"
+
+
+@dataclass(frozen=True)
+class FeaturesFacts:
+    """What the features party tells the labels party at set-up: public, no feature value.
+
+    The column count fixes how many sums the labels party decrypts; mode and clip norm fix
+    the sensitivity it calibrates to; the salted fingerprint (it reveals only "changed or
+    not") names the features in the release key, so unchanged inputs reuse a release.
+    """
+
+    columns: int
+    mode: str
+    clip_norm: float | None
+    fingerprint: str
+
+    def as_message(self) -> dict[str, Any]:
+        return {
+            "columns": self.columns,
+            "mode": self.mode,
+            "clip_norm": self.clip_norm,
+            "fingerprint": self.fingerprint,
+        }
+
+    @classmethod
+    def from_message(cls, message: Any, sender: str) -> FeaturesFacts:
+        try:
+            facts = cls(
+                message["columns"], message["mode"], message["clip_norm"], message["fingerprint"]
+            )
+        except (KeyError, TypeError):
+            raise WalrSetupError(f"the features facts of {sender} are not readable") from None
+        if isinstance(facts.columns, bool) or not isinstance(facts.columns, int):
+            raise WalrSetupError(f"{sender} sent a column count that is not an integer")
+        if facts.columns < 1 or not isinstance(facts.fingerprint, str):
+            raise WalrSetupError(f"{sender} sent {facts.columns} columns or no fingerprint")
+        return facts
 
 
 def check_key_size(key_size: int, allow_insecure_key_size: bool) -> None:
@@ -221,15 +263,33 @@ def check_features(job: WalrJob, ref: TableRef) -> dict[str, Any]:
             f"{ref.label_column!r}: in WALR only the labels party holds labels"
         )
     ids, features = _features(job, ref)
-    job.endpoint(ref.party).send(
-        job.labels_party, "id_order_digest", id_order_digest(job.job_id, ids)
+    endpoint = job.endpoint(ref.party)
+    endpoint.send(job.labels_party, "id_order_digest", id_order_digest(job.job_id, ids))
+    facts = FeaturesFacts(
+        len(features.column_names), job.mode, job.clip_norm, job.features_fingerprint
     )
+    endpoint.send(job.labels_party, "walr_features", facts.as_message())
     return {
         "rows": features.n_rows,
         "columns": len(features.column_names),
         "sensitivity": features.sensitivity,
         "granularity": features.granularity,
     }
+
+
+@task(name="walr-features-facts", task_run_name="{ref.party}: the features' shape", **PARTY_STEP)
+def receive_features_facts(job: WalrJob, ref: TableRef) -> dict[str, Any]:
+    """The labels party learns the column count it will decrypt and the features' salted
+    fingerprint its release key names; a features party calibrated differently is refused."""
+    message = job.endpoint(ref.party).receive(job.features_party, "walr_features")
+    facts = FeaturesFacts.from_message(message, job.features_party)
+    if (facts.mode, facts.clip_norm) != (job.mode, job.clip_norm):
+        raise WalrSetupError(
+            f"{job.features_party} prepares its features in mode {facts.mode!r} with clip norm "
+            f"{facts.clip_norm!r}; {ref.party} calibrates for mode {job.mode!r} with clip norm "
+            f"{job.clip_norm!r}: the parties must agree on both"
+        )
+    return {"columns": facts.columns, "features_fingerprint": facts.fingerprint}
 
 
 @task(name="walr-aligned", task_run_name="{ref.party}: check alignment", **PARTY_STEP)
@@ -245,6 +305,25 @@ def check_alignment(job: WalrJob, ref: TableRef) -> None:
 
 
 # ---- the one-shot release ---------------------------------------------------------------------
+@task(name="walr-plan", task_run_name="{ref.party}: new or stored release", **PARTY_STEP)
+def send_plan(job: WalrJob, ref: TableRef, reused: bool) -> bool:
+    """Tell the features party whether a new release is made (it then masks its sums) or a
+    stored one is re-sent. Sent once per job: a re-run keeps the first answer, which stays
+    true (a release stored since was made from this job's or an earlier job's sums)."""
+    endpoint = job.endpoint(ref.party)
+    endpoint.send_once(job.features_party, "walr_plan", lambda: {"new_release": not reused})
+    return bool(endpoint.sent(job.features_party, "walr_plan")["new_release"])
+
+
+@task(name="walr-plan-received", task_run_name="{ref.party}: new or stored release", **PARTY_STEP)
+def receive_plan(job: WalrJob, ref: TableRef) -> bool:
+    """``True`` when the labels party makes a new release and waits for the masked sums."""
+    plan = job.endpoint(ref.party).receive(job.labels_party, "walr_plan")
+    if not isinstance(plan, dict) or not isinstance(plan.get("new_release"), bool):
+        raise WalrSetupError(f"{ref.party} got no readable release plan from {job.labels_party}")
+    return plan["new_release"]
+
+
 @task(name="walr-encrypt-labels", task_run_name="{ref.party}: key pair and [[y]]", **PARTY_STEP)
 def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: bool) -> int:
     """The labels party's own key pair (kept in its store only) and its encrypted labels."""
@@ -259,10 +338,14 @@ def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: b
     public = paillier.PaillierPublicKey(int(stored["n"]))
     # Its own key: the same obfuscators, computed modulo p^2 and q^2 (CRT).
     private = paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
-    encrypted = cipher.encrypt(public, labels.tolist(), job.randomizer, private=private)
     endpoint = job.endpoint(ref.party)
-    endpoint.send(job.features_party, "walr_public_key", stored["n"])
-    endpoint.send(job.features_party, "walr_encrypted_labels", encrypted)
+    endpoint.send(job.features_party, "walr_public_key", stored["n"])  # stored: same bytes
+    # fresh obfuscators each time: a re-run keeps the ciphertexts already sent
+    endpoint.send_once(
+        job.features_party,
+        "walr_encrypted_labels",
+        lambda: cipher.encrypt(public, labels.tolist(), job.randomizer, private=private),
+    )
     get_run_logger().info("%s encrypted %d labels", ref.party, labels.size)
     return int(stored["n"]).bit_length()
 
@@ -271,22 +354,30 @@ def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: b
 def masked_sums(job: WalrJob, ref: TableRef) -> int:
     """``[[X^T y + r]]`` on the exact integer grid; the mask ``r`` stays in this party's store.
 
-    Each masking gets a fresh random id stored with ``r``; the id travels with the sums, so a
-    release stored by the labels party always finds the mask it was made with.
+    Each masking gets a fresh random id stored with ``r`` before the sums are sent; the id
+    travels with the sums, so a release stored by the labels party always finds the mask it
+    was made with. Sent once per job: a re-run keeps the sums (and mask) already sent.
     """
     endpoint = job.endpoint(ref.party)
-    public = paillier.PaillierPublicKey(int(endpoint.receive(job.labels_party, "walr_public_key")))
-    encrypted = endpoint.receive(job.labels_party, "walr_encrypted_labels")
     _, features = _features(job, ref)
-    if len(encrypted) != features.n_rows:
-        raise WalrSetupError(f"got {len(encrypted)} encrypted labels for {features.n_rows} rows")
-    sums = cipher.transpose_dot(public, features.grid_units(), encrypted)
-    masks = cipher.random_masks(len(sums))
-    mask_id = secrets.token_hex(16)
-    ArtifactStore(PartyStore.of(ref)).put(job.key("mask", mask_id), masks, "secret")
-    hidden = cipher.rerandomize(public, cipher.add_plain(public, sums, masks), job.randomizer)
-    endpoint.send(job.labels_party, "walr_masked_sums", {"mask_id": mask_id, "sums": hidden})
-    return len(sums)
+
+    def masked() -> dict[str, Any]:
+        key = int(endpoint.receive(job.labels_party, "walr_public_key"))
+        public = paillier.PaillierPublicKey(key)
+        encrypted = endpoint.receive(job.labels_party, "walr_encrypted_labels")
+        if len(encrypted) != features.n_rows:
+            raise WalrSetupError(
+                f"got {len(encrypted)} encrypted labels for {features.n_rows} rows"
+            )
+        sums = cipher.transpose_dot(public, features.grid_units(), encrypted)
+        masks = cipher.random_masks(len(sums))
+        mask_id = secrets.token_hex(16)
+        ArtifactStore(PartyStore.of(ref)).put(job.key("mask", mask_id), masks, "secret")
+        hidden = cipher.rerandomize(public, cipher.add_plain(public, sums, masks), job.randomizer)
+        return {"mask_id": mask_id, "sums": hidden}
+
+    endpoint.send_once(job.labels_party, "walr_masked_sums", masked)
+    return len(features.column_names) + 1
 
 
 def _noise_units(job: WalrJob, sigma: float, granularity: float, size: int) -> list[int]:

@@ -70,6 +70,7 @@ def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None
     records = channel.log()
     assert {(r.sender, r.receiver, r.kind) for r in records} == {
         ("registry", "clinic", "id_order_digest"),
+        ("registry", "clinic", "label_dp_terms"),
         ("registry", "clinic", "noisy_labels"),
         ("clinic", "registry", "predictions"),
     }

@@ -4,6 +4,7 @@ privreg certs init --out DIR                      a demo CA (DIR/ca.pem, DIR/ca.
 privreg certs issue --ca DIR --party NAME --out DIR
 privreg party serve --config party.toml [--flows] its message endpoint (mTLS gRPC) [and flows]
 privreg party psi --config party.toml --table DESCRIPTOR --peer NAME --job JOB [--min-rows N]
+privreg party horizontal --config party.toml --job JOB --parties A,B,C [--table DESCRIPTOR]
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
 the network, and it is given no other party's path.
@@ -72,8 +73,10 @@ def _serve_flows(party: str) -> None:
     from prefect import serve
 
     from flows.align import psi_align_party
+    from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
 
-    serve(psi_align_party.to_deployment(name=party, tags=["privreg", party]))
+    flows = [psi_align_party, horizontal_lr_party, horizontal_lr_coordinator]
+    serve(*(f.to_deployment(name=party, tags=["privreg", party]) for f in flows))
 
 
 def _descriptor(text: str) -> dict[str, Any]:
@@ -90,6 +93,36 @@ def _psi(args: argparse.Namespace) -> None:
 
     result = psi_align_party(own, args.peer, args.job, min_rows=args.min_rows)
     print(json.dumps(result))
+
+
+def _horizontal(args: argparse.Namespace) -> None:
+    """A hospital's side of horizontal LR, or the coordinator's if this party is it."""
+    config = _as_party(args.config)
+    from flows.horizontal_lr import COORDINATOR, horizontal_lr_coordinator, horizontal_lr_party
+
+    parties = [p.strip() for p in args.parties.split(",") if p.strip()]
+    shared = {"local_epochs": args.local_epochs, "learning_rate": args.learning_rate, "l2": args.l2}
+    if config.party == COORDINATOR:
+        result = horizontal_lr_coordinator(
+            parties,
+            args.job,
+            rounds=args.rounds,
+            tol=args.tol,
+            threshold=args.threshold,
+            stage_timeout=args.stage_timeout,
+            join_timeout=args.join_timeout,
+            **shared,
+        )
+    else:
+        if not args.table:
+            raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
+        own = _descriptor(args.table)
+        if own.get("party", Path(own["database"]).stem) != config.party:
+            raise SystemExit(f"the table belongs to {own.get('party')!r}, not {config.party!r}")
+        result = horizontal_lr_party(
+            own, parties, args.job, inject_fault=args.inject_fault, **shared
+        )
+    print(json.dumps(result, default=float))
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -116,3 +149,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     psi.add_argument("--job", required=True, help="the job id both parties agreed on")
     psi.add_argument("--min-rows", type=int, default=100)
     psi.set_defaults(handler=_psi)
+    hlr = actions.add_parser("horizontal", help="a hospital's or the coordinator's side")
+    hlr.add_argument("--config", required=True)
+    hlr.add_argument("--job", required=True, help="the job id every party agreed on")
+    hlr.add_argument("--parties", required=True, help="the hospitals, comma-separated")
+    hlr.add_argument("--table", help="own table descriptor (JSON or file; hospitals)")
+    hlr.add_argument("--rounds", type=int, default=20, help="most rounds (coordinator)")
+    hlr.add_argument("--local-epochs", type=int, default=0)
+    hlr.add_argument("--learning-rate", type=float, default=0.2)
+    hlr.add_argument("--l2", type=float, default=1e-3)
+    hlr.add_argument("--tol", type=float, default=1e-6, help="stop below this (coordinator)")
+    hlr.add_argument("--threshold", type=int, help="parties needed at every stage (coordinator)")
+    hlr.add_argument("--stage-timeout", type=float, default=60.0, help="seconds (coordinator)")
+    hlr.add_argument("--join-timeout", type=float, default=600.0, help="seconds (coordinator)")
+    hlr.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "<round>:<stage>:kill"
+    hlr.set_defaults(handler=_horizontal)

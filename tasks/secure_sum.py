@@ -39,7 +39,7 @@ from prefect.futures import PrefectFuture, wait
 
 from core import secagg
 from storage.artifacts import ArtifactStore
-from storage.channel import ChannelError, PartyEndpoint
+from storage.channel import ChannelError, MessageConflictError, PartyEndpoint
 from storage.descriptor import TableRef
 from storage.ledger import BudgetError
 from storage.party_store import PartyStore
@@ -157,16 +157,56 @@ def arrived(
     endpoint: PartyEndpoint, ctx: SumContext, kind: str, parties: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
     """This session's messages of ``kind`` from ``parties`` (those that answered the stage in
-    time; default all); a party with none (or a stale one) has dropped."""
-    messages = []
-    for party in ctx.parties if parties is None else parties:
-        try:
-            message = endpoint.receive(party, ctx.kind(kind), round=ctx.round)
-        except ChannelError:
-            continue
-        if isinstance(message, dict) and message.get("session_id") == ctx.session_id:
-            messages.append(message)
-    return messages
+    time; default all); a party with none (or a stale one) has dropped. Waits for all of them
+    together, until one deadline (``ctx.stage_timeout``), not for each in turn."""
+    wanted = list(ctx.parties if parties is None else parties)
+    deadline = time.monotonic() + ctx.stage_timeout
+    return list(gather(endpoint, ctx, kind, wanted, deadline).values())
+
+
+def gather(
+    endpoint: PartyEndpoint,
+    ctx: SumContext,
+    kind: str,
+    parties: Sequence[str],
+    deadline: float,
+) -> dict[str, dict[str, Any]]:
+    """This session's ``kind`` messages from ``parties`` that arrive before ``deadline``
+    (``time.monotonic()``), by sender; a stale message (another attempt's) counts as none."""
+    found = collect(endpoint, ctx.kind(kind), parties, ctx.round, deadline)
+    return {
+        party: message
+        for party, message in found.items()
+        if isinstance(message, dict) and message.get("session_id") == ctx.session_id
+    }
+
+
+def collect(
+    endpoint: PartyEndpoint, kind: str, parties: Sequence[str], round_: int, deadline: float
+) -> dict[str, Any]:
+    """The ``kind`` messages from ``parties`` that arrive before ``deadline``, by sender.
+
+    Why one deadline for all: with each party its own process, a sender that is gone (killed,
+    failed, slow) must cost a stage its deadline once, not a receive timeout per missing party
+    in turn. Every missing sender is polled again until the deadline.
+    """
+    found: dict[str, Any] = {}
+    pause = 0.01
+    while True:
+        for party in parties:
+            if party in found:
+                continue
+            try:
+                found[party] = endpoint.receive(party, kind, round=round_, timeout=0)
+            except MessageConflictError:
+                raise
+            except ChannelError:
+                continue
+        left = deadline - time.monotonic()
+        if len(found) == len(parties) or left <= 0:
+            return found
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.25)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +314,9 @@ def _to_peers(
                 endpoint.send(peer, ctx.kind(kind), message, round=ctx.round)
 
 
-def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.ndarray | None:
+def party_unmasked_sum(
+    store: PartyStore, ctx: SumContext, party: str, revealers: Sequence[str] | None = None
+) -> np.ndarray | None:
     """The session's sum as this party unmasks it itself, from its peers' copies.
 
     Why: a party that helped unmask must be able to check the sum the coordinator announces;
@@ -283,6 +325,8 @@ def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.nda
     peers' commitments, masked inputs and unmask shares reach every party directly, and it runs
     the coordinator's own steps on them; it learns the sum (the coordinator's view), no more.
     Returns None when this party did not help unmask the session (it has nothing to check).
+    ``revealers`` (from the coordinator's result, default: every sender) are the parties whose
+    unmask shares it used; only theirs are waited for.
     """
     endpoint = ctx.endpoint(party)
     with session(store, ctx, party) as records:
@@ -316,7 +360,8 @@ def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.nda
         masked_sum=None,
     )
     peer_state, _ = secagg.collect_masked_inputs(peer_state, masked)
-    responses = [own_response, *arrived(endpoint, ctx, "secagg_unmask_response", senders)]
+    helpers = senders if revealers is None else [p for p in revealers if p != party]
+    responses = [own_response, *arrived(endpoint, ctx, "secagg_unmask_response", helpers)]
     _, aggregate = secagg.reconstruct_sum(peer_state, responses)
     return secagg.decode(aggregate["ring_sum"], state["config"]["scale_bits"])
 
@@ -642,7 +687,13 @@ def run_stage(
             if isinstance(error, REFUSALS):
                 raise error
             missing[party] = f"{type(error).__name__}: {error}"
-    for party, why in missing.items():
+    outcome = StageOutcome(answered, missing)
+    _log_dropouts(ctx, stage, outcome)
+    return outcome
+
+
+def _log_dropouts(ctx: SumContext, stage: str, outcome: StageOutcome) -> None:
+    for party, why in outcome.missing.items():
         get_run_logger().warning(
             "round %d of job %s: %s dropped out at %s (%s)",
             ctx.round,
@@ -651,7 +702,6 @@ def run_stage(
             stage,
             why,
         )
-    return StageOutcome(answered, missing)
 
 
 def require_threshold(
@@ -701,6 +751,46 @@ def run_session(
         if coordinator_step is None:
             return answered
         live = coordinator_step(ctx, answered)  # those the coordinator heard (and answered)
+    raise AssertionError("unreachable")
+
+
+#: The coordinator's side of a session: which message each stage waits for, and the
+#: coordinator's answer to those that arrived (None: the last stage, answered by unmasking).
+COORDINATOR_STAGES: tuple[tuple[str, str, Callable[..., list[str]] | None], ...] = (
+    ("advertise_keys", "secagg_keys", coordinator_directory),
+    ("share_keys", "secagg_shares", coordinator_route),
+    ("mask_input", "secagg_masked", coordinator_collect),
+    ("reveal_shares", "secagg_unmask_response", None),
+)
+
+
+@task(
+    name="secagg-coordinate-session",
+    task_run_name="round {ctx.round}: coordinator runs secure sum",
+    **PARTY_STEP,
+)
+def coordinate_session(ctx: SumContext, parties: list[str] | None = None) -> StageOutcome:
+    """The coordinator's four stages when every party is its own process (party mode).
+
+    Each stage waits for its message from every live party until one deadline
+    (``ctx.stage_timeout`` after the stage opens); a party that has not answered by then, for
+    whatever reason, has dropped. Below the threshold the round aborts naming the missing
+    parties, before anything is unmasked. Returns who sent unmask shares (``answered``) and
+    why the others dropped (``missing``); a party that is dropped hears nothing more from the
+    coordinator this round but the round's result.
+    """
+    store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
+    live, gone = list(parties if parties is not None else ctx.parties), {}
+    for stage, kind, coordinator_step in COORDINATOR_STAGES:
+        found = gather(endpoint, ctx, kind, live, time.monotonic() + ctx.stage_timeout)
+        late = f"no {kind} message within {ctx.stage_timeout:g} s"
+        outcome = StageOutcome(found, {p: late for p in live if p not in found})
+        _log_dropouts(ctx, stage, outcome)
+        gone.update(outcome.missing)
+        answered = require_threshold(ctx, stage, outcome, gone)
+        if coordinator_step is None:
+            return StageOutcome(dict.fromkeys(answered), gone)
+        live = coordinator_step(store, ctx, answered)
     raise AssertionError("unreachable")
 
 

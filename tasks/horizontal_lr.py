@@ -582,16 +582,12 @@ def _model_sent(endpoint: PartyEndpoint, ctx: RoundContext) -> bool:
     return bool(found)
 
 
-@task(
-    name="hlr-await-turn",
-    task_run_name="round {ctx.round}: {ref.party} awaits {kind}",
-    cache_policy=PARTY_STEP["cache_policy"],
-)
 def await_turn(ref: TableRef, ctx: RoundContext, kind: str | None) -> bool:
     """Wait for the coordinator's ``kind`` message of this round; False if the round ended
     without this party (it was dropped at a stage: it then only checks and saves the model).
 
     ``kind`` None only asks whether the round is over already (a restarted party catching up).
+    A plain function, not a task: waiting is not a step of the protocol.
     """
     endpoint = ctx.endpoint(ref.party)
     if kind is None:

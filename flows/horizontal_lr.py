@@ -331,6 +331,8 @@ def horizontal_lr_coordinator(
         )
 
     converged = opened["change"] is not None and opened["change"] < tol
+    progress = Progress(rounds, f"horizontal_lr {job_id}: rounds finished")
+    progress.update(rounds if converged else start)
     if start > 0:  # re-send the committed round's result: a party may not have it yet
         get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
         steps.update_model(round_ctx(start - 1, call(start - 1) or ""), options, time.time())
@@ -339,9 +341,10 @@ def horizontal_lr_coordinator(
         if converged or (session := call(round_)) is None:  # None: the job was stopped
             break
         ctx, started = round_ctx(round_, session), time.time()
-        outcome = secure_sum.coordinate_session(ctx)
-        entry = steps.update_model(ctx, options, started, list(outcome.answered))
+        responders = secure_sum.drive_session(ctx)  # the parties run their steps themselves
+        entry = steps.update_model(ctx, options, started, responders)
         ran, converged = ran + 1, entry["change"] < tol
+        progress.update(rounds if converged else round_ + 1)
     model = steps.coordinator_model(job_id, workspace)
     call(model["rounds"], stop=True)
     _publish(job_id, model, workspace)

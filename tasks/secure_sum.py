@@ -14,14 +14,18 @@ session's masks never cover two different inputs. A party also refuses to help u
 (job, round) a second time for a different set of senders: the difference of two such sums
 would be one party's vector.
 
-One driver runs a session for every protocol (:func:`run_session`): each stage submits every
-live party's step at once and waits for the answers until the stage deadline
-(``SumContext.stage_timeout``). A party that has not answered by then, for whatever reason
-(its task raised, hung, or its process is gone), is a dropout; the coordinator's next step
-reads only the messages of the parties that answered. While at least ``threshold`` remain the
-round goes on; below that it aborts, naming the missing parties and why, before anything is
-unmasked. A party that *refuses* (a protocol violation it detected, a budget refusal) stops the
-run: that is an accusation or a data owner's decision, not a fault to route around.
+One driver runs a session for every protocol and both modes (:func:`drive_session`): each
+stage has one deadline (``SumContext.stage_timeout`` after it opens), and the coordinator
+waits for the stage's message from every live party until then, all at once. A party whose
+message has not arrived by then, for whatever reason (its step raised, hung, its process was
+killed or is slow), is a dropout; the coordinator's next step reads only the messages of the
+parties that answered. In the one-process mode (:func:`run_session`) the driver first submits
+every live party's step of the stage at once; with each party its own process, the parties
+run their steps themselves and the coordinator only waits for their messages. While at least
+``threshold`` remain the round goes on; below that it aborts, naming the missing parties and
+why, before anything is unmasked. A party that *refuses* (a protocol violation it detected, a
+budget refusal) stops the run: that is an accusation or a data owner's decision, not a fault
+to route around (in party mode, the refusing party's own run stops, naming the violation).
 """
 
 from __future__ import annotations
@@ -175,9 +179,9 @@ def gather(
     (``time.monotonic()``), by sender; a stale message (another attempt's) counts as none."""
     found = collect(endpoint, ctx.kind(kind), parties, ctx.round, deadline)
     return {
-        party: message
-        for party, message in found.items()
-        if isinstance(message, dict) and message.get("session_id") == ctx.session_id
+        party: found[party]
+        for party in parties
+        if isinstance(found.get(party), dict) and found[party].get("session_id") == ctx.session_id
     }
 
 
@@ -660,10 +664,29 @@ def run_stage(
     """Run ``step(ref, ctx, *args)`` for every party at once; wait until the stage deadline.
 
     Each party's step is its own Prefect task run, so one party's exception or hang cannot
-    stop another's. The step itself is a function of the party's own state and the messages
-    addressed to it, so the same stage works when the party runs in another process; there the
-    rule is the coordinator's: a message not received by the deadline is a dropout.
+    stop another's. Used for the steps outside a secure-sum session (a party's saving of the
+    round's result); the session's own stages go through :func:`drive_session`.
     """
+    answered, failed = _run_party_steps(stage, step, refs, parties, ctx, args, faults)
+    late = f"no answer within {ctx.stage_timeout:g} s"
+    missing = {p: failed.get(p, late) for p in parties if p not in answered}
+    outcome = StageOutcome(answered, missing)
+    _log_dropouts(ctx, stage, outcome)
+    return outcome
+
+
+def _run_party_steps(
+    stage: str,
+    step: Any,
+    refs: Mapping[str, TableRef],
+    parties: Sequence[str],
+    ctx: SumContext,
+    args: tuple[Any, ...],
+    faults: Faults,
+    deadline: float | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """One-process mode: submit every party's step, wait until the deadline; return the
+    results of those that finished and why those that failed did (a refusal is raised)."""
     injected = faults.at(ctx.round, stage)
     futures: dict[str, PrefectFuture[Any]] = {}
     for party in parties:
@@ -672,12 +695,12 @@ def run_stage(
             futures[party] = injected_fault.submit(party, stage, ctx.round, injected[party], hang)
         else:
             futures[party] = step.submit(refs[party], ctx, *args)
-    done = wait(list(futures.values()), timeout=ctx.stage_timeout).done
+    timeout = ctx.stage_timeout if deadline is None else max(deadline - time.monotonic(), 0)
+    done = wait(list(futures.values()), timeout=timeout).done
     answered: dict[str, Any] = {}
-    missing: dict[str, str] = {}
+    failed: dict[str, str] = {}
     for party, future in futures.items():
         if future not in done:
-            missing[party] = f"no answer within {ctx.stage_timeout:g} s"
             continue
         future.wait(0)  # records the run's final state on the future (no API round trip)
         if future.state.is_completed():
@@ -686,10 +709,8 @@ def run_stage(
             error = future.result(raise_on_failure=False)
             if isinstance(error, REFUSALS):
                 raise error
-            missing[party] = f"{type(error).__name__}: {error}"
-    outcome = StageOutcome(answered, missing)
-    _log_dropouts(ctx, stage, outcome)
-    return outcome
+            failed[party] = f"{type(error).__name__}: {error}"
+    return answered, failed
 
 
 def _log_dropouts(ctx: SumContext, stage: str, outcome: StageOutcome) -> None:
@@ -721,30 +742,47 @@ def require_threshold(
     return live
 
 
-def run_session(
-    refs: Mapping[str, TableRef],
+#: A session's stages: the party step, the message it sends the coordinator, and the
+#: coordinator's answer to those that arrived (None: the last stage, answered by unmasking).
+SESSION_STAGES: tuple[tuple[str, str, Any], ...] = (
+    ("advertise_keys", "secagg_keys", publish_key_directory),
+    ("share_keys", "secagg_shares", route_shares),
+    ("mask_input", "secagg_masked", collect_masked),
+    ("reveal_shares", "secagg_unmask_response", None),
+)
+
+#: One-process mode: run the live parties' step of a stage until the deadline; return why
+#: those that failed did (see :func:`run_session`).
+PartySteps = Callable[[str, list[str], float], dict[str, str]]
+
+
+def drive_session(
     ctx: SumContext,
-    mask_step: Any,
-    mask_args: tuple[Any, ...] = (),
     parties: Sequence[str] | None = None,
+    run_parties: PartySteps | None = None,
     faults: Faults = NO_FAULTS,
 ) -> list[str]:
-    """The four stages of one secure-sum session, up to the parties' unmask shares.
+    """The one driver of a secure-sum session, seen from the coordinator.
 
-    ``mask_step(ref, ctx, *mask_args)`` is the protocol's own masking task (it computes or
-    reads the party's vector and calls :func:`party_mask`). Returns the parties whose unmask
-    shares arrived in time; the caller's coordinator step reconstructs from exactly those.
+    Each stage has one deadline, ``ctx.stage_timeout`` after it opens, and the coordinator
+    waits for the stage's message from every live party until then, all at once. A party
+    whose message has not arrived by the deadline, whatever the reason (its step raised,
+    hangs, its process was killed or is slow), has dropped: the coordinator's answer goes only
+    to those it heard. While at least ``threshold`` remain the round goes on; below that it
+    aborts naming each missing party and why, before anything is unmasked. With each party
+    its own process (party mode) their steps run there; in the one-process mode
+    ``run_parties`` runs them first. Returns the parties whose unmask shares arrived: the
+    caller's coordinator step reconstructs from exactly those.
     """
-    live = list(parties if parties is not None else refs)
-    gone: dict[str, str] = {}
-    stages: list[tuple[str, Any, tuple[Any, ...], Any]] = [
-        ("advertise_keys", advertise_keys, (), publish_key_directory),
-        ("share_keys", share_keys, (), route_shares),
-        ("mask_input", mask_step, mask_args, collect_masked),
-        ("reveal_shares", reveal_shares, (), None),
-    ]
-    for stage, step, args, coordinator_step in stages:
-        outcome = run_stage(stage, step, refs, live, ctx, *args, faults=faults)
+    endpoint = ctx.endpoint(COORDINATOR)
+    live, gone = list(parties if parties is not None else ctx.parties), {}
+    for stage, kind, coordinator_step in SESSION_STAGES:
+        deadline = time.monotonic() + ctx.stage_timeout
+        failed = run_parties(stage, live, deadline) if run_parties is not None else {}
+        found = gather(endpoint, ctx, kind, [p for p in live if p not in failed], deadline)
+        late = f"no answer within {ctx.stage_timeout:g} s"
+        outcome = StageOutcome(found, {p: failed.get(p, late) for p in live if p not in found})
+        _log_dropouts(ctx, stage, outcome)
         gone.update(outcome.missing)
         answered = require_threshold(ctx, stage, outcome, gone)
         faults.crash_point(ctx.round, stage)
@@ -754,44 +792,33 @@ def run_session(
     raise AssertionError("unreachable")
 
 
-#: The coordinator's side of a session: which message each stage waits for, and the
-#: coordinator's answer to those that arrived (None: the last stage, answered by unmasking).
-COORDINATOR_STAGES: tuple[tuple[str, str, Callable[..., list[str]] | None], ...] = (
-    ("advertise_keys", "secagg_keys", coordinator_directory),
-    ("share_keys", "secagg_shares", coordinator_route),
-    ("mask_input", "secagg_masked", coordinator_collect),
-    ("reveal_shares", "secagg_unmask_response", None),
-)
+def run_session(
+    refs: Mapping[str, TableRef],
+    ctx: SumContext,
+    mask_step: Any,
+    mask_args: tuple[Any, ...] = (),
+    parties: Sequence[str] | None = None,
+    faults: Faults = NO_FAULTS,
+) -> list[str]:
+    """:func:`drive_session` with every party's steps run from this process (one task run
+    each, submitted at once, so one party's exception or hang cannot stop another's).
 
-
-@task(
-    name="secagg-coordinate-session",
-    task_run_name="round {ctx.round}: coordinator runs secure sum",
-    **PARTY_STEP,
-)
-def coordinate_session(ctx: SumContext, parties: list[str] | None = None) -> StageOutcome:
-    """The coordinator's four stages when every party is its own process (party mode).
-
-    Each stage waits for its message from every live party until one deadline
-    (``ctx.stage_timeout`` after the stage opens); a party that has not answered by then, for
-    whatever reason, has dropped. Below the threshold the round aborts naming the missing
-    parties, before anything is unmasked. Returns who sent unmask shares (``answered``) and
-    why the others dropped (``missing``); a party that is dropped hears nothing more from the
-    coordinator this round but the round's result.
+    ``mask_step(ref, ctx, *mask_args)`` is the protocol's own masking task (it computes or
+    reads the party's vector and calls :func:`party_mask`).
     """
-    store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
-    live, gone = list(parties if parties is not None else ctx.parties), {}
-    for stage, kind, coordinator_step in COORDINATOR_STAGES:
-        found = gather(endpoint, ctx, kind, live, time.monotonic() + ctx.stage_timeout)
-        late = f"no {kind} message within {ctx.stage_timeout:g} s"
-        outcome = StageOutcome(found, {p: late for p in live if p not in found})
-        _log_dropouts(ctx, stage, outcome)
-        gone.update(outcome.missing)
-        answered = require_threshold(ctx, stage, outcome, gone)
-        if coordinator_step is None:
-            return StageOutcome(dict.fromkeys(answered), gone)
-        live = coordinator_step(store, ctx, answered)
-    raise AssertionError("unreachable")
+    steps: dict[str, tuple[Any, tuple[Any, ...]]] = {
+        "advertise_keys": (advertise_keys, ()),
+        "share_keys": (share_keys, ()),
+        "mask_input": (mask_step, mask_args),
+        "reveal_shares": (reveal_shares, ()),
+    }
+
+    def run_parties(stage: str, live: list[str], deadline: float) -> dict[str, str]:
+        step, args = steps[stage]
+        return _run_party_steps(stage, step, refs, live, ctx, args, faults, deadline)[1]
+
+    live = list(parties if parties is not None else refs)
+    return drive_session(ctx, live, run_parties, faults)
 
 
 def each_party(

@@ -12,12 +12,22 @@ then, whatever the reason, has dropped out, and the round goes on while at least
 remain. Each party checks that the model it is sent is the update of the previous one by the
 round's mean update, which it unmasks itself too, and never contributes twice at one model.
 A re-run of the same job resumes after the last round that every party finished.
+
+Party mode (each hospital and the coordinator its own process, over the network channel):
+``horizontal_lr_party`` is one hospital's column of the diagram and
+``horizontal_lr_coordinator`` the coordinator's; they run the same steps, with the same job
+id agreed beforehand, and meet only through messages. The coordinator calls each round (a
+fresh session id, the parties, threshold and options) and ends with a stop; a hospital that
+was dropped at a stage, or restarted, checks and saves the round's model from the
+coordinator's result and contributes again from the next round on.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import secrets
+import signal
 import sys
 import time
 from typing import Any
@@ -27,6 +37,7 @@ from prefect import flow, get_run_logger
 from core import secagg
 from flows.jobs import read_job
 from storage.descriptor import TableRef
+from storage.party_config import active_config
 from storage.workspace import derive_job_id
 from tasks import horizontal_lr as steps
 from tasks import secure_sum
@@ -36,7 +47,14 @@ from tasks.reporting import Progress, artifact_key, publish_model_link, publish_
 from tasks.secure_sum import Faults, SimulatedCrashError
 from tasks.summaries import horizontal_summary
 
-__all__ = ["CRASH_POINTS", "SimulatedCrashError", "horizontal_lr", "predict_proba"]
+__all__ = [
+    "CRASH_POINTS",
+    "SimulatedCrashError",
+    "horizontal_lr",
+    "horizontal_lr_coordinator",
+    "horizontal_lr_party",
+    "predict_proba",
+]
 
 #: Where ``inject_crash_after`` can stop a run: after a secagg stage, or after the
 #: coordinator's commit but before the parties saved the round.
@@ -236,6 +254,207 @@ def horizontal_lr(
         "converged": converged,
         "threshold": threshold,
         "model_key": steps.model_key(job_id),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Party mode: one flow per role, each run by its own organisation's process
+
+
+def _own_folder(workspace: str | None) -> str | None:
+    """The coordinator's store lives in its own folder (its party configuration's root)."""
+    config = active_config()
+    return workspace if workspace is not None or config is None else str(config.root)
+
+
+def _party_names(parties: list[str]) -> list[str]:
+    names = list(parties)
+    if len(names) < 2 or len(set(names)) != len(names) or COORDINATOR in names:
+        raise ValueError(
+            f"need at least 2 distinct party names, none of them {COORDINATOR!r}; got {names}"
+        )
+    return names
+
+
+@flow(name="horizontal_lr_coordinator", flow_run_name="horizontal_lr {job_id}: coordinator")
+def horizontal_lr_coordinator(
+    parties: list[str],
+    job_id: str,
+    rounds: int = 20,
+    local_epochs: int = 0,
+    learning_rate: float = 0.2,
+    l2: float = 1e-3,
+    tol: float = 1e-6,
+    threshold: int | None = None,
+    stage_timeout: float = 60.0,
+    join_timeout: float = 600.0,
+    workspace: str | None = None,
+) -> dict[str, Any]:
+    """The coordinator's side: call each round, run its secure-sum stages, update the model.
+
+    A party that does not answer a stage by its deadline (``stage_timeout`` after the stage
+    opens), whatever the reason, is dropped from that round; the round goes on while at least
+    ``threshold`` remain and fails naming the missing parties otherwise. A re-run with the
+    same ``job_id`` resumes after the last round it committed (re-sending that round's
+    result); the parties resume from their own checkpoints.
+
+    Args:
+        parties: Names of the hospitals (as their certificates name them).
+        job_id: Job name agreed with every party.
+        rounds: Most rounds to run.
+        local_epochs: 0 averages gradients; k > 0 runs FedAvg with k local epochs.
+        learning_rate: Step size of each round's update (every party checks it).
+        l2: L2 penalty on the coefficients.
+        tol: Stop once the largest weight change falls below this.
+        threshold: Parties that must remain at every stage (default: a strict majority).
+        stage_timeout: Seconds each stage waits before silent parties count as dropped.
+        join_timeout: Seconds to wait for the parties to announce their columns (start-up).
+        workspace: Folder of the coordinator's store (default: its party folder).
+    """
+    names = _party_names(parties)
+    threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
+    _check_options(rounds, local_epochs, learning_rate, l2, tol, stage_timeout)
+    secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
+    workspace = _own_folder(workspace)
+    options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol)
+    opened = steps.open_job(names, job_id, workspace, threshold, join_timeout)
+    n_features, start = len(opened["features"]), opened["last_round"] + 1
+
+    def round_ctx(round_: int, session: str) -> steps.RoundContext:
+        return steps.round_context(
+            job_id, round_, session, tuple(names), threshold, n_features, workspace, stage_timeout
+        )
+
+    def call(round_: int, stop: bool = False) -> str | None:
+        return steps.call_round(
+            job_id, round_, names, threshold, options, stage_timeout, stop, workspace
+        )
+
+    converged = opened["change"] is not None and opened["change"] < tol
+    progress = Progress(rounds, f"horizontal_lr {job_id}: rounds finished")
+    progress.update(rounds if converged else start)
+    if start > 0:  # re-send the committed round's result: a party may not have it yet
+        get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
+        steps.update_model(round_ctx(start - 1, call(start - 1) or ""), options, time.time())
+    ran = 0
+    for round_ in range(start, rounds):
+        if converged or (session := call(round_)) is None:  # None: the job was stopped
+            break
+        ctx, started = round_ctx(round_, session), time.time()
+        responders = secure_sum.drive_session(ctx)  # the parties run their steps themselves
+        entry = steps.update_model(ctx, options, started, responders)
+        ran, converged = ran + 1, entry["change"] < tol
+        progress.update(rounds if converged else round_ + 1)
+    model = steps.coordinator_model(job_id, workspace)
+    call(model["rounds"], stop=True)
+    _publish(job_id, model, workspace)
+    return {
+        "job_id": job_id,
+        "features": model["features"],
+        "coefficients": model["coefficients"],
+        "intercept": model["intercept"],
+        "weights": model["weights"],
+        "history": model["history"],
+        "dropped": [[p for p in names if p not in e["survivors"]] for e in model["history"]],
+        "rounds_completed": model["rounds"],
+        "rounds_run": ran,
+        "resumed_from": start,
+        "converged": converged,
+        "threshold": threshold,
+    }
+
+
+#: A hospital's stages: the coordinator message it waits for, then its own step.
+PARTY_STAGES: tuple[tuple[str, str | None], ...] = (
+    ("advertise_keys", None),
+    ("share_keys", "secagg_directory"),
+    ("mask_input", "secagg_shares"),
+    ("reveal_shares", "secagg_unmask_request"),
+)
+
+
+def _injected(fault: str | None, round_: int, stage: str) -> None:
+    """Test-only: ``"<round>:<stage>:kill"`` kills this process (SIGKILL) before the stage,
+    ``"<round>:<stage>:raise"`` fails the party's flow there."""
+    if fault is None:
+        return
+    when, _, kind = fault.rpartition(":")
+    if when != f"{round_}:{stage}":
+        return
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise SimulatedCrashError(f"injected failure before {stage} in round {round_}")
+
+
+def _contribute(
+    ref: TableRef, ctx: steps.RoundContext, options: steps.TrainingOptions, fault: str | None
+) -> None:
+    """This hospital's four secure-sum steps, each once the coordinator's message is there;
+    stops early when the round ends without it (dropped at a stage)."""
+    party_steps = {
+        "advertise_keys": lambda: secure_sum.advertise_keys(ref, ctx),
+        "share_keys": lambda: secure_sum.share_keys(ref, ctx),
+        "mask_input": lambda: steps.mask_update(ref, ctx, options),
+        "reveal_shares": lambda: secure_sum.reveal_shares(ref, ctx),
+    }
+    for stage, awaited in PARTY_STAGES:
+        if awaited is not None and not steps.await_turn(ref, ctx, awaited):
+            return
+        _injected(fault, ctx.round, stage)
+        party_steps[stage]()
+
+
+@flow(name="horizontal_lr_party", flow_run_name="horizontal_lr {job_id}: {own[party]}")
+def horizontal_lr_party(
+    own: dict[str, Any],
+    parties: list[str],
+    job_id: str,
+    local_epochs: int = 0,
+    learning_rate: float = 0.2,
+    l2: float = 1e-3,
+    inject_fault: str | None = None,
+) -> dict[str, Any]:
+    """One hospital's side: join, then per round contribute its masked update and check and
+    save the coordinator's model, until the coordinator's stop.
+
+    A re-run (e.g. after the process was killed) resumes after this party's last saved
+    round: rounds it missed are caught up from the coordinator's results (each one checked
+    against the previous model), and a round it already contributed to is re-sent from its
+    own records, never masked twice.
+
+    Args:
+        own: Descriptor of this hospital's own table (with its label column).
+        parties: Names of every hospital of the job, this one included.
+        job_id: Job name agreed with the coordinator and the other hospitals.
+        local_epochs: 0 averages gradients; k > 0 runs FedAvg (must match the coordinator).
+        learning_rate: Step size agreed for the job (a different one is refused).
+        l2: L2 penalty agreed for the job.
+        inject_fault: "<round>:<stage>:kill|raise" (tests only).
+    """
+    ref = TableRef.from_dict(own)
+    names = _party_names(parties)
+    if ref.party not in names or ref.label_column is None:
+        raise ValueError(
+            f"party {ref.party!r}: its table must name a label_column and the party must be "
+            f"one of {names}"
+        )
+    options = steps.TrainingOptions(local_epochs, learning_rate, l2)
+    steps.check_table(ref)
+    round_ = steps.join_job(ref, job_id)["last_round"] + 1
+    while (ctx := steps.await_round(ref, job_id, round_, names, options)) is not None:
+        if steps.await_turn(ref, ctx, None):  # the round is still open: contribute to it
+            _contribute(ref, ctx, options, inject_fault)
+        steps.finish_round(ref, ctx, options)
+        round_ += 1
+    model = steps.keep_model(ref, job_id)
+    return {
+        "job_id": job_id,
+        "party": ref.party,
+        "features": model["features"],
+        "coefficients": model["coefficients"],
+        "intercept": model["intercept"],
+        "weights": model["weights"],
+        "rounds_completed": model["rounds"],
     }
 
 

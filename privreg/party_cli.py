@@ -8,6 +8,7 @@ privreg party walr --config party.toml --table DESCRIPTOR --role labels|features
     --job JOB --epsilon E --delta D [--mode M --clip-norm C ...]   (both: the same options)
 privreg party label-dp --config party.toml --table DESCRIPTOR --role labels|features
     --peer NAME --job JOB [--epsilon E --label-range LOW HIGH ...] (labels party: the options)
+privreg party horizontal --config party.toml --job JOB --parties A,B,C [--table DESCRIPTOR]
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
 the network, and it is given no other party's path.
@@ -76,10 +77,17 @@ def _serve_flows(party: str) -> None:
     from prefect import serve
 
     from flows.align import psi_align_party
+    from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
     from flows.label_dp import label_dp_party
     from flows.walr import walr_party
 
-    flows = (psi_align_party, walr_party, label_dp_party)
+    flows = [
+        psi_align_party,
+        walr_party,
+        label_dp_party,
+        horizontal_lr_party,
+        horizontal_lr_coordinator,
+    ]
     serve(*(f.to_deployment(name=party, tags=["privreg", party]) for f in flows))
 
 
@@ -90,9 +98,7 @@ def _descriptor(text: str) -> dict[str, Any]:
 
 def _psi(args: argparse.Namespace) -> None:
     config = _as_party(args.config)
-    own = _descriptor(args.table)
-    if own.get("party", Path(own["database"]).stem) != config.party:
-        raise SystemExit(f"the table belongs to {own.get('party')!r}, not to {config.party!r}")
+    own = _own_table(config, args.table)
     from flows.align import psi_align_party
 
     result = psi_align_party(own, args.peer, args.job, min_rows=args.min_rows)
@@ -146,6 +152,34 @@ def _one_release_parser(actions: Any, name: str, help_text: str) -> argparse.Arg
     return parser
 
 
+def _horizontal(args: argparse.Namespace) -> None:
+    """A hospital's side of horizontal LR, or the coordinator's if this party is it."""
+    config = _as_party(args.config)
+    from flows.horizontal_lr import COORDINATOR, horizontal_lr_coordinator, horizontal_lr_party
+
+    parties = [p.strip() for p in args.parties.split(",") if p.strip()]
+    shared = {"local_epochs": args.local_epochs, "learning_rate": args.learning_rate, "l2": args.l2}
+    if config.party == COORDINATOR:
+        result = horizontal_lr_coordinator(
+            parties,
+            args.job,
+            rounds=args.rounds,
+            tol=args.tol,
+            threshold=args.threshold,
+            stage_timeout=args.stage_timeout,
+            join_timeout=args.join_timeout,
+            **shared,
+        )
+    else:
+        if not args.table:
+            raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
+        own = _own_table(config, args.table)
+        result = horizontal_lr_party(
+            own, parties, args.job, inject_fault=args.inject_fault, **shared
+        )
+    print(json.dumps(result, default=float))
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``certs`` and ``party`` to the ``privreg`` command."""
     certs = commands.add_parser("certs", help="a demo CA and per-party certificates")
@@ -193,3 +227,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     label_dp.add_argument("--holdout-fraction", type=float)
     label_dp.add_argument("--seed", type=int)
     label_dp.set_defaults(handler=_label_dp)
+    hlr = actions.add_parser("horizontal", help="a hospital's or the coordinator's side")
+    hlr.add_argument("--config", required=True)
+    hlr.add_argument("--job", required=True, help="the job id every party agreed on")
+    hlr.add_argument("--parties", required=True, help="the hospitals, comma-separated")
+    hlr.add_argument("--table", help="own table descriptor (JSON or file; hospitals)")
+    hlr.add_argument("--rounds", type=int, default=20, help="most rounds (coordinator)")
+    hlr.add_argument("--local-epochs", type=int, default=0)
+    hlr.add_argument("--learning-rate", type=float, default=0.2)
+    hlr.add_argument("--l2", type=float, default=1e-3)
+    hlr.add_argument("--tol", type=float, default=1e-6, help="stop below this (coordinator)")
+    hlr.add_argument("--threshold", type=int, help="parties needed at every stage (coordinator)")
+    hlr.add_argument("--stage-timeout", type=float, default=60.0, help="seconds (coordinator)")
+    hlr.add_argument("--join-timeout", type=float, default=600.0, help="seconds (coordinator)")
+    hlr.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "<round>:<stage>:kill"
+    hlr.set_defaults(handler=_horizontal)

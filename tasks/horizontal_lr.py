@@ -36,7 +36,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 
 from core import horizontal_lr as hlr
-from core.secagg.errors import ProtocolViolationError
+from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.secagg.weighted import packed_dimension, unpack_weighted
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
@@ -205,15 +205,37 @@ def join_job(ref: TableRef, job_id: str, workspace: str | None = None) -> dict[s
 
 
 @task(name="hlr-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
-def open_job(parties: list[str], job_id: str, workspace: str | None = None) -> dict[str, Any]:
+def open_job(
+    parties: list[str],
+    job_id: str,
+    workspace: str | None = None,
+    threshold: int | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
     """Refuse parties whose columns differ; send everyone the agreed feature order.
 
-    Returns the agreed features and the coordinator's last finished round of this job.
+    With ``timeout`` (party mode), waits for every party's columns until one deadline; the
+    parties that have not announced theirs by then are missing from the start (they may still
+    join a later round), and fewer than ``threshold`` announcing fails naming the missing ones.
+    Returns the agreed features, who announced, and the coordinator's last finished round.
     """
     endpoint = channel_for(job_id, workspace).endpoint(COORDINATOR)
-    schemas = {p: endpoint.receive(p, "schema") for p in parties}
-    first, expected = parties[0], schemas[parties[0]]
-    for party in parties[1:]:
+    if timeout is None:
+        schemas = {p: endpoint.receive(p, "schema") for p in parties}
+    else:
+        deadline = time.monotonic() + timeout
+        schemas = secure_sum.collect(endpoint, "schema", parties, 0, deadline)
+        missing = [p for p in parties if p not in schemas]
+        if len(schemas) < (threshold or len(parties)):
+            raise InsufficientSurvivorsError(
+                f"job {job_id}: only {sorted(schemas)} announced their columns within "
+                f"{timeout:g} s, fewer than the threshold {threshold}; missing: {missing}"
+            )
+        if missing:
+            get_run_logger().warning("job %s: %s did not announce columns", job_id, missing)
+    announced = [p for p in parties if p in schemas]
+    first, expected = announced[0], schemas[announced[0]]
+    for party in announced[1:]:
         schema = schemas[party]
         if schema["label_column"] != expected["label_column"]:
             raise hlr.SchemaMismatchError(
@@ -235,7 +257,8 @@ def open_job(parties: list[str], job_id: str, workspace: str | None = None) -> d
     ArtifactStore(store).put(_schema_key(job_id), expected, "schema")
     for party in parties:
         endpoint.send(party, "schema_agreed", expected)
-    return {"features": list(expected["feature_columns"]), **_status(store, job_id)}
+    features = list(expected["feature_columns"])
+    return {"features": features, "announced": announced, **_status(store, job_id)}
 
 
 def _agreed_features(endpoint: PartyEndpoint) -> list[str]:
@@ -335,7 +358,7 @@ def finish_round(
         )
     features = _agreed_features(endpoint)
     before = _weights_before(store, ctx, len(features), ref.party)
-    own_sum = secure_sum.party_unmasked_sum(store, ctx, ref.party)
+    own_sum = secure_sum.party_unmasked_sum(store, ctx, ref.party, message.get("revealers"))
     weights = verified_model(message, before, options, ref.party, ctx.round, own_sum)
     cps = checkpoints(store, ctx.job_id)
     cps.save(ctx.round, {"weights": weights, "change": message["change"]})
@@ -403,6 +426,7 @@ def update_model(
             "mean_update": mean.mean,
             "change": entry["change"],
             "history": [*history, entry],
+            "revealers": list(responders) if responders is not None else None,
         }
         cps.save(ctx.round, saved)
         get_run_logger().info(
@@ -414,6 +438,7 @@ def update_model(
         "weights": saved["weights"],
         "mean_update": saved["mean_update"],
         "survivors": saved["history"][-1]["survivors"],
+        "revealers": saved.get("revealers"),
         "change": saved["change"],
     }
     for party in ctx.parties:
@@ -434,3 +459,164 @@ def coordinator_model(job_id: str, workspace: str | None = None) -> dict[str, An
     artifacts.put(model_key(job_id), model, "model")
     cps.prune(keep_last=2)
     return {**model, "weights": model["weights"].tolist(), "history": saved["history"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Party mode: each holder is its own process; what a round needs from a peer is a message
+
+
+@dataclass(frozen=True)
+class RoundCall:
+    """The coordinator's call for one round (or the stop after the last): what every holder
+    must agree on before it contributes. Sent once per round and never changed."""
+
+    session_id: str | None  # None: training is over, keep the last model
+    parties: tuple[str, ...]
+    threshold: int
+    stage_timeout: float
+    options: TrainingOptions
+
+    def to_message(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "parties": list(self.parties),
+            "threshold": self.threshold,
+            "stage_timeout": self.stage_timeout,
+            "options": [
+                self.options.local_epochs,
+                self.options.learning_rate,
+                self.options.l2,
+                self.options.tol,
+            ],
+        }
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> RoundCall:
+        epochs, rate, l2, tol = message["options"]
+        return cls(
+            message["session_id"],
+            tuple(message["parties"]),
+            int(message["threshold"]),
+            float(message["stage_timeout"]),
+            TrainingOptions(int(epochs), float(rate), float(l2), float(tol)),
+        )
+
+
+@task(
+    name="hlr-call-round",
+    task_run_name="round {round_}: coordinator calls the round",
+    **PARTY_STEP,
+)
+def call_round(
+    job_id: str,
+    round_: int,
+    parties: list[str],
+    threshold: int,
+    options: TrainingOptions,
+    stage_timeout: float,
+    stop: bool = False,
+    workspace: str | None = None,
+) -> str | None:
+    """Send every party the round's call (a fresh session id) or the stop; return the session.
+
+    A coordinator restarted mid-round re-sends the call it already sent (same session), so
+    its own session records and the parties' stay valid; a call is never changed once sent.
+    """
+    endpoint = channel_for(job_id, workspace).endpoint(COORDINATOR)
+    already = endpoint.sent(parties[0], "round", round=round_)
+    if already is None:
+        session_id = None if stop else f"{job_id}/round-{round_}/{secrets.token_hex(8)}"
+        call = RoundCall(session_id, tuple(parties), threshold, stage_timeout, options)
+        already = call.to_message()
+    for party in parties:
+        endpoint.send(party, "round", already, round=round_)
+    return already["session_id"]
+
+
+@task(
+    name="hlr-await-round",
+    task_run_name="round {round_}: {ref.party} awaits the call",
+    cache_policy=PARTY_STEP["cache_policy"],
+)
+def await_round(
+    ref: TableRef,
+    job_id: str,
+    round_: int,
+    parties: list[str],
+    options: TrainingOptions,
+) -> RoundContext | None:
+    """The coordinator's call for ``round_`` as this party's round context (None: stop).
+
+    The call must name the parties this party agreed to and its own training options (a
+    coordinator changing the learning rate or the peers is refused, naming what differs).
+    """
+    endpoint = channel_for(job_id).endpoint(ref.party)
+    call = RoundCall.from_message(endpoint.receive(COORDINATOR, "round", round=round_))
+    where = f"{ref.party}: the coordinator's call for round {round_} of job {job_id}"
+    if sorted(call.parties) != sorted(parties):
+        raise ProtocolViolationError(f"{where} names parties {list(call.parties)}, not {parties}")
+    if (call.options.local_epochs, call.options.learning_rate, call.options.l2) != (
+        options.local_epochs,
+        options.learning_rate,
+        options.l2,
+    ):
+        raise ProtocolViolationError(
+            f"{where} asks for options {call.options}, not the agreed {options}"
+        )
+    if call.session_id is None:
+        return None
+    n_features = len(_agreed_features(endpoint))
+    return round_context(
+        job_id,
+        round_,
+        call.session_id,
+        call.parties,
+        call.threshold,
+        n_features,
+        stage_timeout=call.stage_timeout,
+    )
+
+
+def _model_sent(endpoint: PartyEndpoint, ctx: RoundContext) -> bool:
+    found = secure_sum.collect(endpoint, ctx.kind("model"), [COORDINATOR], ctx.round, 0)
+    return bool(found)
+
+
+def await_turn(ref: TableRef, ctx: RoundContext, kind: str | None) -> bool:
+    """Wait for the coordinator's ``kind`` message of this round; False if the round ended
+    without this party (it was dropped at a stage: it then only checks and saves the model).
+
+    ``kind`` None only asks whether the round is over already (a restarted party catching up).
+    A plain function, not a task: waiting is not a step of the protocol.
+    """
+    endpoint = ctx.endpoint(ref.party)
+    if kind is None:
+        return not _model_sent(endpoint, ctx)
+    wait = endpoint.channel.timeout
+    deadline, pause = time.monotonic() + wait, 0.01
+    while True:
+        found = secure_sum.collect(endpoint, ctx.kind(kind), [COORDINATOR], ctx.round, 0)
+        if found:
+            return True
+        if _model_sent(endpoint, ctx):
+            return False
+        if time.monotonic() >= deadline:  # let the channel name what was waited for
+            endpoint.receive(COORDINATOR, ctx.kind(kind), round=ctx.round, timeout=0)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
+
+
+@task(name="hlr-keep-model", task_run_name="{ref.party}: keep the model", **PARTY_STEP)
+def keep_model(ref: TableRef, job_id: str) -> dict[str, Any]:
+    """After the coordinator's stop: this party's own copy of the last verified model."""
+    store = PartyStore.of(ref)
+    cps = checkpoints(store, job_id)
+    last = cps.last_round()
+    if last < 0:
+        raise RoundStateError(f"{ref.party}: job {job_id} stopped before any round finished")
+    saved = cps.load(last)
+    features = _agreed_features(channel_for(job_id).endpoint(ref.party))
+    model = model_record(job_id, features, saved["weights"], last + 1)
+    ArtifactStore(store).put(model_key(job_id), model, "model")
+    cps.prune(keep_last=2)
+    return {**model, "weights": model["weights"].tolist()}

@@ -14,14 +14,18 @@ session's masks never cover two different inputs. A party also refuses to help u
 (job, round) a second time for a different set of senders: the difference of two such sums
 would be one party's vector.
 
-One driver runs a session for every protocol (:func:`run_session`): each stage submits every
-live party's step at once and waits for the answers until the stage deadline
-(``SumContext.stage_timeout``). A party that has not answered by then, for whatever reason
-(its task raised, hung, or its process is gone), is a dropout; the coordinator's next step
-reads only the messages of the parties that answered. While at least ``threshold`` remain the
-round goes on; below that it aborts, naming the missing parties and why, before anything is
-unmasked. A party that *refuses* (a protocol violation it detected, a budget refusal) stops the
-run: that is an accusation or a data owner's decision, not a fault to route around.
+One driver runs a session for every protocol and both modes (:func:`drive_session`): each
+stage has one deadline (``SumContext.stage_timeout`` after it opens), and the coordinator
+waits for the stage's message from every live party until then, all at once. A party whose
+message has not arrived by then, for whatever reason (its step raised, hung, its process was
+killed or is slow), is a dropout; the coordinator's next step reads only the messages of the
+parties that answered. In the one-process mode (:func:`run_session`) the driver first submits
+every live party's step of the stage at once; with each party its own process, the parties
+run their steps themselves and the coordinator only waits for their messages. While at least
+``threshold`` remain the round goes on; below that it aborts, naming the missing parties and
+why, before anything is unmasked. A party that *refuses* (a protocol violation it detected, a
+budget refusal) stops the run: that is an accusation or a data owner's decision, not a fault
+to route around (in party mode, the refusing party's own run stops, naming the violation).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from prefect.futures import PrefectFuture, wait
 
 from core import secagg
 from storage.artifacts import ArtifactStore
-from storage.channel import ChannelError, PartyEndpoint
+from storage.channel import ChannelError, MessageConflictError, PartyEndpoint
 from storage.descriptor import TableRef
 from storage.ledger import BudgetError
 from storage.party_store import PartyStore
@@ -157,16 +161,56 @@ def arrived(
     endpoint: PartyEndpoint, ctx: SumContext, kind: str, parties: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
     """This session's messages of ``kind`` from ``parties`` (those that answered the stage in
-    time; default all); a party with none (or a stale one) has dropped."""
-    messages = []
-    for party in ctx.parties if parties is None else parties:
-        try:
-            message = endpoint.receive(party, ctx.kind(kind), round=ctx.round)
-        except ChannelError:
-            continue
-        if isinstance(message, dict) and message.get("session_id") == ctx.session_id:
-            messages.append(message)
-    return messages
+    time; default all); a party with none (or a stale one) has dropped. Waits for all of them
+    together, until one deadline (``ctx.stage_timeout``), not for each in turn."""
+    wanted = list(ctx.parties if parties is None else parties)
+    deadline = time.monotonic() + ctx.stage_timeout
+    return list(gather(endpoint, ctx, kind, wanted, deadline).values())
+
+
+def gather(
+    endpoint: PartyEndpoint,
+    ctx: SumContext,
+    kind: str,
+    parties: Sequence[str],
+    deadline: float,
+) -> dict[str, dict[str, Any]]:
+    """This session's ``kind`` messages from ``parties`` that arrive before ``deadline``
+    (``time.monotonic()``), by sender; a stale message (another attempt's) counts as none."""
+    found = collect(endpoint, ctx.kind(kind), parties, ctx.round, deadline)
+    return {
+        party: found[party]
+        for party in parties
+        if isinstance(found.get(party), dict) and found[party].get("session_id") == ctx.session_id
+    }
+
+
+def collect(
+    endpoint: PartyEndpoint, kind: str, parties: Sequence[str], round_: int, deadline: float
+) -> dict[str, Any]:
+    """The ``kind`` messages from ``parties`` that arrive before ``deadline``, by sender.
+
+    Why one deadline for all: with each party its own process, a sender that is gone (killed,
+    failed, slow) must cost a stage its deadline once, not a receive timeout per missing party
+    in turn. Every missing sender is polled again until the deadline.
+    """
+    found: dict[str, Any] = {}
+    pause = 0.01
+    while True:
+        for party in parties:
+            if party in found:
+                continue
+            try:
+                found[party] = endpoint.receive(party, kind, round=round_, timeout=0)
+            except MessageConflictError:
+                raise
+            except ChannelError:
+                continue
+        left = deadline - time.monotonic()
+        if len(found) == len(parties) or left <= 0:
+            return found
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.25)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +318,9 @@ def _to_peers(
                 endpoint.send(peer, ctx.kind(kind), message, round=ctx.round)
 
 
-def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.ndarray | None:
+def party_unmasked_sum(
+    store: PartyStore, ctx: SumContext, party: str, revealers: Sequence[str] | None = None
+) -> np.ndarray | None:
     """The session's sum as this party unmasks it itself, from its peers' copies.
 
     Why: a party that helped unmask must be able to check the sum the coordinator announces;
@@ -283,6 +329,8 @@ def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.nda
     peers' commitments, masked inputs and unmask shares reach every party directly, and it runs
     the coordinator's own steps on them; it learns the sum (the coordinator's view), no more.
     Returns None when this party did not help unmask the session (it has nothing to check).
+    ``revealers`` (from the coordinator's result, default: every sender) are the parties whose
+    unmask shares it used; only theirs are waited for.
     """
     endpoint = ctx.endpoint(party)
     with session(store, ctx, party) as records:
@@ -316,7 +364,8 @@ def party_unmasked_sum(store: PartyStore, ctx: SumContext, party: str) -> np.nda
         masked_sum=None,
     )
     peer_state, _ = secagg.collect_masked_inputs(peer_state, masked)
-    responses = [own_response, *arrived(endpoint, ctx, "secagg_unmask_response", senders)]
+    helpers = senders if revealers is None else [p for p in revealers if p != party]
+    responses = [own_response, *arrived(endpoint, ctx, "secagg_unmask_response", helpers)]
     _, aggregate = secagg.reconstruct_sum(peer_state, responses)
     return secagg.decode(aggregate["ring_sum"], state["config"]["scale_bits"])
 
@@ -615,10 +664,29 @@ def run_stage(
     """Run ``step(ref, ctx, *args)`` for every party at once; wait until the stage deadline.
 
     Each party's step is its own Prefect task run, so one party's exception or hang cannot
-    stop another's. The step itself is a function of the party's own state and the messages
-    addressed to it, so the same stage works when the party runs in another process; there the
-    rule is the coordinator's: a message not received by the deadline is a dropout.
+    stop another's. Used for the steps outside a secure-sum session (a party's saving of the
+    round's result); the session's own stages go through :func:`drive_session`.
     """
+    answered, failed = _run_party_steps(stage, step, refs, parties, ctx, args, faults)
+    late = f"no answer within {ctx.stage_timeout:g} s"
+    missing = {p: failed.get(p, late) for p in parties if p not in answered}
+    outcome = StageOutcome(answered, missing)
+    _log_dropouts(ctx, stage, outcome)
+    return outcome
+
+
+def _run_party_steps(
+    stage: str,
+    step: Any,
+    refs: Mapping[str, TableRef],
+    parties: Sequence[str],
+    ctx: SumContext,
+    args: tuple[Any, ...],
+    faults: Faults,
+    deadline: float | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """One-process mode: submit every party's step, wait until the deadline; return the
+    results of those that finished and why those that failed did (a refusal is raised)."""
     injected = faults.at(ctx.round, stage)
     futures: dict[str, PrefectFuture[Any]] = {}
     for party in parties:
@@ -627,12 +695,12 @@ def run_stage(
             futures[party] = injected_fault.submit(party, stage, ctx.round, injected[party], hang)
         else:
             futures[party] = step.submit(refs[party], ctx, *args)
-    done = wait(list(futures.values()), timeout=ctx.stage_timeout).done
+    timeout = ctx.stage_timeout if deadline is None else max(deadline - time.monotonic(), 0)
+    done = wait(list(futures.values()), timeout=timeout).done
     answered: dict[str, Any] = {}
-    missing: dict[str, str] = {}
+    failed: dict[str, str] = {}
     for party, future in futures.items():
         if future not in done:
-            missing[party] = f"no answer within {ctx.stage_timeout:g} s"
             continue
         future.wait(0)  # records the run's final state on the future (no API round trip)
         if future.state.is_completed():
@@ -641,8 +709,12 @@ def run_stage(
             error = future.result(raise_on_failure=False)
             if isinstance(error, REFUSALS):
                 raise error
-            missing[party] = f"{type(error).__name__}: {error}"
-    for party, why in missing.items():
+            failed[party] = f"{type(error).__name__}: {error}"
+    return answered, failed
+
+
+def _log_dropouts(ctx: SumContext, stage: str, outcome: StageOutcome) -> None:
+    for party, why in outcome.missing.items():
         get_run_logger().warning(
             "round %d of job %s: %s dropped out at %s (%s)",
             ctx.round,
@@ -651,7 +723,6 @@ def run_stage(
             stage,
             why,
         )
-    return StageOutcome(answered, missing)
 
 
 def require_threshold(
@@ -671,6 +742,56 @@ def require_threshold(
     return live
 
 
+#: A session's stages: the party step, the message it sends the coordinator, and the
+#: coordinator's answer to those that arrived (None: the last stage, answered by unmasking).
+SESSION_STAGES: tuple[tuple[str, str, Any], ...] = (
+    ("advertise_keys", "secagg_keys", publish_key_directory),
+    ("share_keys", "secagg_shares", route_shares),
+    ("mask_input", "secagg_masked", collect_masked),
+    ("reveal_shares", "secagg_unmask_response", None),
+)
+
+#: One-process mode: run the live parties' step of a stage until the deadline; return why
+#: those that failed did (see :func:`run_session`).
+PartySteps = Callable[[str, list[str], float], dict[str, str]]
+
+
+def drive_session(
+    ctx: SumContext,
+    parties: Sequence[str] | None = None,
+    run_parties: PartySteps | None = None,
+    faults: Faults = NO_FAULTS,
+) -> list[str]:
+    """The one driver of a secure-sum session, seen from the coordinator.
+
+    Each stage has one deadline, ``ctx.stage_timeout`` after it opens, and the coordinator
+    waits for the stage's message from every live party until then, all at once. A party
+    whose message has not arrived by the deadline, whatever the reason (its step raised,
+    hangs, its process was killed or is slow), has dropped: the coordinator's answer goes only
+    to those it heard. While at least ``threshold`` remain the round goes on; below that it
+    aborts naming each missing party and why, before anything is unmasked. With each party
+    its own process (party mode) their steps run there; in the one-process mode
+    ``run_parties`` runs them first. Returns the parties whose unmask shares arrived: the
+    caller's coordinator step reconstructs from exactly those.
+    """
+    endpoint = ctx.endpoint(COORDINATOR)
+    live, gone = list(parties if parties is not None else ctx.parties), {}
+    for stage, kind, coordinator_step in SESSION_STAGES:
+        deadline = time.monotonic() + ctx.stage_timeout
+        failed = run_parties(stage, live, deadline) if run_parties is not None else {}
+        found = gather(endpoint, ctx, kind, [p for p in live if p not in failed], deadline)
+        late = f"no answer within {ctx.stage_timeout:g} s"
+        outcome = StageOutcome(found, {p: failed.get(p, late) for p in live if p not in found})
+        _log_dropouts(ctx, stage, outcome)
+        gone.update(outcome.missing)
+        answered = require_threshold(ctx, stage, outcome, gone)
+        faults.crash_point(ctx.round, stage)
+        if coordinator_step is None:
+            return answered
+        live = coordinator_step(ctx, answered)  # those the coordinator heard (and answered)
+    raise AssertionError("unreachable")
+
+
 def run_session(
     refs: Mapping[str, TableRef],
     ctx: SumContext,
@@ -679,29 +800,25 @@ def run_session(
     parties: Sequence[str] | None = None,
     faults: Faults = NO_FAULTS,
 ) -> list[str]:
-    """The four stages of one secure-sum session, up to the parties' unmask shares.
+    """:func:`drive_session` with every party's steps run from this process (one task run
+    each, submitted at once, so one party's exception or hang cannot stop another's).
 
     ``mask_step(ref, ctx, *mask_args)`` is the protocol's own masking task (it computes or
-    reads the party's vector and calls :func:`party_mask`). Returns the parties whose unmask
-    shares arrived in time; the caller's coordinator step reconstructs from exactly those.
+    reads the party's vector and calls :func:`party_mask`).
     """
+    steps: dict[str, tuple[Any, tuple[Any, ...]]] = {
+        "advertise_keys": (advertise_keys, ()),
+        "share_keys": (share_keys, ()),
+        "mask_input": (mask_step, mask_args),
+        "reveal_shares": (reveal_shares, ()),
+    }
+
+    def run_parties(stage: str, live: list[str], deadline: float) -> dict[str, str]:
+        step, args = steps[stage]
+        return _run_party_steps(stage, step, refs, live, ctx, args, faults, deadline)[1]
+
     live = list(parties if parties is not None else refs)
-    gone: dict[str, str] = {}
-    stages: list[tuple[str, Any, tuple[Any, ...], Any]] = [
-        ("advertise_keys", advertise_keys, (), publish_key_directory),
-        ("share_keys", share_keys, (), route_shares),
-        ("mask_input", mask_step, mask_args, collect_masked),
-        ("reveal_shares", reveal_shares, (), None),
-    ]
-    for stage, step, args, coordinator_step in stages:
-        outcome = run_stage(stage, step, refs, live, ctx, *args, faults=faults)
-        gone.update(outcome.missing)
-        answered = require_threshold(ctx, stage, outcome, gone)
-        faults.crash_point(ctx.round, stage)
-        if coordinator_step is None:
-            return answered
-        live = coordinator_step(ctx, answered)  # those the coordinator heard (and answered)
-    raise AssertionError("unreachable")
+    return drive_session(ctx, live, run_parties, faults)
 
 
 def each_party(

@@ -9,7 +9,9 @@ worker deployments' own names they would overwrite them: the server keeps a depl
 fields that ``serve`` does not send (its storage path among them), so runs of either kind then
 crash looking for flow code at ``None``. With their own names both kinds live side by side on
 one server, and each runs where it was made: the served ones in this process, from this
-checkout; the deployed ones on a worker of the ``privreg-process`` pool.
+checkout; the deployed ones on a worker of the ``privreg-process`` pool. A schedule belongs
+to one of them only: where the server already has the worker deployment of an entry, its
+served twin is served with its schedules inactive, so a nightly job does not run twice.
 """
 
 from __future__ import annotations
@@ -27,12 +29,27 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVED_SUFFIX = "-served"
 
 
-def served_deployments(spec: dict[str, Any]) -> list[Any]:
+def worker_deployments() -> set[str]:
+    """Names of the deployments this server runs on a work pool (``make deploy``)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return {d.name for d in client.read_deployments() if d.work_pool_name}
+
+
+def served_deployments(spec: dict[str, Any], deployed: set[str] | None = None) -> list[Any]:
+    """The served twins of ``prefect.yaml``'s deployments; those already ``deployed`` to a
+    worker keep their schedules there, so theirs are served inactive."""
     deployments = []
     for entry in spec["deployments"]:
         flow = load_flow_from_entrypoint(str(ROOT / entry["entrypoint"]))
+        scheduled_here = entry["name"] not in (deployed or set())
         schedules = [
-            Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
+            Cron(
+                s["cron"],
+                timezone=s.get("timezone"),
+                active=scheduled_here and s.get("active", True),
+            )
             for s in entry.get("schedules", [])
         ]
         deployments.append(
@@ -49,7 +66,8 @@ def served_deployments(spec: dict[str, Any]) -> list[Any]:
 
 def main() -> None:
     os.chdir(ROOT)  # the flows' relative paths (var/parties/...) are the checkout's
-    serve(*served_deployments(yaml.safe_load((ROOT / "prefect.yaml").read_text())))
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    serve(*served_deployments(spec, worker_deployments()))
 
 
 if __name__ == "__main__":

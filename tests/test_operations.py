@@ -341,6 +341,11 @@ def test_served_deployments_run_beside_the_deployed_ones(
             time.sleep(2)
             names = {d["name"] for d in api(server, "/deployments/filter")}
         assert {f"{n}-served" for n in ORDER} <= names, (tmp_path / "serve.log").read_text()
+        # the worker's deployments keep the schedules: their served twins' are inactive
+        pipeline = next(
+            d for d in api(server, "/deployments/filter") if d["name"] == "demo-pipeline-served"
+        )
+        assert pipeline["schedules"] and not any(s["active"] for s in pipeline["schedules"])
         # the data the worker test loaded; these two re-use its alignment and model
         runs = _run_all(server, demo, "-served", ["demo-psi", "demo-vertical"])
     finally:

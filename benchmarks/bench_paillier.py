@@ -13,7 +13,10 @@ and IPCL's choice), ``standard`` (r^n), and the CRT variants a party uses under 
 (WALR's labels). HEU is the ``sf-heu`` package, installed by ``make bench-paillier`` only;
 without it the HEU rows say so and the ratios use the anchor measured on this machine kind
 (0.67 ms CPU per value, 0.35 ms wall per value on two cores). Also CRT decryption and
-X^T [[d]] (Pippenger buckets) on 30,000 x 23, the shape of default_credit.
+X^T [[d]]: on 30,000 x 23 (default_credit's shape, both cores), and per core on one FATE-shape
+host batch (4,096 x 300, 1024-bit), the fused dense path beside the per-column planner it
+replaced for feature columns. The window rows time the obfuscators alone, per core, with the
+previous 10-bit window beside the current one (same run, same key).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import statistics
 import time
 from collections.abc import Callable
 
+import gmpy2
 import numpy as np
 
 from core.paillier import cipher
 from core.paillier.keys import generate_keypair
-from core.paillier.randomness import _TABLES
+from core.paillier.multiexp import execute_column, multiexp_columns, plan_column
+from core.paillier.randomness import _TABLES, DEFAULT_WINDOW_BITS, FixedBaseRandomizer
 
 HEU_ANCHOR_CPU_MS, HEU_ANCHOR_WALL_MS = 0.67, 0.35
 
@@ -82,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=1000, help="values per serial timing")
     parser.add_argument("--batch", type=int, default=4000, help="values per two-core batch")
     parser.add_argument("--key-bits", type=int, default=2048)
+    parser.add_argument(
+        "--fate-columns", type=int, default=30, help="columns timed of the 300 (scaled to 300)"
+    )
     args = parser.parse_args(argv)
     public, private = generate_keypair(args.key_bits)
     values = list(range(args.batch))
@@ -109,9 +117,10 @@ def main(argv: list[str] | None = None) -> None:
                 lambda m=mode, k=own_key, c=count: cipher.encrypt(public, values[:c], m, private=k)
             )
         )
-        cipher.encrypt(public, values, mode, private=own_key)  # warm the workers' tables
-        _, wall = timed(lambda m=mode, k=own_key: cipher.encrypt(public, values, m, private=k))
-        per_core, both = 1e3 * cpu / count, 1e3 * wall / len(values)
+        batch = values if mode != "standard" else values[: max(len(values) // 10, 256)]
+        cipher.encrypt(public, batch, mode, private=own_key)  # warm the workers' tables
+        _, wall = timed(lambda m=mode, k=own_key, b=batch: cipher.encrypt(public, b, m, private=k))
+        per_core, both = 1e3 * cpu / count, 1e3 * wall / len(batch)
         rows.append((label, per_core, both, build_cpu))
     if heu:
         rows.append(("HEU ZPaillier (short exponent)", heu_cpu, heu_wall, float("nan")))
@@ -127,16 +136,52 @@ def main(argv: list[str] | None = None) -> None:
             f"| {both / heu_wall:.2f}x | {table} |"
         )
 
+    print(f"\n### Fixed-base window, obfuscators only, per core ({args.key_bits}-bit)\n")
+    print("| mode | 10-bit window (before): CPU ms / value | "
+          f"{DEFAULT_WINDOW_BITS}-bit window (now) | ratio |")  # fmt: skip
+    print("|---|---|---|---|")
+    for mode in ("full", "short"):
+        per_window = {}
+        for window in (10, DEFAULT_WINDOW_BITS):
+            _TABLES.clear()
+            source = FixedBaseRandomizer(public, mode=mode, window_bits=window)
+            source.obfuscators(64)  # builds the table
+            cpu, _ = timed(lambda s=source: s.obfuscators(args.count))
+            per_window[window] = 1e3 * cpu / args.count
+        before, now = per_window[10], per_window[DEFAULT_WINDOW_BITS]
+        print(f"| {mode} | {before:.3f} | {now:.3f} | {now / before:.2f} |")
+    _TABLES.clear()
+
     encrypted = cipher.encrypt(public, values)
     cpu, _ = timed(serial(lambda: cipher.decrypt(private, encrypted[: args.count])))
     rng = np.random.default_rng(0)
     X = rng.integers(-(2**18), 2**18, (30_000, 23))
     d = cipher.encrypt(public, rng.integers(-(2**40), 2**40, 30_000).tolist())
     _, xt_wall = timed(lambda: cipher.transpose_dot(public, X, d), repeats=1)
+    fate_public, fate_private = generate_keypair(1024, allow_insecure_key_size=True)
+    X_fate = np.rint(rng.standard_normal((4096, 300)) * 2**20).astype(np.int64)
+    d_fate = cipher.encrypt(
+        fate_public, rng.integers(-(2**40), 2**40, 4096).tolist(), private=fate_private
+    )
+    bases, modulus = [gmpy2.mpz(c) for c in d_fate], gmpy2.mpz(fate_public.nsquare)
+    columns = args.fate_columns
+    planned, _ = timed(
+        lambda: [execute_column(bases, plan_column(X_fate[:, j]), modulus) for j in range(columns)],
+        repeats=1,
+    )
+    fused, _ = timed(lambda: multiexp_columns(bases, X_fate[:, :columns], modulus), repeats=1)
     print(f"\n### Other operations, {args.key_bits}-bit key\n")
     print("| operation | time |\n|---|---|")
     print(f"| CRT decryption, per core | {1e3 * cpu / args.count:.3f} ms CPU / value |")
     print(f"| X^T [[d]], 30,000 x 23 (default_credit shape), both cores | {xt_wall:.1f} s wall |")
+    print(
+        f"| X^T [[d]], FATE host batch 4,096 x 300 at 1024 bits, per core, per-column planner "
+        f"(before) | {300 * planned / columns:.1f} s CPU (timed on {columns} columns) |"
+    )
+    print(
+        f"| X^T [[d]], same batch, fused dense path (now) | {300 * fused / columns:.1f} s CPU "
+        f"({fused / planned:.2f}x) |"
+    )
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
+from tasks.feature_cache import party_features
 from tasks.policy import PARTY_STEP
 
 PROTOCOL = "vertical"
@@ -249,12 +250,9 @@ def _public_key(job: VerticalJob, ref: TableRef) -> paillier.PaillierPublicKey:
 
 def _features(ref: TableRef, clip: float | None) -> tuple[np.ndarray, list[str], np.ndarray | None]:
     """The party's features, clipped to [-clip, clip] when asked (a purely local step that
-    tames outliers, which the Taylor approximation handles badly)."""
-    frame = PartyStore.of(ref).read_table(ref)
-    names = [c for c in frame.columns if c not in (ref.id_column, ref.label_column)]
-    labels = frame[ref.label_column].to_numpy() if ref.label_column else None
-    X = frame[names].to_numpy(dtype=float)
-    return (X if clip is None else np.clip(X, -clip, clip)), names, labels
+    tames outliers, which the Taylor approximation handles badly), read once per flow run."""
+    cached = party_features(ref, clip)
+    return cached.X, list(cached.names), cached.labels
 
 
 def _guest_matrix(ref: TableRef, clip: float | None) -> tuple[np.ndarray, list[str], np.ndarray]:

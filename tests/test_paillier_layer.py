@@ -158,7 +158,7 @@ def test_process_pool_gives_the_serial_results(keypair, rng, monkeypatch):
     monkeypatch.delenv(cipher.DASK_ADDRESS_VARIABLE, raising=False)
     monkeypatch.setattr(cipher, "_parallel_backend", None)
     d = rng.integers(-(2**40), 2**40, 600).tolist()
-    X = rng.integers(-(2**20), 2**20, (600, 5))
+    X = rng.integers(-(2**20), 2**20, (600, 12))  # column chunks on the pool
     encrypted = cipher.encrypt(public_key, d)  # 600 values: obfuscators made on the pool
     assert isinstance(cipher._parallel_backend, ProcessBackend)
     assert len(set(encrypted)) == 600 and cipher.decrypt(private_key, encrypted) == d

@@ -36,6 +36,7 @@ from core.paillier.randomness import (
 
 Ciphertexts = list[int]
 _PARALLEL_MIN_WORK = 256  # below this, starting work in another process costs more than it saves
+_MIN_CHUNK_COLUMNS = 4  # columns per X^T [[d]] chunk: fewer would mostly ship ciphertexts
 DASK_ADDRESS_VARIABLE = "PRIVREG_DASK_ADDRESS"
 _parallel_backend: ProcessBackend | DaskBackend | None = None
 
@@ -152,19 +153,34 @@ def add_plain(
 def _column_products(
     public: paillier.PaillierPublicKey, cts: Sequence[int], exponents: np.ndarray
 ) -> list[gmpy2.mpz]:
-    """Bucket multi-exponentiation of each exponent column, row chunks spread over processes."""
+    """Bucket multi-exponentiation of each exponent column, spread over processes.
+
+    Many columns (a party's features): each process takes whole columns over all rows, so
+    no bucket work is repeated, in a few chunks per worker for load balance. Few columns (a
+    weighted sum): row blocks, whose partial products are multiplied together.
+    """
     nsq = _nsquare(public)
     backend = _backend(exponents.size // 8)
+    columns = exponents.shape[1]
+    if columns >= 2 * backend.parallelism > 2:
+        parts = min(4 * backend.parallelism, max(1, columns // _MIN_CHUNK_COLUMNS))
+        shared = [int(c) for c in cts]
+        chunks = backend.run(
+            kernels.xt_dot_chunk,
+            [(int(nsq), shared, exponents[:, a:b]) for a, b in chunk_bounds(columns, parts)],
+            sensitive=False,
+        )
+        return [value for chunk in chunks for value in chunk]
     bounds = chunk_bounds(len(cts), backend.parallelism)
     partials = backend.run(
         kernels.xt_dot_chunk,
         [(int(nsq), list(cts[a:b]), exponents[a:b]) for a, b in bounds],
         sensitive=False,
     )
-    columns = partials[0]
+    products = partials[0]
     for partial in partials[1:]:
-        columns = [x * y % nsq for x, y in zip(columns, partial, strict=True)]
-    return columns
+        products = [x * y % nsq for x, y in zip(products, partial, strict=True)]
+    return products
 
 
 def weighted_sum(

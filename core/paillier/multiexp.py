@@ -1,15 +1,19 @@
 """Multi-exponentiation prod_i c_i^(e_i) mod N^2 with Pippenger's bucket method.
 
 Computing X^T [[d]] column by column as one exponentiation per entry costs about
-(bits of e) squarings per entry. The bucket method instead splits every |e_i| into w-bit
-digits and, per digit position, multiplies c_i into bucket[digit] (one multiplication per
-non-zero digit), then combines the buckets with a running product, so the cost per entry is
-about ceil(bits / w) multiplications plus a per-column overhead of ~2 * 2^w. Negative
-exponents use a second set of buckets and a single modular inversion per column.
+(bits of e) squarings per entry. The bucket method instead splits every exponent into w-bit
+digits and, per digit position, puts c_i into bucket[digit], then combines the buckets with
+a running product, so the cost per entry is about ceil(bits / w) multiplications plus a
+per-column overhead of ~2^w. Costs are dominated by GMP's multiplications modulo N^2, so the
+code keeps the Python work per multiplication to a minimum.
 
-The window w is chosen per column by an explicit operation-count model, so dense high
-precision columns, small integer columns and binary (subset-sum) columns all take the
-cheapest plan. Exponents are int64 numpy arrays: compact to ship to worker processes.
+Dense columns (features: most entries non-zero) take the fused path: the column is made
+non-negative by adding a bias ``b`` (``e + b >= 0``), each digit position sorts its rows by
+digit once (numpy) and one running product over the sorted bases yields the buckets' weighted
+product, and the bias is removed with ``(prod_i c_i)^-b``, where ``prod_i c_i`` and its one
+inverse are shared by every column. Sparse, binary or extreme columns take a per-column plan
+(window chosen by an explicit operation-count model, negative exponents in their own buckets).
+Exponents are int64 numpy arrays: compact to ship to worker processes.
 """
 
 from __future__ import annotations
@@ -169,10 +173,98 @@ def multiexp_columns(bases: Sequence[mpz], exponents: np.ndarray, modulus: mpz) 
         raise ShapeError(
             f"exponent matrix of shape {exponents.shape} does not match {len(bases)} bases"
         )
-    return [
-        execute_column(bases, plan_column(exponents[:, column]), modulus)
-        for column in range(exponents.shape[1])
-    ]
+    results: list[mpz | None] = [None] * exponents.shape[1]
+    dense = [j for j in range(exponents.shape[1]) if _is_dense(exponents[:, j])]
+    if dense:
+        products = _dense_columns(bases, exponents[:, dense], modulus)
+        for j, value in zip(dense, products, strict=True):
+            results[j] = value
+    for j, value in enumerate(results):
+        if value is None:
+            results[j] = execute_column(bases, plan_column(exponents[:, j]), modulus)
+    return results  # type: ignore[return-value]
+
+
+_DENSE_FRACTION = 0.5
+_MAX_SPAN = 1 << 62  # e + bias must stay an int64
+
+
+def _is_dense(column: np.ndarray) -> bool:
+    """Feature-like: mostly non-zero, more than a few bits, and a span that fits int64."""
+    if column.size < 2 or np.count_nonzero(column) < _DENSE_FRACTION * column.size:
+        return False
+    low, high = int(column.min()), int(column.max())
+    return high - low < _MAX_SPAN and max(abs(low), abs(high)).bit_length() > 3
+
+
+def dense_window(rows: int, bits: int) -> int:
+    """Window minimising ceil(bits / w) * (rows + 2^w): one product per row and digit
+    position, one per occupied bucket."""
+    candidates = range(1, min(bits, _MAX_WINDOW) + 1)
+    return min(candidates, key=lambda w: (-(-bits // w)) * (rows + (1 << w)))
+
+
+def _dense_columns(bases: Sequence[mpz], exponents: np.ndarray, modulus: mpz) -> list[mpz]:
+    lows = exponents.min(axis=0)
+    biases = np.where(lows < 0, -lows, 0)
+    shifted = exponents + biases  # >= 0 and < 2^62
+    rows = len(bases)
+    results = []
+    for j in range(shifted.shape[1]):
+        column = shifted[:, j]
+        bits = max(int(column.max()).bit_length(), 1)
+        window = dense_window(rows, bits)
+        total: mpz | None = None
+        for position in reversed(range(-(-bits // window))):
+            if total is not None:
+                total = gmpy2.powmod(total, 1 << window, modulus)
+            digits = (column >> (position * window)) & ((1 << window) - 1)
+            total = _times(total, _weighted_product(bases, digits, modulus), modulus)
+        results.append(mpz(1) if total is None else total)
+    if biases.any():
+        inverse = _invert(_product(bases, modulus), modulus)
+        results = [
+            r if b == 0 else r * gmpy2.powmod(inverse, int(b), modulus) % modulus
+            for r, b in zip(results, biases.tolist(), strict=True)
+        ]
+    return results
+
+
+def _weighted_product(bases: Sequence[mpz], digits: np.ndarray, modulus: mpz) -> mpz | None:
+    """prod_i bases[i]^digits[i] for small non-negative digits, in one pass.
+
+    Rows sorted by digit, descending; ``running`` is the product of the bases whose digit is
+    at least the current value v, and the total takes running^(v - next lower value): the
+    bucket method's accumulation and aggregation fused into one loop over the bases.
+    """
+    order = np.argsort(-digits, kind="stable")
+    sorted_digits = digits[order]
+    nonzero = int(np.count_nonzero(sorted_digits))
+    if nonzero == 0:
+        return None
+    order, sorted_digits = order[:nonzero], sorted_digits[:nonzero]
+    starts = np.flatnonzero(np.diff(sorted_digits, prepend=sorted_digits[0] + 1)).tolist()
+    values = sorted_digits[starts].tolist()
+    ends = [*starts[1:], nonzero]
+    ordered = [bases[i] for i in order.tolist()]
+    running = ordered[0]
+    first = 1
+    total: mpz | None = None
+    for index, (end, value) in enumerate(zip(ends, values, strict=True)):
+        for base in ordered[first:end]:
+            running = running * base % modulus
+        first = end
+        gap = value - (values[index + 1] if index + 1 < len(values) else 0)
+        term = running if gap == 1 else gmpy2.powmod(running, gap, modulus)
+        total = term if total is None else total * term % modulus
+    return total
+
+
+def _product(bases: Sequence[mpz], modulus: mpz) -> mpz:
+    result = mpz(1)
+    for base in bases:
+        result = result * base % modulus
+    return result
 
 
 def predicted_multiplications(exponents: np.ndarray) -> int:

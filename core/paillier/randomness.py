@@ -70,12 +70,14 @@ FULL, SHORT, STANDARD = "full", "short", "standard"
 RANDOMIZER_MODES = (FULL, SHORT, STANDARD)
 DEFAULT_RANDOMIZER = FULL
 _ALIASES = {"djn": SHORT}
-DEFAULT_WINDOW_BITS = 10
-"""Fixed-base window: k/10 multiplications per value; the table holds 1023 * k/10 residues
-(about 107 MB for the full 2048-bit exponent, built once per process and key)."""
+DEFAULT_WINDOW_BITS = 12
+"""Fixed-base window: ceil(b/12) multiplications per value for a b-bit exponent (86 short,
+171 full at 2048 bits, against 103 and 205 with 10-bit windows: 16-19% less CPU per value).
+The table holds 4095 * ceil(b/12) residues modulo n^2: about 190 MB (short) or 380 MB (full)
+per process and key, built once (a few CPU seconds) and kept while the key is in use."""
 _MIN_PARALLEL_CHUNK = 32
 _TABLE_WORTH = 48  # fewer values than this, with no table built yet: plain powmod in C
-_TABLE_CACHE_SIZE = 4
+_TABLE_CACHE_SIZE = 3  # tables are large (see DEFAULT_WINDOW_BITS)
 
 
 class Randomizer(Protocol):

@@ -1,0 +1,83 @@
+"""A party's feature matrix, read from its own store once per flow run.
+
+Every round of vertical LR needs the same clipped matrix in several of a party's steps
+(its encrypted share, its ``X^T [[d]]``, its update). Reading and validating a 300-column
+table from DuckDB at each step cost more than the cryptography on FATE's benchmark shape, and
+the cost grew with rows x rounds. The cache lives in the party's own process and holds only
+that party's data. It is scoped to one flow run: a table changed between runs is read afresh,
+and within a run the protocol already takes it as fixed (the aligned id order is checked once,
+at set-up). Outside a flow run nothing is cached.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+from prefect.runtime import flow_run
+
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+
+_MAX_ENTRIES = 4  # a process plays at most a few parties in one run (guest, hosts)
+
+
+@dataclass(frozen=True)
+class PartyFeatures:
+    """A party's features (read-only, clipped when asked), their names and its labels."""
+
+    X: np.ndarray
+    names: tuple[str, ...]
+    labels: np.ndarray | None
+
+
+_CacheKey = tuple[str, str, str, str | None, tuple[str, ...] | None, float | None, str]
+_cache: OrderedDict[_CacheKey, PartyFeatures] = OrderedDict()
+_lock = threading.Lock()
+
+
+def party_features(ref: TableRef, clip: float | None) -> PartyFeatures:
+    """``ref``'s features clipped to [-clip, clip] (None: as stored), cached for the flow run."""
+    run = flow_run.get_id()
+    if run is None:
+        return _read(ref, clip)
+    key = (
+        str(ref.path.resolve()),
+        ref.table,
+        ref.id_column,
+        ref.label_column,
+        ref.feature_columns,
+        clip,
+        str(run),
+    )
+    with _lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+    features = _read(ref, clip)
+    with _lock:
+        _cache[key] = features
+        while len(_cache) > _MAX_ENTRIES:
+            _cache.popitem(last=False)
+    return features
+
+
+def clear() -> None:
+    """Forget every cached matrix (a party process that wants its memory back)."""
+    with _lock:
+        _cache.clear()
+
+
+def _read(ref: TableRef, clip: float | None) -> PartyFeatures:
+    frame = PartyStore.of(ref).read_table(ref)
+    names = tuple(c for c in frame.columns if c not in (ref.id_column, ref.label_column))
+    labels = frame[ref.label_column].to_numpy() if ref.label_column else None
+    X = frame[list(names)].to_numpy(dtype=float)
+    if clip is not None:
+        X = np.clip(X, -clip, clip)
+    X.flags.writeable = False  # shared by every step of the run: nobody may change it
+    if labels is not None:
+        labels.flags.writeable = False
+    return PartyFeatures(X, names, labels)

@@ -4,6 +4,8 @@ privreg certs init --out DIR                      a demo CA (DIR/ca.pem, DIR/ca.
 privreg certs issue --ca DIR --party NAME --out DIR
 privreg party serve --config party.toml [--flows] its message endpoint (mTLS gRPC) [and flows]
 privreg party psi --config party.toml --table DESCRIPTOR --peer NAME --job JOB [--min-rows N]
+privreg party vertical --config party.toml --job JOB --role ROLE --guest NAME --hosts A,B
+    [--table DESCRIPTOR] [--arbiter NAME | --no-arbiter] [--options JSON]
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
 the network, and it is given no other party's path.
@@ -72,8 +74,12 @@ def _serve_flows(party: str) -> None:
     from prefect import serve
 
     from flows.align import psi_align_party
+    from flows.vertical_party import vertical_lr_party
 
-    serve(psi_align_party.to_deployment(name=party, tags=["privreg", party]))
+    serve(
+        psi_align_party.to_deployment(name=party, tags=["privreg", party]),
+        vertical_lr_party.to_deployment(name=party, tags=["privreg", party]),
+    )
 
 
 def _descriptor(text: str) -> dict[str, Any]:
@@ -90,6 +96,28 @@ def _psi(args: argparse.Namespace) -> None:
 
     result = psi_align_party(own, args.peer, args.job, min_rows=args.min_rows)
     print(json.dumps(result))
+
+
+def _vertical(args: argparse.Namespace) -> None:
+    config = _as_party(args.config)
+    own = _descriptor(args.table) if args.table else None
+    if own is not None and own.get("party", Path(own["database"]).stem) != config.party:
+        raise SystemExit(f"the table belongs to {own.get('party')!r}, not to {config.party!r}")
+    arbiter = None if args.no_arbiter else args.arbiter
+    if args.role == "arbiter" and arbiter != config.party:
+        raise SystemExit(f"this process is {config.party!r}, not the arbiter {arbiter!r}")
+    from flows.vertical_party import vertical_lr_party
+
+    result = vertical_lr_party(
+        args.role,
+        args.job,
+        args.guest,
+        [h for h in args.hosts.split(",") if h],
+        own=own,
+        arbiter=arbiter,
+        **(_descriptor(args.options) if args.options else {}),
+    )
+    print(json.dumps({k: v for k, v in result.items() if k != "history"}))
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -116,3 +144,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     psi.add_argument("--job", required=True, help="the job id both parties agreed on")
     psi.add_argument("--min-rows", type=int, default=100)
     psi.set_defaults(handler=_psi)
+    vertical = actions.add_parser("vertical", help="this party's side of vertical_lr")
+    vertical.add_argument("--config", required=True)
+    vertical.add_argument("--job", required=True, help="the job id every party agreed on")
+    vertical.add_argument("--role", required=True, choices=["guest", "host", "arbiter"])
+    vertical.add_argument("--guest", required=True, help="the guest's party name")
+    vertical.add_argument("--hosts", required=True, help="the hosts' names, comma-separated")
+    vertical.add_argument("--table", help="own table descriptor (JSON or file; not the arbiter)")
+    vertical.add_argument("--arbiter", default="arbiter", help="the arbiter's party name")
+    vertical.add_argument("--no-arbiter", action="store_true", help="two-party mode")
+    vertical.add_argument("--options", help="shared training options (JSON or file)")
+    vertical.set_defaults(handler=_vertical)

@@ -123,12 +123,13 @@ def vertical_lr_party(
         clip_features=clip_features,
     )
     shape = {"batch_size": batch_size, "holdout_fraction": holdout_fraction}
+    started = time.time()
     if role == "arbiter":
         steps.create_keys(job, key_size, allow_insecure_key_size)
         job = steps.receive_setup(job, job.key_holder, **shape)
-        return _arbiter(job, epochs, tol)
-    assert ref is not None
-    if role == "host":
+        result = _arbiter(job, epochs, tol)
+    elif role == "host":
+        assert ref is not None
         info = steps.check_party(job, ref, "host")
         steps.host_announce(job, ref, info["features"])
         job = steps.receive_setup(job, ref.party, **shape)
@@ -136,13 +137,16 @@ def vertical_lr_party(
             raise steps.VerticalSetupError(
                 f"host {ref.party} has {info['rows']} rows, the guest {job.schedule.n_rows}"
             )
-        return _host(job, ref, epochs)
-    info = steps.check_party(job, ref, "guest")
-    steps.check_alignment(job, ref)
-    job = steps.guest_agree(job, ref, info, **shape)
-    if not job.with_arbiter:
-        steps.create_keys(job, key_size, allow_insecure_key_size)
-    return _guest(job, ref, epochs, tol)
+        result = _host(job, ref, epochs)
+    else:
+        assert ref is not None
+        info = steps.check_party(job, ref, "guest")
+        steps.check_alignment(job, ref)
+        job = steps.guest_agree(job, ref, info, **shape)
+        if not job.with_arbiter:
+            steps.create_keys(job, key_size, allow_insecure_key_size)
+        result = _guest(job, ref, epochs, tol)
+    return {**result, "started_at": started, "finished_at": time.time()}
 
 
 def _key_holder_database(

@@ -94,19 +94,8 @@ def vertical_lr_party(
         allow_insecure_key_size: Allow keys under 2048 bits (tests only).
         workspace: The shared message folder when every party runs in one process (embedded).
     """
-    randomizer_mode(randomizer)
-    if role not in ROLES or (role == "arbiter") != (own is None):
-        raise steps.VerticalSetupError(
-            f"role {role!r} must be one of {ROLES}; the guest and hosts give their own table, "
-            "the arbiter none"
-        )
-    if not hosts or (arbiter is None and len(hosts) != 1):
-        raise steps.VerticalSetupError("vertical LR takes one or more hosts (one without arbiter)")
-    ref = TableRef.from_dict(own) if own is not None else None
-    if ref is not None and ref.party != (guest if role == "guest" else ref.party):
-        raise steps.VerticalSetupError(f"the guest is {guest!r}, this table is {ref.party!r}'s")
-    if role == "host" and ref is not None and ref.party not in hosts:
-        raise steps.VerticalSetupError(f"{ref.party!r} is not one of the hosts {hosts}")
+    randomizer_mode(randomizer)  # an unknown name fails here, before any key is made
+    ref = _own_table(role, own, guest, hosts, arbiter)
     job = steps.VerticalJob(
         job_id=job_id,
         workspace=workspace,
@@ -114,7 +103,7 @@ def vertical_lr_party(
         hosts=tuple(hosts),
         key_holder=arbiter or guest,
         key_holder_database=_key_holder_database(role, ref, arbiter, arbiter_database, workspace),
-        schedule=Schedule(2, 1, seed),
+        schedule=Schedule(2, 1, seed),  # the real one once the guest has told the row count
         learning_rate=learning_rate,
         momentum=momentum,
         decay=decay,
@@ -123,30 +112,43 @@ def vertical_lr_party(
         clip_features=clip_features,
     )
     shape = {"batch_size": batch_size, "holdout_fraction": holdout_fraction}
+    key = {"key_size": key_size, "allow_insecure_key_size": allow_insecure_key_size}
     started = time.time()
-    if role == "arbiter":
-        steps.create_keys(job, key_size, allow_insecure_key_size)
-        job = steps.receive_setup(job, job.key_holder, **shape)
-        result = _arbiter(job, epochs, tol)
+    if ref is None:
+        steps.create_keys(job, **key)
+        result = _arbiter(steps.receive_setup(job, job.key_holder, **shape), epochs, tol)
     elif role == "host":
-        assert ref is not None
-        info = steps.check_party(job, ref, "host")
-        steps.host_announce(job, ref, info["features"])
-        job = steps.receive_setup(job, ref.party, **shape)
-        if job.schedule.n_rows != info["rows"]:
-            raise steps.VerticalSetupError(
-                f"host {ref.party} has {info['rows']} rows, the guest {job.schedule.n_rows}"
-            )
-        result = _host(job, ref, epochs)
+        result = _host(_host_setup(job, ref, shape), ref, epochs)
     else:
-        assert ref is not None
         info = steps.check_party(job, ref, "guest")
         steps.check_alignment(job, ref)
         job = steps.guest_agree(job, ref, info, **shape)
         if not job.with_arbiter:
-            steps.create_keys(job, key_size, allow_insecure_key_size)
+            steps.create_keys(job, **key)
         result = _guest(job, ref, epochs, tol)
     return {**result, "started_at": started, "finished_at": time.time()}
+
+
+def _own_table(
+    role: str, own: dict[str, Any] | None, guest: str, hosts: list[str], arbiter: str | None
+) -> TableRef | None:
+    """This party's table (None for the arbiter), refused when it does not fit the role."""
+    if role not in ROLES or (role == "arbiter") != (own is None):
+        raise steps.VerticalSetupError(
+            f"role {role!r} must be one of {ROLES}; the guest and hosts give their own table, "
+            "the arbiter none"
+        )
+    if not hosts or (arbiter is None and len(hosts) != 1):
+        raise steps.VerticalSetupError("vertical LR takes one or more hosts (one without arbiter)")
+    names = [guest, *hosts, *([arbiter] if arbiter else [])]
+    if len(set(names)) != len(names):
+        raise steps.VerticalSetupError(f"party names must be distinct: {names}")
+    ref = TableRef.from_dict(own) if own is not None else None
+    if ref is not None and ref.party != guest and role == "guest":
+        raise steps.VerticalSetupError(f"the guest is {guest!r}, this table is {ref.party!r}'s")
+    if ref is not None and ref.party not in hosts and role == "host":
+        raise steps.VerticalSetupError(f"{ref.party!r} is not one of the hosts {hosts}")
+    return ref
 
 
 def _key_holder_database(
@@ -229,6 +231,17 @@ def _arbiter(job: steps.VerticalJob, epochs: int, tol: float) -> dict[str, Any]:
 
 
 # ---- a host ------------------------------------------------------------------------------------
+def _host_setup(job: steps.VerticalJob, ref: TableRef, shape: dict[str, Any]) -> steps.VerticalJob:
+    info = steps.check_party(job, ref, "host")
+    steps.host_announce(job, ref, info["features"])
+    job = steps.receive_setup(job, ref.party, **shape)
+    if job.schedule.n_rows != info["rows"]:
+        raise steps.VerticalSetupError(
+            f"host {ref.party} has {info['rows']} rows, the guest {job.schedule.n_rows}"
+        )
+    return job
+
+
 def _host_epoch_end(job: steps.VerticalJob, ref: TableRef, round_: int) -> bool:
     if len(job.schedule.holdout_rows):
         steps.host_forward(job, ref, round_, "holdout")

@@ -206,18 +206,17 @@ def main() -> None:
     ratio = network["seconds"] / files["seconds"]
     print(f"| three processes, mTLS gRPC | {network['seconds']:.1f} | {ratio:.2f} |")
     print(
-        "\n| party | payload received (bytes) | on the wire to it | wire / payload | its requests |"
+        "\n| party | payload received (bytes) | on the wire to it | wire / payload "
+        "| its requests | payload, file channel |"
     )
-    print("|---|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|")
     for party in PARTIES:
         payload, wire = network["payload"][party], network["wire"][party]
         print(
             f"| {party} | {payload:,} | {wire:,} | {wire / max(payload, 1):.4f} "
-            f"| {network['requests'][party]:,} |"
+            f"| {network['requests'][party]:,} | {files['payload'][party]:,} |"
         )
     print(f"\nsame model in both runs (bit for bit): {same}")
-    if network["payload"] != files["payload"]:
-        print(f"payload per party differs: gRPC {network['payload']}, files {files['payload']}")
 
 
 if __name__ == "__main__":

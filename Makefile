@@ -10,7 +10,7 @@ export PREFECT_LOGGING_LEVEL ?= INFO
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
-        bench-horizontal bench-labeldp bench-sparse-lda bench-vertical
+        bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network
 
 install: $(STAMP)
 
@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/python -m flows.pipeline
 
 demo-parties: $(STAMP)
-	$(BIN)/python demo/parties_psi.py
+	$(BIN)/python demo/parties.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -56,6 +56,11 @@ serve: $(STAMP)
 	PREFECT_API_URL=$(API_URL) $(BIN)/python -m flows.serve
 
 BENCH_VERTICAL_ARGS ?=
+BENCH_NETWORK_ARGS ?=
+
+bench-network: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python benchmarks/bench_network.py $(BENCH_NETWORK_ARGS)
 
 bench-vertical: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"

@@ -79,21 +79,6 @@ def holdout_loss(
     return steps.key_holder_decrypt(job, round_, "holdout")
 
 
-def _losses(job: steps.VerticalJob) -> dict[int, float]:
-    artifacts = ArtifactStore(PartyStore(job.key_holder_database))
-    prefix = f"vertical/{job.job_id}/loss/"
-    return {int(k.rsplit("/", 1)[1]): artifacts.get(k) for k, *_ in artifacts.list(prefix)}
-
-
-def _epoch_loss(losses: dict[int, float], epoch: int, batches: int) -> float | None:
-    """Mean training loss of an epoch from the stored per-round losses (None if incomplete),
-    so early stopping decides the same way in a resumed run as in an uninterrupted one."""
-    rounds = range(epoch * batches, (epoch + 1) * batches)
-    if epoch < 0 or any(r not in losses for r in rounds):
-        return None
-    return sum(losses[r] for r in rounds) / batches
-
-
 @flow(name="vertical_lr", flow_run_name=run_namer("vertical_lr"))
 def vertical_lr(
     guest: dict[str, Any],
@@ -238,15 +223,11 @@ def vertical_lr(
         progress.update(round_ + 1)
         last_done = round_
         if index == schedule.batches_per_epoch - 1:
-            losses = _losses(job)  # every finished round's loss, including earlier runs'
-            epoch_loss = _epoch_loss(losses, epoch, schedule.batches_per_epoch)
-            history[-1]["epoch_loss"] = epoch_loss
+            losses = steps.stored_losses(job, job.key_holder_database)  # earlier runs' too
+            history[-1]["epoch_loss"] = steps.epoch_loss(losses, epoch, schedule.batches_per_epoch)
             if len(schedule.holdout_rows):
                 history[-1]["holdout_loss"] = holdout_loss(job, guest_ref, host_refs, round_, epoch)
-            previous = _epoch_loss(losses, epoch - 1, schedule.batches_per_epoch)
-            if previous is not None and abs(previous - epoch_loss) < tol:
-                key_holder.put(f"vertical/{job_id}/stopped", round_, "marker")
-                logger.info("converged after epoch %d (loss change < %g)", epoch, tol)
+            if steps.decide_stop(job, round_, tol):
                 break
     final_round = stopped if stopped is not None else last_done
     publish_table(  # every finished round of the job, including those of earlier attempts
@@ -277,7 +258,7 @@ def vertical_lr(
         "metrics": prediction["metrics"],
         "scores_table": prediction["scores_table"],
         "history": history,
-        "losses": [v for _, v in sorted(_losses(job).items())],
+        "losses": [v for _, v in sorted(steps.stored_losses(job, job.key_holder_database).items())],
         "model_key": guest_model["key"],
         "database": str(Path(guest_ref.database)),
     }

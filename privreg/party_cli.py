@@ -9,6 +9,8 @@ privreg party walr --config party.toml --table DESCRIPTOR --role labels|features
 privreg party label-dp --config party.toml --table DESCRIPTOR --role labels|features
     --peer NAME --job JOB [--epsilon E --label-range LOW HIGH ...] (labels party: the options)
 privreg party horizontal --config party.toml --job JOB --parties A,B,C [--table DESCRIPTOR]
+privreg party vertical --config party.toml --job JOB --role ROLE --guest NAME --hosts A,B
+    [--table DESCRIPTOR] [--arbiter NAME | --no-arbiter] [--options JSON]
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
 the network, and it is given no other party's path.
@@ -79,10 +81,12 @@ def _serve_flows(party: str) -> None:
     from flows.align import psi_align_party
     from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
     from flows.label_dp import label_dp_party
+    from flows.vertical_party import vertical_lr_party
     from flows.walr import walr_party
 
     flows = [
         psi_align_party,
+        vertical_lr_party,
         walr_party,
         label_dp_party,
         horizontal_lr_party,
@@ -180,6 +184,26 @@ def _horizontal(args: argparse.Namespace) -> None:
     print(json.dumps(result, default=float))
 
 
+def _vertical(args: argparse.Namespace) -> None:
+    config = _as_party(args.config)
+    own = _own_table(config, args.table) if args.table else None
+    arbiter = None if args.no_arbiter else args.arbiter
+    if args.role == "arbiter" and arbiter != config.party:
+        raise SystemExit(f"this process is {config.party!r}, not the arbiter {arbiter!r}")
+    from flows.vertical_party import vertical_lr_party
+
+    result = vertical_lr_party(
+        args.role,
+        args.job,
+        args.guest,
+        [h for h in args.hosts.split(",") if h],
+        own=own,
+        arbiter=arbiter,
+        **(_descriptor(args.options) if args.options else {}),
+    )
+    print(json.dumps({k: v for k, v in result.items() if k != "history"}))
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``certs`` and ``party`` to the ``privreg`` command."""
     certs = commands.add_parser("certs", help="a demo CA and per-party certificates")
@@ -242,3 +266,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     hlr.add_argument("--join-timeout", type=float, default=600.0, help="seconds (coordinator)")
     hlr.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "<round>:<stage>:kill"
     hlr.set_defaults(handler=_horizontal)
+    vertical = actions.add_parser("vertical", help="this party's side of vertical_lr")
+    vertical.add_argument("--config", required=True)
+    vertical.add_argument("--job", required=True, help="the job id every party agreed on")
+    vertical.add_argument("--role", required=True, choices=["guest", "host", "arbiter"])
+    vertical.add_argument("--guest", required=True, help="the guest's party name")
+    vertical.add_argument("--hosts", required=True, help="the hosts' names, comma-separated")
+    vertical.add_argument("--table", help="own table descriptor (JSON or file; not the arbiter)")
+    vertical.add_argument("--arbiter", default="arbiter", help="the arbiter's party name")
+    vertical.add_argument("--no-arbiter", action="store_true", help="two-party mode")
+    vertical.add_argument("--options", help="shared training options (JSON or file)")
+    vertical.set_defaults(handler=_vertical)

@@ -40,6 +40,7 @@ from storage.channel import (
 from storage.party_config import PartyConfig
 
 CHUNK = 1 << 20
+LONG_POLL = 2.0  # seconds the endpoint holds a fetch for a message not sent yet
 _METHOD = "/privreg.Messages/Fetch"
 _FRAME_LIMIT = 8 * CHUNK
 _OPTIONS = [
@@ -78,6 +79,7 @@ class MessageService:
         caller = _identity(context)
         try:
             fields = codec.loads(request, codec.Limits(max_bytes=4096))
+            wait = min(float(fields.pop("wait", 0.0)), LONG_POLL)
             key = MessageKey(**fields)
         except (codec.CodecError, TypeError, ValueError) as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {error}")
@@ -93,6 +95,9 @@ class MessageService:
                 f"party {self.party} serves only its own messages, not the {key.describe()}",
             )
         path = self.folder.path(key)
+        deadline = time.monotonic() + wait  # a long poll: answer as soon as the message exists
+        while not path.exists() and time.monotonic() < deadline and context.is_active():
+            time.sleep(0.005)
         try:
             handle = open(path, "rb")  # noqa: SIM115 (closed by the generator below)
         except FileNotFoundError:
@@ -160,6 +165,10 @@ class GrpcTransport:
         while True:
             try:
                 return self._fetch(key, deadline)
+            except _NotYetError as retry:  # the peer held the fetch: ask again at once
+                last, pause = str(retry), 0.05
+                if deadline - time.monotonic() > 0:
+                    continue
             except _RetryError as retry:
                 last = str(retry)
             remaining = deadline - time.monotonic()
@@ -193,6 +202,7 @@ class GrpcTransport:
                 "sender": key.sender,
                 "receiver": key.receiver,
                 "kind": key.kind,
+                "wait": max(min(deadline - time.monotonic(), LONG_POLL), 0.0),
             }
         )
         call = self._channel(key.sender).unary_stream(_METHOD)
@@ -246,6 +256,8 @@ class GrpcTransport:
                 f"party {self.party}: mutual TLS with {where} failed (a certificate from "
                 f"another CA, or one not issued to {key.sender}?): {details}"
             )
+        if code == grpc.StatusCode.NOT_FOUND:
+            return _NotYetError(f"{code.name}: {details}")
         return _RetryError(f"{code.name}: {details}")
 
     def close(self) -> None:
@@ -257,6 +269,10 @@ class GrpcTransport:
 
 class _RetryError(Exception):
     """The peer is not reachable or has not sent yet: try again until the timeout."""
+
+
+class _NotYetError(_RetryError):
+    """The peer answered that the message is not sent yet, after holding the fetch a while."""
 
 
 _TRANSPORTS: dict[str, GrpcTransport] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -623,3 +623,140 @@ def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
         "scores_table": f"{ref.table}_scores",
         "probabilities": probabilities,
     }
+
+
+# ---- what a party learns from its peers (one party per process) ------------------------------
+# In the one-process flow these facts are read from the parties' returns; a party service has
+# only its own store, so each arrives as a message. Every one is a deterministic plaintext, so
+# a restarted party re-sends the identical bytes.
+def agreed_job(
+    job: VerticalJob,
+    rows: int,
+    widths: dict[str, int],
+    batch_size: int,
+    holdout_fraction: float,
+) -> VerticalJob:
+    """The job with the public schedule and the gradient lengths every party agreed on."""
+    schedule = Schedule(rows, min(batch_size, rows), job.schedule.seed, holdout_fraction)
+    return replace(job, schedule=schedule, widths=tuple(widths.items()))
+
+
+@task(
+    name="vertical-announce", task_run_name="{ref.party}: feature count to the guest", **PARTY_STEP
+)
+def host_announce(job: VerticalJob, ref: TableRef, features: int) -> None:
+    """A host tells the guest how many features it trains on (for the batch-size check)."""
+    job.endpoint(ref.party).send(job.guest, "features", int(features))
+
+
+@task(name="vertical-agree", task_run_name="{ref.party}: agree on the set-up", **PARTY_STEP)
+def guest_agree(
+    job: VerticalJob, ref: TableRef, info: dict[str, Any], batch_size: int, holdout_fraction: float
+) -> VerticalJob:
+    """The guest collects the hosts' feature counts, refuses batches that would leak its labels,
+    and sends the hosts the row count and the key holder the gradient lengths."""
+    endpoint = job.endpoint(ref.party)
+    host_features = {host: int(endpoint.receive(host, "features")) for host in job.hosts}
+    check_batches(
+        Schedule(info["rows"], min(batch_size, info["rows"]), job.schedule.seed, holdout_fraction),
+        host_features,
+    )
+    widths = {ref.party: info["features"] + 1, **host_features}
+    agreed = agreed_job(job, info["rows"], widths, batch_size, holdout_fraction)
+    for host in job.hosts:
+        endpoint.send(host, "setup", {"rows": info["rows"]})
+    if job.with_arbiter:
+        endpoint.send(job.key_holder, "setup", {"rows": info["rows"], "widths": widths})
+    return agreed
+
+
+@task(name="vertical-setup", task_run_name="{party}: set-up from the guest", **PARTY_STEP)
+def receive_setup(
+    job: VerticalJob, party: str, batch_size: int, holdout_fraction: float
+) -> VerticalJob:
+    """A host or the arbiter takes the row count (and gradient lengths) the guest agreed."""
+    setup = job.endpoint(party).receive(job.guest, "setup")
+    widths = {str(k): int(v) for k, v in setup.get("widths", {}).items()}
+    return agreed_job(job, int(setup["rows"]), widths, batch_size, holdout_fraction)
+
+
+@task(
+    name="vertical-share-loss", task_run_name="r{round_} {phase} · loss to the guest", **PARTY_STEP
+)
+def share_loss(job: VerticalJob, round_: int, phase: str, loss: float) -> None:
+    """The key holder records a decrypted loss (its stop decisions read it) and tells the guest."""
+    if phase == "train":
+        _artifacts(job.key_holder_database).put(_key(job, "loss", f"{round_:07d}"), loss, "metric")
+    db = job.key_holder_database
+    _deliver(job, job.key_holder, db, job.guest, f"loss_value_{phase}", loss, round_)
+
+
+@task(
+    name="vertical-guest-loss", task_run_name="r{round_} {phase} · {ref.party}: loss", **PARTY_STEP
+)
+def guest_loss(
+    job: VerticalJob, ref: TableRef, round_: int, phase: str, metrics: dict[str, float]
+) -> float:
+    """The guest's record of a round (loss from the key holder, its own metrics)."""
+    loss = _collect(job, ref.party, ref.database, job.key_holder, f"loss_value_{phase}", round_)
+    if phase == "train":
+        artifacts = _artifacts(ref.database)
+        artifacts.put(_key(job, "loss", f"{round_:07d}"), loss, "metric")
+        artifacts.put(_key(job, "round-metrics", f"{round_:07d}"), metrics, "metric")
+    return float(loss)
+
+
+def stored_losses(job: VerticalJob, database: str) -> dict[int, float]:
+    """Every finished round's training loss recorded in ``database`` (earlier runs' too)."""
+    artifacts = _artifacts(database)
+    prefix = _key(job, "loss", "")
+    return {int(k.rsplit("/", 1)[1]): artifacts.get(k) for k, *_ in artifacts.list(prefix)}
+
+
+def epoch_loss(losses: dict[int, float], epoch: int, batches: int) -> float | None:
+    """Mean training loss of an epoch from the stored per-round losses (None if incomplete),
+    so early stopping decides the same way in a resumed run as in an uninterrupted one."""
+    rounds = range(epoch * batches, (epoch + 1) * batches)
+    if epoch < 0 or any(r not in losses for r in rounds):
+        return None
+    return sum(losses[r] for r in rounds) / batches
+
+
+def key_holder_last_round(job: VerticalJob) -> int:
+    """The last round whose loss the key holder recorded (its round checkpoint)."""
+    return max(stored_losses(job, job.key_holder_database), default=-1)
+
+
+def stopped_at(job: VerticalJob) -> int | None:
+    return _artifacts(job.key_holder_database).get(_key(job, "stopped"))
+
+
+@task(
+    name="vertical-decide-stop", task_run_name="r{round_} · {job.key_holder}: stop?", **PARTY_STEP
+)
+def decide_stop(job: VerticalJob, round_: int, tol: float, tell: bool = False) -> bool:
+    """After an epoch's last round: stop once its mean loss changed by less than ``tol``.
+    With ``tell`` the decision goes to every other party (each waits for it)."""
+    losses = stored_losses(job, job.key_holder_database)
+    epoch, _ = job.schedule.position(round_)
+    batches = job.schedule.batches_per_epoch
+    now, previous = epoch_loss(losses, epoch, batches), epoch_loss(losses, epoch - 1, batches)
+    stop = previous is not None and now is not None and abs(previous - now) < tol
+    if stop:
+        _artifacts(job.key_holder_database).put(_key(job, "stopped"), round_, "marker")
+        get_run_logger().info("converged after epoch %d (loss change < %g)", epoch, tol)
+    for party in (job.guest, *job.hosts) if tell else ():
+        if party != job.key_holder:
+            job.endpoint(job.key_holder).send_once(party, "stop", lambda: stop, round=round_)
+    return stop
+
+
+@task(name="vertical-stop-decision", task_run_name="r{round_} · {party}: stop?", **PARTY_STEP)
+def receive_stop(job: VerticalJob, party: str, round_: int) -> bool:
+    return bool(job.endpoint(party).receive(job.key_holder, "stop", round=round_))
+
+
+def model_round(job: VerticalJob, ref: TableRef) -> int | None:
+    """The round of the party's saved model slice, or None while the job trains."""
+    model = _artifacts(ref.database).get(f"models/vertical/{job.job_id}/{ref.party}")
+    return None if model is None else int(model["round"])

@@ -1,0 +1,104 @@
+"""Organisations on loopback, for the demos, the multi-process tests and the network benchmark.
+
+Each organisation gets its own folder ``<root>/<party>/`` holding its certificate and key (from
+one demo CA), its ``party.toml`` (its own message folder ``home/``, its listening port, its
+peers' addresses) and whatever database it is given. Processes started here get that folder as
+working directory, their own Prefect home, and no ``PRIVREG_*`` variable of the caller: they
+know only what their configuration names.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage import certs
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "privreg.cli", "party"]
+
+
+@dataclass(frozen=True)
+class Org:
+    party: str
+    folder: Path
+    config: Path
+    port: int
+
+    @property
+    def messages(self) -> Path:
+        """The party's own message folder (what it sent and what it received)."""
+        return self.folder / "home" / "runs"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def make_orgs(
+    root: Path,
+    parties: list[str],
+    receive_timeout: float = 300,
+    route: Callable[[str, str], int] | None = None,
+) -> dict[str, Org]:
+    """A CA and one folder per party. ``route(party, peer)`` is the port ``party`` dials to
+    reach ``peer`` (default: the peer's own port; a benchmark puts a byte counter between)."""
+    ca = certs.create_ca(root / "ca")
+    ports = {party: free_port() for party in parties}
+    orgs = {}
+    for party in parties:
+        folder = root / party
+        certs.issue(ca, party, folder)
+        peers = "".join(
+            f'{peer} = "127.0.0.1:{route(party, peer) if route else ports[peer]}"\n'
+            for peer in parties
+            if peer != party
+        )
+        config = folder / "party.toml"
+        config.write_text(
+            f'party = "{party}"\nroot = "home"\nlisten = "127.0.0.1:{ports[party]}"\n'
+            f"receive_timeout = {receive_timeout}\n\n[tls]\n"
+            f'ca = "{ca.cert}"\ncert = "{party}.pem"\nkey = "{party}.key"\n\n[peers]\n{peers}'
+        )
+        orgs[party] = Org(party, folder, config, ports[party])
+    return orgs
+
+
+def env_of(org: Org, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment without its ``PRIVREG_*`` settings, with the party's own
+    Prefect home (and, when given, e.g. a shared test server's ``PREFECT_API_URL``)."""
+    own = {k: v for k, v in os.environ.items() if not k.startswith("PRIVREG_")}
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), own.get("PYTHONPATH", "")) if p)
+    own.update(
+        PYTHONPATH=pythonpath, PREFECT_HOME=str(org.folder / "prefect"), GRPC_VERBOSITY="NONE"
+    )
+    return {**own, **(extra or {})}
+
+
+def start(org: Org, command: str, args: list[str], extra: dict[str, str] | None = None, **kw):
+    """``privreg party <command> --config <its party.toml> <args>`` as the party's own process."""
+    return subprocess.Popen(
+        [*CLI, command, "--config", str(org.config), *args],
+        cwd=org.folder,
+        env=env_of(org, extra),
+        stdout=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def serve(org: Org, extra: dict[str, str] | None = None) -> subprocess.Popen:
+    """The party's message endpoint (``privreg party serve``), once it listens."""
+    server = start(org, "serve", [], extra)
+    line = server.stdout.readline() if server.stdout else ""
+    if "serving its messages" not in line:
+        server.kill()
+        raise RuntimeError(f"{org.party}'s message endpoint did not start: {line!r}")
+    return server

@@ -1,0 +1,352 @@
+"""Flow ``vertical_lr_party``: one party's side of vertical LR, run at its own organisation.
+
+    guest                          host h                          key holder (arbiter)
+    check table   ◀── id digest, feature count                     key pair ── n ──▶ all
+    agree         ── rows ──▶                ── rows, gradient lengths ──▶
+    each round r:
+                  ◀── [[Xh wh/4]], [[sum a^2]]
+    [[d]], [[loss]] ── [[d]] ──▶
+                  ── [[X^T d]] + mask, [[loss]] ─────────────────────────▶ decrypt
+                                             ── [[Xh^T d]] + mask ──────▶
+                  ◀── X^T d + mask, loss ──────────────────────────────── (to each owner)
+    unmask, step, checkpoint                 unmask, step, checkpoint
+    epoch end: hold-out loss; the key holder's stop decision ──▶ every party
+    end: hosts ── score shares ──▶ guest; the key holder deletes p, q
+
+Every party of a job runs this flow with the same ``job_id`` and options, each with its own
+table (none for the arbiter) and role; with ``arbiter=None`` the guest holds the key (the
+two-party mode). A party reaches only its own store and the messages addressed to it.
+
+Resume: a restarted party continues after its own last checkpoint. Every message is durable
+and a re-sent one is byte-identical (randomised ones are stored and re-sent), so the peers,
+which wait for its messages up to their receive timeout, see the run an uninterrupted one
+would have: parties stay within one round of each other and none ever needs to roll back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
+from core.vertical_lr.schedule import Schedule
+from storage.descriptor import TableRef
+from storage.party_config import active_config
+from storage.workspace import workspace_root
+from tasks import vertical_lr as steps
+from tasks.reporting import artifact_key, publish_model_link, publish_table
+from tasks.summaries import vertical_round_history, vertical_summary
+
+ROLES = ("guest", "host", "arbiter")
+
+
+@flow(name="vertical_lr_party", flow_run_name="vertical_lr {job_id}: {role}")
+def vertical_lr_party(
+    role: str,
+    job_id: str,
+    guest: str,
+    hosts: list[str],
+    own: dict[str, Any] | None = None,
+    arbiter: str | None = "arbiter",
+    arbiter_database: str | None = None,
+    epochs: int = 5,
+    batch_size: int = 1024,
+    learning_rate: float = 0.15,
+    momentum: float = 0.9,
+    decay: float = 0.0,
+    l2: float = 0.0,
+    tol: float = 1e-5,
+    key_size: int = 2048,
+    seed: int = 0,
+    holdout_fraction: float = 0.1,
+    randomizer: str = DEFAULT_RANDOMIZER,
+    clip_features: float | None = None,
+    allow_insecure_key_size: bool = False,
+    workspace: str | None = None,
+) -> dict[str, Any]:
+    """Run one party's steps of a vertical LR job; the result names only this party's slice.
+
+    Args:
+        role: "guest" (labels), "host" (features only) or "arbiter" (holds the key).
+        job_id: Job name every party agreed on (resumes the job when it exists).
+        guest: The guest's party name.
+        hosts: The hosts' party names, in the same order at every party.
+        own: Descriptor of this party's own aligned table (none for the arbiter).
+        arbiter: The arbiter's party name; None for the two-party mode (the guest holds the key).
+        arbiter_database: The arbiter's own database (default: under its own folder).
+        epochs: Passes over the training rows.
+        batch_size: Rows per mini-batch (one protocol round per batch).
+        learning_rate: Step size of the momentum gradient descent.
+        momentum: Momentum of the gradient descent.
+        decay: Learning-rate decay per epoch.
+        l2: L2 penalty on the coefficients.
+        tol: Stop once an epoch's mean loss changes by less than this.
+        key_size: Paillier modulus bits (2048 by default; smaller only for tests).
+        seed: Seed of the public batch schedule and hold-out split.
+        holdout_fraction: Share of rows held out for the hold-out loss and metrics.
+        randomizer: Paillier randomizer ("full", "short" or "standard").
+        clip_features: Clip this party's features to [-c, c] locally; None keeps them.
+        allow_insecure_key_size: Allow keys under 2048 bits (tests only).
+        workspace: The shared message folder when every party runs in one process (embedded).
+    """
+    randomizer_mode(randomizer)  # an unknown name fails here, before any key is made
+    ref = _own_table(role, own, guest, hosts, arbiter)
+    job = steps.VerticalJob(
+        job_id=job_id,
+        workspace=workspace,
+        guest=guest,
+        hosts=tuple(hosts),
+        key_holder=arbiter or guest,
+        key_holder_database=_key_holder_database(role, ref, arbiter, arbiter_database, workspace),
+        schedule=Schedule(2, 1, seed),  # the real one once the guest has told the row count
+        learning_rate=learning_rate,
+        momentum=momentum,
+        decay=decay,
+        l2=l2,
+        randomizer=randomizer,
+        clip_features=clip_features,
+    )
+    shape = {"batch_size": batch_size, "holdout_fraction": holdout_fraction}
+    key = {"key_size": key_size, "allow_insecure_key_size": allow_insecure_key_size}
+    started = time.time()
+    if ref is None:
+        steps.create_keys(job, **key)
+        result = _arbiter(steps.receive_setup(job, job.key_holder, **shape), epochs, tol)
+    elif role == "host":
+        result = _host(_host_setup(job, ref, shape), ref, epochs)
+    else:
+        info = steps.check_party(job, ref, "guest")
+        steps.check_alignment(job, ref)
+        job = steps.guest_agree(job, ref, info, **shape)
+        if not job.with_arbiter:
+            steps.create_keys(job, **key)
+        result = _guest(job, ref, epochs, tol)
+    return {**result, "started_at": started, "finished_at": time.time()}
+
+
+def _own_table(
+    role: str, own: dict[str, Any] | None, guest: str, hosts: list[str], arbiter: str | None
+) -> TableRef | None:
+    """This party's table (None for the arbiter), refused when it does not fit the role."""
+    if role not in ROLES or (role == "arbiter") != (own is None):
+        raise steps.VerticalSetupError(
+            f"role {role!r} must be one of {ROLES}; the guest and hosts give their own table, "
+            "the arbiter none"
+        )
+    if not hosts or (arbiter is None and len(hosts) != 1):
+        raise steps.VerticalSetupError("vertical LR takes one or more hosts (one without arbiter)")
+    names = [guest, *hosts, *([arbiter] if arbiter else [])]
+    if len(set(names)) != len(names):
+        raise steps.VerticalSetupError(f"party names must be distinct: {names}")
+    ref = TableRef.from_dict(own) if own is not None else None
+    if ref is not None and ref.party != guest and role == "guest":
+        raise steps.VerticalSetupError(f"the guest is {guest!r}, this table is {ref.party!r}'s")
+    if ref is not None and ref.party not in hosts and role == "host":
+        raise steps.VerticalSetupError(f"{ref.party!r} is not one of the hosts {hosts}")
+    return ref
+
+
+def _key_holder_database(
+    role: str, ref: TableRef | None, arbiter: str | None, database: str | None, ws: str | None
+) -> str:
+    """The key holder's own store: the arbiter's database, or the guest's in two-party mode.
+    Other parties never open it (an empty name)."""
+    if role == "guest" and arbiter is None:
+        assert ref is not None
+        return ref.database
+    if role != "arbiter":
+        return ""
+    config = active_config()
+    home = config.root if config is not None else workspace_root(ws) / "parties"
+    return database or str(Path(home) / f"{arbiter}.duckdb")
+
+
+def _train_rounds(
+    job: steps.VerticalJob, last: int, epochs: int, epoch_end: Callable[[int], bool]
+) -> Iterator[int]:
+    """The rounds this party still has to run: after its own last checkpoint, up to ``epochs``,
+    until the key holder decides to stop. ``epoch_end(round)`` runs a party's end-of-epoch steps
+    and returns the stop decision; a party restarted right after an epoch's last round redoes
+    that epoch's end first (idempotent: its messages are re-sent byte for byte)."""
+    total = epochs * job.schedule.batches_per_epoch
+    if total == 0 or (last >= 0 and _is_epoch_end(job, last) and epoch_end(last)):
+        return
+    for round_ in range(last + 1, total):
+        yield round_
+        if _is_epoch_end(job, round_) and epoch_end(round_):
+            return
+
+
+def _is_epoch_end(job: steps.VerticalJob, round_: int) -> bool:
+    return job.schedule.position(round_)[1] == job.schedule.batches_per_epoch - 1
+
+
+# ---- the key holder (the arbiter, or the guest in two-party mode) ------------------------------
+def _decrypt_round(job: steps.VerticalJob, round_: int) -> None:
+    steps.share_loss(job, round_, "train", steps.key_holder_decrypt(job, round_))
+
+
+def _key_holder_epoch_end(job: steps.VerticalJob, round_: int, tol: float) -> bool:
+    if len(job.schedule.holdout_rows):
+        holdout = steps.key_holder_decrypt(job, round_, "holdout")
+        steps.share_loss(job, round_, "holdout", holdout)
+    return steps.decide_stop(job, round_, tol, tell=True)
+
+
+def _check_key(job: steps.VerticalJob, last: int, epochs: int) -> bool:
+    """False when the job has ended (the key is deleted and nothing is left to decrypt)."""
+    if not steps.key_retired(job):
+        return True
+    if steps.stopped_at(job) is None and last + 1 < epochs * job.schedule.batches_per_epoch:
+        raise steps.KeyHolderRefusalError(
+            f"job {job.job_id} has ended and its key holder deleted the private key, so it cannot "
+            f"train past round {last}: start a new job (another job_id) to train longer"
+        )
+    return False
+
+
+def _arbiter(job: steps.VerticalJob, epochs: int, tol: float) -> dict[str, Any]:
+    last = steps.key_holder_last_round(job)
+    rounds = 0
+    if _check_key(job, last, epochs):
+        for round_ in _train_rounds(
+            job, last, epochs, lambda r: _key_holder_epoch_end(job, r, tol)
+        ):
+            _decrypt_round(job, round_)
+            rounds += 1
+        steps.retire_key(job)  # no decryption is left to do in this job
+    return {
+        "job_id": job.job_id,
+        "party": job.key_holder,
+        "role": "arbiter",
+        "rounds_run": rounds,
+        "resumed_from": last,
+        "final_round": steps.key_holder_last_round(job),
+    }
+
+
+# ---- a host ------------------------------------------------------------------------------------
+def _host_setup(job: steps.VerticalJob, ref: TableRef, shape: dict[str, Any]) -> steps.VerticalJob:
+    info = steps.check_party(job, ref, "host")
+    steps.host_announce(job, ref, info["features"])
+    job = steps.receive_setup(job, ref.party, **shape)
+    if job.schedule.n_rows != info["rows"]:
+        raise steps.VerticalSetupError(
+            f"host {ref.party} has {info['rows']} rows, the guest {job.schedule.n_rows}"
+        )
+    return job
+
+
+def _host_epoch_end(job: steps.VerticalJob, ref: TableRef, round_: int) -> bool:
+    if len(job.schedule.holdout_rows):
+        steps.host_forward(job, ref, round_, "holdout")
+        steps.host_cross_terms(job, ref, round_, "holdout")
+    return steps.receive_stop(job, ref.party, round_)
+
+
+def _host(job: steps.VerticalJob, ref: TableRef, epochs: int) -> dict[str, Any]:
+    last = steps.last_round(job, ref)
+    rounds = 0
+    ended = steps.model_round(job, ref) is not None  # a finished job: re-send the scores only
+    for round_ in _train_rounds(
+        job, last, 0 if ended else epochs, lambda r: _host_epoch_end(job, ref, r)
+    ):
+        steps.host_forward(job, ref, round_)
+        steps.host_cross_terms(job, ref, round_)
+        steps.host_gradient(job, ref, round_)
+        steps.update_weights(job, ref, round_, "host")
+        rounds += 1
+    final = steps.last_round(job, ref)
+    model = steps.save_model(job, ref, final, "host")  # the host's slice stays in its store
+    steps.host_scores(job, ref)
+    return {
+        "job_id": job.job_id,
+        "party": ref.party,
+        "role": "host",
+        "rounds_run": rounds,
+        "resumed_from": last,
+        "final_round": final,
+        "model_key": model["key"],
+        "database": ref.database,
+    }
+
+
+# ---- the guest ---------------------------------------------------------------------------------
+def _guest_round(job: steps.VerticalJob, ref: TableRef, round_: int) -> dict[str, Any]:
+    """One mini-batch at the guest (plus the key holder's decryption in two-party mode). Its
+    gradient norm is the guest's own slice's: the hosts' norms never reach it."""
+    started = time.perf_counter()
+    steps.guest_residual(job, ref, round_)
+    if not job.with_arbiter:
+        _decrypt_round(job, round_)
+    squared = steps.update_weights(job, ref, round_, "guest")
+    metrics = {"gradient_norm": squared**0.5, "seconds": time.perf_counter() - started}
+    loss = steps.guest_loss(job, ref, round_, "train", metrics)
+    epoch, index = job.schedule.position(round_)
+    return {"round": round_, "epoch": epoch, "batch": index, "loss": loss, **metrics}
+
+
+def _guest_epoch_end(
+    job: steps.VerticalJob, ref: TableRef, round_: int, tol: float, record: dict[str, Any]
+) -> bool:
+    holdout = len(job.schedule.holdout_rows) > 0
+    epoch, _ = job.schedule.position(round_)
+    losses = steps.stored_losses(job, ref.database)
+    record["epoch_loss"] = steps.epoch_loss(losses, epoch, job.schedule.batches_per_epoch)
+    if holdout:
+        steps.guest_residual(job, ref, round_, "holdout")
+    stop = None if job.with_arbiter else _key_holder_epoch_end(job, round_, tol)
+    if holdout:
+        record["holdout_loss"] = steps.guest_loss(job, ref, round_, "holdout", {})
+    return stop if stop is not None else steps.receive_stop(job, ref.party, round_)
+
+
+def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> dict[str, Any]:
+    last = steps.last_round(job, ref)
+    ended = steps.model_round(job, ref) is not None or (
+        not job.with_arbiter and not _check_key(job, last, epochs)
+    )
+    history: list[dict[str, Any]] = []
+
+    def epoch_end(round_: int) -> bool:
+        record = history[-1] if history and history[-1]["round"] == round_ else {}
+        return _guest_epoch_end(job, ref, round_, tol, record)
+
+    for round_ in _train_rounds(job, last, 0 if ended else epochs, epoch_end):
+        history.append(_guest_round(job, ref, round_))
+    final = steps.last_round(job, ref)
+    # the guest's own record of the rounds: losses the key holder sent it, its own metrics
+    own_record = replace(job, key_holder_database=ref.database)
+    publish_table(
+        artifact_key("vertical-lr", job.job_id, "rounds"),
+        vertical_round_history(own_record, job.workspace),
+        f"vertical_lr rounds of job {job.job_id} (every attempt)",
+    )
+    model = steps.save_model(job, ref, final, "guest")
+    prediction = steps.guest_predict(job, ref)
+    if not job.with_arbiter:
+        steps.retire_key(job)
+    publish_model_link(artifact_key("vertical-lr", job.job_id, "model"), ref.database, model["key"])
+    vertical_summary(own_record, ref, [], prediction["metrics"], len(history), job.workspace)
+    coefficients = dict(model["coefficients"])
+    return {
+        "job_id": job.job_id,
+        "rounds_run": len(history),
+        "resumed_from": last,
+        "final_round": final,
+        "party": ref.party,
+        "role": "guest",
+        "intercept": coefficients.pop("intercept"),
+        "coefficients": coefficients,
+        "metrics": prediction["metrics"],
+        "scores_table": prediction["scores_table"],
+        "history": history,
+        "losses": [v for _, v in sorted(steps.stored_losses(job, ref.database).items())],
+        "model_key": model["key"],
+        "database": ref.database,
+    }

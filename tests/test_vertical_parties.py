@@ -1,0 +1,173 @@
+"""Vertical LR with each party its own OS process, own folder and database, over mTLS gRPC.
+
+The guest (clinic), the host (lab) and the arbiter each run ``privreg party vertical`` with only
+their own ``party.toml``; the model they end with must be, bit for bit, the one the one-process
+``vertical_lr`` computes on the same data and options, also when the host's process is killed
+mid-round and restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from demo.orgs import Org, make_orgs, start
+from flows.vertical_lr import vertical_lr
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.party_config import PartyConfig
+from storage.party_store import PartyStore
+from storage.transport_grpc import serve
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"
+ROWS, ROUNDS = 200, 4  # 180 training rows: 2 batches of 90 per epoch, 2 epochs
+OPTIONS = {
+    "epochs": 2,
+    "batch_size": 90,
+    "learning_rate": 0.15,
+    "momentum": 0.9,
+    "l2": 0.01,
+    "seed": 3,
+    "key_size": 1024,
+    "allow_insecure_key_size": True,
+    "tol": 0.0,
+}
+
+
+def tables(folder: Path, guest: str = "clinic", host: str = "lab") -> tuple[TableRef, TableRef]:
+    """The first breast rows, split as FATE splits them, in each party's own database."""
+    guest_frame = pd.read_csv(DATA / "breast_hetero_guest.csv.gz").head(ROWS)
+    host_frame = pd.read_csv(DATA / "breast_hetero_host.csv.gz").set_index("id")
+    guest_ref = TableRef(
+        str(folder / guest / f"{guest}.duckdb"), "patients", label_column="y", label_domain=(0, 1)
+    )
+    host_ref = TableRef(str(folder / host / f"{host}.duckdb"), "labs")
+    PartyStore.of(guest_ref).import_frame(guest_frame, guest_ref)
+    PartyStore.of(host_ref).import_frame(host_frame.loc[guest_frame["id"]].reset_index(), host_ref)
+    return guest_ref, host_ref
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The one-process run: the guest's result and the host's slice from its store."""
+    folder = tmp_path_factory.mktemp("one-process")
+    guest_ref, host_ref = tables(folder)
+    result = vertical_lr(
+        guest_ref.to_dict(), [host_ref.to_dict()], workspace=str(folder), **OPTIONS
+    )
+    host = ArtifactStore(PartyStore.of(host_ref)).get(f"models/vertical/{result['job_id']}/lab")
+    return {**result, "host_weights": host["weights"]}
+
+
+class Parties:
+    """The organisations of one job: message endpoints served here, each party's steps in its
+    own process (started with only its own configuration)."""
+
+    def __init__(self, folder: Path, names: list[str], job: str, arbiter: bool = True) -> None:
+        from prefect.settings import PREFECT_API_URL
+
+        self.orgs = make_orgs(folder, names, receive_timeout=300)
+        self.refs = dict(zip(("clinic", "lab"), tables(folder), strict=True))
+        self.servers = {
+            name: serve(PartyConfig.load(org.config))[0] for name, org in self.orgs.items()
+        }
+        self.api = {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        self.job, self.arbiter = job, arbiter
+        self.runs: dict[str, subprocess.Popen] = {}
+
+    def run(self, party: str) -> None:
+        role = {"clinic": "guest", "lab": "host"}.get(party, "arbiter")
+        args = ["--job", self.job, "--role", role, "--guest", "clinic", "--hosts", "lab"]
+        args += ["--options", json.dumps(OPTIONS)]
+        args += ["--table", json.dumps(self.refs[party].to_dict())] if party in self.refs else []
+        args += [] if self.arbiter else ["--no-arbiter"]
+        with open(self.orgs[party].folder / "stderr.log", "a") as log:
+            self.runs[party] = start(self.orgs[party], "vertical", args, self.api, stderr=log)
+
+    def results(self, timeout: float = 600) -> dict[str, dict[str, Any]]:
+        deadline, results = time.monotonic() + timeout, {}
+        for party, run in self.runs.items():
+            out, _ = run.communicate(timeout=max(deadline - time.monotonic(), 1))
+            log = (self.orgs[party].folder / "stderr.log").read_text()[-3000:]
+            assert run.returncode == 0, f"{party} failed:\n{log}"
+            results[party] = json.loads(out.strip().splitlines()[-1])
+        return results
+
+    def close(self) -> None:
+        for run in self.runs.values():
+            if run.poll() is None:
+                run.kill()
+                run.wait(timeout=10)
+        for server in self.servers.values():
+            server.stop(grace=0).wait()
+
+
+def assert_same_model(
+    results: dict[str, dict[str, Any]], reference: dict[str, Any], host: TableRef
+):
+    guest = results["clinic"]
+    assert guest["intercept"] == reference["intercept"]  # bit for bit
+    assert guest["coefficients"] == reference["coefficients"]
+    assert guest["losses"] == reference["losses"]
+    model = ArtifactStore(PartyStore.of(host)).get(results["lab"]["model_key"])
+    assert np.array_equal(model["weights"], reference["host_weights"])  # from the host's store
+    assert "coefficients" not in results["lab"]  # a host's slice stays in its own store
+
+
+def own_messages_only(org: Org) -> None:
+    files = [f for f in org.messages.rglob("r*/*") if not f.name.startswith(".")]
+    assert files and all(org.party in f.name.split("__")[:2] for f in files)
+
+
+def test_a_killed_host_restarts_and_the_job_ends_with_the_same_model(
+    tmp_path: Path, one_process
+) -> None:
+    parties = Parties(tmp_path, ["clinic", "lab", "arbiter"], "vertical-kill")
+    lab = parties.orgs["lab"]
+    mid_round = lab.messages / "vertical-kill" / "messages" / "r000002" / "lab__clinic__share_train"
+    try:
+        for party in ("arbiter", "lab", "clinic"):
+            parties.run(party)
+        deadline = time.monotonic() + 600
+        while not mid_round.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        parties.runs["lab"].send_signal(signal.SIGKILL)  # the host's steps die mid-round 2 ...
+        assert parties.runs["lab"].wait(timeout=10) == -signal.SIGKILL
+        parties.servers["lab"].stop(grace=0).wait()  # ... and its endpoint is down a while
+        time.sleep(2)
+        parties.servers["lab"] = serve(PartyConfig.load(lab.config))[0]
+        parties.run("lab")
+        results = parties.results()
+    finally:
+        parties.close()
+    # three processes, one of them killed and restarted: the one-process model, bit for bit
+    assert_same_model(results, one_process, parties.refs["lab"])
+    assert results["clinic"]["metrics"] == one_process["metrics"]
+    for org in parties.orgs.values():
+        own_messages_only(org)
+    restarted = results["lab"]
+    assert restarted["resumed_from"] in (1, 2)  # its own last checkpoint
+    assert restarted["resumed_from"] + 1 + restarted["rounds_run"] == ROUNDS
+    # the peers waited for it: each ran every round exactly once
+    assert results["clinic"]["rounds_run"] == results["arbiter"]["rounds_run"] == ROUNDS
+    assert results["clinic"]["resumed_from"] == results["arbiter"]["resumed_from"] == -1
+
+
+def test_two_party_mode_processes_train_the_same_model(tmp_path: Path, one_process) -> None:
+    parties = Parties(tmp_path, ["clinic", "lab"], "vertical-2p", arbiter=False)
+    try:
+        for party in ("lab", "clinic"):
+            parties.run(party)
+        results = parties.results()
+    finally:
+        parties.close()
+    assert_same_model(results, one_process, parties.refs["lab"])

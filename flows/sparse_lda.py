@@ -65,14 +65,25 @@ class SparseLDAFigures:
     holdout_error: float | None
     """Misclassified share of the parties' held-out rows under the released model."""
     naive_holdout_error: float | None = None
-    """Same rows under the noise-free naive average (a reference the demo runner computes)."""
+    """Same rows under the noise-free naive average: NOT private (a reference the demo runner
+    computes, playing every owner)."""
+    private_naive_holdout_error: float | None = None
+    """Same rows under the naive average released at the same (epsilon, delta); it exists only
+    party-level (local fits have no row-level bound), a guarantee at least as strong."""
 
     def line(self) -> str:
         text = f"{self.features_kept} of {self.features} features kept"
         if self.holdout_error is not None:
             text += f", held-out error {self.holdout_error:.3f} on {self.holdout_rows} rows"
+        references = []
+        if self.private_naive_holdout_error is not None:
+            references.append(
+                f"{self.private_naive_holdout_error:.3f} private at the same epsilon, party-level"
+            )
         if self.naive_holdout_error is not None:
-            text += f" (naive average {self.naive_holdout_error:.3f})"
+            references.append(f"{self.naive_holdout_error:.3f} without noise, NOT private")
+        if references:
+            text += f" (naive average: {'; '.join(references)})"
         return text
 
 
@@ -261,7 +272,7 @@ def sparse_lda(
     scores = []
     if holdout_fraction > 0:
         scores = list(secure_sum.each_party(steps.score_holdout, by_name, names, job).values())
-    sparse_lda_summary(job, refs, model, releases)
+    sparse_lda_summary(job, refs, model, releases, scores)
     return _finish(job, model, releases, _figures(job, model, scores))
 
 
@@ -347,32 +358,51 @@ def sparse_lda_job(
         descriptors.append(ref.to_dict())
     result = sparse_lda(descriptors, workspace=workspace, **job["sparse_lda"])
     if result["figures"]["holdout_rows"]:
-        fraction = job["sparse_lda"]["holdout_fraction"]
-        naive = _naive_reference_error(descriptors, result, fraction)
-        result["figures"] = {**result["figures"], "naive_holdout_error": naive}
+        references = _naive_reference_errors(descriptors, result, job["sparse_lda"])
+        result["figures"] = {**result["figures"], **references}
     print(f"job {result['job_id']}: {summary_line(result)}")
     return result
 
 
-def _naive_reference_error(
-    descriptors: list[dict[str, Any]], result: dict[str, Any], holdout_fraction: float
-) -> float:
-    """Demo runner only (it plays every owner, having loaded every table): the noise-free
-    naive average of the parties' local fits on the same training rows, scored on the same
-    held-out rows. A reference for the summary line; never sent, stored or released."""
+REFERENCE_DIRECTION_CLIP_NORM = 5.0
+REFERENCE_MEAN_CLIP_NORM = 4.0
+"""Party-level radii of the private naive reference, fixed without the data: on 30
+standardised features a local L1 direction has norm about 3 and a class mean 2 to 4."""
+
+
+def _naive_reference_errors(
+    descriptors: list[dict[str, Any]], result: dict[str, Any], options: dict[str, Any]
+) -> dict[str, float]:
+    """Demo runner only (it plays every owner, having loaded every table): the naive average
+    of the parties' local fits on the same training rows, scored on the same held-out rows,
+    once without noise (NOT private) and once released party-level at the job's (epsilon,
+    delta), the only guarantee it has. References for the summary line, computed in this
+    process and never sent, stored or charged. The private one's noise is sized for all m
+    shares (single-process calibration), slightly less than the flow's t - c shares: the
+    comparison favours the baseline."""
     refs = [TableRef.from_dict(d) for d in descriptors]
     parties_names = tuple(r.party for r in refs)
     split = steps.SparseLDAJob(
         "reference", None, parties_names, "naive", 1.0, 0.5, None, None, len(refs),
-        holdout_fraction=holdout_fraction,
+        holdout_fraction=options["holdout_fraction"],
     )  # fmt: skip
     columns = list(result["features"])
     parties = [steps.read_party(ref, columns, split) for ref in refs]
-    naive = fit_naive_average(parties, PrivacySettings.noiseless_for_testing())
     tests = [steps.read_holdout(ref, columns, split) for ref in refs]
     features = np.vstack([t[0] for t in tests])
     labels = np.concatenate([t[1] for t in tests])
-    return naive.error_rate(features, labels)
+    quiet = fit_naive_average(parties, PrivacySettings.noiseless_for_testing())
+    figures = {"naive_holdout_error": quiet.error_rate(features, labels)}
+    if result["private"]:
+        privacy = PrivacySettings(
+            options["epsilon"],
+            options["delta"],
+            REFERENCE_DIRECTION_CLIP_NORM,
+            REFERENCE_MEAN_CLIP_NORM,
+        )
+        private = fit_naive_average(parties, privacy)
+        figures["private_naive_holdout_error"] = private.error_rate(features, labels)
+    return figures
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ Privacy unit (``privacy_unit``):
   (A sum of discrete Gaussians is not exactly one; at sigma / g ~ 10^7 the gap is negligible.)
 * Not protected: the total row count (summed exactly, treated as public as in the core),
   the feature names, which parties took part, which columns a party reports constant
-  (party unit only), and the held-out error counts (rows kept out of the release, scored
-  with the released model).
+  (party unit only), and the held-out error and label counts (rows kept out of the
+  release, scored with the released model).
 * Checked before the sum: every party checks its own vector (finite; within its norm bound)
   and refuses to send it otherwise, naming itself; a broken vector is never averaged in.
 * Ledger: the release is stored and charged in one transaction under a key derived from the
@@ -599,11 +599,13 @@ def fit_pooled_reference(job: SparseLDAJob) -> dict[str, Any]:
 
 @task(name="sparse-lda-score", task_run_name="{ref.party}: score held-out rows", **PARTY_STEP)
 def score_holdout(ref: TableRef, job: SparseLDAJob) -> dict[str, int]:
-    """Misclassified held-out rows under the kept model: two counts, no rows, leave."""
+    """Misclassified held-out rows under the kept model, and how many are label 1 (for the
+    majority-class baseline): three counts, no rows, leave."""
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
     features, labels = read_holdout(ref, list(model["features"]), job)
     wrong = int(np.count_nonzero(discriminant(model).predict(features) != labels))
-    return {"rows": int(labels.size), "errors": wrong}
+    positives = int(np.count_nonzero(labels == 1))
+    return {"rows": int(labels.size), "errors": wrong, "positives": positives}
 
 
 def discriminant(model: dict[str, Any]) -> LinearDiscriminant:

@@ -314,8 +314,14 @@ def lda_error_own_rows(ref: TableRef, model: dict[str, Any]) -> dict[str, Any]:
 
 
 def sparse_lda_summary(
-    job: Any, refs: list[TableRef], model: dict[str, Any], releases: dict[str, Any]
+    job: Any,
+    refs: list[TableRef],
+    model: dict[str, Any],
+    releases: dict[str, Any],
+    holdout: list[dict[str, int]] | None = None,
 ) -> dict[str, Any]:
+    """In-sample error at each party and, with a hold-out, the error on every party's held-out
+    rows (from each party's counts) next to predicting the held-out rows' majority class."""
     errors = {ref.party: lda_error_own_rows(ref, model) for ref in refs}
     quality = [
         Quality(
@@ -327,6 +333,18 @@ def sparse_lda_summary(
         )
         for party, e in errors.items()
     ]
+    held_out = sum(s["rows"] for s in holdout or [])
+    if held_out:
+        positive = sum(s["positives"] for s in holdout) / held_out
+        quality.append(
+            Quality(
+                "held-out misclassification",
+                sum(s["errors"] for s in holdout) / held_out,
+                min(positive, 1.0 - positive),
+                False,
+                f"{held_out} held-out rows of all parties",
+            )
+        )
     budgets = [
         BudgetLine.from_status(party, r["budget"])
         for party, r in releases.items()

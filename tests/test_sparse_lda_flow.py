@@ -41,6 +41,7 @@ from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
 from tasks import secure_sum
 from tasks import sparse_lda as steps
+from tasks.reporting import PUBLISHED
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
@@ -379,6 +380,14 @@ def test_row_level_release_is_the_plain_moments_fit_and_reports_held_out_figures
     held_out = sum(len(job.holdout_rows(n)) for n in ROWS.values())
     assert exact["total_rows"] == sum(ROWS.values()) - held_out
     assert exact["figures"]["holdout_rows"] == held_out
+    tests = [steps.read_holdout(r, exact["features"], job) for r in refs]
+    test_x, test_y = np.vstack([t[0] for t in tests]), np.concatenate([t[1] for t in tests])
+    assert exact["figures"]["holdout_error"] == pytest.approx(expected.error_rate(test_x, test_y))
+    quality = {q["metric"]: q for q in PUBLISHED[exact["job_id"]]["quality"]}
+    summary = quality["held-out misclassification"]  # the run summary's line: parties' counts
+    assert summary["model"] == pytest.approx(exact["figures"]["holdout_error"])
+    positive = float(np.mean(test_y))
+    assert summary["baseline"] == pytest.approx(min(positive, 1.0 - positive))
     assert all(not s for s in spends(refs))
 
     private = run(refs, workspace, **options)

@@ -32,7 +32,7 @@ lint: $(STAMP)
 
 test: lint
 	mkdir -p "$(PREFECT_HOME)"
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 bench-psi: $(STAMP)
 	$(BIN)/python -m pip install --quiet "openmined-psi==2.0.6"

@@ -16,6 +16,30 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two work
     os.environ["PREFECT_HOME"] = str(home.resolve())
 
 
+#: Modules that take minutes (real servers, party processes), started first: `make test` hands
+#: whole files to two workers in this order, so the long ones run side by side, not last.
+SLOW_FIRST = (
+    "test_operations.py",
+    "test_resume.py",
+    "test_horizontal_parties.py",
+    "test_vertical_parties.py",
+    "test_walr_parties.py",
+    "test_vertical_flow.py",
+    "test_psi_flow.py",
+    "test_label_dp_flow.py",
+    "test_horizontal_flow.py",
+    "test_party_processes.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: a module's tests keep their order
+
+
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A temporary Prefect API for flow tests (started once, ~10 s)."""

@@ -22,8 +22,6 @@ from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 
-pytestmark = pytest.mark.xdist_group("deployments")
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:

@@ -24,8 +24,6 @@ from storage.party_store import PartyStore
 
 DATA = ROOT / "benchmarks" / "data" / "fate"
 
-pytestmark = pytest.mark.xdist_group("resume")
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:

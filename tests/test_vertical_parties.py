@@ -9,6 +9,7 @@ mid-round and restarted.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -72,7 +73,14 @@ class Parties:
     """The organisations of one job: message endpoints served here, each party's steps in its
     own process (started with only its own configuration)."""
 
-    def __init__(self, folder: Path, names: list[str], job: str, arbiter: bool = True) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        names: list[str],
+        job: str,
+        arbiter: bool = True,
+        own_prefect: bool = False,
+    ) -> None:
         from prefect.settings import PREFECT_API_URL
 
         self.orgs = make_orgs(folder, names, receive_timeout=300)
@@ -80,7 +88,8 @@ class Parties:
         self.servers = {
             name: serve(PartyConfig.load(org.config))[0] for name, org in self.orgs.items()
         }
-        self.api = {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        # the test's shared server, or each organisation's own Prefect (under its folder)
+        self.api = {} if own_prefect else {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
         self.job, self.arbiter = job, arbiter
         self.runs: dict[str, subprocess.Popen] = {}
 
@@ -162,8 +171,24 @@ def test_a_killed_host_restarts_and_the_job_ends_with_the_same_model(
     assert results["clinic"]["resumed_from"] == results["arbiter"]["resumed_from"] == -1
 
 
+def table_values(ref: TableRef) -> set[str]:
+    """Every feature value of a party's table, as a number is written in text (ids and 0/1
+    labels are small integers that any log holds, so they are not scanned for)."""
+    frame = PartyStore.of(ref).read_table(ref)
+    features = frame.drop(columns=[c for c in (ref.id_column, ref.label_column) if c])
+    return {repr(float(v)) for v in features.to_numpy().ravel() if abs(float(v)) >= 1e-3}
+
+
+def found_in(folder: Path, values: set[str]) -> set[str]:
+    """Which of ``values`` appear, as whole numbers, in any file under ``folder``."""
+    text = "\n".join(f.read_bytes().decode("latin-1") for f in folder.rglob("*") if f.is_file())
+    numbers = set(re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])", text))
+    return values & numbers
+
+
 def test_two_party_mode_processes_train_the_same_model(tmp_path: Path, one_process) -> None:
-    parties = Parties(tmp_path, ["clinic", "lab"], "vertical-2p", arbiter=False)
+    # each organisation on its own Prefect, so what each one's Prefect stored can be scanned
+    parties = Parties(tmp_path, ["clinic", "lab"], "vertical-2p", arbiter=False, own_prefect=True)
     try:
         for party in ("lab", "clinic"):
             parties.run(party)
@@ -171,3 +196,16 @@ def test_two_party_mode_processes_train_the_same_model(tmp_path: Path, one_proce
     finally:
         parties.close()
     assert_same_model(results, one_process, parties.refs["lab"])
+    # neither organisation's Prefect (runs, parameters, results, logs, artifacts) holds a
+    # feature value of the other's table; the guest's holds no host row, and vice versa
+    homes = {party: org.folder / "prefect" for party, org in parties.orgs.items()}
+    assert all((home / "prefect.db").exists() for home in homes.values())
+    for party, other in (("clinic", "lab"), ("lab", "clinic")):
+        stored = b"".join(f.read_bytes() for f in homes[party].rglob("*") if f.is_file())
+        assert f"vertical-2p: {results[party]['role']}".encode() in stored  # its runs are there
+        assert found_in(homes[party], table_values(parties.refs[other])) == set(), party
+    control = tmp_path / "control"  # the scan finds a value written the way a log would
+    control.mkdir()
+    value = sorted(table_values(parties.refs["lab"]))[0]
+    (control / "log.txt").write_text(f"weights [{value}, 2.5]")
+    assert found_in(control, table_values(parties.refs["lab"])) == {value}

@@ -344,11 +344,15 @@ def test_served_deployments_run_beside_the_deployed_ones(
             d for d in api(server, "/deployments/filter") if d["name"] == "demo-pipeline-served"
         )
         assert pipeline["schedules"] and not any(s["active"] for s in pipeline["schedules"])
-        # the data the worker test loaded; these two re-use its alignment and model
-        runs = _run_all(server, demo, "-served", ["demo-psi", "demo-vertical"])
+        # every deployment again, served: on the data the worker test loaded (its stored
+        # alignments, models and releases are reused, so no budget is spent twice)
+        spent = _spends(demo)
+        runs = _run_all(server, demo, "-served")
     finally:
         _stop(served)
+    assert sorted(runs) == sorted(ORDER)
     assert all(r["state"]["type"] == "COMPLETED" for r in runs.values())
+    assert _spends(demo) == spent
     after = {d["name"]: d for d in api(server, "/deployments/filter")}
     for name in ORDER:  # untouched: still the worker's, with their pull steps
         assert after[name]["work_pool_name"] == "privreg-process"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import numpy as np
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def arrays_in(value: Any) -> list[np.ndarray]:
@@ -48,3 +51,18 @@ def vertical_slices(job_id: str, *descriptors: dict) -> dict[str, list[float]]:
         model = ArtifactStore(PartyStore.of(ref)).get(f"models/vertical/{job_id}/{ref.party}")
         slices[ref.party] = [float(w) for w in model["weights"]]
     return slices
+
+
+def party_env(folder: Path) -> dict[str, str]:
+    """A party process's environment: no PRIVREG_* settings of this process, its own
+    Prefect home under ``folder``, the test server's API."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVREG_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        PREFECT_API_URL=str(PREFECT_API_URL.value()),
+        PREFECT_HOME=str(folder / "prefect"),
+        GRPC_VERBOSITY="NONE",
+    )
+    return env

@@ -7,7 +7,6 @@ per module) and drives it with the commands a user types and the API the UI call
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,19 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from demo.orgs import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).parent / "prefect")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def prefect_server_process(home: Path) -> Iterator[dict[str, str]]:
     """Starts a server with its state under ``home``; yields the environment that uses it."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pandas as pd
 import pytest
 
 from core import horizontal_lr as hlr
+from demo.orgs import free_port
 from storage import certs
 from storage.descriptor import TableRef
 from storage.party_config import PartyConfig
@@ -33,12 +33,6 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
 LR, L2 = 0.5, 1e-3
 COORDINATOR = "coordinator"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Job:

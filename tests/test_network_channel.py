@@ -5,7 +5,6 @@ Every server listens on an ephemeral port of 127.0.0.1.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from demo.orgs import free_port
 from storage import certs, codec
 from storage.channel import Channel, ChannelError, MessageTimeoutError
 from storage.party_config import PartyConfig, PartyConfigError
@@ -29,12 +29,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, certs.Issued]:
     issued["rogue-bank"] = certs.issue(rogue_ca, "bank", folder / "rogue-parties")
     issued["ca"] = ca
     return issued
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def config(

@@ -7,8 +7,6 @@ peer's address); the result must be the alignment the one-process flow computes.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import party_env
 
+from demo.orgs import free_port
 from flows.align import psi_align
 from privreg.cli import main as privreg
 from storage.descriptor import TableRef
@@ -43,12 +43,6 @@ def make_tables(folder: Path) -> tuple[TableRef, TableRef, set[str]]:
     return bank, shop, set(bank_ids) & set(shop_ids)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def write_config(folder: Path, party: str, ports: dict[str, int], certs: Path) -> Path:
     peer = next(p for p in PARTIES if p != party)
     path = folder / party / "party.toml"
@@ -59,19 +53,6 @@ def write_config(folder: Path, party: str, ports: dict[str, int], certs: Path) -
         f'\n[peers]\n{peer} = "127.0.0.1:{ports[peer]}"\n'
     )
     return path
-
-
-def party_env(folder: Path) -> dict[str, str]:
-    from prefect.settings import PREFECT_API_URL
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVREG_")}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        PREFECT_API_URL=str(PREFECT_API_URL.value()),
-        PREFECT_HOME=str(folder / "prefect"),
-        GRPC_VERBOSITY="NONE",
-    )
-    return env
 
 
 def aligned(ref: TableRef, table: str) -> pd.DataFrame:

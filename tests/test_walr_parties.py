@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import party_env
 from prefect.logging import disable_run_logger
 
+from demo.orgs import free_port
 from flows.label_dp import label_dp_regression
 from flows.walr import walr
 from privreg.cli import main as privreg
@@ -43,27 +45,6 @@ LABELS, FEATURES = "advertiser", "publisher"
 PEER = {LABELS: FEATURES, FEATURES: LABELS}
 ROWS = 150
 CLI = [sys.executable, "-m", "privreg.cli", "party"]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def party_env(folder: Path) -> dict[str, str]:
-    from prefect.settings import PREFECT_API_URL
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVREG_")}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        PREFECT_API_URL=str(PREFECT_API_URL.value()),
-        PREFECT_HOME=str(folder / "prefect"),
-        GRPC_VERBOSITY="NONE",
-    )
-    return env
 
 
 class Parties:

@@ -460,6 +460,7 @@ def demo_releases(options: dict) -> list[RowRelease]:
             moments(epsilon, radius),
             **best,
         ),
+        RowRelease(f"moments, R = {tight:g}, L1 direction (a job option)", moments(epsilon, tight)),
         RowRelease(
             f"moments, R = {tight:g}, L1 direction, mean share 0.6", moments(epsilon, tight, 0.6)
         ),

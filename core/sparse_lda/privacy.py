@@ -10,6 +10,12 @@ sizes the noise for. Two units of protection are offered (:class:`PrivacyUnit`):
 * ``party``: each party releases its clipped debiased direction and means (below); the
   guarantee protects everything one party holds, so the noise does not fall with rows.
 
+The row unit has two mechanisms (:class:`RowMechanism`): ``moments``, one round (above), and
+``selected_moments``, two rounds (:mod:`core.sparse_lda.selection_release`: noisy
+per-feature statistics select k features, then only their moments are released). The two
+rounds share one sigma, calibrated here for their combined sensitivity, so together they
+spend the one (epsilon, delta) the ledger charges.
+
 Party-level mechanism. Each party sends ``round_g(clip(beta_tilde)) | round_g(clip(mu1)) |
 round_g(clip(mu2))`` plus its own noise share, an exact discrete Gaussian on the grid
 ``g * Z`` with variance ``sigma^2 / (m - c)``. The secure sum adds the m contributions, so

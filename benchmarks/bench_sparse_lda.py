@@ -6,7 +6,9 @@ tables, medians over repetitions on fresh data: centralized / naive averaging / 
 aggregation / the two private modes beside the paper; error against epsilon for m = 20, 60,
 100 in both privacy units (row: noisy clipped moments; party: noisy clipped debiased
 directions); the pathological multi-site data (real and synthetic); the demo's hospitals at
-the demo job's epsilon; and the precision-estimator comparison when asked for.
+the demo job's epsilon; the row-level mechanisms (one round or two, L1 or ridge direction)
+on the demo's own split and over 20 splits against the noise-free naive average; and the
+precision-estimator comparison when asked for.
 
 Private columns add one discrete Gaussian draw with the sum's sigma to the exact sum of the
 parties' vectors: the same distribution as m shares (up to the negligible gap of summed
@@ -14,6 +16,7 @@ discrete Gaussians) at a fraction of the sampling time.
 
     python benchmarks/bench_sparse_lda.py [--quick] [--repetitions R] [--workers W]
         [--parties M ...] [--timing] [--clime]
+        [--only {synthetic,sites,demo,mechanisms} ...]
 """
 
 from __future__ import annotations

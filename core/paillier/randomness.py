@@ -466,6 +466,10 @@ class ObfuscatorFile:
     def n(self) -> int:
         return self._source.n
 
+    @property
+    def path(self) -> Path:
+        return self._path
+
     def _make_header(self) -> bytes:
         digest = hashlib.sha256(f"paillier:{self._source.n:x}".encode()).hexdigest()[:48].encode()
         mode = self._source.mode.encode().ljust(26, b" ")

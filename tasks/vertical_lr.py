@@ -173,8 +173,10 @@ def _forget_sent(job: VerticalJob, ref: TableRef, round_: int) -> None:
     """Drop sent messages (and masks) of rounds no rollback can return to."""
     old = round_ - KEEP_SENT_ROUNDS
     if old >= 0:
-        for kind in ("masked_gradient", "loss_train", "loss_holdout"):
-            _artifacts(ref.database).delete_prefix(_key(job, "sent", kind, f"{old:07d}"))
+        artifacts = _artifacts(ref.database)
+        with artifacts.store.transaction() as con:  # one connection: each costs ~30 ms of CPU
+            for kind in ("masked_gradient", "loss_train", "loss_holdout"):
+                artifacts.delete_prefix(_key(job, "sent", kind, f"{old:07d}"), con=con)
 
 
 def check_batches(schedule: Schedule, host_features: dict[str, int]) -> None:
@@ -235,20 +237,22 @@ def _decrypt_once(
     digest = hashlib.sha256(codec.dumps(ciphertexts)).hexdigest()
     artifacts = _artifacts(job.key_holder_database)
     record = _key(job, "decrypted", kind, f"{round_:07d}", sender)
-    seen = artifacts.get(record)
-    if seen is not None and seen != digest:
-        raise KeyHolderRefusalError(
-            f"{job.key_holder} refuses a second, different {kind} from {sender} for round "
-            f"{round_}: each party's message is decrypted at most once per round"
-        )
-    try:
-        plain = cipher.decrypt(private, ciphertexts)
-    except (PaillierError, TypeError) as error:
-        raise KeyHolderRefusalError(
-            f"{job.key_holder} refuses the {kind} of {sender} for round {round_}: {error}"
-        ) from None
-    if seen is None:
-        artifacts.put(record, digest, "decryption-record")
+    # check, decrypt and record in one transaction: atomic, and one connection instead of two
+    with artifacts.store.serialized(), artifacts.store.transaction() as con:
+        seen = artifacts.get(record, con=con)
+        if seen is not None and seen != digest:
+            raise KeyHolderRefusalError(
+                f"{job.key_holder} refuses a second, different {kind} from {sender} for round "
+                f"{round_}: each party's message is decrypted at most once per round"
+            )
+        try:
+            plain = cipher.decrypt(private, ciphertexts)
+        except (PaillierError, TypeError) as error:
+            raise KeyHolderRefusalError(
+                f"{job.key_holder} refuses the {kind} of {sender} for round {round_}: {error}"
+            ) from None
+        if seen is None:
+            artifacts.put(record, digest, "decryption-record", con=con)
     return plain
 
 

@@ -1,7 +1,7 @@
 """Vertical LR: quality beside scikit-learn, and seconds per epoch of the real flow.
 
 Usage: python benchmarks/bench_vertical.py [--fate-rows N] [--fate-keys 1024 2048]
-       [--randomizer full|short|standard] [--skip-quality]
+       [--randomizer full|short|standard] [--pool no|ready|both] [--skip-quality]
 
 Quality: train AUC of the protocol's arithmetic (``core.vertical_lr.reference``, which the
 tests prove equal to the encrypted protocol bit for bit) against scikit-learn's
@@ -17,6 +17,11 @@ The FATE-shape run uses ``--fate-rows`` rows (default 20,000) and scales linearl
 generation, encryption, X^T [[d]], decryption, transfer, storage and the rest (wall seconds),
 and the CPU seconds of all processes involved: on an idle two-core machine the epoch takes
 about max(CPU / 2, the serial part); on a shared one, wall time inflates.
+
+``--pool ready`` runs the epoch with a job key prepared ahead and each encrypting party's
+pool of obfuscators filled before it (as between scheduled runs), and prints that
+preparation's wall and CPU seconds on a line of its own; ``both`` (default) runs the epoch
+without and with a ready pool, side by side.
 """
 
 from __future__ import annotations
@@ -168,6 +173,41 @@ def cpu_seconds() -> dict[int, float]:
     return seconds
 
 
+def cpu_since(before: dict[int, float]) -> float:
+    return sum(value - before.get(pid, 0.0) for pid, value in cpu_seconds().items())
+
+
+def prepare(
+    workspace: Path,
+    guest_ref: TableRef,
+    host_ref: TableRef,
+    rows: int,
+    key_size: int,
+    batch: int,
+    randomizer: str,
+) -> dict[str, float]:
+    """Ahead of the run: the arbiter's key for the job, each encrypting party's full pool."""
+    before, started = cpu_seconds(), time.perf_counter()
+    job = vertical_steps.keys_job(
+        "bench-pooled",
+        guest_ref.party,
+        (host_ref.party,),
+        key_holder_database=str(workspace / "parties" / "arbiter.duckdb"),
+        workspace=str(workspace),
+        randomizer=randomizer,
+    )
+    vertical_steps.prepare_key(job, key_size, key_size < MIN_SECURE_KEY_BITS)
+    keys = time.perf_counter() - started
+    job = vertical_steps.agreed_job(job, rows, {}, batch, 0.1)
+    values = 0
+    for ref in (guest_ref, host_ref):
+        values += vertical_steps.prepare_pool(
+            job, ref, vertical_steps.obfuscators_needed(job, ref.party)
+        )
+    wall = time.perf_counter() - started
+    return {"wall": wall, "keys": keys, "cpu": cpu_since(before), "values": values}
+
+
 def flow_epoch(
     guest: pd.DataFrame,
     host: pd.DataFrame,
@@ -175,9 +215,11 @@ def flow_epoch(
     batch: int,
     randomizer: str,
     options: dict,
-) -> tuple[float, dict[str, float]]:
+    pooled: bool = False,
+) -> tuple[float, dict[str, float], dict[str, float] | None]:
     """One epoch of the real ``vertical_lr`` flow (arbiter, one host, key generation and
-    hold-out loss included) in a fresh workspace; returns wall seconds and the split."""
+    hold-out loss included) in a fresh workspace; returns wall seconds, the split and, with
+    ``pooled``, the preparation done ahead of the run (key pair and pools)."""
     from flows.vertical_lr import vertical_lr
 
     with tempfile.TemporaryDirectory() as folder:
@@ -188,6 +230,10 @@ def flow_epoch(
         host_ref = TableRef(str(workspace / "host.duckdb"), "host")
         PartyStore.of(guest_ref).import_frame(guest, guest_ref)
         PartyStore.of(host_ref).import_frame(host, host_ref)
+        ahead = None
+        if pooled:
+            ahead = prepare(workspace, guest_ref, host_ref, len(guest), key_size, batch, randomizer)
+            options = {**options, "job_id": "bench-pooled"}
         with Split() as split:
             before = cpu_seconds()
             started = time.perf_counter()
@@ -204,9 +250,8 @@ def flow_epoch(
                 **options,
             )
             seconds = time.perf_counter() - started
-            after = cpu_seconds()
-    cpu = sum(value - before.get(pid, 0.0) for pid, value in after.items())
-    return seconds, {**split.seconds, "cpu": cpu}
+            cpu = cpu_since(before)
+    return seconds, {**split.seconds, "cpu": cpu}, ahead
 
 
 def synthetic_fate(rows: int, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -235,7 +280,20 @@ def split_row(label: str, seconds: float, split: dict[str, float], scale: float 
     return f"| {label} | {total:,.1f} | {keys:,.1f} | {cells} | {scale * cpu:,.1f} |"
 
 
-def credit_epoch(randomizer: str, header: str, rule: str) -> None:
+def ahead_line(label: str, ahead: dict[str, float], scale: float = 1.0) -> str:
+    wall = ahead["keys"] + scale * (ahead["wall"] - ahead["keys"])
+    return (
+        f"- {label}: prepared ahead of the run (key pair {ahead['keys']:,.1f} s, not scaled; "
+        f"{scale * ahead['values']:,.0f} obfuscators): {wall:,.1f} s wall, "
+        f"{scale * ahead['cpu']:,.1f} CPU s"
+    )
+
+
+def runs(pool: str) -> list[bool]:
+    return {"no": [False], "ready": [True], "both": [False, True]}[pool]
+
+
+def credit_epoch(randomizer: str, header: str, rule: str, pool: str) -> None:
     guest = pd.read_csv(DATA / "default_credit_hetero_guest.csv.gz")
     host = pd.read_csv(DATA / "default_credit_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
     credit = TRAINING["default_credit"]
@@ -250,10 +308,16 @@ def credit_epoch(randomizer: str, header: str, rule: str) -> None:
     )
     print(header)
     print(rule)
-    seconds, split = flow_epoch(
-        guest, host.reset_index(), 2048, credit["batch_size"], randomizer, options
-    )
-    print(split_row("default_credit", seconds, split))
+    notes = []
+    for pooled in runs(pool):
+        seconds, split, ahead = flow_epoch(
+            guest, host.reset_index(), 2048, credit["batch_size"], randomizer, options, pooled
+        )
+        label = "default_credit, pool ready" if pooled else "default_credit, no pool"
+        print(split_row(label, seconds, split))
+        if ahead is not None:
+            notes.append(ahead_line(label, ahead))
+    print("\n" + "\n".join(notes) if notes else "")
 
 
 @flow(name="bench-vertical-warm-up")
@@ -272,6 +336,7 @@ def main() -> None:
     )
     parser.add_argument("--fate-keys", type=int, nargs="*", default=[1024, 2048])
     parser.add_argument("--randomizer", default=DEFAULT_RANDOMIZER)
+    parser.add_argument("--pool", choices=["no", "ready", "both"], default="both")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--skip-credit", action="store_true", help="only the FATE-shape runs")
     args = parser.parse_args()
@@ -288,7 +353,7 @@ def main() -> None:
     )
     rule = "|---" * (len(Split.TARGETS) + 4) + "|"
     if not args.skip_credit:
-        credit_epoch(args.randomizer, header, rule)
+        credit_epoch(args.randomizer, header, rule, args.pool)
 
     scale = 100_000 / args.fate_rows
     note = "" if args.fate_rows == 100_000 else f", measured on {args.fate_rows:,} rows, x{scale:g}"
@@ -299,9 +364,17 @@ def main() -> None:
     print(header)
     print(rule)
     fate_guest, fate_host = synthetic_fate(args.fate_rows)
+    notes = []
     for key_size in args.fate_keys:
-        seconds, split = flow_epoch(fate_guest, fate_host, key_size, 4096, args.randomizer, {})
-        print(split_row(f"{key_size}-bit", seconds, split, scale))
+        for pooled in runs(args.pool):
+            seconds, split, ahead = flow_epoch(
+                fate_guest, fate_host, key_size, 4096, args.randomizer, {}, pooled
+            )
+            label = f"{key_size}-bit, " + ("pool ready" if pooled else "no pool")
+            print(split_row(label, seconds, split, scale))
+            if ahead is not None:
+                notes.append(ahead_line(label, ahead, scale))
+    print("\n" + "\n".join(notes) if notes else "")
 
 
 if __name__ == "__main__":

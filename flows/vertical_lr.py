@@ -130,7 +130,8 @@ def vertical_lr(
         arbiter: Let an arbiter hold the key (False: the guest holds it, two-party mode).
         arbiter_database: The arbiter's database (default: under the workspace).
         workspace: Folder for run messages and the arbiter (default: var or PRIVREG_HOME).
-        job_id: Job to continue; default derived from the tables and options.
+        job_id: Job to continue; default derived from the tables and options. Give the id
+            a key and pools were prepared for ahead of the run (``privreg paillier``).
         randomizer: Paillier randomizer, "standard" or "djn" (cheaper encryption).
         clip_features: Clip every party's features to [-c, c] locally; None keeps them.
         allow_insecure_key_size: Allow keys under 2048 bits (tests only).

@@ -10,6 +10,12 @@ privreg policy show --database D [--table T] [--json]
 privreg models list --database D         every flow's saved models in a party's database
 privreg models show --database D --key K  one model: coefficients by feature, intercept
 privreg models export --database D --key K --out FILE.json
+privreg paillier prepare-key --job-id J --guest G --hosts H1,H2 --database ARBITER_DB
+                 [--key-holder arbiter] [--key-size 2048]
+                                          key holder: a vertical job's key pair, ahead of the run
+privreg paillier fill-pool --job-id J --guest G --hosts H1,H2 --database OWN_DB --party P
+                 (--count N | --rows R [--batch-size B] [--epochs E]) [--randomizer full]
+                                          encrypting party: its obfuscators for that key
 privreg certs ... / privreg party ...     a party at its own organisation (privreg/party_cli.py)
 
 Errors print one line and exit with status 1; add --debug for the traceback.
@@ -187,6 +193,38 @@ def _show_model(key: str, model: dict[str, Any]) -> None:
         print(f"  {row['feature']:<{width}}  {row['coefficient']:.6g}")
 
 
+def _paillier(args: argparse.Namespace) -> None:
+    """Work done ahead of a vertical LR run (see tasks/vertical_lr.py for why it is sound)."""
+    from tasks import vertical_lr as steps
+
+    job = steps.keys_job(
+        args.job_id,
+        args.guest,
+        tuple(h for h in args.hosts.split(",") if h),
+        args.key_holder,
+        args.database if args.action == "prepare-key" else "",
+        args.workspace,
+        args.randomizer,
+    )
+    if args.action == "prepare-key":
+        bits = steps.prepare_key(job, args.key_size)
+        print(f"job {args.job_id}: {bits}-bit key pair ready; n sent to the other parties")
+        return
+    ref = TableRef(args.database, "obfuscators", party=args.party or "")
+    count = args.count
+    if count is None:
+        if args.rows is None:
+            raise SystemExit("fill-pool needs --count or --rows")
+        agreed = steps.agreed_job(job, args.rows, {}, args.batch_size, args.holdout_fraction)
+        count = steps.obfuscators_needed(agreed, ref.party, args.epochs)
+    started = time.perf_counter()
+    held = steps.prepare_pool(job, ref, count)
+    print(
+        f"{ref.party}: {count} obfuscators computed in {time.perf_counter() - started:.1f} s; "
+        f"the pool for job {args.job_id} holds {held}"
+    )
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line and status 1, like every other error."""
 
@@ -237,6 +275,25 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--key")
     models.add_argument("--out")
     models.set_defaults(handler=_models)
+    paillier = commands.add_parser(
+        "paillier", help="prepare a vertical job's key and a party's obfuscators ahead of its run"
+    )
+    paillier.add_argument("action", choices=["prepare-key", "fill-pool"])
+    paillier.add_argument("--job-id", required=True, help="the job id every party agreed on")
+    paillier.add_argument("--guest", required=True)
+    paillier.add_argument("--hosts", required=True, help="comma-separated, in the job's order")
+    paillier.add_argument("--key-holder", default="arbiter")
+    paillier.add_argument("--database", required=True, help="this party's own database")
+    paillier.add_argument("--party", help="this party's name (default: the database's name)")
+    paillier.add_argument("--workspace", help="the shared message folder (embedded runs)")
+    paillier.add_argument("--key-size", type=int, default=2048)
+    paillier.add_argument("--randomizer", default="full", choices=["full", "short", "standard"])
+    paillier.add_argument("--count", type=int, help="obfuscators to add to the pool")
+    paillier.add_argument("--rows", type=int, help="or: the job's rows, to compute the count")
+    paillier.add_argument("--batch-size", type=int, default=1024)
+    paillier.add_argument("--holdout-fraction", type=float, default=0.1)
+    paillier.add_argument("--epochs", type=int, default=1)
+    paillier.set_defaults(handler=_paillier)
     party_cli.register(commands)
     return parser
 

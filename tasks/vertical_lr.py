@@ -4,6 +4,29 @@ Parties: a *guest* (labels and some features), one or more *hosts* (other featur
 same aligned rows) and a *key holder*: the arbiter, or the guest itself in two-party mode.
 Every step reads the state it starts from by explicit round index, so re-running a round
 after a fault recomputes it whole from the previous round's checkpoints.
+
+Precomputed obfuscators. Computing obfuscators is most of an epoch's work (the hosts'
+``[[Xh wh/4]]``, the guest's re-randomised ``[[d]]``), and it needs only the public key. So
+the key holder may create a job's key pair ahead of the run (:func:`prepare_key`, e.g. right
+after the previous scheduled run, or ``privreg paillier prepare-key``) and send ``n`` to the
+parties; each encrypting party then fills its own pool for that key in idle time
+(:func:`prepare_pool`, ``privreg paillier fill-pool``), and the run draws from the pool
+(:func:`_pool`) and computes any shortfall on demand. Without a pool nothing changes.
+
+Why this is sound:
+
+* a key still serves exactly one job: a prepared key is stored under that job's id, so only
+  that job's run uses it, the key holder decrypts only that job's messages, each at most once
+  per sender, kind and round (:func:`_decrypt_once`), and deletes p, q when the job ends.
+  No ciphertext of an earlier job can be submitted for decryption: it is under another n.
+  Creating the key early only lengthens the time p, q sit in the key holder's own store;
+* an obfuscator is as secret as the plaintext it hides, so a pool lives beside the party's
+  own database, in a 0700 folder, in a 0600 file (refused otherwise), filled by the party
+  itself with its own random base h, bound to n and the mode (another key's pool is refused),
+  each value claimed durably before use and wiped from the file (never handed out twice,
+  across processes and restarts), and the file is deleted when the party saves its model;
+* the protocol's plaintexts do not depend on which obfuscators hide them, so a run with a pool
+  computes bit for bit what a run without one computes.
 """
 
 from __future__ import annotations
@@ -21,6 +44,7 @@ from core.ids import id_order_digest
 from core.paillier import cipher
 from core.paillier.errors import PaillierError
 from core.paillier.keys import MIN_SECURE_KEY_BITS, generate_keypair
+from core.paillier.randomness import ObfuscatorFile, discard_pool, pool_path
 from core.vertical_lr.fixed_point import decode_gradient, encode_features
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import (
@@ -149,8 +173,10 @@ def _forget_sent(job: VerticalJob, ref: TableRef, round_: int) -> None:
     """Drop sent messages (and masks) of rounds no rollback can return to."""
     old = round_ - KEEP_SENT_ROUNDS
     if old >= 0:
-        for kind in ("masked_gradient", "loss_train", "loss_holdout"):
-            _artifacts(ref.database).delete_prefix(_key(job, "sent", kind, f"{old:07d}"))
+        artifacts = _artifacts(ref.database)
+        with artifacts.store.transaction() as con:  # one connection: each costs ~30 ms of CPU
+            for kind in ("masked_gradient", "loss_train", "loss_holdout"):
+                artifacts.delete_prefix(_key(job, "sent", kind, f"{old:07d}"), con=con)
 
 
 def check_batches(schedule: Schedule, host_features: dict[str, int]) -> None:
@@ -211,20 +237,22 @@ def _decrypt_once(
     digest = hashlib.sha256(codec.dumps(ciphertexts)).hexdigest()
     artifacts = _artifacts(job.key_holder_database)
     record = _key(job, "decrypted", kind, f"{round_:07d}", sender)
-    seen = artifacts.get(record)
-    if seen is not None and seen != digest:
-        raise KeyHolderRefusalError(
-            f"{job.key_holder} refuses a second, different {kind} from {sender} for round "
-            f"{round_}: each party's message is decrypted at most once per round"
-        )
-    try:
-        plain = cipher.decrypt(private, ciphertexts)
-    except (PaillierError, TypeError) as error:
-        raise KeyHolderRefusalError(
-            f"{job.key_holder} refuses the {kind} of {sender} for round {round_}: {error}"
-        ) from None
-    if seen is None:
-        artifacts.put(record, digest, "decryption-record")
+    # check, decrypt and record in one transaction: atomic, and one connection instead of two
+    with artifacts.store.serialized(), artifacts.store.transaction() as con:
+        seen = artifacts.get(record, con=con)
+        if seen is not None and seen != digest:
+            raise KeyHolderRefusalError(
+                f"{job.key_holder} refuses a second, different {kind} from {sender} for round "
+                f"{round_}: each party's message is decrypted at most once per round"
+            )
+        try:
+            plain = cipher.decrypt(private, ciphertexts)
+        except (PaillierError, TypeError) as error:
+            raise KeyHolderRefusalError(
+                f"{job.key_holder} refuses the {kind} of {sender} for round {round_}: {error}"
+            ) from None
+        if seen is None:
+            artifacts.put(record, digest, "decryption-record", con=con)
     return plain
 
 
@@ -278,10 +306,23 @@ def _weights_round(round_: int, phase: str) -> int:
     return round_ if phase == "holdout" else round_ - 1
 
 
+def _pool(
+    job: VerticalJob, ref: TableRef, public: paillier.PaillierPublicKey
+) -> ObfuscatorFile | None:
+    """The party's own pool of obfuscators for this job's key, if it prepared one."""
+    return cipher.party_pool(ref.database, public, job.randomizer)
+
+
 # ---- set-up -------------------------------------------------------------------------------
 @task(name="vertical-keys", task_run_name="{job.key_holder}: key pair", **PARTY_STEP)
 def create_keys(job: VerticalJob, key_size: int, allow_insecure_key_size: bool = False) -> int:
     """The key holder's Paillier key pair, created once per job and kept in its store only."""
+    return prepare_key(job, key_size, allow_insecure_key_size)
+
+
+def prepare_key(job: VerticalJob, key_size: int, allow_insecure_key_size: bool = False) -> int:
+    """Create the job's key pair unless it exists (ahead of the run, or at its start) and send
+    ``n`` to every other party (the same bytes each time). Returns the modulus bits."""
     if key_size < MIN_SECURE_KEY_BITS and not allow_insecure_key_size:
         raise VerticalSetupError(
             f"key_size={key_size} is below {MIN_SECURE_KEY_BITS} bits; smaller keys are for "
@@ -297,10 +338,66 @@ def create_keys(job: VerticalJob, key_size: int, allow_insecure_key_size: bool =
         )
         stored = {"n": public.n, "p": private.p, "q": private.q}
         artifacts.put(_key(job, "keypair"), stored, "secret")
+    if int(stored["n"]).bit_length() != key_size:
+        raise VerticalSetupError(
+            f"job {job.job_id} already has a {int(stored['n']).bit_length()}-bit key, not "
+            f"{key_size} bits: use the key size it was prepared with, or another job_id"
+        )
     for party in (job.guest, *job.hosts):
         if party != job.key_holder:
             job.endpoint(job.key_holder).send(party, "public_key", stored["n"])
     return int(stored["n"]).bit_length()
+
+
+def keys_job(
+    job_id: str,
+    guest: str,
+    hosts: tuple[str, ...],
+    key_holder: str = "arbiter",
+    key_holder_database: str = "",
+    workspace: str | None = None,
+    randomizer: str = cipher.DEFAULT_RANDOMIZER,
+) -> VerticalJob:
+    """The parts of a job that key and pool preparation need (the training options play no
+    part; the schedule is a placeholder until :func:`agreed_job`)."""
+    return VerticalJob(
+        job_id=job_id,
+        workspace=workspace,
+        guest=guest,
+        hosts=tuple(hosts),
+        key_holder=key_holder,
+        key_holder_database=key_holder_database,
+        schedule=Schedule(2, 1, 0),
+        learning_rate=0.0,
+        momentum=0.0,
+        decay=0.0,
+        l2=0.0,
+        randomizer=cipher.randomizer_mode(randomizer),
+    )
+
+
+def obfuscators_needed(job: VerticalJob, party: str, epochs: int = 1) -> int:
+    """How many obfuscators ``party`` draws in ``epochs`` epochs of the agreed schedule: a host
+    one per batch row plus its ``[[sum a^2]]`` and cross terms, the guest one per training row
+    (the re-randomised ``[[d]]``) plus the loss; the hold-out check likewise (once per epoch)."""
+    schedule = job.schedule
+    rounds = epochs * schedule.batches_per_epoch
+    train_rows = epochs * len(schedule.train_rows)
+    checks = epochs if len(schedule.holdout_rows) else 0
+    if party == job.guest:
+        return train_rows + rounds + checks
+    extra = 1 + job.hosts.index(party)  # the square and one cross term per earlier host
+    return train_rows + checks * len(schedule.holdout_rows) + (rounds + checks) * extra
+
+
+def prepare_pool(job: VerticalJob, ref: TableRef, count: int) -> int:
+    """Fill the party's own pool with ``count`` obfuscators for the job's key (waiting for the
+    key holder's ``n`` if it has not arrived), e.g. in idle time before a scheduled run.
+    Returns how many the pool holds."""
+    if ref.party not in (job.guest, *job.hosts):
+        raise VerticalSetupError(f"{ref.party} encrypts nothing in job {job.job_id}")
+    pool = cipher.party_pool(ref.database, _public_key(job, ref), job.randomizer, create=True)
+    return cipher.fill_pool(pool, count)
 
 
 @task(name="vertical-check", task_run_name="{ref.party}: check table", **PARTY_STEP)
@@ -357,16 +454,17 @@ def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "tra
     rows = _rows(job, round_, phase)
     public = _public_key(job, ref)
     share = host_share(X[rows], weights)
+    pool = _pool(job, ref, public)
     endpoint = job.endpoint(ref.party)
     # a re-run round (same weights, same plaintexts) re-sends the ciphertexts it sent before
     encrypted = endpoint.sent(job.guest, f"share_{phase}", round=round_)
     if encrypted is None:
-        encrypted = cipher.encrypt(public, share, job.randomizer)
+        encrypted = cipher.encrypt(public, share, job.randomizer, pool=pool)
     endpoint.send(job.guest, f"share_{phase}", encrypted, round=round_)
     endpoint.send_once(
         job.guest,
         f"square_{phase}",
-        lambda: cipher.encrypt(public, [sum(a * a for a in share)], job.randomizer),
+        lambda: cipher.encrypt(public, [sum(a * a for a in share)], job.randomizer, pool=pool),
         round=round_,
     )
     position = job.hosts.index(ref.party)
@@ -394,7 +492,9 @@ def host_cross_terms(job: VerticalJob, ref: TableRef, round_: int, phase: str = 
         endpoint.send_once(
             job.guest,
             f"cross_{earlier}_{phase}",
-            lambda cross=cross: cipher.rerandomize(public, [cross], job.randomizer),
+            lambda cross=cross: cipher.rerandomize(
+                public, [cross], job.randomizer, pool=_pool(job, ref, public)
+            ),
             round=round_,
         )
 
@@ -426,13 +526,14 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
             loss_terms.append(cipher.weighted_sum(public, [cross], [2]))
     b, q = guest_shares(X[rows], weights, y)
     coefficients, constant = loss_coefficients(q, y)
+    pool = _pool(job, ref, public)
 
     def encrypted_loss() -> dict[str, Any]:
         loss = cipher.weighted_sum(
             public, [*total, *loss_terms], [*coefficients, *[1] * len(loss_terms)]
         )
         loss = cipher.add_plain(public, [loss], [constant])
-        return {"message": cipher.rerandomize(public, loss, job.randomizer)}
+        return {"message": cipher.rerandomize(public, loss, job.randomizer, pool=pool)}
 
     _deliver_once(job, ref, f"loss_{phase}", round_, encrypted_loss)
     if phase != "train":
@@ -443,7 +544,7 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
     for host in job.hosts:
         fresh = endpoint.sent(host, "residual", round=round_) or fresh
     if fresh is None:
-        fresh = cipher.rerandomize(public, residual, job.randomizer)
+        fresh = cipher.rerandomize(public, residual, job.randomizer, pool=pool)
     for host in job.hosts:
         endpoint.send(host, "residual", fresh, round=round_)
     _mask_and_send(job, ref, public, encode_features(X[rows]), residual, round_)
@@ -585,6 +686,9 @@ def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[
     key = f"models/vertical/{job.job_id}/{ref.party}"
     _artifacts(ref.database).put(key, model, "model")
     _artifacts(ref.database).delete_prefix(_key(job, "sent"))  # masks are no longer needed
+    n = _artifacts(ref.database).get(_key(job, "public_key"))
+    if n is not None:  # the key retires with the job: its leftover obfuscators go too
+        discard_pool(pool_path(ref.database, int(n), job.randomizer))
     return {"key": key, "coefficients": dict(zip(names, weights.tolist(), strict=True))}
 
 

@@ -15,15 +15,17 @@ from pathlib import Path
 import gmpy2
 import pytest
 from gmpy2 import mpz
+from phe.paillier import PaillierPublicKey
 
 from core.paillier import cipher
-from core.paillier.errors import PaillierError
+from core.paillier.errors import KeyMismatchError, PaillierError
 from core.paillier.keys import generate_keypair
 from core.paillier.randomness import (
     DEFAULT_RANDOMIZER,
     FixedBaseRandomizer,
     ObfuscatorFile,
     make_randomizer,
+    pool_path,
     randomizer_mode,
 )
 
@@ -144,6 +146,43 @@ def test_pool_file_refuses_lax_permissions_and_other_keys(keys, tmp_path: Path) 
     os.chmod(path, 0o644)
     with pytest.raises(PaillierError, match="accessible to others"):
         ObfuscatorFile(path, make_randomizer(public, "short"))
+    # A party's pool is per key: another key's pool file is refused, and so is its use.
+    other, _ = generate_keypair(512, allow_insecure_key_size=True)
+    own = cipher.party_pool(tmp_path / "party.duckdb", public, "full", create=True)
+    assert own is not None and cipher.fill_pool(own, 4) == 4
+    assert (
+        stat.S_IMODE(pool_path(tmp_path / "party.duckdb", public.n, "full").stat().st_mode) == 0o600
+    )
+    with pytest.raises(PaillierError, match="another key"):
+        ObfuscatorFile(own.path, make_randomizer(other, "full"))
+    with pytest.raises(KeyMismatchError):
+        cipher.encrypt(other, [1], pool=own)
+    assert cipher.party_pool(tmp_path / "party.duckdb", other, "full") is None
+    os.chmod(own.path.parent, 0o755)  # the folder, too, is the party's alone
+    with pytest.raises(PaillierError, match="accessible to others"):
+        cipher.party_pool(tmp_path / "party.duckdb", public, "full")
+
+
+def test_prepared_key_and_pool_from_the_command_line(tmp_path: Path) -> None:
+    from privreg.cli import main
+    from storage.artifacts import ArtifactStore
+    from storage.party_store import PartyStore
+
+    common = ["--job-id", "j1", "--guest", "g", "--hosts", "h", "--workspace", str(tmp_path)]
+    arbiter, host = str(tmp_path / "arbiter.duckdb"), str(tmp_path / "h.duckdb")
+    assert main(["paillier", "prepare-key", *common, "--database", arbiter]) == 0
+    assert main(["paillier", "fill-pool", *common, "--database", host, "--count", "5"]) == 0
+    n = ArtifactStore(PartyStore(arbiter)).get("vertical/j1/keypair")["n"]
+    assert (
+        ObfuscatorFile(
+            pool_path(host, n, "full"), make_randomizer(PaillierPublicKey(n), "full")
+        ).available()
+        == 5
+    )
+    # the run's key size must be the prepared key's
+    assert (
+        main(["paillier", "prepare-key", *common, "--database", arbiter, "--key-size", "3072"]) == 1
+    )
 
 
 SCRIPT = textwrap.dedent(

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 from prefect.artifacts import Artifact
 
+from core.paillier import cipher
+from core.paillier.randomness import pool_path
 from core.vertical_lr.reference import train_reference
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import Optimizer
@@ -18,7 +22,14 @@ from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
-from tasks.vertical_lr import VerticalSetupError
+from tasks.vertical_lr import (
+    VerticalSetupError,
+    agreed_job,
+    keys_job,
+    obfuscators_needed,
+    prepare_key,
+    prepare_pool,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"
@@ -76,19 +87,65 @@ def assert_same_model(result, expected, guest_ref, host_refs) -> None:
     np.testing.assert_allclose(result["losses"], expected.losses, atol=1e-12)
 
 
-@pytest.mark.parametrize(("hosts", "arbiter"), [(1, True), (2, True), (1, False)])
+def prepare_pools(workspace: Path, guest_ref: TableRef, host_refs: list[TableRef]) -> set[int]:
+    """Ahead of the run: the arbiter creates the job's key, every encrypting party fills its
+    own pool with what the job needs. Returns the obfuscators pooled at the first host."""
+    job = keys_job(
+        "pooled",
+        guest_ref.party,
+        tuple(h.party for h in host_refs),
+        key_holder_database=str(workspace / "parties" / "arbiter.duckdb"),
+        workspace=str(workspace),
+    )
+    prepare_key(job, 1024, allow_insecure_key_size=True)
+    job = agreed_job(job, ROWS, {}, BATCH, 0.1)
+    for ref in (guest_ref, *host_refs):
+        assert prepare_pool(job, ref, obfuscators_needed(job, ref.party, EPOCHS)) > 0
+    n = (
+        channel_for("pooled", str(workspace))
+        .endpoint(guest_ref.party)
+        .receive("arbiter", "public_key")
+    )
+    path = pool_path(host_refs[0].database, n, "full")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    record = (2 * int(n).bit_length() + 7) // 8
+    data = path.read_bytes()[128:]
+    return {int.from_bytes(data[i : i + record], "big") for i in range(0, len(data), record)}
+
+
+@pytest.mark.parametrize(
+    ("hosts", "arbiter", "pooled"), [(1, True, False), (2, True, True), (1, False, False)]
+)
 def test_encrypted_training_equals_plaintext_protocol(
-    workspace: Path, hosts: int, arbiter: bool
+    workspace: Path, hosts: int, arbiter: bool, pooled: bool
 ) -> None:
     guest_ref, host_refs, guest_X, host_X, y = breast(workspace, hosts)
+    if pooled:
+        arbiter_store = ArtifactStore(PartyStore(workspace / "parties" / "arbiter.duckdb"))
+        pooled_values = prepare_pools(workspace, guest_ref, host_refs)
+        keypair = arbiter_store.get("vertical/pooled/keypair")
     result = vertical_lr(
         guest_ref.to_dict(),
         [h.to_dict() for h in host_refs],
         arbiter=arbiter,
         workspace=str(workspace),
+        job_id="pooled" if pooled else None,
         **OPTIONS,
     )
     assert_same_model(result, reference(guest_X, host_X, y), guest_ref, host_refs)
+    if pooled:  # the first host's ciphertexts are hidden by its pool's values, each used once
+        n, p, q = (int(keypair[k]) for k in "npq")
+        private = PaillierPrivateKey(PaillierPublicKey(n), p, q)
+        guest = channel_for("pooled", str(workspace)).endpoint(guest_ref.party)
+        used = []
+        for round_ in range(EPOCHS * 2):
+            shares = guest.receive(host_refs[0].party, "share_train", round=round_)
+            for c, m in zip(shares, cipher.decrypt(private, shares), strict=True):
+                used.append(c * pow(1 + (m % n) * n, -1, n * n) % (n * n))
+        assert len(set(used)) == len(used) and set(used) <= pooled_values
+        for ref in (guest_ref, *host_refs):  # the job's key is retired: so are the pools
+            assert not pool_path(ref.database, n, "full").exists()
     assert result["metrics"]["train_auc"] > 0.95
     scores = PartyStore.of(guest_ref).read_table(
         TableRef(guest_ref.database, result["scores_table"], id_column="id")

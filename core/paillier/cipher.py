@@ -15,6 +15,7 @@ import functools
 import os
 import secrets
 from collections.abc import Sequence
+from pathlib import Path
 
 import gmpy2
 import numpy as np
@@ -31,6 +32,8 @@ from core.paillier.randomness import (
     ObfuscatorFile,
     StandardRandomizer,
     make_randomizer,
+    pool_path,
+    private_folder,
     randomizer_mode,
 )
 
@@ -99,6 +102,39 @@ def _obfuscators(
         factors = (int(private.p), int(private.q))
     source = _randomizer(public.n, randomizer_mode(kind), factors)
     return source.obfuscators(count, backend=_backend(count))
+
+
+def party_pool(
+    database: str | os.PathLike[str],
+    public: paillier.PaillierPublicKey,
+    randomizer: str = DEFAULT_RANDOMIZER,
+    *,
+    private: paillier.PaillierPrivateKey | None = None,
+    create: bool = False,
+) -> ObfuscatorFile | None:
+    """The pool of precomputed obfuscators that the party owning ``database`` keeps for this
+    key and mode, or None when it has none (a run without a pool computes them on demand).
+
+    ``create`` makes an empty one (for filling). Values it computes on demand when the pool
+    runs dry come from the same randomizer as :func:`encrypt` (CRT with the own ``private``).
+    """
+    path = pool_path(database, public.n, randomizer)
+    if not create and not path.exists():
+        return None
+    private_folder(Path(path).parent)
+    factors = None if private is None else (int(private.p), int(private.q))
+    return ObfuscatorFile(path, _randomizer(public.n, randomizer_mode(randomizer), factors))
+
+
+def fill_pool(pool: ObfuscatorFile, count: int, *, batch: int = 4096) -> int:
+    """Add ``count`` obfuscators to ``pool`` on this machine's cores, in batches that are each
+    durable once written (an interrupted fill keeps what it finished). Returns the pool's size."""
+    done = 0
+    while done < count:
+        size = min(batch, count - done)
+        pool.fill(size, backend=_backend(size))
+        done += size
+    return pool.available()
 
 
 def encrypt(

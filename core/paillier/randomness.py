@@ -42,6 +42,13 @@ Obfuscators can also be computed ahead of need: :class:`ObfuscatorPool` in memor
 (given u and the ciphertext, anyone recovers m), so a pool file is created readable by its
 owner only and every value is claimed under a file lock and the claim is made durable before
 the value is used: no value is handed out twice, across processes and restarts.
+
+Where a party keeps its pools (:func:`pool_path`): beside its own database, in a folder only
+it can read, one file per public key and mode. A pool is bound to the key n (its header holds
+n's digest and the mode; another key's pool is refused) and to the encrypting party, which
+fills it itself with its own base h. Which key a pool is filled for, and when, is the flows'
+business: vertical LR's key holder can create a job's key ahead of the run and the encrypting
+parties fill their pools for it in idle time (see ``tasks/vertical_lr.py``).
 """
 
 from __future__ import annotations
@@ -459,6 +466,10 @@ class ObfuscatorFile:
     def n(self) -> int:
         return self._source.n
 
+    @property
+    def path(self) -> Path:
+        return self._path
+
     def _make_header(self) -> bytes:
         digest = hashlib.sha256(f"paillier:{self._source.n:x}".encode()).hexdigest()[:48].encode()
         mode = self._source.mode.encode().ljust(26, b" ")
@@ -519,6 +530,42 @@ class ObfuscatorFile:
     @staticmethod
     def _consumed(fd: int) -> int:
         return int.from_bytes(os.pread(fd, 8, _CONSUMED_OFFSET), "big")
+
+
+POOL_SUFFIX = ".pool"
+
+
+def pool_path(database: str | os.PathLike[str], n: int, mode: str) -> Path:
+    """The pool file of the party owning ``database`` for key ``n`` and ``mode``:
+    ``<database>.obfuscators/<fingerprint of n>.<mode>.pool``, next to its own store."""
+    digest = hashlib.sha256(f"paillier:{int(n):x}".encode()).hexdigest()[:32]
+    folder = Path(database).with_name(Path(database).name + ".obfuscators")
+    return folder / f"{digest}.{randomizer_mode(mode)}{POOL_SUFFIX}"
+
+
+def private_folder(folder: Path) -> Path:
+    """``folder``, created at 0700 if missing; refused when others may enter it."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or info.st_uid != os.getuid():
+        raise PaillierError(
+            f"obfuscator folder {folder} is accessible to others (mode "
+            f"{stat.filemode(info.st_mode)}); it holds secrets: chmod 700"
+        )
+    return folder
+
+
+def discard_pool(path: Path) -> None:
+    """Delete a pool whose key is retired (its values would never be used): zeroed first."""
+    if not path.exists():
+        return
+    try:
+        with _LockedFile(path) as fd:
+            os.pwrite(fd, bytes(os.fstat(fd).st_size), 0)
+            os.fsync(fd)
+        path.unlink()
+    except FileNotFoundError:
+        return
 
 
 class _LockedFile:

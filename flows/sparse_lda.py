@@ -14,6 +14,17 @@ and no noiseless sum ever crosses or reaches the flow. ``method="naive"`` averag
 un-debiased fits the same way; ``method="centralized_reference"`` sends every party's rows to
 the coordinator in the clear (a reference, NOT private, never charged).
 
+Party mode (each site and the coordinator its own process, over the network channel):
+``sparse_lda_party`` is one site's column of the diagram and ``sparse_lda_coordinator`` the
+coordinator's; every party is given the same job id and options and they meet only through
+messages. The coordinator calls the secure sum (a fresh session id and the job's parameters,
+which every site checks against its own before it contributes) and drives it with the one
+driver (``tasks.secure_sum.drive_session``): a site that does not answer a stage by its
+deadline, for any reason, is dropped, and below the threshold the sum fails naming the missing
+sites. A restarted site reuses its stored release (charged once) and re-sends its session
+steps from its own records; a restarted coordinator re-sends its call and does not redo a
+stored sum or model. ``sparse_lda`` runs the same steps, each party's in turn, in one process.
+
 ``sparse_lda_job`` runs a job file end to end: load each party's table, set each party's
 budget from the job file, then run the flow (``python -m flows.sparse_lda <job file>``).
 """

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import pandas as pd
 import pytest
 from test_vertical_parties import found_in, own_messages_only, table_values
 
+from core.secagg.errors import ProtocolViolationError
+from core.sparse_lda import ThresholdRule
 from demo.orgs import make_orgs, start
 from flows.sparse_lda import sparse_lda
 from storage.artifacts import ArtifactStore
@@ -31,6 +34,7 @@ from storage.party_config import PartyConfig
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.transport_grpc import serve
+from tasks import sparse_lda as steps
 from tasks.secure_sum import COORDINATOR
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -202,3 +206,16 @@ def test_hospital_processes_fit_the_one_process_model_without_a_killed_one(
     value = sorted(distinctive(parties.refs["hospital_b"]))[0]
     control.write_text(f"weights [{value}, 2.5]")
     assert found_in(stored["hospital_a"], distinctive(parties.refs["hospital_b"])) == {value}
+
+
+def test_a_site_refuses_a_call_for_fewer_noise_shares(tmp_path: Path) -> None:
+    """A coordinator calling the sum with a lower threshold would unmask sums holding fewer
+    noise shares than every site's calibration counts on: the site refuses, naming it."""
+    agreed = steps.SparseLDAJob(
+        "slda-call", str(tmp_path), tuple(HOSPITALS), "debiased", 1.0, 1e-6, None, None, 3,
+        privacy_unit="row", row_clip_norm=3.0,
+    )  # fmt: skip
+    steps.call_sum.fn(replace(agreed, threshold=2), 30, ThresholdRule(), 5.0)
+    site = TableRef(database=str(tmp_path / "hospital_a.duckdb"), table="patients")
+    with pytest.raises(ProtocolViolationError, match=r"hospital_a: .* threshold 2 \(agreed: 3\)"):
+        steps.await_sum_call.fn(site, agreed, ThresholdRule())

@@ -313,8 +313,9 @@ def sparse_lda(
         model = steps.build_model(job, ctx, rule)
     secure_sum.each_party(steps.keep_model, by_name, names, job, ctx)  # dropped ones too
     scores = []
-    if holdout_fraction > 0:
-        scores = list(secure_sum.each_party(steps.score_holdout, by_name, names, job).values())
+    if holdout_fraction > 0:  # the figures: the held-out rows of the sites in the model
+        scoring = [p for p in names if p in model["contributors"]]
+        scores = list(secure_sum.each_party(steps.score_holdout, by_name, scoring, job).values())
     sparse_lda_summary(job, refs, model, releases, scores)
     return _finish(job, model, releases, _figures(job, model, scores))
 
@@ -468,8 +469,10 @@ def sparse_lda_coordinator(
         if not steps.sum_done(ctx):  # a restarted coordinator goes straight to the model
             secure_sum.unmask_sum(ctx, secure_sum.drive_session(ctx))
         model = steps.build_model(job, ctx, rule)  # and sends it to every site
-    scores = steps.collect_scores(job, stage_timeout) if holdout_fraction > 0 else []
     dropped = [p for p in names if p not in model["contributors"]]
+    scores = []
+    if holdout_fraction > 0:  # the figures: the held-out rows of the sites in the model
+        scores = steps.collect_scores(job, model["contributors"], stage_timeout)
     return {**_finish(job, model, {}, _figures(job, model, scores)), "dropped": dropped}
 
 
@@ -559,7 +562,9 @@ def sparse_lda_party(
         if not steps.model_out(ref, job):  # the sum is still open: take part in it
             _contribute(ref, job, ctx, inject_fault)
     model = steps.keep_model(ref, job, ctx)
-    score = steps.score_holdout(ref, job) if holdout_fraction > 0 else None
+    score = None
+    if holdout_fraction > 0 and ref.party in model["contributors"]:  # for the figures
+        score = steps.score_holdout(ref, job)
     arrays = ("direction", "mean_positive", "mean_negative")
     return {
         **{k: v for k, v in model.items() if k not in arrays},

@@ -218,22 +218,22 @@ def _sparse_lda(args: argparse.Namespace) -> None:
 
     parties = [p.strip() for p in args.parties.split(",") if p.strip()]
     options = _descriptor(args.options) if args.options else {}
-    flow = sparse_lda_coordinator if config.party == COORDINATOR else sparse_lda_party
-    known = {  # one options file for every party: each takes the options of its role
-        role: set(inspect.signature(f.fn).parameters) - {"own", "parties", "job_id"}
-        for role, f in (("coordinator", sparse_lda_coordinator), ("site", sparse_lda_party))
+    takes = {  # one options file for every party: each takes the options of its role
+        f: set(inspect.signature(f.fn).parameters) - {"own", "parties", "job_id", "inject_fault"}
+        for f in (sparse_lda_coordinator, sparse_lda_party)
     }
-    if unknown := sorted(set(options) - known["coordinator"] - known["site"]):
+    if unknown := sorted(set(options) - takes[sparse_lda_coordinator] - takes[sparse_lda_party]):
         raise SystemExit(f"unknown sparse LDA options {unknown}")
-    mine = {k: v for k, v in options.items() if k in set(inspect.signature(flow.fn).parameters)}
-    if flow is sparse_lda_coordinator:
+    if config.party == COORDINATOR:
         if args.table:
             raise SystemExit("the coordinator holds no table; leave out --table")
+        mine = {k: v for k, v in options.items() if k in takes[sparse_lda_coordinator]}
         result = sparse_lda_coordinator(parties, args.job, **mine)
     else:
         if not args.table:
             raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
         own = _own_table(config, args.table)
+        mine = {k: v for k, v in options.items() if k in takes[sparse_lda_party]}
         result = sparse_lda_party(own, parties, args.job, inject_fault=args.inject_fault, **mine)
     print(json.dumps(result, default=float))
 

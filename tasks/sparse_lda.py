@@ -734,13 +734,15 @@ def sum_done(ctx: SumContext) -> bool:
 
 
 @task(name="sparse-lda-scores", task_run_name="coordinator: collect held-out counts", **PARTY_STEP)
-def collect_scores(job: SparseLDAJob, timeout: float) -> list[dict[str, int]]:
-    """The sites' held-out counts that arrive within ``timeout`` (a site gone since the sum
-    is missing from the figures, and named in the log)."""
+def collect_scores(
+    job: SparseLDAJob, contributors: list[str], timeout: float
+) -> list[dict[str, int]]:
+    """The contributors' held-out counts that arrive within ``timeout`` (a site gone since
+    the sum is missing from the figures, and named in the log)."""
     endpoint = job.endpoint(COORDINATOR)
     found = secure_sum.collect(
-        endpoint, "holdout_score", job.parties, 0, time.monotonic() + timeout
+        endpoint, "holdout_score", contributors, 0, time.monotonic() + timeout
     )
-    if missing := [p for p in job.parties if p not in found]:
+    if missing := [p for p in contributors if p not in found]:
         get_run_logger().warning("job %s: no held-out counts from %s", job.job_id, missing)
-    return [found[p] for p in job.parties if p in found]
+    return [found[p] for p in contributors if p in found]

@@ -111,7 +111,7 @@ def validate_frame(frame: pd.DataFrame, ref: TableRef) -> pd.DataFrame:
     frame = frame.reset_index(drop=True)
     _validate_ids(frame, ref)
     features = resolve_feature_columns(ref, [str(c) for c in frame.columns])
-    out = pd.DataFrame({ref.id_column: frame[ref.id_column]})
+    columns: dict[str, object] = {ref.id_column: frame[ref.id_column]}
     if ref.label_column is not None:
         labels = _numeric(frame, ref, ref.label_column, "label")
         if ref.label_domain is not None:
@@ -127,7 +127,7 @@ def validate_frame(frame: pd.DataFrame, ref: TableRef) -> pd.DataFrame:
                     f"label {labels[row]:g} is outside the declared domain {{{domain}}}",
                     frame[ref.id_column].iloc[row],
                 )
-        out[ref.label_column] = labels
+        columns[ref.label_column] = labels
     for column in features:
-        out[column] = _numeric(frame, ref, column, "feature")
-    return out
+        columns[column] = _numeric(frame, ref, column, "feature")
+    return pd.DataFrame(columns)  # built at once: column-by-column inserts fragment the frame

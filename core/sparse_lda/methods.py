@@ -4,6 +4,8 @@
 * ``fit_naive_average``: baseline. Same private average of the *un-debiased* local fits.
 * ``fit_moments_release``: the row-level private protocol. Each party's clipped sufficient
   statistics plus noise shares are summed; one pooled sparse fit on the noisy sum.
+* ``fit_selected_moments_release``: the same in two rounds, under one (epsilon, delta):
+  noisy per-feature statistics select k features, then only their moments are released.
 * ``fit_centralized``: reference only. The local estimator on all rows pooled, which the
   protocol exists to avoid; it shows what accuracy the pooled data could reach.
 """
@@ -27,6 +29,7 @@ from core.sparse_lda.errors import DegenerateDataError, SparseLDAInputError
 from core.sparse_lda.local_fit import LocalEstimate, LocalFitSettings, fit_local
 from core.sparse_lda.model import LinearDiscriminant
 from core.sparse_lda.moments_release import (
+    NOISE_RIDGE_SCALE,
     model_from_statistics,
     statistics_norm_bound,
     statistics_vector,
@@ -42,6 +45,13 @@ from core.sparse_lda.privacy import (
     check_party_count,
     party_calibration,
     party_level_blocks,
+)
+from core.sparse_lda.selection_release import (
+    model_from_selected,
+    select_features,
+    selected_statistics_vector,
+    selection_norm_bound,
+    selection_vector,
 )
 
 MapParties = Callable[
@@ -120,6 +130,56 @@ def fit_moments_release(
     noise = 0.0 if privacy.noise_disabled_for_testing else calibration.sum_std(n_parties)
     rows = sum(p.n_rows for p in parties)
     return model_from_statistics(total, len(columns), rows, noise, privacy, settings)
+
+
+def fit_selected_moments_release(
+    parties: Sequence[PartyData],
+    privacy: PrivacySettings,
+    settings: LocalFitSettings = DEFAULT_SETTINGS,
+    *,
+    sum_vectors: SumVectors = plain_sum,
+    noise_ridge_scale: float = NOISE_RIDGE_SCALE,
+    sparse: bool = True,
+) -> LinearDiscriminant:
+    """Row-level DP in two secure sums (:mod:`core.sparse_lda.selection_release`): every party
+    sends its noisy selection vector; the k selected columns (post-processing of that sum)
+    go back to every party, which sends the noisy moments of those columns; one fit."""
+    columns = check_same_columns(parties)
+    d, n_parties = len(columns), len(parties)
+    calibration = party_calibration(privacy, d, n_parties)
+    noiseless = privacy.noise_disabled_for_testing
+
+    def secure_round(vectors: list[np.ndarray]) -> np.ndarray:
+        shares = vectors if noiseless else [add_noise_share(v, calibration) for v in vectors]
+        return sum_contributions(shares, sum_vectors)
+
+    first = []
+    for party in parties:
+        exact = selection_vector(party, privacy)
+        check_contribution(party.name, exact, selection_norm_bound(party.n_rows, privacy, d))
+        first.append(exact)
+    rows = sum(p.n_rows for p in parties)
+    selected = select_features(secure_round(first), d, rows, privacy)
+    second_settings, k = privacy.selected_round(), len(selected)
+    second = []
+    for party in parties:
+        exact = selected_statistics_vector(party, privacy, selected)
+        check_contribution(
+            party.name, exact, statistics_norm_bound(party.n_rows, second_settings, k)
+        )
+        second.append(exact)
+    noise = 0.0 if noiseless else calibration.sum_std(n_parties)
+    return model_from_selected(
+        secure_round(second),
+        selected,
+        d,
+        rows,
+        noise,
+        privacy,
+        settings,
+        noise_ridge_scale=noise_ridge_scale,
+        sparse=sparse,
+    )
 
 
 def check_columns_usable(degenerate: dict[str, Sequence[str]], columns: Sequence[str]) -> None:

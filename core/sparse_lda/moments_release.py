@@ -79,6 +79,11 @@ def unpack_symmetric(packed: np.ndarray, n_features: int) -> np.ndarray:
 def _check_row_unit(settings: PrivacySettings) -> None:
     if settings.unit is not PrivacyUnit.ROW:
         raise ValueError("the moments release needs row-level privacy settings")
+    if settings.two_rounds:
+        raise ValueError(
+            "two-round settings: use core.sparse_lda.selection_release (round 2 is the moments "
+            "release of settings.selected_round())"
+        )
 
 
 def statistics_vector(party: PartyData, settings: PrivacySettings) -> np.ndarray:
@@ -115,12 +120,17 @@ def model_from_statistics(
     sum_noise_std: float,
     settings: PrivacySettings,
     fit: LocalFitSettings | None = None,
+    *,
+    noise_ridge_scale: float = NOISE_RIDGE_SCALE,
+    sparse: bool = True,
 ) -> LinearDiscriminant:
     """Coordinator: pooled class means and covariance from the (noisy) summed statistics,
-    then the paper's L1 direction on them (``lambda = scale sqrt(log d / N)``).
+    then the paper's L1 direction on them (``lambda = scale sqrt(log d / N)``), or with
+    ``sparse=False`` the plain LDA direction ``(Sigma + ridge I)^-1 mu_d``.
 
-    Post-processing only: the ridge uses the public noise level, counts are clamped to at
-    least 1 and the covariance is projected onto the positive semidefinite cone.
+    Post-processing only: the ridge ``noise_ridge_scale * ||E||`` uses the public noise level,
+    counts are clamped to at least 1 and the covariance is projected onto the positive
+    semidefinite cone.
     """
     _check_row_unit(settings)
     d = n_features
@@ -140,11 +150,18 @@ def model_from_statistics(
     ) / total_rows
     eigenvalues, vectors = np.linalg.eigh((covariance + covariance.T) / 2.0)
     noise_norm = math.sqrt(2.0 * d) * sum_noise_std / total_rows
-    ridge = NOISE_RIDGE_SCALE * noise_norm
+    ridge = noise_ridge_scale * noise_norm
     covariance = (vectors * np.maximum(eigenvalues, 0.0)) @ vectors.T + ridge * np.eye(d)
+    target = mean_positive - mean_negative
+    if not sparse:
+        try:
+            direction = np.linalg.solve(covariance, target)
+        except np.linalg.LinAlgError:  # singular and no noise ridge: the LP's fallback ridge
+            extra = DIRECTION_RIDGE_FRACTION * max(typical_variance(np.diag(covariance)), 1e-12)
+            direction = np.linalg.solve(covariance + extra * np.eye(d), target)
+        return LinearDiscriminant(direction, mean_positive, mean_negative)
     scale = (fit or LocalFitSettings()).direction_radius_scale
     radius = scaled_radius(scale, max(d, 2), total_rows)
-    target = mean_positive - mean_negative
     try:
         direction = solve_l1_dantzig(covariance, target, radius)
     except InfeasibleProgramError:  # a column constant everywhere and no noise: ridge it

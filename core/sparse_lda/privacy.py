@@ -10,6 +10,12 @@ sizes the noise for. Two units of protection are offered (:class:`PrivacyUnit`):
 * ``party``: each party releases its clipped debiased direction and means (below); the
   guarantee protects everything one party holds, so the noise does not fall with rows.
 
+The row unit has two mechanisms (:class:`RowMechanism`): ``moments``, one round (above), and
+``selected_moments``, two rounds (:mod:`core.sparse_lda.selection_release`: noisy
+per-feature statistics select k features, then only their moments are released). The two
+rounds share one sigma, calibrated here for their combined sensitivity, so together they
+spend the one (epsilon, delta) the ledger charges.
+
 Party-level mechanism. Each party sends ``round_g(clip(beta_tilde)) | round_g(clip(mu1)) |
 round_g(clip(mu2))`` plus its own noise share, an exact discrete Gaussian on the grid
 ``g * Z`` with variance ``sigma^2 / (m - c)``. The secure sum adds the m contributions, so
@@ -44,7 +50,7 @@ calibration.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
@@ -59,6 +65,14 @@ further rounding to already-gridded contributions."""
 
 BLOCKS_PER_CONTRIBUTION = 3
 """direction, mean of class 1, mean of class 2 (party-level release)."""
+
+DEFAULT_SELECTION_BUDGET_SHARE = 0.3
+"""Two-round row release: share of rho spent on the selection round. On the demo hospitals
+0.15 and 0.3 were within noise of each other."""
+
+SELECTION_MEAN_SHARE = 0.7
+"""Within the selection round, share of its rho on the class sums and counts (the rest on
+the per-feature squares, which only scale the selection scores)."""
 
 DEFAULT_MEAN_BUDGET_SHARE = 0.4
 """Row-level release: share of the privacy budget (of rho, in zCDP terms) spent on the class
@@ -76,6 +90,20 @@ class PrivacyUnit(StrEnum):
 
     ROW = "row"
     PARTY = "party"
+
+
+class RowMechanism(StrEnum):
+    """How the row-level release spends its budget.
+
+    * ``moments``: one round, the class sums, counts and all ``d (d + 1) / 2`` second moments.
+    * ``selected_moments``: two rounds under one (epsilon, delta): per-feature class sums,
+      counts and squares of all d features, from which the coordinator selects the
+      ``selected_features`` best-separating ones (post-processing), then the moments of
+      those k features only (:mod:`core.sparse_lda.selection_release`).
+    """
+
+    MOMENTS = "moments"
+    SELECTED_MOMENTS = "selected_moments"
 
 
 @dataclass(frozen=True)
@@ -97,6 +125,12 @@ class PrivacySettings:
     unit: PrivacyUnit = PrivacyUnit.PARTY
     row_clip_norm: float | None = None
     mean_budget_share: float = DEFAULT_MEAN_BUDGET_SHARE
+    row_mechanism: RowMechanism = RowMechanism.MOMENTS
+    selected_features: int | None = None
+    """``selected_moments``: how many features the selection round keeps (k)."""
+    selected_clip_norm: float | None = None
+    """``selected_moments``: row clip radius in the k selected features (default: R)."""
+    selection_budget_share: float = DEFAULT_SELECTION_BUDGET_SHARE
 
     def __post_init__(self) -> None:
         if not self.epsilon > 0 or not math.isfinite(self.epsilon):
@@ -127,6 +161,15 @@ class PrivacySettings:
                 f"row_clip_norm must be >= 1 (rows are clipped to an L2 ball of that radius; "
                 f"standardised rows have norm about sqrt(d)), got {self.row_clip_norm}"
             )
+        try:
+            object.__setattr__(self, "row_mechanism", RowMechanism(self.row_mechanism))
+        except ValueError:
+            choices = ", ".join(m.value for m in RowMechanism)
+            raise PrivacySettingsError(
+                f"row_mechanism must be one of {choices}, got {self.row_mechanism!r}"
+            ) from None
+        if self.two_rounds:
+            self._check_selection()
         if not 0 < self.mean_budget_share < 1:
             raise PrivacySettingsError(
                 f"mean_budget_share must be in (0, 1), got {self.mean_budget_share}"
@@ -165,6 +208,60 @@ class PrivacySettings:
             raise PrivacySettingsError("row_clip_norm is needed for the row-level release")
         return float(self.row_clip_norm)
 
+    @property
+    def two_rounds(self) -> bool:
+        """Row unit with a selection round before the (selected) moments round."""
+        return self.unit is PrivacyUnit.ROW and self.row_mechanism is RowMechanism.SELECTED_MOMENTS
+
+    def _check_selection(self) -> None:
+        k = self.selected_features
+        if k is None or isinstance(k, bool) or int(k) != k or k < 1:
+            raise PrivacySettingsError(
+                f"selected_features must be an integer >= 1 for row_mechanism "
+                f"'selected_moments', got {k!r}"
+            )
+        radius = self.selected_clip_norm
+        if radius is not None and (not math.isfinite(radius) or radius < 1.0):
+            raise PrivacySettingsError(
+                f"selected_clip_norm must be finite and >= 1 (see row_clip_norm), got {radius}"
+            )
+        if not 0 < self.selection_budget_share < 1:
+            raise PrivacySettingsError(
+                f"selection_budget_share must be in (0, 1), got {self.selection_budget_share}"
+            )
+
+    def selected_round(self) -> PrivacySettings:
+        """Settings of the second round: the one-round moments release on the k selected
+        features, rows clipped to ``selected_clip_norm``. Its vector and its fit are the
+        ``moments`` ones; its noise is this two-round calibration's (:func:`calibrate`)."""
+        radius = self.selected_clip_norm or self._row_radius()
+        return replace(
+            self,
+            row_clip_norm=radius,
+            row_mechanism=RowMechanism.MOMENTS,
+            selected_features=None,
+            selected_clip_norm=None,
+        )
+
+    def selection_weights(self) -> tuple[float, float]:
+        """Selection round: factors on (class sums and counts, per-feature squares).
+
+        One sigma serves both rounds; the weights give the selection round the share
+        ``selection_budget_share`` of the total squared sensitivity (hence of rho), split
+        ``SELECTION_MEAN_SHARE`` to the sums and counts. With rows clipped to R the sums and
+        counts move by at most ``2 R a`` and the squares by ``sqrt(2) R^2 b``
+        (:func:`selection_sensitivity`), so ``4 R^2 a^2 = s q Delta_2^2 / (1 - s)`` and
+        ``2 R^4 b^2 = s (1 - q) Delta_2^2 / (1 - s)``, Delta_2 the second round's sensitivity.
+        """
+        radius = self._row_radius()
+        second = self.selected_round()
+        rest = row_sensitivity(second._row_radius(), second.mean_weight) ** 2
+        share = self.selection_budget_share
+        selection = share / (1.0 - share) * rest
+        sums = math.sqrt(SELECTION_MEAN_SHARE * selection) / (2.0 * radius)
+        squares = math.sqrt((1.0 - SELECTION_MEAN_SHARE) * selection / 2.0) / radius**2
+        return sums, squares
+
 
 def check_party_count(settings: PrivacySettings, n_parties: int) -> None:
     """Noise shares need at least one party outside the tolerated colluders."""
@@ -176,10 +273,33 @@ def check_party_count(settings: PrivacySettings, n_parties: int) -> None:
 
 
 def release_dimension(settings: PrivacySettings, n_features: int) -> int:
-    """Length of one party's vector for the secure sum."""
+    """Length of one party's vector for the (last) secure sum.
+
+    Two-round row release: the second round's, on the k selected features; the first
+    round's is :func:`selection_dimension`.
+    """
+    if settings.two_rounds:
+        return release_dimension(settings.selected_round(), settings.selected_features)
     if settings.unit is PrivacyUnit.ROW:
         return 2 * n_features + 2 + n_features * (n_features + 1) // 2
     return BLOCKS_PER_CONTRIBUTION * n_features
+
+
+def selection_dimension(n_features: int) -> int:
+    """Selection round: ``a S1 | a S0 | a n1 | a n0 | b sum x_j^2`` (3 d + 2 entries)."""
+    return 3 * n_features + 2
+
+
+def selection_sensitivity(radius: float, sums_weight: float, squares_weight: float) -> float:
+    """How far one party's selection-round vector moves when one of its rows is replaced.
+
+    Rows clipped to ``||x|| <= R``. Sums and counts: as in :func:`row_sensitivity`, at most
+    ``2 R a`` (same label: ``||x' - x|| <= 2R``; label flip: ``a sqrt(2 R^2 + 2) <= 2 R a`` as
+    R >= 1). Per-feature squares ``q = sum x (.) x``: ``||x (.) x - x' (.) x'||^2 =
+    sum_j (x_j^2 - x'_j^2)^2 <= sum_j x_j^4 + x'_j^4 <= ||x||^4 + ||x'||^4 <= 2 R^4`` (the
+    cross terms are >= 0). Hence ``sqrt(4 R^2 a^2 + 2 R^4 b^2)``.
+    """
+    return math.sqrt(4.0 * radius**2 * sums_weight**2 + 2.0 * radius**4 * squares_weight**2)
 
 
 def row_sensitivity(radius: float, mean_weight: float) -> float:
@@ -211,7 +331,19 @@ def sum_sensitivity(settings: PrivacySettings, n_features: int) -> float:
     Row unit: one row of one party replaced by any other row, label included
     (:func:`row_sensitivity`). Both add ``g sqrt(dimension)`` for rounding each
     contribution to the grid (two roundings of at most ``g/2`` per coordinate).
+
+    Two-round row unit: both rounds are answered with one sigma, so the pair is one Gaussian
+    mechanism of sensitivity ``sqrt(Delta_1^2 + Delta_2^2)`` (zCDP composes additively, and
+    adaptively: the second round's features depend on the first round's output, but its
+    bound does not), plus rounding over both vectors.
     """
+    if settings.two_rounds:
+        second = settings.selected_round()
+        k = settings.selected_features
+        dims = selection_dimension(n_features) + release_dimension(second, k)
+        first = selection_sensitivity(settings._row_radius(), *settings.selection_weights())
+        last = row_sensitivity(second._row_radius(), second.mean_weight)
+        return math.hypot(first, last) + settings.grid_granularity * math.sqrt(dims)
     rounding = settings.grid_granularity * math.sqrt(release_dimension(settings, n_features))
     if settings.unit is PrivacyUnit.ROW:
         return row_sensitivity(settings._row_radius(), settings.mean_weight) + rounding

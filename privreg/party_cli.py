@@ -11,6 +11,8 @@ privreg party label-dp --config party.toml --table DESCRIPTOR --role labels|feat
 privreg party horizontal --config party.toml --job JOB --parties A,B,C [--table DESCRIPTOR]
 privreg party vertical --config party.toml --job JOB --role ROLE --guest NAME --hosts A,B
     [--table DESCRIPTOR] [--arbiter NAME | --no-arbiter] [--options JSON]
+privreg party sparse-lda --config party.toml --job JOB --parties A,B,C [--table DESCRIPTOR]
+    --options JSON      (a site gives its own table, the coordinator none; the same options)
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
 the network, and it is given no other party's path.
@@ -81,6 +83,7 @@ def _serve_flows(party: str) -> None:
     from flows.align import psi_align_party
     from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
     from flows.label_dp import label_dp_party
+    from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
     from flows.vertical_party import vertical_lr_party
     from flows.walr import walr_party
 
@@ -91,6 +94,8 @@ def _serve_flows(party: str) -> None:
         label_dp_party,
         horizontal_lr_party,
         horizontal_lr_coordinator,
+        sparse_lda_party,
+        sparse_lda_coordinator,
     ]
     serve(*(f.to_deployment(name=party, tags=["privreg", party]) for f in flows))
 
@@ -204,6 +209,35 @@ def _vertical(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "history"}))
 
 
+def _sparse_lda(args: argparse.Namespace) -> None:
+    """A site's side of sparse LDA (its own table), or the coordinator's (no table)."""
+    import inspect
+
+    config = _as_party(args.config)
+    from flows.sparse_lda import COORDINATOR, sparse_lda_coordinator, sparse_lda_party
+
+    parties = [p.strip() for p in args.parties.split(",") if p.strip()]
+    options = _descriptor(args.options) if args.options else {}
+    takes = {  # one options file for every party: each takes the options of its role
+        f: set(inspect.signature(f.fn).parameters) - {"own", "parties", "job_id", "inject_fault"}
+        for f in (sparse_lda_coordinator, sparse_lda_party)
+    }
+    if unknown := sorted(set(options) - takes[sparse_lda_coordinator] - takes[sparse_lda_party]):
+        raise SystemExit(f"unknown sparse LDA options {unknown}")
+    if config.party == COORDINATOR:
+        if args.table:
+            raise SystemExit("the coordinator holds no table; leave out --table")
+        mine = {k: v for k, v in options.items() if k in takes[sparse_lda_coordinator]}
+        result = sparse_lda_coordinator(parties, args.job, **mine)
+    else:
+        if not args.table:
+            raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
+        own = _own_table(config, args.table)
+        mine = {k: v for k, v in options.items() if k in takes[sparse_lda_party]}
+        result = sparse_lda_party(own, parties, args.job, inject_fault=args.inject_fault, **mine)
+    print(json.dumps(result, default=float))
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``certs`` and ``party`` to the ``privreg`` command."""
     certs = commands.add_parser("certs", help="a demo CA and per-party certificates")
@@ -277,3 +311,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     vertical.add_argument("--no-arbiter", action="store_true", help="two-party mode")
     vertical.add_argument("--options", help="shared training options (JSON or file)")
     vertical.set_defaults(handler=_vertical)
+    lda = actions.add_parser("sparse-lda", help="a site's or the coordinator's side")
+    lda.add_argument("--config", required=True)
+    lda.add_argument("--job", required=True, help="the job id every party agreed on")
+    lda.add_argument("--parties", required=True, help="the sites, comma-separated")
+    lda.add_argument("--table", help="own table descriptor (JSON or file; sites)")
+    lda.add_argument("--options", help="the job's options, alike everywhere (JSON or file)")
+    lda.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "0:<stage>:kill"
+    lda.set_defaults(handler=_sparse_lda)

@@ -11,8 +11,9 @@ decrypt s + r, add noise, store + charge
 AUC, log-loss vs the class-prior baseline ──▶ summary
 
 With ``holdout_fraction`` > 0 both parties derive the same held-out rows from the row count
-and the job id; the labels party leaves them out of [[y]], so the release is the sum over the
-training rows only (same sensitivity, same charge), and the features party fits on those.
+(one fixed seed for WALR); the labels party leaves them out of [[y]], so the release is the
+sum over the training rows only (same sensitivity, same charge), and the features party fits
+on those.
 What each party learns from the evaluation: the labels party, the model's scores of the
 held-out rows (nothing of the training rows' features); the features party, only the
 aggregates the summary publishes. Without a hold-out, ``evaluate=True`` scores every row,

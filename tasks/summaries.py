@@ -66,14 +66,14 @@ def label_rate_baseline(
     return {"auc": 0.5, "log_loss": _log_loss(evaluated, constant), "rate": rate}
 
 
-def holdout_split(rows: int, fraction: float, job_id: str) -> tuple[np.ndarray, np.ndarray]:
+def holdout_split(rows: int, fraction: float, seed: str) -> tuple[np.ndarray, np.ndarray]:
     """``(training rows, held-out rows)`` of a party's ``rows`` rows: the vertical schedule's
-    seeded split (one split rule for every flow), seeded by the agreed job id, so the parties
-    of a job derive the same rows without a message. Fraction 0: every row trains."""
+    seeded split (one split rule for every flow), seeded by a public text the parties agree on
+    (a job id), so they derive the same rows without a message. Fraction 0: every row trains."""
     if fraction == 0:
         return np.arange(rows), np.arange(0)
-    seed = int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big")
-    schedule = Schedule(rows, max(rows, 1), seed, fraction)
+    number = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big")
+    schedule = Schedule(rows, max(rows, 1), number, fraction)
     return schedule.train_rows, schedule.holdout_rows
 
 

@@ -14,7 +14,9 @@ intercept) plus discrete Gaussian noise, computed once:
 4. features party: removes ``r`` and fits in the clear.
 
 With a hold-out (``holdout_fraction`` > 0) both parties derive the same held-out rows from
-the row count and the job id (``tasks.summaries.holdout_split``): the labels party encrypts
+the row count alone (``tasks.summaries.holdout_split``, one fixed seed for every WALR job, so
+an unchanged table and fraction give the same rows and reuse the stored release, whichever
+job asks): the labels party encrypts
 only the training rows' labels, so the released sum covers the training rows only (its
 sensitivity, and so the noise and the charge, are those of one row as before), and the
 features party fits on the training rows. It then scores the held-out rows and sends those
@@ -111,7 +113,7 @@ class WalrJob:
 
     def split(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """``(training rows, held-out rows)``: both parties derive them from public values."""
-        return holdout_split(rows, self.holdout_fraction, self.job_id)
+        return holdout_split(rows, self.holdout_fraction, PROTOCOL)
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return channel_for(self.job_id, self.workspace).endpoint(party)
@@ -132,7 +134,7 @@ class WalrJob:
             "noise": self.noise,
         }
         if self.holdout_fraction:  # the sum covers other rows: another release
-            inputs["holdout"] = [self.holdout_fraction, self.job_id]
+            inputs["holdout_fraction"] = self.holdout_fraction
         text = json.dumps(inputs, sort_keys=True)
         return f"walr-{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 

@@ -227,7 +227,7 @@ def test_held_out_rows_stay_out_of_the_release_and_are_scored_for_the_summary(
     features, labels, X, y = parties(workspace)
     OwnerPolicy(PartyStore.of(labels)).set("conversions", allow_noiseless_release=True)
     result = run(features, labels, workspace, holdout_fraction=0.2, **NO_NOISE)
-    train, held_out = holdout_split(ROWS, 0.2, result["job_id"])
+    train, held_out = holdout_split(ROWS, 0.2, "walr")
     assert len(held_out) == 60 and len(np.intersect1d(train, held_out)) == 0
     # the release is the plaintext label-weighted sum over the training rows only
     prepared = prepare_clipped_features(X, CLIP)

@@ -105,7 +105,10 @@ def _summary(
 ) -> str:
     budget = release["budget"]
     rows = [
-        {"quantity": "rows N (public)", "value": release["rows"]},
+        {
+            "quantity": "rows N in the sum (public)",
+            "value": f"{release['rows']}, {release.get('held_out_rows', 0)} held out",
+        },
         {
             "quantity": "mode",
             "value": job.mode

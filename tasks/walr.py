@@ -18,10 +18,10 @@ the row count alone (``tasks.summaries.holdout_split``, one fixed seed for every
 an unchanged table and fraction give the same rows and reuse the stored release, whichever
 job asks): the labels party encrypts only the training rows' labels, so the released sum
 covers the training rows only (its sensitivity, and so the noise and the charge, are those
-of one row as before), and the features party fits on the training rows. It then scores the held-out rows and sends those
-scores only; the labels party compares them with its held-out labels and publishes AUC and
-log-loss next to the class-prior baseline. Without a hold-out the same evaluation is opt-in
-(``evaluate``) and in-sample, on every row.
+of one row as before), and the features party fits on the training rows. It then scores the
+held-out rows and sends those scores only; the labels party compares them with its held-out
+labels and publishes AUC and log-loss next to the class-prior baseline. Without a hold-out
+the same evaluation is opt-in (``evaluate``) and in-sample, on every row.
 
 Every randomised message (``[[y]]``, the masked sums) is sent once per job and the release is
 stored before it is sent, so a re-run of either party re-sends identical bytes.

@@ -13,6 +13,12 @@ remain. Each party checks that the model it is sent is the update of the previou
 round's mean update, which it unmasks itself too, and never contributes twice at one model.
 A re-run of the same job resumes after the last round that every party finished.
 
+Hold-out (``holdout_fraction``): each party keeps that share of its own rows out of every
+update (split seeded by the job id) and, at the end, scores them with the final model; only
+aggregates leave it (AUC, log-loss, its class-prior baseline, the row count). The one-process
+summary gives each party's figures and their row-weighted pooled log-loss; in party mode each
+hospital's summary gives its own, and the coordinator learns none of them.
+
 Party mode (each hospital and the coordinator its own process, over the network channel):
 ``horizontal_lr_party`` is one hospital's column of the diagram and
 ``horizontal_lr_coordinator`` the coordinator's; they run the same steps, with the same job
@@ -45,7 +51,7 @@ from tasks.horizontal_lr import COORDINATOR, predict_proba
 from tasks.loading import load_table
 from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
 from tasks.secure_sum import Faults, SimulatedCrashError
-from tasks.summaries import horizontal_summary
+from tasks.summaries import horizontal_party_summary, horizontal_summary
 
 __all__ = [
     "CRASH_POINTS",
@@ -77,8 +83,16 @@ def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
 
 
 def _check_options(
-    rounds: int, local_epochs: int, learning_rate: float, l2: float, tol: float, timeout: float
+    rounds: int,
+    local_epochs: int,
+    learning_rate: float,
+    l2: float,
+    tol: float,
+    timeout: float,
+    holdout_fraction: float = 0.0,
 ) -> None:
+    if not 0.0 <= holdout_fraction < 0.5:
+        raise ValueError(f"holdout_fraction must be in [0, 0.5), got {holdout_fraction}")
     if not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"stage_timeout must be a positive number of seconds, got {timeout}")
     if rounds < 1 or local_epochs < 0:
@@ -163,6 +177,7 @@ def horizontal_lr(
     stage_timeout: float = 60.0,
     inject_faults: dict[str, dict[str, str]] | None = None,
     inject_crash_after: str | None = None,
+    holdout_fraction: float = 0.0,
 ) -> dict[str, Any]:
     """Train logistic regression on the parties' rows; the coordinator sees only masked sums.
 
@@ -195,11 +210,13 @@ def horizontal_lr(
         stage_timeout: Seconds a secure-sum stage waits before silent parties count as dropped.
         inject_faults: Party steps that fail or hang, by "<round or *>:<stage>" (tests only).
         inject_crash_after: "<round>:<point>" where the run dies (tests only).
+        holdout_fraction: Share of each party's rows (< 0.5) kept out of training; each party
+            scores its own for the summary (0: none, the figures are then in-sample).
     """
     refs = _party_refs(parties)
     names = [ref.party for ref in refs]
     threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
-    _check_options(rounds, local_epochs, learning_rate, l2, tol, stage_timeout)
+    _check_options(rounds, local_epochs, learning_rate, l2, tol, stage_timeout, holdout_fraction)
     secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
     faults = Faults.parse(inject_faults, inject_crash_after, names)
 
@@ -210,6 +227,8 @@ def horizontal_lr(
             for ref, digest in zip(refs, digests, strict=True)
         ]
         shaping = {"local_epochs": local_epochs, "learning_rate": learning_rate, "l2": l2}
+        if holdout_fraction:
+            shaping["holdout_fraction"] = holdout_fraction
         job_id = derive_job_id(
             "horizontal-lr",
             {"parties": described, **shaping, "seed": seed, "threshold": threshold},
@@ -223,7 +242,7 @@ def horizontal_lr(
         get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
     progress = Progress(rounds, f"horizontal_lr {job_id}: rounds finished")
     progress.update(rounds if converged else start)
-    options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol)
+    options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol, holdout_fraction)
     by_name = dict(zip(names, refs, strict=True))
     ran = 0
     for round_ in range(start, rounds):
@@ -240,7 +259,7 @@ def horizontal_lr(
 
     model = steps.coordinator_model(job_id, workspace)  # parties saved theirs in the last round
     _publish(job_id, model, workspace)
-    horizontal_summary(job_id, refs, model, ran, workspace)
+    horizontal_summary(job_id, refs, model, ran, workspace, holdout_fraction)
     return {
         "job_id": job_id,
         "features": model["features"],
@@ -413,6 +432,7 @@ def horizontal_lr_party(
     learning_rate: float = 0.2,
     l2: float = 1e-3,
     inject_fault: str | None = None,
+    holdout_fraction: float = 0.0,
 ) -> dict[str, Any]:
     """One hospital's side: join, then per round contribute its masked update and check and
     save the coordinator's model, until the coordinator's stop.
@@ -430,7 +450,11 @@ def horizontal_lr_party(
         learning_rate: Step size agreed for the job (a different one is refused).
         l2: L2 penalty agreed for the job.
         inject_fault: "<round>:<stage>:kill|raise" (tests only).
+        holdout_fraction: Share of this hospital's rows (< 0.5) kept out of training and
+            scored for its summary (its own choice; 0: none, the figures are then in-sample).
     """
+    if not 0.0 <= holdout_fraction < 0.5:
+        raise ValueError(f"holdout_fraction must be in [0, 0.5), got {holdout_fraction}")
     ref = TableRef.from_dict(own)
     names = _party_names(parties)
     if ref.party not in names or ref.label_column is None:
@@ -438,7 +462,7 @@ def horizontal_lr_party(
             f"party {ref.party!r}: its table must name a label_column and the party must be "
             f"one of {names}"
         )
-    options = steps.TrainingOptions(local_epochs, learning_rate, l2)
+    options = steps.TrainingOptions(local_epochs, learning_rate, l2, 0.0, holdout_fraction)
     steps.check_table(ref)
     round_ = steps.join_job(ref, job_id)["last_round"] + 1
     while (ctx := steps.await_round(ref, job_id, round_, names, options)) is not None:
@@ -447,6 +471,7 @@ def horizontal_lr_party(
         steps.finish_round(ref, ctx, options)
         round_ += 1
     model = steps.keep_model(ref, job_id)
+    summary = horizontal_party_summary(job_id, ref, model, holdout_fraction)
     return {
         "job_id": job_id,
         "party": ref.party,
@@ -455,6 +480,7 @@ def horizontal_lr_party(
         "intercept": model["intercept"],
         "weights": model["weights"],
         "rounds_completed": model["rounds"],
+        "quality": summary["quality"],
     }
 
 

@@ -7,8 +7,17 @@ own key pair ── n, [[y]] ─────────────────
                 ◀──────────── [[X^T y + r]] ──  grid-encoded sums + own mask r, re-randomised
 decrypt s + r, add noise, store + charge
                 ── s + r + noise ─────────────▶ remove r, fit (L-BFGS), save the model
-                ◀────────────── predictions ──  (only with evaluate=True)
-AUC
+                ◀─ scores of held-out rows ──  (with a hold-out, or evaluate=True: all rows)
+AUC, log-loss vs the class-prior baseline ──▶ summary
+
+With ``holdout_fraction`` > 0 both parties derive the same held-out rows from the row count
+(one fixed seed for WALR); the labels party leaves them out of [[y]], so the release is the
+sum over the training rows only (same sensitivity, same charge), and the features party fits
+on those.
+What each party learns from the evaluation: the labels party, the model's scores of the
+held-out rows (nothing of the training rows' features); the features party, only the
+aggregates the summary publishes. Without a hold-out, ``evaluate=True`` scores every row,
+in-sample, and the summary says so.
 
 A re-run on unchanged tables and release parameters reuses the stored release and charges
 nothing; the labels party then only re-sends it.
@@ -55,7 +64,10 @@ def _check_options(
     allow_insecure_key_size: bool,
     noise: bool,
     allow_noiseless_release_for_tests: bool,
+    holdout_fraction: float = 0.0,
 ) -> None:
+    if not 0.0 <= holdout_fraction < 0.5:
+        raise steps.WalrSetupError(f"holdout_fraction must be in [0, 0.5), got {holdout_fraction}")
     if mode not in steps.MODES:
         raise steps.WalrSetupError(f"mode must be one of {steps.MODES}, got {mode!r}")
     if mode == "clipped" and clip_norm is None:
@@ -93,7 +105,10 @@ def _summary(
 ) -> str:
     budget = release["budget"]
     rows = [
-        {"quantity": "rows N (public)", "value": release["rows"]},
+        {
+            "quantity": "rows N in the sum (public)",
+            "value": f"{release['rows']}, {release.get('held_out_rows', 0)} held out",
+        },
         {
             "quantity": "mode",
             "value": job.mode
@@ -126,9 +141,15 @@ def _summary(
     if model is not None:
         converged = f"{model['converged']} ({model['n_iter']} iterations)"
         rows.append({"quantity": "converged", "value": converged})
-    if metrics.get("auc") is not None:
-        auc = f"{metrics['auc']:.4f}"
-        rows.append({"quantity": "AUC at the labels party (not DP)", "value": auc})
+    if metrics.get("log_loss") is not None:
+        auc = "-" if metrics["auc"] is None else f"{metrics['auc']:.4f}"
+        rows.append(
+            {
+                "quantity": f"AUC, log-loss at the labels party on {metrics['scope']} (not DP)",
+                "value": f"{auc}, {metrics['log_loss']:.4f} (class-prior baseline 0.5, "
+                f"{metrics['baseline_log_loss']:.4f})",
+            }
+        )
     return f"# WALR {job.job_id}\n\n" + markdown_table(rows)
 
 
@@ -143,6 +164,7 @@ def _make_job(
     noise: bool,
     allow_noiseless_release_for_tests: bool,
     randomizer: str,
+    holdout_fraction: float = 0.0,
 ) -> steps.WalrJob:
     """The public job both parties hold: names, release parameters, fingerprints known so far."""
     if features_party == labels_party:
@@ -158,6 +180,7 @@ def _make_job(
         noise=noise,
         noiseless_for_tests=not noise and allow_noiseless_release_for_tests,
         randomizer=randomizer,
+        holdout_fraction=holdout_fraction,
         **release,
     )
 
@@ -208,6 +231,7 @@ def walr(
     protected_table: str | None = None,
     allow_noiseless_release_for_tests: bool = False,
     randomizer: str = DEFAULT_RANDOMIZER,
+    holdout_fraction: float = 0.0,
 ) -> dict[str, Any]:
     """Train WALR: (epsilon, delta)-label-DP logistic regression from one noisy sum.
 
@@ -239,6 +263,8 @@ def walr(
         protected_table: The labels table or its source (checked by the labels party).
         allow_noiseless_release_for_tests: Confirms noise=False (tests only).
         randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
+        holdout_fraction: Share of rows (< 0.5) kept out of the release and scored for the
+            summary's held-out AUC and log-loss (0: none; evaluate=True is then in-sample).
     """
     randomizer_mode(randomizer)
     validate_epsilon_delta(epsilon, delta)
@@ -250,6 +276,7 @@ def walr(
         allow_insecure_key_size,
         noise,
         allow_noiseless_release_for_tests,
+        holdout_fraction,
     )
     features_ref, labels_ref = TableRef.from_dict(features), TableRef.from_dict(labels)
     if features_ref.party == labels_ref.party:  # before anything is read or fingerprinted
@@ -264,6 +291,7 @@ def walr(
             "labels": [labels_ref.party, labels_ref.table, labels_ref.label_column],
             "labels_fingerprint": prints["labels"],
             "shaping": [noise, l2, key_size, protected],
+            **({"holdout_fraction": holdout_fraction} if holdout_fraction else {}),
         }
         job_id = derive_job_id("walr", {**described, **release})
     job = _make_job(
@@ -277,6 +305,7 @@ def walr(
         noise,
         allow_noiseless_release_for_tests,
         randomizer,
+        holdout_fraction,
     )
     # each party's steps in turn, in the order the messages need
     checked = steps.check_labels_and_budget(job, labels_ref)  # before any computation
@@ -294,7 +323,7 @@ def walr(
     sent = steps.send_release(job, labels_ref)
     model = steps.train(job, features_ref, l2)
     metrics: dict[str, Any] = {}
-    if evaluate:
+    if evaluate or holdout_fraction:
         steps.send_predictions(job, features_ref)
         metrics = steps.evaluate(job, labels_ref)
     publish_model_link(
@@ -307,7 +336,7 @@ def walr(
     )
     walr_summary(
         job_id,
-        features_ref,
+        features_ref.party,
         labels_ref,
         shape["rows"],
         sent["budget"],
@@ -347,6 +376,7 @@ def walr_party(
     protected_table: str | None = None,
     allow_noiseless_release_for_tests: bool = False,
     randomizer: str = DEFAULT_RANDOMIZER,
+    holdout_fraction: float = 0.0,
 ) -> dict[str, Any]:
     """One party's side of WALR; its result holds only what that party may see.
 
@@ -371,6 +401,8 @@ def walr_party(
         protected_table: The labels table or its source (checked by the labels party).
         allow_noiseless_release_for_tests: Confirms noise=False (tests only).
         randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
+        holdout_fraction: Share of rows (< 0.5) kept out of the release and scored at the
+            labels party (both parties must pass the same; 0: none).
     """
     if role not in ROLES:
         raise steps.WalrSetupError(f"role must be one of {ROLES}, got {role!r}")
@@ -378,7 +410,7 @@ def walr_party(
     validate_epsilon_delta(epsilon, delta)
     _check_options(
         mode, clip_norm, l2, key_size, allow_insecure_key_size, noise,
-        allow_noiseless_release_for_tests,
+        allow_noiseless_release_for_tests, holdout_fraction,
     )  # fmt: skip
     ref = TableRef.from_dict(own)
     release = {"epsilon": epsilon, "delta": delta, "mode": mode, "clip_norm": clip_norm}
@@ -390,11 +422,12 @@ def walr_party(
         names = (ref.party, peer, "")
     job = _make_job(
         names[0], names[1], job_id, None, names[2], prints, release, noise,
-        allow_noiseless_release_for_tests, randomizer,
+        allow_noiseless_release_for_tests, randomizer, holdout_fraction,
     )  # fmt: skip
+    scored = evaluate or holdout_fraction > 0
     if role == "labels":
-        return _labels_side(job, ref, key_size, allow_insecure_key_size, evaluate)
-    return _features_side(job, ref, l2, evaluate)
+        return _labels_side(job, ref, key_size, allow_insecure_key_size, scored)
+    return _features_side(job, ref, l2, scored)
 
 
 def _labels_side(
@@ -415,6 +448,10 @@ def _labels_side(
         _summary(job, sent, None, metrics, checked["reused"]),
         f"WALR release of job {job.job_id} ({ref.party}'s side)",
     )
+    walr_summary(
+        job.job_id, job.features_party, ref, checked["rows"], sent["budget"], metrics, None,
+        sent["release_job_id"],
+    )  # fmt: skip
     return {
         "job_id": job.job_id,
         "role": "labels",

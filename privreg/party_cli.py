@@ -184,8 +184,9 @@ def _horizontal(args: argparse.Namespace) -> None:
             raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
         own = _own_table(config, args.table)
         result = horizontal_lr_party(
-            own, parties, args.job, inject_fault=args.inject_fault, **shared
-        )
+            own, parties, args.job, inject_fault=args.inject_fault,
+            holdout_fraction=args.holdout_fraction, **shared,
+        )  # fmt: skip
     print(json.dumps(result, default=float))
 
 
@@ -272,6 +273,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     walr.add_argument("--allow-insecure-key-size", action="store_true", help="tests only")
     walr.add_argument("--protected-table", help="the labels table or its source (labels)")
     walr.add_argument("--randomizer", help="Paillier obfuscators: full, short or standard")
+    walr.add_argument("--holdout-fraction", type=float, help="both parties must pass the same")
     walr.set_defaults(handler=_walr)
     label_dp = _one_release_parser(actions, "label-dp", "this party's side of label DP")
     label_dp.add_argument("--epsilon", type=float, help="the labels party's (required there)")
@@ -298,6 +300,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     hlr.add_argument("--threshold", type=int, help="parties needed at every stage (coordinator)")
     hlr.add_argument("--stage-timeout", type=float, default=60.0, help="seconds (coordinator)")
     hlr.add_argument("--join-timeout", type=float, default=600.0, help="seconds (coordinator)")
+    hlr.add_argument("--holdout-fraction", type=float, default=0.0, help="own rows (hospitals)")
     hlr.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "<round>:<stage>:kill"
     hlr.set_defaults(handler=_horizontal)
     vertical = actions.add_parser("vertical", help="this party's side of vertical_lr")

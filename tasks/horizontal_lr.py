@@ -47,6 +47,7 @@ from storage.workspace import channel_for
 from tasks import secure_sum
 from tasks.policy import PARTY_STEP
 from tasks.secure_sum import COORDINATOR, RoundStateError, SumContext, coordinator_store
+from tasks.summaries import holdout_split
 
 PROTOCOL = "horizontal"
 
@@ -88,6 +89,9 @@ class TrainingOptions:
     learning_rate: float
     l2: float
     tol: float = 0.0  # stop once the largest weight change of a round is below this
+    # this party's own choice, never sent: the share of its rows it keeps out of training
+    # (split by tasks.summaries.holdout_split, seeded by the job id) and scores at the end
+    holdout_fraction: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,6 +295,8 @@ def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> N
     features = _agreed_features(endpoint)
     weights = _weights_before(store, ctx, len(features), ref.party)
     X, y = hlr.party_arrays(store.read_table(ref), features, ref.label_column or "")
+    train = holdout_split(len(y), options.holdout_fraction, ctx.job_id)[0]
+    X, y = X[train], y[train]  # held-out rows never reach an update
     if options.local_epochs == 0:
         update = hlr.local_gradient(weights, X, y, options.l2)
     else:

@@ -7,13 +7,15 @@ baseline on the same rows (the training rows' label rate or mean, predicted for 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
-from prefect import task
+from prefect import get_run_logger, task
 
 from core.horizontal_lr import decision_function, predict_proba
 from core.sparse_lda.model import LinearDiscriminant
+from core.vertical_lr.schedule import Schedule
 from storage.artifacts import ArtifactStore
 from storage.channel import Channel
 from storage.descriptor import TableRef
@@ -64,24 +66,75 @@ def label_rate_baseline(
     return {"auc": 0.5, "log_loss": _log_loss(evaluated, constant), "rate": rate}
 
 
+def holdout_split(rows: int, fraction: float, seed: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(training rows, held-out rows)`` of a party's ``rows`` rows: the vertical schedule's
+    seeded split (one split rule for every flow), seeded by a public text the parties agree on
+    (a job id), so they derive the same rows without a message. Fraction 0: every row trains."""
+    if fraction == 0:
+        return np.arange(rows), np.arange(0)
+    number = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big")
+    schedule = Schedule(rows, max(rows, 1), number, fraction)
+    return schedule.train_rows, schedule.holdout_rows
+
+
+def holdout_scope(held_out: int, rows: int) -> str:
+    """How the quality figures were obtained, said plainly (in-sample when nothing is held out)."""
+    return f"{held_out} held-out rows" if held_out else f"all {rows} training rows (in-sample)"
+
+
+def classifier_figures(
+    labels: np.ndarray,
+    probabilities: np.ndarray,
+    training_rate: float,
+    scores: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """AUC and log-loss of a classifier on the evaluated rows next to the class-prior
+    baseline (the training rows' positive rate predicted for every row: AUC 0.5 and the
+    log-loss of that constant). Aggregates only: this is what leaves the labels' holder."""
+    return {
+        "evaluated_rows": int(labels.size),
+        "auc": _auc(labels, probabilities if scores is None else scores),
+        "log_loss": _log_loss(labels, probabilities),
+        "baseline_auc": 0.5,
+        "baseline_log_loss": _log_loss(labels, np.full(labels.size, training_rate)),
+    }
+
+
 @task(name="evaluate-model", task_run_name="{ref.party}: evaluate on own rows", **PARTY_STEP)
 def evaluate_own_rows(
-    ref: TableRef, features: list[str], weights: list[float], intercept: float
+    ref: TableRef,
+    features: list[str],
+    weights: list[float],
+    intercept: float,
+    holdout_fraction: float = 0.0,
+    job_id: str = "",
 ) -> dict[str, Any]:
-    """A party scores its own rows with a model it holds whole; returns aggregates only."""
+    """A party scores its own held-out rows (all its rows, in-sample, when none are held out)
+    with a model it holds whole; returns aggregates only."""
     frame = PartyStore.of(ref).read_table(ref)
     labels = frame[ref.label_column].to_numpy(dtype=float)
+    train, held_out = holdout_split(len(labels), holdout_fraction, job_id)
+    evaluated = held_out if held_out.size else train
     packed = np.asarray([*weights, intercept], dtype=float)
-    X = frame.loc[:, features].to_numpy(dtype=float)
-    scores = decision_function(packed, X)
-    probabilities = predict_proba(packed, X)
-    rate = float(np.mean(labels))
-    return {
-        "rows": len(labels),
-        "auc": _auc(labels, scores),
-        "log_loss": _log_loss(labels, probabilities),
-        "baseline_log_loss": _log_loss(labels, np.full(len(labels), rate)),
-    }
+    X = frame.loc[:, features].to_numpy(dtype=float)[evaluated]
+    figures = classifier_figures(
+        labels[evaluated],
+        predict_proba(packed, X),
+        float(np.mean(labels[train])),
+        decision_function(packed, X),
+    )
+    scope = holdout_scope(held_out.size, len(labels))
+    log_figures(ref.party, figures, scope)
+    return {"rows": len(labels), "scope": scope, **figures}
+
+
+def log_figures(party: str, figures: dict[str, Any], scope: str) -> None:
+    """The evaluating party's one log line: its figures beside the baseline, on which rows."""
+    auc = "-" if figures["auc"] is None else f"{figures['auc']:.4f}"
+    get_run_logger().info(
+        "%s: AUC %s, log-loss %.4f (class-prior baseline %.4f) on %s",
+        party, auc, figures["log_loss"], figures["baseline_log_loss"], scope,
+    )  # fmt: skip
 
 
 def _classifier_quality(metrics: dict[str, Any], baseline: dict[str, Any], rows: str) -> list:
@@ -178,7 +231,7 @@ def vertical_summary(
 
 def walr_summary(
     job_id: str,
-    features: TableRef,
+    features_party: str,
     labels: TableRef,
     rows: int,
     budget: dict[str, Any],
@@ -186,11 +239,17 @@ def walr_summary(
     workspace: str | None,
     release_job_id: str | None = None,
 ) -> dict[str, Any]:
-    quality = []
-    if metrics.get("auc") is not None:
-        quality = [Quality("AUC", metrics["auc"], 0.5, True, "all aligned rows (in-sample)")]
+    """Quality: the labels party's figures on the rows it was sent scores for (held-out rows,
+    or every row in-sample when nothing is held out), next to the class-prior baseline."""
+    quality, details = [], []
+    if metrics.get("log_loss") is not None:
+        baseline = {"auc": metrics["baseline_auc"], "log_loss": metrics["baseline_log_loss"]}
+        quality = _classifier_quality(metrics, baseline, metrics["scope"])
+        details = [("rows scored at the labels party", metrics["evaluated_rows"])]
     jobs = [job_id, *([release_job_id] if release_job_id else [])]
-    return _one_release_summary(job_id, features, labels, rows, budget, quality, jobs, workspace)
+    return _one_release_summary(
+        job_id, features_party, labels, rows, budget, quality, jobs, workspace, details
+    )
 
 
 @task(name="label-mean-baseline", task_run_name="{ref.party}: baseline on own labels", **PARTY_STEP)
@@ -218,32 +277,60 @@ def label_dp_summary(
         scope = str(metrics.get("evaluated_on", "held-out rows"))
         quality = [Quality("MSE", metrics["test_mse"], baseline, False, scope)]
     return _one_release_summary(
-        job.job_id, features, labels, rows, budget, quality, [job.job_id], workspace
+        job.job_id, features.party, labels, rows, budget, quality, [job.job_id], workspace
     )
 
 
 def _one_release_summary(
     job_id: str,
-    features: TableRef,
+    features_party: str,
     labels: TableRef,
     rows: int,
     budget: dict[str, Any],
     quality: list[Quality],
     jobs: list[str],
     workspace: str | None,
+    details: list[tuple[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The summary of a flow that releases once (WALR, label DP): both parties' aligned rows,
     the labels party's ledger, the traffic of ``jobs``."""
     return publish_summary(
         RunSummary(
             job_id,
-            {features.party: rows, labels.party: rows},
+            {features_party: rows, labels.party: rows},
             quality=quality,
             budgets=[BudgetLine.from_status(labels.party, budget)],
             bytes_sent=bytes_sent(dict.fromkeys(jobs), workspace),
             rounds=1,
+            details=details or [],
         )
     )
+
+
+def horizontal_quality(evaluations: dict[str, dict[str, Any]]) -> list[Quality]:
+    """Each hospital's figures on its own evaluated rows and, over several hospitals, the
+    row-weighted pooled log-loss (AUCs do not pool from per-hospital aggregates)."""
+    quality = []
+    for party, e in evaluations.items():
+        scope = f"{party}'s {e['scope']}"
+        quality += [
+            Quality(f"AUC at {party}", e["auc"], e["baseline_auc"], True, scope),
+            Quality(f"log-loss at {party}", e["log_loss"], e["baseline_log_loss"], False, scope),
+        ]
+    rows = sum(e["evaluated_rows"] for e in evaluations.values())
+    if len(evaluations) > 1 and rows:
+        pooled = {
+            name: sum(e[name] * e["evaluated_rows"] for e in evaluations.values()) / rows
+            for name in ("log_loss", "baseline_log_loss")
+        }
+        held_out = all("held-out" in e["scope"] for e in evaluations.values())
+        scope = f"{rows} {'held-out' if held_out else 'training (in-sample)'} rows of all parties"
+        quality.append(
+            Quality(
+                "log-loss, pooled", pooled["log_loss"], pooled["baseline_log_loss"], False, scope
+            )
+        )
+    return quality
 
 
 def horizontal_summary(
@@ -252,21 +339,18 @@ def horizontal_summary(
     model: dict[str, Any],
     rounds_run: int,
     workspace: str | None,
+    holdout_fraction: float = 0.0,
 ) -> dict[str, Any]:
-    """Quality: each party scores its own rows with the (shared) final model; the AUCs and
-    log-losses are reported per party, next to its label-rate baseline (in-sample)."""
+    """Quality: each party scores its own held-out rows (all its rows, in-sample, without a
+    hold-out) with the shared final model and reports aggregates only; see
+    :func:`horizontal_quality`."""
     weights = [float(model["coefficients"][f]) for f in model["features"]]
     evaluations = {
-        ref.party: evaluate_own_rows(ref, list(model["features"]), weights, model["intercept"])
+        ref.party: evaluate_own_rows(
+            ref, list(model["features"]), weights, model["intercept"], holdout_fraction, job_id
+        )
         for ref in refs
     }
-    quality = []
-    for party, e in evaluations.items():
-        scope = f"{party}'s rows (in-sample)"
-        quality += [
-            Quality(f"AUC at {party}", e["auc"], 0.5, True, scope),
-            Quality(f"log-loss at {party}", e["log_loss"], e["baseline_log_loss"], False, scope),
-        ]
     traffic = _round_bytes(job_id, workspace)
     history = [
         {
@@ -284,11 +368,31 @@ def horizontal_summary(
         RunSummary(
             job_id,
             {party: e["rows"] for party, e in evaluations.items()},
-            quality=quality,
+            quality=horizontal_quality(evaluations),
             bytes_sent=bytes_sent([job_id], workspace),
             rounds=len(history),
             rounds_table=history,
             details=[("rounds run in this attempt", rounds_run)],
+        )
+    )
+
+
+def horizontal_party_summary(
+    job_id: str, ref: TableRef, model: dict[str, Any], holdout_fraction: float
+) -> dict[str, Any]:
+    """One hospital's summary in party mode: its own figures only (it learns no other
+    hospital's), its own traffic, the rounds of the model it kept."""
+    weights = [float(model["coefficients"][f]) for f in model["features"]]
+    evaluation = evaluate_own_rows(
+        ref, list(model["features"]), weights, model["intercept"], holdout_fraction, job_id
+    )
+    return publish_summary(
+        RunSummary(
+            job_id,
+            {ref.party: evaluation["rows"]},
+            quality=horizontal_quality({ref.party: evaluation}),
+            bytes_sent=bytes_sent([job_id], None),
+            rounds=int(model["rounds"]),
         )
     )
 

@@ -13,6 +13,16 @@ intercept) plus discrete Gaussian noise, computed once:
    release in one ledger transaction, sends ``s + r + noise`` back;
 4. features party: removes ``r`` and fits in the clear.
 
+With a hold-out (``holdout_fraction`` > 0) both parties derive the same held-out rows from
+the row count alone (``tasks.summaries.holdout_split``, one fixed seed for every WALR job, so
+an unchanged table and fraction give the same rows and reuse the stored release, whichever
+job asks): the labels party encrypts only the training rows' labels, so the released sum
+covers the training rows only (its sensitivity, and so the noise and the charge, are those
+of one row as before), and the features party fits on the training rows. It then scores the
+held-out rows and sends those scores only; the labels party compares them with its held-out
+labels and publishes AUC and log-loss next to the class-prior baseline. Without a hold-out
+the same evaluation is opt-in (``evaluate``) and in-sample, on every row.
+
 Every randomised message (``[[y]]``, the masked sums) is sent once per job and the release is
 stored before it is sent, so a re-run of either party re-sends identical bytes.
 
@@ -20,6 +30,9 @@ What each side learns (semi-honest parties): the labels party sees ``s + r``, wh
 256-bit mask hides, so nothing about the features beyond N (its own row count), the number of
 feature columns and the public clip norm, i.e. the sensitivity; the features party sees
 semantically secure ciphertexts and the noisy sum, which is (epsilon, delta)-label-DP.
+Evaluation adds: the labels party learns the model's scores of the evaluated rows (a function
+of the features party's rows there, not covered by the DP guarantee, which is about labels);
+the features party learns nothing back but the published aggregates.
 A malicious features party could weight rows to enlarge one person's influence beyond the
 declared sensitivity; the labels party cannot check that, so this is a semi-honest protocol.
 """
@@ -63,6 +76,7 @@ from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
+from tasks.summaries import classifier_figures, holdout_scope, holdout_split, log_figures
 
 PROTOCOL = "walr"
 MODES = ("binary", "clipped")
@@ -94,6 +108,11 @@ class WalrJob:
     # columns + 1 sums (with the intercept), once
     columns: int | None = None
     randomizer: str = cipher.DEFAULT_RANDOMIZER
+    holdout_fraction: float = 0.0  # share of rows kept out of the release, to evaluate on
+
+    def split(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(training rows, held-out rows)``: both parties derive them from public values."""
+        return holdout_split(rows, self.holdout_fraction, PROTOCOL)
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return channel_for(self.job_id, self.workspace).endpoint(party)
@@ -113,6 +132,8 @@ class WalrJob:
             "clip_norm": self.clip_norm,
             "noise": self.noise,
         }
+        if self.holdout_fraction:  # the sum covers other rows: another release
+            inputs["holdout_fraction"] = self.holdout_fraction
         text = json.dumps(inputs, sort_keys=True)
         return f"walr-{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
@@ -134,6 +155,7 @@ class FeaturesFacts:
     mode: str
     clip_norm: float | None
     fingerprint: str
+    holdout_fraction: float = 0.0
 
     def as_message(self) -> dict[str, Any]:
         return {
@@ -141,13 +163,18 @@ class FeaturesFacts:
             "mode": self.mode,
             "clip_norm": self.clip_norm,
             "fingerprint": self.fingerprint,
+            "holdout_fraction": self.holdout_fraction,
         }
 
     @classmethod
     def from_message(cls, message: Any, sender: str) -> FeaturesFacts:
         try:
             facts = cls(
-                message["columns"], message["mode"], message["clip_norm"], message["fingerprint"]
+                message["columns"],
+                message["mode"],
+                message["clip_norm"],
+                message["fingerprint"],
+                message.get("holdout_fraction", 0.0),
             )
         except (KeyError, TypeError):
             raise WalrSetupError(f"the features facts of {sender} are not readable") from None
@@ -266,7 +293,11 @@ def check_features(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     endpoint = job.endpoint(ref.party)
     endpoint.send(job.labels_party, "id_order_digest", id_order_digest(job.job_id, ids))
     facts = FeaturesFacts(
-        len(features.column_names), job.mode, job.clip_norm, job.features_fingerprint
+        len(features.column_names),
+        job.mode,
+        job.clip_norm,
+        job.features_fingerprint,
+        job.holdout_fraction,
     )
     endpoint.send(job.labels_party, "walr_features", facts.as_message())
     return {
@@ -288,6 +319,11 @@ def receive_features_facts(job: WalrJob, ref: TableRef) -> dict[str, Any]:
             f"{job.features_party} prepares its features in mode {facts.mode!r} with clip norm "
             f"{facts.clip_norm!r}; {ref.party} calibrates for mode {job.mode!r} with clip norm "
             f"{job.clip_norm!r}: the parties must agree on both"
+        )
+    if facts.holdout_fraction != job.holdout_fraction:
+        raise WalrSetupError(
+            f"{job.features_party} holds out a share {facts.holdout_fraction!r} of the rows, "
+            f"{ref.party} {job.holdout_fraction!r}: the parties must agree on the hold-out"
         )
     return {"columns": facts.columns, "features_fingerprint": facts.fingerprint}
 
@@ -335,6 +371,7 @@ def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: b
         stored = {"n": public.n, "p": private.p, "q": private.q}
         artifacts.put(job.key("keypair"), stored, "secret")
     _, labels = _labels(ref)
+    labels = labels[job.split(labels.size)[0]]  # held-out rows stay out of the sum
     public = paillier.PaillierPublicKey(int(stored["n"]))
     # Its own key: the same obfuscators, computed modulo p^2 and q^2 (CRT).
     private = paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
@@ -346,7 +383,7 @@ def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: b
         "walr_encrypted_labels",
         lambda: cipher.encrypt(public, labels.tolist(), job.randomizer, private=private),
     )
-    get_run_logger().info("%s encrypted %d labels", ref.party, labels.size)
+    get_run_logger().info("%s encrypted the labels of %d training rows", ref.party, labels.size)
     return int(stored["n"]).bit_length()
 
 
@@ -360,16 +397,17 @@ def masked_sums(job: WalrJob, ref: TableRef) -> int:
     """
     endpoint = job.endpoint(ref.party)
     _, features = _features(job, ref)
+    units = features.grid_units()[job.split(features.n_rows)[0]]
 
     def masked() -> dict[str, Any]:
         key = int(endpoint.receive(job.labels_party, "walr_public_key"))
         public = paillier.PaillierPublicKey(key)
         encrypted = endpoint.receive(job.labels_party, "walr_encrypted_labels")
-        if len(encrypted) != features.n_rows:
+        if len(encrypted) != len(units):
             raise WalrSetupError(
-                f"got {len(encrypted)} encrypted labels for {features.n_rows} rows"
+                f"got {len(encrypted)} encrypted labels for {len(units)} training rows"
             )
-        sums = cipher.transpose_dot(public, features.grid_units(), encrypted)
+        sums = cipher.transpose_dot(public, units, encrypted)
         masks = cipher.random_masks(len(sums))
         mask_id = secrets.token_hex(16)
         ArtifactStore(PartyStore.of(ref)).put(job.key("mask", mask_id), masks, "secret")
@@ -460,14 +498,16 @@ def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
     message = job.endpoint(ref.party).receive(job.features_party, "walr_masked_sums")
     masked = _decrypt_once(job, ref, message)
     _, labels = _labels(ref)
-    shape = public_shape(job.mode, labels.size, len(masked) - 1, job.clip_norm)
+    training = len(job.split(labels.size)[0])
+    shape = public_shape(job.mode, training, len(masked) - 1, job.clip_norm)
     sigma = walr_sigma(job.epsilon, job.delta, shape)
     noise = _noise_units(job, sigma, shape.granularity, len(masked))
     release = {
         "job_id": job.job_id,
         "mask_id": message["mask_id"],
         "values": [m + e for m, e in zip(masked, noise, strict=True)],
-        "rows": int(labels.size),
+        "rows": training,
+        "held_out_rows": int(labels.size) - training,
         "columns": len(masked) - 1,
         "mode": job.mode,
         "clip_norm": job.clip_norm,
@@ -531,7 +571,8 @@ def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
     if any(abs(u) >= _EXACT_FLOAT_INT for u in units):
         raise WalrSetupError("the unmasked release is not a sum of this table's grid values")
     noisy_sum = np.array(units, dtype=np.float64) * features.granularity
-    fit = fit_walr(features.values, noisy_sum, features.n_rows, l2, fit_intercept=True)
+    train = job.split(features.n_rows)[0]
+    fit = fit_walr(features.values[train], noisy_sum, len(train), l2, fit_intercept=True)
     model = {
         "job_id": job.job_id,
         "features": list(features.column_names),
@@ -559,30 +600,36 @@ def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
     }
 
 
-@task(
-    name="walr-predictions", task_run_name="{ref.party}: predictions for evaluation", **PARTY_STEP
-)
+@task(name="walr-predictions", task_run_name="{ref.party}: scores for evaluation", **PARTY_STEP)
 def send_predictions(job: WalrJob, ref: TableRef) -> int:
-    """Optional evaluation: the labels party receives the predicted probability of every row."""
+    """The labels party receives the predicted probability of the held-out rows only (of
+    every row, in-sample, when nothing is held out and evaluation was asked for)."""
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
     _, features = _features(job, ref)
+    train, held_out = job.split(features.n_rows)
+    rows = held_out if held_out.size else train
     fit = WalrFit(
         np.asarray(model["coef"]), model["intercept"], model["converged"], model["n_iter"]
     )
-    probabilities = fit.predict_proba(features.values)
+    probabilities = fit.predict_proba(features.values[rows])
     job.endpoint(ref.party).send(job.labels_party, "predictions", probabilities)
-    return features.n_rows
+    return int(rows.size)
 
 
-@task(name="walr-evaluate", task_run_name="{ref.party}: AUC of the predictions", **PARTY_STEP)
-def evaluate(job: WalrJob, ref: TableRef) -> dict[str, float | None]:
-    """AUC on the true labels. Not differentially private and not charged: it is opt-in."""
-    from sklearn.metrics import roc_auc_score
-
+@task(name="walr-evaluate", task_run_name="{ref.party}: AUC and log-loss", **PARTY_STEP)
+def evaluate(job: WalrJob, ref: TableRef) -> dict[str, Any]:
+    """AUC and log-loss of the received scores on the true labels, next to the class-prior
+    baseline. Not differentially private and not charged; only these aggregates leave."""
     _, labels = _labels(ref)
+    train, held_out = job.split(labels.size)
+    rows = held_out if held_out.size else train
     predictions = np.asarray(job.endpoint(ref.party).receive(job.features_party, "predictions"))
-    if predictions.shape != labels.shape:
-        raise WalrSetupError(f"got {predictions.size} predictions for {labels.size} labels")
-    if len(np.unique(labels)) < 2:
-        return {"auc": None}
-    return {"auc": float(roc_auc_score(labels, predictions))}
+    if predictions.shape != rows.shape:
+        raise WalrSetupError(
+            f"{ref.party} got {predictions.size} predictions from {job.features_party} for "
+            f"{rows.size} evaluated rows"
+        )
+    figures = classifier_figures(labels[rows], predictions, float(np.mean(labels[train])))
+    scope = holdout_scope(held_out.size, labels.size)
+    log_figures(ref.party, figures, scope)
+    return {"scope": scope, **figures}

@@ -28,6 +28,19 @@ def arrays_in(value: Any) -> list[np.ndarray]:
     return []
 
 
+def summary_quality(key: str) -> dict[str, tuple[float | None, float | None, str]]:
+    """The quality table of a published summary, read back through the Prefect API:
+    metric -> (model, baseline, rows)."""
+    from prefect.artifacts import Artifact
+
+    artifact = Artifact.get(key)
+    assert artifact is not None, f"no artifact {key}"
+    section = artifact.data.split("## Quality", 1)[1].split("##", 1)[0]
+    rows = [line.strip("|").split(" | ") for line in section.strip().splitlines()[2:]]
+    number = lambda text: float(text) if text.strip() else None  # noqa: E731
+    return {r[0].strip(): (number(r[1]), number(r[2]), r[3].strip()) for r in rows}
+
+
 def relocate_job(job: dict[str, Any], root: Path, workspace: Path) -> Path:
     """Copy a job's source files into ``workspace``, point its databases there, write it out.
 

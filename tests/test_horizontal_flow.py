@@ -10,9 +10,10 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import arrays_in
+from helpers import arrays_in, summary_quality
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, ArtifactFilterType
+from sklearn.metrics import log_loss, roc_auc_score
 
 from core import horizontal_lr as hlr
 from core import secagg
@@ -24,6 +25,7 @@ from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
 from tasks import horizontal_lr as steps
+from tasks.summaries import holdout_split
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,6 +163,34 @@ def test_gradient_averaging_equals_centralized_gd_and_coordinator_sees_no_update
     more = run(refs, workspace, rounds=3, **FAST)
     assert more["job_id"] == job and more["resumed_from"] == 2 and more["rounds_run"] == 1
     np.testing.assert_allclose(more["weights"], hlr.centralized_gd(X, y, L2, LR, 3), atol=1e-6)
+
+
+def test_held_out_rows_stay_out_of_training_and_each_party_scores_its_own(
+    hospitals: Loader, workspace: Path
+) -> None:
+    refs = hospitals(workspace)
+    result = run(refs, workspace, rounds=2, holdout_fraction=0.2, **FAST)
+    parts = arrays(refs)
+    splits = [holdout_split(len(y), 0.2, result["job_id"]) for _, y in parts]
+    training = [(X[train], y[train]) for (X, y), (train, _) in zip(parts, splits, strict=True)]
+    reference = hlr.centralized_gd(*pooled(training), L2, LR, 2)  # the training rows only
+    np.testing.assert_allclose(result["weights"], reference, rtol=0, atol=1e-6)
+
+    quality = summary_quality("patients-horizontal-summary")  # read back from Prefect
+    sums = np.zeros(3)
+    for name, (X, y), (train, held) in zip(HOSPITALS, parts, splits, strict=True):
+        scores, truth = hlr.predict_proba(reference, X[held]), y[held]
+        prior = np.full(held.size, y[train].mean())
+        rows = f"{name}'s {held.size} held-out rows"
+        auc, model, baseline = quality[f"AUC at {name}"], *quality[f"log-loss at {name}"][:2]
+        assert auc == (pytest.approx(roc_auc_score(truth, scores), rel=1e-5), 0.5, rows)
+        assert model == pytest.approx(log_loss(truth, scores), rel=1e-5)
+        assert baseline == pytest.approx(log_loss(truth, prior), rel=1e-5)
+        sums += [held.size, held.size * log_loss(truth, scores), held.size * log_loss(truth, prior)]
+    pooled_model, pooled_baseline, rows = quality["log-loss, pooled"]
+    assert rows == f"{int(sums[0])} held-out rows of all parties"
+    assert pooled_model == pytest.approx(sums[1] / sums[0], rel=1e-5)
+    assert pooled_baseline == pytest.approx(sums[2] / sums[0], rel=1e-5)
 
 
 def test_a_failing_and_a_hanging_party_leave_the_survivors_model(

@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.metrics import log_loss
 
 from core import horizontal_lr as hlr
 from demo.orgs import free_port
@@ -28,6 +29,7 @@ from storage.descriptor import TableRef
 from storage.party_config import PartyConfig
 from storage.party_store import PartyStore
 from storage.transport_grpc import serve
+from tasks.summaries import holdout_split
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,27 +150,40 @@ def reference(job: Job, survivors_per_round: list[list[str]]) -> np.ndarray:
 def test_hospital_processes_train_the_plaintext_model_across_a_restart(make_job: Any) -> None:
     hospitals = ["hospital_a", "hospital_b", "hospital_c"]
     job = make_job(hospitals)
+    holdout = ["--holdout-fraction", "0.25"]  # each hospital's own; the coordinator's none
     for party in [COORDINATOR, *hospitals]:
         fault = ["--inject-fault", "1:mask_input:kill"] if party == "hospital_c" else []
-        job.start(
-            party, "hlr-three", "--rounds", "2", "--tol", "0", "--stage-timeout", "90", *fault
-        )
+        own = holdout if party != COORDINATOR else []
+        job.start(party, "hlr-three", "--rounds", "2", "--tol", "0", "--stage-timeout", "90",
+                  *fault, *own)  # fmt: skip
     # hospital_c's process dies (SIGKILL) mid-round after sharing its keys; restarted with the
     # same command, it resumes from its own records within the stage deadline
     assert job.finish("hospital_c")[0] == -9
-    job.start("hospital_c", "hlr-three")
+    job.start("hospital_c", "hlr-three", *holdout)
     coordinator = job.result(COORDINATOR)
     parties = {h: job.result(h) for h in hospitals}
 
-    X = np.vstack([job.arrays[h][0] for h in hospitals])
-    y = np.concatenate([job.arrays[h][1] for h in hospitals])
-    np.testing.assert_allclose(
-        coordinator["weights"], hlr.centralized_gd(X, y, L2, LR, 2), rtol=0, atol=1e-6
-    )
+    splits = {h: holdout_split(len(job.arrays[h][1]), 0.25, "hlr-three") for h in hospitals}
+    X = np.vstack([job.arrays[h][0][splits[h][0]] for h in hospitals])  # training rows only
+    y = np.concatenate([job.arrays[h][1][splits[h][0]] for h in hospitals])
+    reference = hlr.centralized_gd(X, y, L2, LR, 2)
+    np.testing.assert_allclose(coordinator["weights"], reference, rtol=0, atol=1e-6)
     # the uninterrupted model: every round summed all three hospitals
     assert coordinator["rounds_completed"] == 2 and coordinator["dropped"] == [[], []]
     for result in parties.values():  # every hospital checked and kept the same model
         assert result["weights"] == coordinator["weights"] and result["rounds_completed"] == 2
+    # each hospital's summary: its own held-out figures, as the one-process summary gives them
+    for h, result in parties.items():
+        X_h, y_h = job.arrays[h]
+        train, held = splits[h]
+        scores = hlr.predict_proba(reference, X_h[held])
+        figures = {q["metric"]: q for q in result["quality"]}
+        assert set(figures) == {f"AUC at {h}", f"log-loss at {h}"}  # no other hospital's
+        loss = figures[f"log-loss at {h}"]
+        assert loss["rows"] == f"{h}'s {held.size} held-out rows"
+        assert loss["model"] == pytest.approx(log_loss(y_h[held], scores, labels=[0, 1]))
+        prior = np.full(held.size, y_h[train].mean())
+        assert loss["baseline"] == pytest.approx(log_loss(y_h[held], prior, labels=[0, 1]))
     # each party's folder holds only messages it sent or that were addressed to it
     for party in [COORDINATOR, *hospitals]:
         files = list((job.folder / party / "home" / "runs").rglob("r*/*__*"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tasks.reporting import (
     BudgetLine,
@@ -12,6 +13,7 @@ from tasks.reporting import (
     round_warnings,
     summary_markdown,
 )
+from tasks.summaries import classifier_figures, holdout_scope, holdout_split, horizontal_quality
 
 
 def test_a_rising_loss_and_a_diverging_gradient_are_warned_about() -> None:
@@ -60,3 +62,22 @@ def test_model_tables_read_every_flow_s_record() -> None:
     assert model_table(vertical) == ([{"feature": "age", "coefficient": -1.0}], 0.5)
     whole = {"coefficients": {"age": 2.0}, "intercept": -0.25}
     assert model_table(whole) == ([{"feature": "age", "coefficient": 2.0}], -0.25)
+
+
+def test_held_out_figures_are_labelled_and_pool_by_rows() -> None:
+    train, held_out = holdout_split(10, 0.3, "job-a")
+    assert sorted([*train, *held_out]) == list(range(10)) and len(held_out) == 3
+    assert np.array_equal(holdout_split(10, 0.3, "job-a")[1], held_out)  # seeded: agreed
+    assert holdout_split(10, 0.0, "job-a")[1].size == 0
+    labels = np.array([1.0, 0.0, 1.0, 1.0])
+    figures = classifier_figures(labels, np.array([0.9, 0.2, 0.6, 0.7]), training_rate=0.5)
+    assert figures["auc"] == 1.0 and figures["baseline_auc"] == 0.5
+    assert figures["baseline_log_loss"] == pytest.approx(np.log(2))  # the class prior 0.5
+    a = {**figures, "scope": holdout_scope(4, 20)}
+    b = {**figures, "evaluated_rows": 12, "log_loss": 0.5, "scope": holdout_scope(12, 60)}
+    quality = {q.metric: q for q in horizontal_quality({"a": a, "b": b})}
+    pooled = quality["log-loss, pooled"]
+    assert pooled.model == pytest.approx((4 * figures["log_loss"] + 12 * 0.5) / 16)
+    assert pooled.rows == "16 held-out rows of all parties"
+    assert quality["AUC at b"].rows == "b's 12 held-out rows"
+    assert holdout_scope(0, 20) == "all 20 training rows (in-sample)"

@@ -1,9 +1,10 @@
 """Vertical LR with each party its own OS process, own folder and database, over mTLS gRPC.
 
-The guest (clinic), the host (lab) and the arbiter each run ``privreg party vertical`` with only
-their own ``party.toml``; the model they end with must be, bit for bit, the one the one-process
-``vertical_lr`` computes on the same data and options, also when the host's process is killed
-mid-round and restarted.
+The guest (clinic), the hosts (two labs, each holding half of the host columns) and the
+arbiter each run ``privreg party vertical`` with only their own ``party.toml``; the model they
+end with must be, bit for bit, the one the one-process ``vertical_lr`` computes on the same
+data and options, also when one host's process is killed mid-round and restarted. The
+two-party mode (no arbiter) runs the guest and one host.
 """
 
 from __future__ import annotations
@@ -44,29 +45,48 @@ OPTIONS = {
 }
 
 
-def tables(folder: Path, guest: str = "clinic", host: str = "lab") -> tuple[TableRef, TableRef]:
-    """The first breast rows, split as FATE splits them, in each party's own database."""
+ONE_HOST, TWO_HOSTS = ["lab"], ["lab1", "lab2"]
+
+
+def tables(folder: Path, hosts: list[str]) -> dict[str, TableRef]:
+    """The first breast rows, split as FATE splits them, in each party's own database; with
+    two hosts, each holds half of the host's columns."""
     guest_frame = pd.read_csv(DATA / "breast_hetero_guest.csv.gz").head(ROWS)
     host_frame = pd.read_csv(DATA / "breast_hetero_host.csv.gz").set_index("id")
-    guest_ref = TableRef(
-        str(folder / guest / f"{guest}.duckdb"), "patients", label_column="y", label_domain=(0, 1)
+    host_frame = host_frame.loc[guest_frame["id"]]
+    guest = TableRef(
+        str(folder / "clinic" / "clinic.duckdb"), "patients", label_column="y", label_domain=(0, 1)
     )
-    host_ref = TableRef(str(folder / host / f"{host}.duckdb"), "labs")
-    PartyStore.of(guest_ref).import_frame(guest_frame, guest_ref)
-    PartyStore.of(host_ref).import_frame(host_frame.loc[guest_frame["id"]].reset_index(), host_ref)
-    return guest_ref, host_ref
+    PartyStore.of(guest).import_frame(guest_frame, guest)
+    refs = {"clinic": guest}
+    for host, columns in zip(hosts, np.array_split(host_frame.columns, len(hosts)), strict=True):
+        refs[host] = TableRef(str(folder / host / f"{host}.duckdb"), "labs")
+        PartyStore.of(refs[host]).import_frame(host_frame[columns].reset_index(), refs[host])
+    return refs
+
+
+def one_process_run(folder: Path, hosts: list[str]) -> dict[str, Any]:
+    """The one-process run: the guest's result and each host's slice from its store."""
+    refs = tables(folder, hosts)
+    result = vertical_lr(
+        refs["clinic"].to_dict(), [refs[h].to_dict() for h in hosts], workspace=str(folder),
+        **OPTIONS,
+    )  # fmt: skip
+    slices = {
+        h: ArtifactStore(PartyStore.of(refs[h])).get(f"models/vertical/{result['job_id']}/{h}")
+        for h in hosts
+    }
+    return {**result, "host_weights": {h: s["weights"] for h, s in slices.items()}}
 
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The one-process run: the guest's result and the host's slice from its store."""
-    folder = tmp_path_factory.mktemp("one-process")
-    guest_ref, host_ref = tables(folder)
-    result = vertical_lr(
-        guest_ref.to_dict(), [host_ref.to_dict()], workspace=str(folder), **OPTIONS
-    )
-    host = ArtifactStore(PartyStore.of(host_ref)).get(f"models/vertical/{result['job_id']}/lab")
-    return {**result, "host_weights": host["weights"]}
+    return one_process_run(tmp_path_factory.mktemp("one-process"), ONE_HOST)
+
+
+@pytest.fixture(scope="module")
+def one_process_two_hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return one_process_run(tmp_path_factory.mktemp("one-process-two-hosts"), TWO_HOSTS)
 
 
 class Parties:
@@ -76,15 +96,16 @@ class Parties:
     def __init__(
         self,
         folder: Path,
-        names: list[str],
+        hosts: list[str],
         job: str,
         arbiter: bool = True,
         own_prefect: bool = False,
     ) -> None:
         from prefect.settings import PREFECT_API_URL
 
+        names = ["clinic", *hosts, *(["arbiter"] if arbiter else [])]
         self.orgs = make_orgs(folder, names, receive_timeout=300)
-        self.refs = dict(zip(("clinic", "lab"), tables(folder), strict=True))
+        self.hosts, self.refs = hosts, tables(folder, hosts)
         self.servers = {
             name: serve(PartyConfig.load(org.config))[0] for name, org in self.orgs.items()
         }
@@ -94,8 +115,9 @@ class Parties:
         self.runs: dict[str, subprocess.Popen] = {}
 
     def run(self, party: str) -> None:
-        role = {"clinic": "guest", "lab": "host"}.get(party, "arbiter")
-        args = ["--job", self.job, "--role", role, "--guest", "clinic", "--hosts", "lab"]
+        role = "guest" if party == "clinic" else "host" if party in self.hosts else "arbiter"
+        args = ["--job", self.job, "--role", role, "--guest", "clinic"]
+        args += ["--hosts", ",".join(self.hosts)]
         args += ["--options", json.dumps(OPTIONS)]
         args += ["--table", json.dumps(self.refs[party].to_dict())] if party in self.refs else []
         args += [] if self.arbiter else ["--no-arbiter"]
@@ -121,15 +143,16 @@ class Parties:
 
 
 def assert_same_model(
-    results: dict[str, dict[str, Any]], reference: dict[str, Any], host: TableRef
-):
+    results: dict[str, dict[str, Any]], reference: dict[str, Any], parties: Parties
+) -> None:
     guest = results["clinic"]
     assert guest["intercept"] == reference["intercept"]  # bit for bit
     assert guest["coefficients"] == reference["coefficients"]
     assert guest["losses"] == reference["losses"]
-    model = ArtifactStore(PartyStore.of(host)).get(results["lab"]["model_key"])
-    assert np.array_equal(model["weights"], reference["host_weights"])  # from the host's store
-    assert "coefficients" not in results["lab"]  # a host's slice stays in its own store
+    for host in parties.hosts:  # each slice read from its host's own store
+        model = ArtifactStore(PartyStore.of(parties.refs[host])).get(results[host]["model_key"])
+        assert np.array_equal(model["weights"], reference["host_weights"][host])
+        assert "coefficients" not in results[host]  # a host's slice stays in its own store
 
 
 def own_messages_only(org: Org) -> None:
@@ -137,38 +160,41 @@ def own_messages_only(org: Org) -> None:
     assert files and all(org.party in f.name.split("__")[:2] for f in files)
 
 
-def test_a_killed_host_restarts_and_the_job_ends_with_the_same_model(
-    tmp_path: Path, one_process
+def test_a_killed_host_of_two_restarts_and_the_job_ends_with_the_same_model(
+    tmp_path: Path, one_process_two_hosts
 ) -> None:
-    parties = Parties(tmp_path, ["clinic", "lab", "arbiter"], "vertical-kill")
-    lab = parties.orgs["lab"]
-    mid_round = lab.messages / "vertical-kill" / "messages" / "r000002" / "lab__clinic__share_train"
+    parties = Parties(tmp_path, TWO_HOSTS, "vertical-kill")
+    lab = parties.orgs["lab1"]
+    mid_round = (
+        lab.messages / "vertical-kill" / "messages" / "r000002" / "lab1__clinic__share_train"
+    )
     try:
-        for party in ("arbiter", "lab", "clinic"):
+        for party in ("arbiter", *TWO_HOSTS, "clinic"):
             parties.run(party)
         deadline = time.monotonic() + 600
         while not mid_round.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        parties.runs["lab"].send_signal(signal.SIGKILL)  # the host's steps die mid-round 2 ...
-        assert parties.runs["lab"].wait(timeout=10) == -signal.SIGKILL
-        parties.servers["lab"].stop(grace=0).wait()  # ... and its endpoint is down a while
+        parties.runs["lab1"].send_signal(signal.SIGKILL)  # one host dies mid-round 2 ...
+        assert parties.runs["lab1"].wait(timeout=10) == -signal.SIGKILL
+        parties.servers["lab1"].stop(grace=0).wait()  # ... and its endpoint is down a while
         time.sleep(2)
-        parties.servers["lab"] = serve(PartyConfig.load(lab.config))[0]
-        parties.run("lab")
+        parties.servers["lab1"] = serve(PartyConfig.load(lab.config))[0]
+        parties.run("lab1")
         results = parties.results()
     finally:
         parties.close()
-    # three processes, one of them killed and restarted: the one-process model, bit for bit
-    assert_same_model(results, one_process, parties.refs["lab"])
-    assert results["clinic"]["metrics"] == one_process["metrics"]
+    # four processes, one of them killed and restarted: the one-process model with the same
+    # two hosts, bit for bit
+    assert_same_model(results, one_process_two_hosts, parties)
+    assert results["clinic"]["metrics"] == one_process_two_hosts["metrics"]
     for org in parties.orgs.values():
         own_messages_only(org)
-    restarted = results["lab"]
+    restarted = results["lab1"]
     assert restarted["resumed_from"] in (1, 2)  # its own last checkpoint
     assert restarted["resumed_from"] + 1 + restarted["rounds_run"] == ROUNDS
     # the peers waited for it: each ran every round exactly once
-    assert results["clinic"]["rounds_run"] == results["arbiter"]["rounds_run"] == ROUNDS
-    assert results["clinic"]["resumed_from"] == results["arbiter"]["resumed_from"] == -1
+    assert {results[p]["rounds_run"] for p in ("clinic", "lab2", "arbiter")} == {ROUNDS}
+    assert {results[p]["resumed_from"] for p in ("clinic", "lab2", "arbiter")} == {-1}
 
 
 def table_values(ref: TableRef) -> set[str]:
@@ -188,14 +214,14 @@ def found_in(folder: Path, values: set[str]) -> set[str]:
 
 def test_two_party_mode_processes_train_the_same_model(tmp_path: Path, one_process) -> None:
     # each organisation on its own Prefect, so what each one's Prefect stored can be scanned
-    parties = Parties(tmp_path, ["clinic", "lab"], "vertical-2p", arbiter=False, own_prefect=True)
+    parties = Parties(tmp_path, ONE_HOST, "vertical-2p", arbiter=False, own_prefect=True)
     try:
         for party in ("lab", "clinic"):
             parties.run(party)
         results = parties.results()
     finally:
         parties.close()
-    assert_same_model(results, one_process, parties.refs["lab"])
+    assert_same_model(results, one_process, parties)
     # neither organisation's Prefect (runs, parameters, results, logs, artifacts) holds a
     # feature value of the other's table; the guest's holds no host row, and vice versa
     homes = {party: org.folder / "prefect" for party, org in parties.orgs.items()}

@@ -8,11 +8,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import summary_quality
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import log_loss, roc_auc_score
 
 from core.dp.errors import PrivacyParameterError
 from core.walr import (
     PrivacyWarning,
+    WalrFit,
     WalrInputError,
     label_weighted_sum,
     prepare_binary_features,
@@ -26,6 +29,7 @@ from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
+from tasks.summaries import holdout_split
 from tasks.walr import ReleaseRefusalError, WalrSetupError
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -215,3 +219,36 @@ def test_large_delta_warns_and_evaluation_reveals_only_predictions(workspace: Pa
     assert result["sigma"] > 0 and result["sigma_analytic_continuous"] > 0
     records = channel_for(result["job_id"], str(workspace)).log()
     assert [r.sender for r in records if r.kind == "predictions"] == ["publisher"]
+
+
+def test_held_out_rows_stay_out_of_the_release_and_are_scored_for_the_summary(
+    workspace: Path,
+) -> None:
+    features, labels, X, y = parties(workspace)
+    OwnerPolicy(PartyStore.of(labels)).set("conversions", allow_noiseless_release=True)
+    result = run(features, labels, workspace, holdout_fraction=0.2, **NO_NOISE)
+    train, held_out = holdout_split(ROWS, 0.2, "walr")
+    assert len(held_out) == 60 and len(np.intersect1d(train, held_out)) == 0
+    # the release is the plaintext label-weighted sum over the training rows only
+    prepared = prepare_clipped_features(X, CLIP)
+    exact = label_weighted_sum(prepare_clipped_features(X[train], CLIP), y[train])
+    np.testing.assert_array_equal(result["noisy_sum"], exact)
+    assert result["epsilon"] == 1.0 and result["budget"]["epsilon_spent"] == pytest.approx(1.0)
+    channel = channel_for(result["job_id"], str(workspace))
+    sent = {r.kind: codec.loads(channel.read_raw(r)) for r in channel.log()}
+    assert len(sent["walr_encrypted_labels"]) == 240 and len(sent["predictions"]) == 60
+
+    # the labels party scored the held-out rows only; the summary holds the same figures
+    fit = WalrFit(np.array(list(result["coefficients"].values())), result["intercept"], True, 0)
+    scores = fit.predict_proba(prepared.values[held_out])
+    rate = np.full(60, y[train].mean())
+    expected = {
+        "AUC": (roc_auc_score(y[held_out], scores), 0.5),
+        "log-loss": (log_loss(y[held_out], scores), log_loss(y[held_out], rate)),
+    }
+    quality = summary_quality("impressions-walr-summary")
+    for metric, (model, baseline) in expected.items():
+        assert quality[metric][0] == pytest.approx(model, rel=1e-5)
+        assert quality[metric][1] == pytest.approx(baseline, rel=1e-5)
+        assert quality[metric][2] == "60 held-out rows"
+    assert result["metrics"]["log_loss"] == pytest.approx(expected["log-loss"][0])

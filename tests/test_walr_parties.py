@@ -250,6 +250,34 @@ def test_walr_parties_as_processes_release_once_and_match_one_process(
     assert sent.sha256 == hashlib.sha256(party_bytes).hexdigest()
 
 
+def test_walr_parties_hold_out_and_score_the_rows_the_one_process_flow_does(
+    parties: Parties, tmp_path: Path
+) -> None:
+    tables = walr_tables({party: parties.folder / party for party in PEER})
+    PrivacyLedger(PartyStore.of(tables[LABELS])).set_budget("conversions", 5.0, 1e-3)
+    shared = ["--epsilon", "1", "--delta", "1e-4", "--clip-norm", "5", "--l2", "0.01",
+              "--holdout-fraction", "0.2"]  # fmt: skip
+    options = {LABELS: [*shared, "--key-size", "1024", "--allow-insecure-key-size"],
+               FEATURES: shared}  # fmt: skip
+    job = "walr-held-out"
+    # no --evaluate: the hold-out alone makes the features party score the held-out rows
+    result = finish(parties.run("walr", job, tables, options, dict.fromkeys(PEER, False)))
+    labels, features = result[LABELS], result[FEATURES]
+    assert labels["metrics"]["scope"] == f"{round(0.2 * ROWS)} held-out rows"
+    assert not labels["reused_release"] and "metrics" not in features
+
+    stores = copy_stores(parties, tmp_path / "one")
+    one = walr(
+        TableRef(str(stores[FEATURES]), "impressions").to_dict(),
+        TableRef(str(stores[LABELS]), "conversions", label_column="y").to_dict(),
+        epsilon=1.0, delta=1e-4, clip_norm=5.0, l2=0.01, key_size=1024,
+        allow_insecure_key_size=True, workspace=str(tmp_path / "one"), job_id=job,
+        holdout_fraction=0.2,
+    )  # fmt: skip
+    assert one["reused_release"] and one["coefficients"] == features["coefficients"]
+    assert one["metrics"] == labels["metrics"]  # the same rows held out, scored the same
+
+
 def test_label_dp_parties_as_processes_release_once_and_match_one_process(
     parties: Parties, tmp_path: Path
 ) -> None:

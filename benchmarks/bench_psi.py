@@ -70,8 +70,7 @@ def main() -> None:
             found = run(a, b)
             times[name].append(time.perf_counter() - started)
             assert found == args.size // 2, (name, found)
-    print(f"\n### PSI, {args.size:,} x {args.size:,} ids, 50% overlap, "
-          f"median of {args.repeats}\n")
+    print(f"\n### PSI, {args.size:,} x {args.size:,} ids, 50% overlap, median of {args.repeats}\n")
     print("| implementation | median s | ids/s | vs openmined-psi |")
     print("|---|---|---|---|")
     baseline = statistics.median(times[list(runners)[-1]]) if not args.no_baseline else None

@@ -46,6 +46,7 @@ FLOW_SHORT = {
 }
 #: Flow parameters that hold table descriptors, in the order that names a run.
 _TABLE_PARAMETERS = (
+    "own",
     "party_a",
     "guest",
     "features",
@@ -75,7 +76,8 @@ def _tables(parameters: dict[str, Any]) -> list[str]:
 
 def job_name() -> str:
     """The readable job a run belongs to: its ``job:<name>`` tag, else its deployment's name,
-    else its job file's name, else its first table's name."""
+    else its job file's name, else (a party's flow) its agreed job id, else its first table's
+    name."""
     for tag in [*TagsContext.get().current_tags, *(runtime_flow_run.tags or [])]:
         if tag.startswith(_JOB_TAG):
             return _slug(tag.removeprefix(_JOB_TAG))
@@ -84,8 +86,15 @@ def job_name() -> str:
     parameters = runtime_flow_run.parameters or {}
     if parameters.get("job_file"):
         return _slug(Path(parameters["job_file"]).stem)
+    if _is_party_flow() and parameters.get("job_id"):  # the id every party agreed on
+        return _slug(str(parameters["job_id"]))
     tables = _tables(parameters)
     return _slug(tables[0].split(".", 1)[1]) if tables else "adhoc"
+
+
+def _is_party_flow() -> bool:
+    """One party's side of a protocol (``*_party``, ``*_coordinator``): its job id is explicit."""
+    return (runtime_flow_run.flow_name or "").endswith(("_party", "_coordinator"))
 
 
 def flow_short() -> str:

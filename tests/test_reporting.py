@@ -81,3 +81,21 @@ def test_held_out_figures_are_labelled_and_pool_by_rows() -> None:
     assert pooled.rows == "16 held-out rows of all parties"
     assert quality["AUC at b"].rows == "b's 12 held-out rows"
     assert holdout_scope(0, 20) == "all 20 training rows (in-sample)"
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_party_flow_is_named_by_its_agreed_job_id_and_its_own_table() -> None:
+    from prefect import flow
+
+    from tasks.reporting import artifact_key, run_namer
+
+    @flow(name="walr_party", flow_run_name=run_namer("walr_party"))
+    def walr_party(own: dict, job_id: str) -> tuple[str, str]:
+        from prefect.runtime import flow_run
+
+        return flow_run.name, artifact_key("walr", "summary")
+
+    own = {"database": "x/advertiser.duckdb", "table": "conversions", "party": "advertiser"}
+    name, key = walr_party(own, "Q3 Conversions")
+    assert key == "q3-conversions-walr-summary"  # not a placeholder job name
+    assert name.startswith("q3-conversions ") and name.endswith(": advertiser.conversions")

@@ -11,6 +11,8 @@ privreg party label-dp --config party.toml --table DESCRIPTOR --role labels|feat
 privreg party horizontal --config party.toml --job JOB --parties A,B,C [--table DESCRIPTOR]
 privreg party vertical --config party.toml --job JOB --role ROLE --guest NAME --hosts A,B
     [--table DESCRIPTOR] [--arbiter NAME | --no-arbiter] [--options JSON]
+privreg party pipeline --config party.toml --job-file JOB.json [--run RUN]
+    this party's stages of a whole job file (the same file at every organisation)
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
 the network, and it is given no other party's path.
@@ -81,6 +83,7 @@ def _serve_flows(party: str) -> None:
     from flows.align import psi_align_party
     from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
     from flows.label_dp import label_dp_party
+    from flows.pipeline_party import pipeline_party
     from flows.vertical_party import vertical_lr_party
     from flows.walr import walr_party
 
@@ -91,6 +94,7 @@ def _serve_flows(party: str) -> None:
         label_dp_party,
         horizontal_lr_party,
         horizontal_lr_coordinator,
+        pipeline_party,
     ]
     serve(*(f.to_deployment(name=party, tags=["privreg", party]) for f in flows))
 
@@ -111,10 +115,7 @@ def _psi(args: argparse.Namespace) -> None:
 
 def _own_table(config: Any, text: str) -> dict[str, Any]:
     """The descriptor of this party's own table; another party's table is refused."""
-    own = _descriptor(text)
-    if own.get("party", Path(own["database"]).stem) != config.party:
-        raise SystemExit(f"the table belongs to {own.get('party')!r}, not to {config.party!r}")
-    return own
+    return config.own_table(_descriptor(text))
 
 
 def _walr(args: argparse.Namespace) -> None:
@@ -204,6 +205,19 @@ def _vertical(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "history"}))
 
 
+def _pipeline(args: argparse.Namespace) -> None:
+    """This party's stages of a job file; one line per stage, then the result as JSON."""
+    config = _as_party(args.config)
+    from dataclasses import asdict
+
+    from flows.pipeline_party import pipeline_party
+
+    result = pipeline_party(args.job_file, args.run)
+    for stage in result.stages:
+        print(stage.line(config.party), flush=True)
+    print(json.dumps(asdict(result), default=float))
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``certs`` and ``party`` to the ``privreg`` command."""
     certs = commands.add_parser("certs", help="a demo CA and per-party certificates")
@@ -277,3 +291,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     vertical.add_argument("--no-arbiter", action="store_true", help="two-party mode")
     vertical.add_argument("--options", help="shared training options (JSON or file)")
     vertical.set_defaults(handler=_vertical)
+    pipeline = actions.add_parser("pipeline", help="this party's stages of a whole job file")
+    pipeline.add_argument("--config", required=True)
+    pipeline.add_argument("--job-file", required=True, help="the job file every party holds")
+    pipeline.add_argument("--run", default="", help="job-id suffix of a scheduled re-run")
+    pipeline.set_defaults(handler=_pipeline)

@@ -14,6 +14,17 @@ and no noiseless sum ever crosses or reaches the flow. ``method="naive"`` averag
 un-debiased fits the same way; ``method="centralized_reference"`` sends every party's rows to
 the coordinator in the clear (a reference, NOT private, never charged).
 
+Party mode (each site and the coordinator its own process, over the network channel):
+``sparse_lda_party`` is one site's column of the diagram and ``sparse_lda_coordinator`` the
+coordinator's; every party is given the same job id and options and they meet only through
+messages. The coordinator calls the secure sum (a fresh session id and the job's parameters,
+which every site checks against its own before it contributes) and drives it with the one
+driver (``tasks.secure_sum.drive_session``): a site that does not answer a stage by its
+deadline, for any reason, is dropped, and below the threshold the sum fails naming the missing
+sites. A restarted site reuses its stored release (charged once) and re-sends its session
+steps from its own records; a restarted coordinator re-sends its call and does not redo a
+stored sum or model. ``sparse_lda`` runs the same steps, each party's in turn, in one process.
+
 ``sparse_lda_job`` runs a job file end to end: load each party's table, set each party's
 budget from the job file, then run the flow (``python -m flows.sparse_lda <job file>``).
 """
@@ -32,8 +43,11 @@ from core import secagg
 from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
 from core.sparse_lda.aggregation import DEFAULT_THRESHOLD_SCALE
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
+from flows.horizontal_lr import PARTY_STAGES
+from flows.horizontal_lr import _injected as injected_fault
 from flows.jobs import read_job
 from storage.descriptor import TableRef
+from storage.party_config import active_config
 from storage.workspace import derive_job_id
 from tasks import secure_sum
 from tasks import sparse_lda as steps
@@ -48,7 +62,14 @@ from tasks.reporting import (
 from tasks.secure_sum import COORDINATOR
 from tasks.summaries import sparse_lda_summary
 
-__all__ = ["SparseLDAFigures", "sparse_lda", "sparse_lda_job", "summary_line"]
+__all__ = [
+    "SparseLDAFigures",
+    "sparse_lda",
+    "sparse_lda_coordinator",
+    "sparse_lda_job",
+    "sparse_lda_party",
+    "summary_line",
+]
 
 
 @dataclass(frozen=True)
@@ -153,6 +174,49 @@ def _summary(
     )
 
 
+#: The options every party of a job is given alike (one-process, site and coordinator flows).
+SHARED_OPTIONS = (
+    "epsilon",
+    "delta",
+    "direction_clip_norm",
+    "mean_clip_norm",
+    "method",
+    "privacy_unit",
+    "row_clip_norm",
+    "holdout_fraction",
+    "lambda_scale",
+    "precision_method",
+    "hard_threshold_scale",
+    "hard_threshold_noise_multiplier",
+    "colluding_parties",
+    "threshold",
+    "noise_disabled_for_testing",
+)
+
+
+def _shared(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: values[k] for k in SHARED_OPTIONS}
+
+
+def _job(
+    job_id: str,
+    workspace: str | None,
+    names: list[str],
+    *,
+    threshold: int | None,
+    hard_threshold_scale: float,
+    hard_threshold_noise_multiplier: float | None,
+    **options: Any,
+) -> tuple[steps.SparseLDAJob, ThresholdRule]:
+    """The job every step agrees on and the model's hard-threshold rule; unusable options are
+    refused here, before any party does anything."""
+    threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
+    secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
+    job = steps.SparseLDAJob(job_id, workspace, tuple(names), threshold=threshold, **options)
+    steps.check_job(job)
+    return job, ThresholdRule(hard_threshold_scale, hard_threshold_noise_multiplier)
+
+
 @flow(name="sparse_lda", flow_run_name=run_namer("sparse_lda"))
 def sparse_lda(
     parties: list[dict[str, Any]],
@@ -218,28 +282,7 @@ def sparse_lda(
     """
     refs = _party_refs(parties)
     names = [ref.party for ref in refs]
-    threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
-    secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
-    job = steps.SparseLDAJob(
-        job_id or "pending",
-        workspace,
-        tuple(names),
-        method,
-        epsilon,
-        delta,
-        direction_clip_norm,
-        mean_clip_norm,
-        threshold,
-        colluding_parties,
-        lambda_scale,
-        precision_method,
-        noise_disabled_for_testing,
-        privacy_unit=privacy_unit,
-        row_clip_norm=row_clip_norm,
-        holdout_fraction=holdout_fraction,
-    )
-    steps.check_job(job)
-    rule = ThresholdRule(hard_threshold_scale, hard_threshold_noise_multiplier)
+    job, rule = _job(job_id or "pending", workspace, names, **_shared(locals()))
     faults = secure_sum.Faults.silent(inject_dropouts, names)  # test only
 
     digests = [steps.check_table(ref) for ref in refs]
@@ -339,6 +382,193 @@ def summary_line(result: dict[str, Any]) -> str:
     if result["releases"] and all(r["reused"] for r in result["releases"].values()):
         text += " (releases reused)"
     return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Party mode: one flow per role, each run by its own organisation's process
+
+
+def _party_names(parties: list[str]) -> list[str]:
+    """Every process orders the sites alike (sorted): the secure sum numbers them by it."""
+    names = sorted(parties)
+    if len(names) < 2 or len(set(names)) != len(names) or COORDINATOR in names:
+        raise steps.SparseLDASetupError(
+            f"need at least 2 distinct party names, none of them {COORDINATOR!r}; got {parties}"
+        )
+    return names
+
+
+def _own_folder(workspace: str | None) -> str | None:
+    """The coordinator's store lives in its own folder (its party configuration's root)."""
+    config = active_config()
+    return workspace if workspace is not None or config is None else str(config.root)
+
+
+@flow(name="sparse_lda_coordinator", flow_run_name="sparse_lda {job_id}: coordinator")
+def sparse_lda_coordinator(
+    parties: list[str],
+    job_id: str,
+    epsilon: float,
+    delta: float,
+    direction_clip_norm: float | None = None,
+    mean_clip_norm: float | None = None,
+    method: str = "debiased",
+    privacy_unit: str = "row",
+    row_clip_norm: float | None = None,
+    holdout_fraction: float = 0.0,
+    lambda_scale: float = DEFAULT_DIRECTION_RADIUS_SCALE,
+    precision_method: str = "nodewise_lasso",
+    hard_threshold_scale: float = DEFAULT_THRESHOLD_SCALE,
+    hard_threshold_noise_multiplier: float | None = None,
+    colluding_parties: int = 0,
+    threshold: int | None = None,
+    noise_disabled_for_testing: bool = False,
+    stage_timeout: float = 60.0,
+    join_timeout: float = 600.0,
+    workspace: str | None = None,
+) -> dict[str, Any]:
+    """The coordinator's side: compare columns, drive the secure sum, fit, send the model.
+
+    A site that does not answer a secure-sum stage by its deadline (``stage_timeout`` after
+    the stage opens), whatever the reason, is dropped; the sum goes on while at least
+    ``threshold`` remain and fails naming the missing sites otherwise. A re-run with the same
+    ``job_id`` resumes: the call already sent stands, a stored sum or model is not redone.
+    The options are ``sparse_lda``'s and must be the sites' own (each site checks them).
+
+    Args:
+        parties: Names of the sites (as their certificates name them).
+        job_id: Job name agreed with every site.
+        epsilon: Epsilon charged once to every site's ledger.
+        delta: Delta charged once to every site's ledger.
+        direction_clip_norm: Bound on one site's direction vector (party unit).
+        mean_clip_norm: Bound on one site's class means (party unit).
+        method: "debiased", "naive", or "centralized_reference" (NOT private).
+        privacy_unit: "row" (one row at any site, the default) or "party" (a whole site).
+        row_clip_norm: Bound on one row's norm under the row unit.
+        holdout_fraction: Share of each site's rows kept out of training for the error.
+        lambda_scale: Scale of the Dantzig radius lambda_scale * sqrt(log d / n).
+        precision_method: How the precision matrix is estimated.
+        hard_threshold_scale: Scale of the final hard threshold.
+        hard_threshold_noise_multiplier: Noise multiple in the threshold (None: sqrt(2 log d)).
+        colluding_parties: Colluders whose noise shares the calibration discounts.
+        threshold: Fewest sites whose vectors may be unmasked (default: strict majority).
+        noise_disabled_for_testing: Exact vectors, no noise, nothing charged (tests only).
+        stage_timeout: Seconds each secure-sum stage waits before silent sites are dropped.
+        join_timeout: Seconds to wait for the sites to announce their columns (start-up).
+        workspace: Folder of the coordinator's store (default: its party folder).
+    """
+    names = _party_names(parties)
+    job, rule = _job(job_id, _own_folder(workspace), names, **_shared(locals()))
+    features = steps.open_job(job, join_timeout)
+    if method == "centralized_reference":
+        get_run_logger().warning("job %s: pooling every site's rows (NOT PRIVATE)", job_id)
+        model = steps.fit_pooled_reference(job)
+    else:
+        ctx = steps.call_sum(job, len(features), rule, stage_timeout)
+        if not steps.sum_done(ctx):  # a restarted coordinator goes straight to the model
+            secure_sum.unmask_sum(ctx, secure_sum.drive_session(ctx))
+        model = steps.build_model(job, ctx, rule)  # and sends it to every site
+    scores = steps.collect_scores(job, stage_timeout) if holdout_fraction > 0 else []
+    dropped = [p for p in names if p not in model["contributors"]]
+    return {**_finish(job, model, {}, _figures(job, model, scores)), "dropped": dropped}
+
+
+def _contribute(ref: TableRef, job: steps.SparseLDAJob, ctx: Any, fault: str | None) -> None:
+    """This site's four secure-sum steps, each once the coordinator's message is there;
+    stops early when the sum ends without it (dropped at a stage)."""
+    party_steps = {
+        "advertise_keys": lambda: secure_sum.advertise_keys(ref, ctx),
+        "share_keys": lambda: secure_sum.share_keys(ref, ctx),
+        "mask_input": lambda: secure_sum.mask_stored_input(ref, ctx, steps.input_key(job.job_id)),
+        "reveal_shares": lambda: secure_sum.reveal_shares(ref, ctx),
+    }
+    for stage, awaited in PARTY_STAGES:
+        if awaited is not None and not steps.await_turn(ref, job, ctx, awaited):
+            return
+        injected_fault(fault, ctx.round, stage)
+        party_steps[stage]()
+
+
+@flow(name="sparse_lda_party", flow_run_name="sparse_lda {job_id}: {own[party]}")
+def sparse_lda_party(
+    own: dict[str, Any],
+    parties: list[str],
+    job_id: str,
+    epsilon: float,
+    delta: float,
+    direction_clip_norm: float | None = None,
+    mean_clip_norm: float | None = None,
+    method: str = "debiased",
+    privacy_unit: str = "row",
+    row_clip_norm: float | None = None,
+    holdout_fraction: float = 0.0,
+    lambda_scale: float = DEFAULT_DIRECTION_RADIUS_SCALE,
+    precision_method: str = "nodewise_lasso",
+    hard_threshold_scale: float = DEFAULT_THRESHOLD_SCALE,
+    hard_threshold_noise_multiplier: float | None = None,
+    colluding_parties: int = 0,
+    threshold: int | None = None,
+    noise_disabled_for_testing: bool = False,
+    inject_fault: str | None = None,
+) -> dict[str, Any]:
+    """One site's side: check its table and budget, announce its columns, store (and charge,
+    once) its noisy release, take part in the secure sum, keep the coordinator's model.
+
+    A re-run (e.g. after the process was killed) resumes: the stored release is reused and
+    charged nothing, the session steps already taken are re-sent from the site's own
+    records, and a site whose sum ended without it only keeps the model. The coordinator's
+    call must name this site's options, or it is refused.
+
+    Args:
+        own: Descriptor of this site's own table (with its 0/1 label column).
+        parties: Names of every site of the job, this one included.
+        job_id: Job name agreed with the coordinator and the other sites.
+        epsilon: Epsilon charged once to this site's ledger.
+        delta: Delta charged once to this site's ledger.
+        direction_clip_norm: Bound on this site's direction vector (party unit).
+        mean_clip_norm: Bound on this site's class means (party unit).
+        method: "debiased", "naive", or "centralized_reference" (NOT private).
+        privacy_unit: "row" (one row at any site, the default) or "party" (a whole site).
+        row_clip_norm: Bound on one row's norm under the row unit.
+        holdout_fraction: Share of this site's rows kept out of training for the error.
+        lambda_scale: Scale of the Dantzig radius lambda_scale * sqrt(log d / n).
+        precision_method: How the precision matrix is estimated.
+        hard_threshold_scale: Scale of the final hard threshold (agreed, checked).
+        hard_threshold_noise_multiplier: Noise multiple in the threshold (agreed, checked).
+        colluding_parties: Colluders whose noise shares the calibration discounts.
+        threshold: Fewest sites whose vectors may be unmasked (default: strict majority).
+        noise_disabled_for_testing: Exact vectors, no noise, nothing charged (tests only).
+        inject_fault: "0:<stage>:kill|raise" before a secure-sum stage (tests only).
+    """
+    ref = TableRef.from_dict(own)
+    names = _party_names(parties)
+    if ref.party not in names or ref.label_column is None:
+        raise steps.SparseLDASetupError(
+            f"party {ref.party!r}: its table must name a label_column and the party must be "
+            f"one of {names}"
+        )
+    job, rule = _job(job_id, None, names, **_shared(locals()))
+    steps.check_table(ref)
+    steps.join_job(ref, job)  # budget check (a stored release is not charged again)
+    release, ctx = None, None
+    if method == "centralized_reference":
+        steps.send_rows_not_private(ref, job)
+    else:
+        release = steps.release_contribution(ref, job)
+        ctx = steps.await_sum_call(ref, job, rule)
+        if not steps.model_out(ref, job):  # the sum is still open: take part in it
+            _contribute(ref, job, ctx, inject_fault)
+    model = steps.keep_model(ref, job, ctx)
+    score = steps.score_holdout(ref, job) if holdout_fraction > 0 else None
+    arrays = ("direction", "mean_positive", "mean_negative")
+    return {
+        **{k: v for k, v in model.items() if k not in arrays},
+        **{k: np.asarray(model[k]).tolist() for k in arrays},
+        "party": ref.party,
+        "release": release,
+        "holdout": score,
+        "model_key": steps.model_key(job_id),
+    }
 
 
 def sparse_lda_job(

@@ -11,6 +11,8 @@ privreg party label-dp --config party.toml --table DESCRIPTOR --role labels|feat
 privreg party horizontal --config party.toml --job JOB --parties A,B,C [--table DESCRIPTOR]
 privreg party vertical --config party.toml --job JOB --role ROLE --guest NAME --hosts A,B
     [--table DESCRIPTOR] [--arbiter NAME | --no-arbiter] [--options JSON]
+privreg party sparse-lda --config party.toml --job JOB --parties A,B,C [--table DESCRIPTOR]
+    --options JSON      (a site gives its own table, the coordinator none; the same options)
 privreg party pipeline --config party.toml --job-file JOB.json [--run RUN]
     this party's stages of a whole job file (the same file at every organisation)
 
@@ -84,6 +86,7 @@ def _serve_flows(party: str) -> None:
     from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
     from flows.label_dp import label_dp_party
     from flows.pipeline_party import pipeline_party
+    from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
     from flows.vertical_party import vertical_lr_party
     from flows.walr import walr_party
 
@@ -94,6 +97,8 @@ def _serve_flows(party: str) -> None:
         label_dp_party,
         horizontal_lr_party,
         horizontal_lr_coordinator,
+        sparse_lda_party,
+        sparse_lda_coordinator,
         pipeline_party,
     ]
     serve(*(f.to_deployment(name=party, tags=["privreg", party]) for f in flows))
@@ -218,6 +223,35 @@ def _pipeline(args: argparse.Namespace) -> None:
     print(json.dumps(asdict(result), default=float))
 
 
+def _sparse_lda(args: argparse.Namespace) -> None:
+    """A site's side of sparse LDA (its own table), or the coordinator's (no table)."""
+    import inspect
+
+    config = _as_party(args.config)
+    from flows.sparse_lda import COORDINATOR, sparse_lda_coordinator, sparse_lda_party
+
+    parties = [p.strip() for p in args.parties.split(",") if p.strip()]
+    options = _descriptor(args.options) if args.options else {}
+    flow = sparse_lda_coordinator if config.party == COORDINATOR else sparse_lda_party
+    known = {  # one options file for every party: each takes the options of its role
+        role: set(inspect.signature(f.fn).parameters) - {"own", "parties", "job_id"}
+        for role, f in (("coordinator", sparse_lda_coordinator), ("site", sparse_lda_party))
+    }
+    if unknown := sorted(set(options) - known["coordinator"] - known["site"]):
+        raise SystemExit(f"unknown sparse LDA options {unknown}")
+    mine = {k: v for k, v in options.items() if k in set(inspect.signature(flow.fn).parameters)}
+    if flow is sparse_lda_coordinator:
+        if args.table:
+            raise SystemExit("the coordinator holds no table; leave out --table")
+        result = sparse_lda_coordinator(parties, args.job, **mine)
+    else:
+        if not args.table:
+            raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
+        own = _own_table(config, args.table)
+        result = sparse_lda_party(own, parties, args.job, inject_fault=args.inject_fault, **mine)
+    print(json.dumps(result, default=float))
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``certs`` and ``party`` to the ``privreg`` command."""
     certs = commands.add_parser("certs", help="a demo CA and per-party certificates")
@@ -296,3 +330,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     pipeline.add_argument("--job-file", required=True, help="the job file every party holds")
     pipeline.add_argument("--run", default="", help="job-id suffix of a scheduled re-run")
     pipeline.set_defaults(handler=_pipeline)
+    lda = actions.add_parser("sparse-lda", help="a site's or the coordinator's side")
+    lda.add_argument("--config", required=True)
+    lda.add_argument("--job", required=True, help="the job id every party agreed on")
+    lda.add_argument("--parties", required=True, help="the sites, comma-separated")
+    lda.add_argument("--table", help="own table descriptor (JSON or file; sites)")
+    lda.add_argument("--options", help="the job's options, alike everywhere (JSON or file)")
+    lda.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "0:<stage>:kill"
+    lda.set_defaults(handler=_sparse_lda)

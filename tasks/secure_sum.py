@@ -844,6 +844,27 @@ def each_party(
     return done
 
 
+def await_coordinator(
+    endpoint: PartyEndpoint, ctx: SumContext, kind: str, ended: Callable[[], bool]
+) -> bool:
+    """Party mode: wait for the coordinator's ``kind`` message of this session; False once
+    ``ended()`` says the session is over without it (this party was dropped at a stage).
+
+    A plain function, not a task: waiting is not a step of the protocol. Past the channel's
+    receive timeout the channel's own error names the peer, job, round and kind waited for.
+    """
+    deadline, pause = time.monotonic() + endpoint.channel.timeout, 0.01
+    while True:
+        if collect(endpoint, ctx.kind(kind), [COORDINATOR], ctx.round, 0):
+            return True
+        if ended():
+            return False
+        if time.monotonic() >= deadline:
+            endpoint.receive(COORDINATOR, ctx.kind(kind), round=ctx.round, timeout=0)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
+
+
 def sum_stored_vectors(
     refs: dict[str, TableRef],
     ctx: SumContext,

@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 from prefect import get_run_logger, task
 
+from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.sparse_lda import (
     MAX_FEATURES,
     NO_THRESHOLD,
@@ -239,11 +242,21 @@ def contribution_vector(
 # Keys and reading one's own table
 
 
-def sum_context(job: SparseLDAJob, n_features: int, session_id: str) -> SumContext:
+def sum_context(
+    job: SparseLDAJob, n_features: int, session_id: str, stage_timeout: float = 60.0
+) -> SumContext:
     """The one secure-sum session of a run: ``direction | mu1 | mu2 | rows`` per party."""
     dimension = release_dimension(job.privacy(), n_features) + 1
     return SumContext(
-        PROTOCOL, job.job_id, 0, session_id, job.parties, job.threshold, dimension, job.workspace
+        PROTOCOL,
+        job.job_id,
+        0,
+        session_id,
+        job.parties,
+        job.threshold,
+        dimension,
+        job.workspace,
+        stage_timeout=stage_timeout,
     )
 
 
@@ -455,7 +468,7 @@ def send_rows_not_private(ref: TableRef, job: SparseLDAJob) -> None:
 
 
 @task(name="sparse-lda-keep-model", task_run_name="{ref.party}: keep model", **PARTY_STEP)
-def keep_model(ref: TableRef, job: SparseLDAJob, ctx: SumContext | None = None) -> None:
+def keep_model(ref: TableRef, job: SparseLDAJob, ctx: SumContext | None = None) -> dict[str, Any]:
     """Store the coordinator's model in the own store; drop the secure-sum session's secrets."""
     store = PartyStore.of(ref)
     model = job.endpoint(ref.party).receive(COORDINATOR, "model")
@@ -464,6 +477,7 @@ def keep_model(ref: TableRef, job: SparseLDAJob, ctx: SumContext | None = None) 
     ArtifactStore(store).put(model_key(job.job_id), model, "model")
     if ctx is not None:
         secure_sum.forget_session(store, ctx, ref.party)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,14 +485,32 @@ def keep_model(ref: TableRef, job: SparseLDAJob, ctx: SumContext | None = None) 
 
 
 @task(name="sparse-lda-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
-def open_job(job: SparseLDAJob) -> list[str]:
-    """Refuse parties whose feature columns differ; send everyone the agreed order."""
+def open_job(job: SparseLDAJob, timeout: float | None = None) -> list[str]:
+    """Refuse parties whose feature columns differ; send everyone the agreed order.
+
+    With ``timeout`` (party mode) the parties' columns are awaited until one deadline: those
+    that have not announced them by then are missing from the start (the secure sum drops
+    them), and fewer than the threshold fails naming the missing parties.
+    """
     endpoint = job.endpoint(COORDINATOR)
-    messages = {p: endpoint.receive(p, "schema") for p in job.parties}
+    if timeout is None:
+        messages = {p: endpoint.receive(p, "schema") for p in job.parties}
+    else:
+        found = secure_sum.collect(endpoint, "schema", job.parties, 0, time.monotonic() + timeout)
+        messages = {p: found[p] for p in job.parties if p in found}
+        missing = [p for p in job.parties if p not in messages]
+        if len(messages) < job.threshold:
+            raise InsufficientSurvivorsError(
+                f"job {job.job_id}: only {sorted(messages)} announced their columns within "
+                f"{timeout:g} s, fewer than the threshold {job.threshold}; missing: {missing}"
+            )
+        if missing:
+            get_run_logger().warning("job %s: %s did not announce columns", job.job_id, missing)
     schemas = {p: message["feature_columns"] for p, message in messages.items()}
-    first = job.parties[0]
+    announced = list(schemas)
+    first = announced[0]
     expected = list(schemas[first])
-    for party in job.parties[1:]:
+    for party in announced[1:]:
         columns = schemas[party]
         missing = [c for c in expected if c not in columns]
         extra = [c for c in columns if c not in expected]
@@ -531,8 +563,14 @@ def build_model(job: SparseLDAJob, ctx: SumContext, rule: ThresholdRule) -> dict
     """Average the securely summed vectors, hard-threshold the direction, store and broadcast.
 
     The coordinator sees only the (noisy) sum and how many vectors it holds; the threshold's
-    noise term uses public values only, so thresholding is post-processing.
+    noise term uses public values only, so thresholding is post-processing. A model already
+    stored for the job (a restarted coordinator, a re-run) is the job's model: it is sent
+    again as it is (the channel would refuse another one under the same key anyway).
     """
+    stored = ArtifactStore(coordinator_store(job.workspace)).get(model_key(job.job_id))
+    if stored is not None:
+        _publish_model(job, stored)
+        return stored
     total, senders = secure_sum.stored_sum(ctx)
     features = ArtifactStore(coordinator_store(job.workspace)).get(_schema_key(job.job_id))
     contributors, total_rows = len(senders), round(float(total[-1]))
@@ -600,12 +638,14 @@ def fit_pooled_reference(job: SparseLDAJob) -> dict[str, Any]:
 @task(name="sparse-lda-score", task_run_name="{ref.party}: score held-out rows", **PARTY_STEP)
 def score_holdout(ref: TableRef, job: SparseLDAJob) -> dict[str, int]:
     """Misclassified held-out rows under the kept model, and how many are label 1 (for the
-    majority-class baseline): three counts, no rows, leave."""
+    majority-class baseline): three counts, no rows, leave (to the coordinator, too)."""
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
     features, labels = read_holdout(ref, list(model["features"]), job)
     wrong = int(np.count_nonzero(discriminant(model).predict(features) != labels))
     positives = int(np.count_nonzero(labels == 1))
-    return {"rows": int(labels.size), "errors": wrong, "positives": positives}
+    score = {"rows": int(labels.size), "errors": wrong, "positives": positives}
+    job.endpoint(ref.party).send(COORDINATOR, "holdout_score", score)
+    return score
 
 
 def discriminant(model: dict[str, Any]) -> LinearDiscriminant:
@@ -615,3 +655,92 @@ def discriminant(model: dict[str, Any]) -> LinearDiscriminant:
         np.asarray(model["mean_positive"]),
         np.asarray(model["mean_negative"]),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Party mode: each site and the coordinator its own process; what a step needs is a message
+
+
+def _call(job: SparseLDAJob, rule: ThresholdRule) -> dict[str, Any]:
+    """What every site must agree on before it contributes: the job's release parameters
+    (method, privacy, threshold, colluders, parties...) and the model's hard threshold."""
+    return {"job": job.release_parameters(), "rule": [rule.scale, rule.noise_multiplier]}
+
+
+@task(name="sparse-lda-call-sum", task_run_name="coordinator: call the secure sum", **PARTY_STEP)
+def call_sum(
+    job: SparseLDAJob, n_features: int, rule: ThresholdRule, stage_timeout: float
+) -> SumContext:
+    """Send every site the secure sum's call (a fresh session id and the job's parameters).
+
+    A coordinator restarted after sending it re-sends the call it sent (same session), so its
+    own session records and the sites' stay valid; a call is never changed once sent.
+    """
+    endpoint = job.endpoint(COORDINATOR)
+    call = endpoint.sent(job.parties[0], "sum_call")
+    if call is None:
+        session = f"{job.job_id}/{secrets.token_hex(8)}"
+        call = {"session_id": session, "stage_timeout": stage_timeout, **_call(job, rule)}
+    for party in job.parties:
+        endpoint.send(party, "sum_call", call)
+    return sum_context(job, n_features, call["session_id"], float(call["stage_timeout"]))
+
+
+@task(
+    name="sparse-lda-await-sum",
+    task_run_name="{ref.party}: await the secure sum's call",
+    cache_policy=PARTY_STEP["cache_policy"],
+)
+def await_sum_call(ref: TableRef, job: SparseLDAJob, rule: ThresholdRule) -> SumContext:
+    """The coordinator's call as this site's session context, if it names this site's job.
+
+    A coordinator asking for other parameters (a lower threshold or more colluders would
+    unmask sums with fewer noise shares than the calibration counts on; another method or
+    privacy unit, other peers) is refused, naming what differs.
+    """
+    endpoint = job.endpoint(ref.party)
+    call = endpoint.receive(COORDINATOR, "sum_call")
+    agreed = _call(job, rule)
+    asked = {**call["job"], "hard_threshold": call["rule"]}
+    own = {**agreed["job"], "hard_threshold": agreed["rule"]}
+    differ = [f"{k} {asked.get(k)!r} (agreed: {v!r})" for k, v in own.items() if asked.get(k) != v]
+    if differ:
+        raise ProtocolViolationError(
+            f"{ref.party}: the coordinator's call for job {job.job_id} asks for "
+            f"{'; '.join(differ)}; refusing to contribute"
+        )
+    n_features = len(_agreed_features(job, ref.party))
+    return sum_context(job, n_features, call["session_id"], float(call["stage_timeout"]))
+
+
+def model_out(ref: TableRef, job: SparseLDAJob) -> bool:
+    """Whether the coordinator has sent this site the job's model (the sum is over)."""
+    endpoint = job.endpoint(ref.party)
+    return bool(secure_sum.collect(endpoint, "model", [COORDINATOR], 0, 0))
+
+
+def await_turn(ref: TableRef, job: SparseLDAJob, ctx: SumContext, kind: str) -> bool:
+    """Wait for the coordinator's ``kind`` message of the session; False if the sum ended
+    without this site (it was dropped at a stage: it then only keeps the model)."""
+    endpoint = job.endpoint(ref.party)
+    return secure_sum.await_coordinator(endpoint, ctx, kind, lambda: model_out(ref, job))
+
+
+def sum_done(ctx: SumContext) -> bool:
+    """Whether the coordinator already holds this session's sum (a restarted coordinator
+    then goes straight to the model)."""
+    stored = ArtifactStore(coordinator_store(ctx.workspace)).get(ctx.sum_key)
+    return stored is not None and stored["session_id"] == ctx.session_id
+
+
+@task(name="sparse-lda-scores", task_run_name="coordinator: collect held-out counts", **PARTY_STEP)
+def collect_scores(job: SparseLDAJob, timeout: float) -> list[dict[str, int]]:
+    """The sites' held-out counts that arrive within ``timeout`` (a site gone since the sum
+    is missing from the figures, and named in the log)."""
+    endpoint = job.endpoint(COORDINATOR)
+    found = secure_sum.collect(
+        endpoint, "holdout_score", job.parties, 0, time.monotonic() + timeout
+    )
+    if missing := [p for p in job.parties if p not in found]:
+        get_run_logger().warning("job %s: no held-out counts from %s", job.job_id, missing)
+    return [found[p] for p in job.parties if p in found]

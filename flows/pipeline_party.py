@@ -39,6 +39,8 @@ from flows.align import psi_align_party
 from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
 from flows.jobs import read_job
 from flows.label_dp import label_dp_party
+from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
+from flows.sparse_lda import summary_line as sparse_lda_summary
 from flows.vertical_party import vertical_lr_party
 from flows.walr import walr_party
 from storage.channel import check_name
@@ -277,8 +279,6 @@ def _horizontal_stages(job: PartyJob) -> Iterator[StageResult]:
 
 
 def _sparse_lda_stages(job: PartyJob) -> Iterator[StageResult]:
-    from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
-
     return _hospitals(job, sparse_lda_party, sparse_lda_coordinator)
 
 
@@ -381,6 +381,14 @@ def summary_line(stage: str, role: str, r: dict[str, Any]) -> str:
         )
     if stage in ("walr", "label_dp"):
         return f"model trained on the release, {r['rows']} rows{tail}"
+    if stage == "sparse_lda" and role == "coordinator":
+        return sparse_lda_summary(r)
+    if stage == "sparse_lda":
+        budget = (r.get("release") or {}).get("budget")
+        spent = f", privacy spent {budget['epsilon_spent']:g} of {budget['epsilon_total']:g}"
+        return f"{len(r['support'])} of {len(r['features'])} features kept" + (
+            spent if budget else ""
+        )
     if "rounds_completed" in r:
         loss = f", loss {r['history'][-1]['loss']:.4f}" if r.get("history") else ""
         return f"{r['rounds_completed']} rounds{loss}"

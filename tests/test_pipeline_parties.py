@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from storage.descriptor import TableRef
 from storage.party_config import ENV_VAR
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
-from tasks import horizontal_lr, label_dp, walr
+from tasks import horizontal_lr, label_dp, secure_sum, sparse_lda, walr
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,10 +50,10 @@ def small_jobs(folder: Path) -> dict[str, dict[str, Any]]:
     main["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
     main["walr"].update(key_size=1024, allow_insecure_key_size=True, noise=False)
     main["walr"]["allow_noiseless_release_for_tests"] = True
-    main["subjobs"].pop("sparse_lda")  # until its party flows exist
-    horizontal = jobs["horizontal_demo.json"]
-    horizontal["parties"] = {h: horizontal["parties"][h] for h in HOSPITALS}
-    horizontal["horizontal_lr"].update(rounds=3)
+    for name in ("horizontal_demo.json", "sparse_lda_demo.json"):
+        jobs[name]["parties"] = {h: jobs[name]["parties"][h] for h in HOSPITALS}
+    jobs["horizontal_demo.json"]["horizontal_lr"].update(rounds=3)
+    jobs["sparse_lda_demo.json"]["sparse_lda"].update(noise_disabled_for_testing=True)
     (folder / "jobs").mkdir(parents=True)
     for name, job in jobs.items():
         (folder / "jobs" / name).write_text(json.dumps(job))
@@ -72,13 +73,19 @@ def one_process_copy(jobs: dict[str, dict[str, Any]], source: Path, folder: Path
     return folder / "demo.json"
 
 
-def allow_noiseless_walr(database: Path, source: Path) -> None:
-    """The clinic's owner lets its table give a release without noise (WALR's test switch);
-    a policy needs the table, so it is loaded first (the pipeline's load replaces it)."""
-    ref = TableRef.from_dict({**read_job(ROOT / "jobs/demo.json")["parties"]["guest"]["table"],
-                              "database": str(database)})  # fmt: skip
-    PartyStore.of(ref).import_file(source, ref)
-    OwnerPolicy(PartyStore.of(ref)).set(ref.table, allow_noiseless_release=True)
+def allow_noiseless(source: Path, where: Callable[[str, str], Path]) -> None:
+    """The owners of the clinic's and the hospitals' tables allow a release without noise (the
+    test switches of WALR and sparse LDA); a policy needs the table, so each is loaded first
+    (the pipeline's load replaces it). ``where(party, database)`` is the owner's database."""
+    entries = [read_job(ROOT / "jobs/demo.json")["parties"]["guest"]]
+    entries += [read_job(ROOT / "jobs/sparse_lda_demo.json")["parties"][h] for h in HOSPITALS]
+    for entry in entries:
+        table = entry["table"]
+        ref = TableRef.from_dict(
+            {**table, "database": str(where(table["party"], table["database"]))}
+        )
+        PartyStore.of(ref).import_file(source / entry["source"], ref)
+        OwnerPolicy(PartyStore.of(ref)).set(ref.table, allow_noiseless_release=True)
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +98,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     source = tmp_path_factory.mktemp("repository")
     jobs = small_jobs(source)
     orgs = prepare(tmp_path_factory.mktemp("orgs"), source=source, receive_timeout=120)
-    clinic = orgs["clinic"].folder
-    allow_noiseless_walr(clinic / "var/parties/clinic.duckdb", clinic / "demo/clinic_guest.csv")
+    allow_noiseless(source, lambda party, database: orgs[party].folder / database)
     extra = {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
     parties = run_job(orgs, extra=extra, timeout=600)
 
     single = tmp_path_factory.mktemp("one-process")
     vertical = jobs["demo.json"].pop("vertical")
     job_file = one_process_copy(json.loads(json.dumps(jobs)), source, single)
-    allow_noiseless_walr(single / "clinic.duckdb", source / "demo/clinic_guest.csv")
+    allow_noiseless(source, lambda _, database: single / Path(database).name)
     one = pipeline(str(job_file), workspace=str(single))
     aligned = []
     for party in ("clinic", "lab"):
@@ -179,7 +185,14 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
     single_model = _stored(
         single / "clinic_baseline.duckdb", label_dp.model_key(stages["label_dp"]["job_id"])
     )
-    assert set(trained["coefficients"]) == set(single_model["coefficients"])
+    baseline = orgs["clinic"].folder / "var/parties/clinic_baseline.duckdb"
+    party_model = _stored(baseline, label_dp.model_key("label_dp_demo-label_dp"))
+    public = ("features", "train_rows", "link", "loss")
+    assert {k: party_model[k] for k in public} == {k: single_model[k] for k in public}
+    drawn = "distinct_noisy_values"  # shows the noise
+    assert {k: v for k, v in party_model["mechanism"].items() if k != drawn} == {
+        k: v for k, v in single_model["mechanism"].items() if k != drawn
+    }
 
     # horizontal LR: the coordinator's and every hospital's model equal the one-process one
     expected = horizontal_lr.coordinator_model(stages["horizontal_lr"]["job_id"], str(single))
@@ -187,6 +200,14 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
         result = _stage(parties[party], "horizontal_demo", "horizontal_lr")
         assert result["weights"] == list(expected["weights"]), party
         assert result["rounds_completed"] == expected["rounds"] == 3
+
+    # sparse LDA (noise switched off): the coordinator's and every hospital's model
+    store = ArtifactStore(secure_sum.coordinator_store(str(single)))
+    expected = store.get(sparse_lda.model_key(stages["sparse_lda"]["job_id"]))
+    for party in (*HOSPITALS, "coordinator"):
+        result = _stage(parties[party], "sparse_lda_demo", "sparse_lda")
+        assert result["direction"] == np.asarray(expected["direction"]).tolist(), party
+        assert result["support"] == list(expected["support"]), party
 
 
 def test_a_party_refuses_a_table_outside_its_own_folder(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,12 +187,12 @@ def pipeline_party(job_file: str = "jobs/demo.json", run: str = "") -> PipelineR
     another party's table. Budgets are checked by each stage's flow before it computes.
 
     Args:
-        job_file: The job file every organisation holds (its relative paths are read from
-            this organisation's folder, the folder of its party.toml).
+        job_file: The job file every organisation holds; this path and the relative paths
+            in it are read from this organisation's folder, the folder of its party.toml.
         run: Suffix of the agreed job ids for a scheduled re-run ("" for the job itself).
     """
     config, folder = _this_party()
-    main = _read(job_file, "main", config, folder, run)
+    main = _read(folder / job_file, "main", config, folder, run)
     jobs = [main] + [
         _read(main.inside(sub_file, f"sub-job {kind}"), kind, config, folder, run)
         for kind, sub_file in main.spec.get("subjobs", {}).items()
@@ -322,7 +322,7 @@ def _check_peers(job: PartyJob) -> None:
         )
 
 
-def _load(job: PartyJob) -> Iterator[StageResult]:
+def _load(job: PartyJob) -> Generator[StageResult, None, dict[str, TableRef]]:
     """This party's own sources into its own databases (a job file's budget applies only
     where the owner set none); returns its tables by role."""
     own = job.own()
@@ -337,7 +337,7 @@ def _load(job: PartyJob) -> Iterator[StageResult]:
 
 def _stage(
     job: PartyJob, stage: str, role: str, party_flow: Any, *args: Any, **kwargs: Any
-) -> Iterator[StageResult]:
+) -> Generator[StageResult, None, dict[str, Any]]:
     """Run one party flow; yields its stage result and returns the flow's own result."""
     started = time.perf_counter()
     result = party_flow(*args, **kwargs)
@@ -384,11 +384,11 @@ def summary_line(stage: str, role: str, r: dict[str, Any]) -> str:
     if stage == "sparse_lda" and role == "coordinator":
         return sparse_lda_summary(r)
     if stage == "sparse_lda":
+        kept = f"{len(r['support'])} of {len(r['features'])} features kept"
         budget = (r.get("release") or {}).get("budget")
-        spent = f", privacy spent {budget['epsilon_spent']:g} of {budget['epsilon_total']:g}"
-        return f"{len(r['support'])} of {len(r['features'])} features kept" + (
-            spent if budget else ""
-        )
+        if budget is None:  # nothing charged (a release without noise, tests only)
+            return kept
+        return f"{kept}, privacy spent {budget['epsilon_spent']:g} of {budget['epsilon_total']:g}"
     if "rounds_completed" in r:
         loss = f", loss {r['history'][-1]['loss']:.4f}" if r.get("history") else ""
         return f"{r['rounds_completed']} rounds{loss}"

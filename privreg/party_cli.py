@@ -217,7 +217,10 @@ def _pipeline(args: argparse.Namespace) -> None:
 
     from flows.pipeline_party import pipeline_party
 
-    result = pipeline_party(args.job_file, args.run)
+    job_file, folder = Path(args.job_file).resolve(), Path(args.config).resolve().parent
+    if job_file.is_relative_to(folder):  # the flow reads relative paths from the party's folder
+        job_file = job_file.relative_to(folder)
+    result = pipeline_party(str(job_file), args.run)
     for stage in result.stages:
         print(stage.line(config.party), flush=True)
     print(json.dumps(asdict(result), default=float))

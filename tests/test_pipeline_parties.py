@@ -221,7 +221,6 @@ def test_a_party_refuses_a_table_outside_its_own_folder(
     job.pop("subjobs")
     (clinic.folder / "jobs/greedy.json").write_text(json.dumps(job))
     monkeypatch.setenv(ENV_VAR, str(clinic.config))
-    monkeypatch.chdir(clinic.folder)
     before = sorted(p.name for p in (clinic.folder / "home").rglob("*"))
     with pytest.raises(PipelineRefusalError, match="clinic refuses job demo: guest's database"):
         pipeline_party("jobs/greedy.json", run="greedy")

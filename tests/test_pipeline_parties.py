@@ -144,7 +144,7 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
     assert ran["lab"] == [("demo", s, f"demo-{s}") for s in ("load", "psi", "vertical", "walr")]
     assert [s[1] for s in ran["clinic"]] == ["load", "psi", "vertical", "walr", "load", "psi",
                                              "label_dp"]  # fmt: skip
-    assert [s[1] for s in ran["coordinator"]] == ["horizontal_lr"]
+    assert [s[1] for s in ran["coordinator"]] == ["horizontal_lr", "sparse_lda"]
     assert ran["registry"][-1] == ("label_dp_demo", "label_dp", "label_dp_demo-label_dp")
 
     # PSI: the same intersection (the row order is each run's own)

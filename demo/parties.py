@@ -107,7 +107,9 @@ def main() -> None:
     started = time.perf_counter()
     orgs = prepare(ORGS)
     print(f"{len(orgs)} organisations under {ORGS}: {', '.join(orgs)}", flush=True)
-    run_job(orgs, extra={STARTUP: os.environ.get(STARTUP, "300")})  # 8 temporary APIs at once
+    # every party's process starts its own temporary Prefect API, all at once: give them time
+    patience = max(float(os.environ.get(STARTUP, 0)), 900.0)
+    run_job(orgs, extra={STARTUP: str(patience)})
     print(f"every party finished its stages in {time.perf_counter() - started:.0f} s")
 
 

@@ -13,7 +13,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,9 +96,17 @@ def start(org: Org, command: str, args: list[str], extra: dict[str, str] | None 
 
 def serve(org: Org, extra: dict[str, str] | None = None) -> subprocess.Popen:
     """The party's message endpoint (``privreg party serve``), once it listens."""
-    server = start(org, "serve", [], extra)
-    line = server.stdout.readline() if server.stdout else ""
-    if "serving its messages" not in line:
-        server.kill()
-        raise RuntimeError(f"{org.party}'s message endpoint did not start: {line!r}")
-    return server
+    return serve_all([org], extra)[0]
+
+
+def serve_all(orgs: Iterable[Org], extra: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Every party's message endpoint, started side by side, once each listens."""
+    orgs = list(orgs)
+    servers = [start(org, "serve", [], extra) for org in orgs]
+    for org, server in zip(orgs, servers, strict=True):
+        line = server.stdout.readline() if server.stdout else ""
+        if "serving its messages" not in line:
+            for started in servers:
+                started.kill()
+            raise RuntimeError(f"{org.party}'s message endpoint did not start: {line!r}")
+    return servers

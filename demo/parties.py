@@ -1,101 +1,116 @@
-"""The demo's PSI and vertical LR with each organisation its own OS process, over mTLS on loopback.
+"""The whole demo job with every organisation its own OS process, over mTLS on loopback.
 
-Three organisations, each with a folder ``var/orgs/<party>/`` holding its own database,
-certificate, key, ``party.toml`` and Prefect home: the clinic (the guest: diagnoses and
-measurements), the lab (the host: other measurements) and an arbiter (holds the Paillier key).
-Each starts its message endpoint (``privreg party serve``); the clinic and the lab align their
-tables (``privreg party psi``); then all three train (``privreg party vertical``), each given
-only its own configuration and, for the clinic and the lab, its own aligned table. Every
-party prints its own result line.
+Every party the demo's job files name gets a folder ``var/orgs/<party>/``: its certificate
+and key, its ``party.toml``, its own Prefect home, a copy of every job file (``jobs/``) and
+of its own source files only (``demo/...``); its database is created there when it loads.
+The clinic and the lab (main job: PSI, vertical LR, WALR), the arbiter (vertical LR's key),
+the registry and the clinic again (label DP), three hospitals and the coordinator
+(horizontal LR, then sparse LDA). Each starts its message endpoint (``privreg party serve``)
+and then ``privreg party pipeline --job-file jobs/demo.json`` in its own folder: it runs the
+stages that name it, in the job's order, and prints one line per stage. A party's log is
+``var/orgs/<party>/pipeline.log``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from demo.orgs import Org, make_orgs, serve, start
-from privreg.cli import main as privreg
+from demo.orgs import Org, make_orgs, serve_all, start
+from flows.jobs import read_job
+from flows.pipeline_party import organisations
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = json.loads((ROOT / "jobs" / "demo.json").read_text())
 ORGS = ROOT / "var" / "orgs"
-ARBITER = "arbiter"
+JOB_FILE = "jobs/demo.json"
+STARTUP = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 
 
-def load(org: Org, role: str) -> dict[str, Any]:
-    """The party's source file, into its own database (as ``privreg load`` does for anyone)."""
-    spec = JOB["parties"][role]
-    table = {**spec["table"], "database": str(org.folder / f"{org.party}.duckdb")}
-    args = ["load", str(ROOT / spec["source"]), "--database", table["database"]]
-    args += ["--table", table["table"], "--party", org.party, "--id-column", table["id_column"]]
-    if table.get("label_column"):
-        args += ["--label-column", table["label_column"]]
-    if table.get("label_domain"):
-        args += ["--label-domain", ",".join(str(v) for v in table["label_domain"])]
-    privreg(args)
-    return table
+def prepare(
+    root: Path, job_file: str = JOB_FILE, source: Path = ROOT, receive_timeout: float = 900
+) -> dict[str, Org]:
+    """A CA and one folder per party of ``job_file`` (read from ``source``): every job file,
+    and the party's own source files, at the paths the job files give them."""
+    holds = organisations(job_file, source)
+    orgs = make_orgs(root, sorted(holds), receive_timeout)
+    job_files = [job_file, *read_job(source / job_file).get("subjobs", {}).values()]
+    for party, org in orgs.items():
+        for path in [*job_files, *holds[party]]:
+            (org.folder / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source / path, org.folder / path)
+    return orgs
 
 
-def finish(runs: dict[str, subprocess.Popen], what: str) -> dict[str, dict[str, Any]]:
-    results = {}
-    for party, run in runs.items():
-        out, _ = run.communicate(timeout=1800)
-        if run.returncode:
-            raise SystemExit(f"{party}'s {what} run failed (exit {run.returncode})")
-        results[party] = json.loads(out.strip().splitlines()[-1])
+def run_job(
+    orgs: dict[str, Org],
+    job_file: str = JOB_FILE,
+    run: str = "",
+    extra: dict[str, str] | None = None,
+    timeout: float = 1800,
+) -> dict[str, dict[str, Any]]:
+    """Every party's endpoint, then every party's ``privreg party pipeline``; returns each
+    party's result once all have finished (the first failure stops the others)."""
+    servers = serve_all(orgs.values(), extra)
+    runs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        for party, org in orgs.items():
+            log = org.folder / "pipeline.log"
+            with log.open("a") as stderr:
+                args = ["--job-file", job_file, *(["--run", run] if run else [])]
+                runs[party] = (start(org, "pipeline", args, extra, stderr=stderr), log)
+        return _finish(runs, timeout)
+    finally:
+        for process, _ in runs.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def _finish(
+    runs: dict[str, tuple[subprocess.Popen, Path]], timeout: float
+) -> dict[str, dict[str, Any]]:
+    deadline, results = time.monotonic() + timeout, {}
+    while len(results) < len(runs):
+        for party, (process, log) in runs.items():
+            if party in results or process.poll() is None:
+                continue
+            out = process.stdout.read() if process.stdout else ""
+            if process.returncode:
+                tail = "\n".join(log.read_text().splitlines()[-15:])
+                raise RuntimeError(
+                    f"{party}'s pipeline failed (exit {process.returncode}):\n{tail}"
+                )
+            *lines, result = out.strip().splitlines()
+            print("\n".join(lines), flush=True)
+            results[party] = json.loads(result)
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"still running after {timeout:.0f} s: {sorted(set(runs) - set(results))}"
+            )
+        time.sleep(0.2)
     return results
 
 
 def main() -> None:
     shutil.rmtree(ORGS, ignore_errors=True)  # a fresh demo: new keys, new jobs
-    guest, host = (JOB["parties"][role]["table"]["party"] for role in ("guest", "host"))
-    orgs = make_orgs(ORGS, [guest, host, ARBITER])
-    tables = {guest: load(orgs[guest], "guest"), host: load(orgs[host], "host")}
-    servers = [serve(org) for org in orgs.values()]
-    try:
-        psi_args = ["--job", "demo-psi", "--min-rows", str(JOB["psi"]["min_rows"])]
-        psi = finish(
-            {
-                party: start(
-                    orgs[party],
-                    "psi",
-                    [*psi_args, "--table", json.dumps(tables[party]), "--peer", peer],
-                )
-                for party, peer in ((guest, host), (host, guest))
-            },
-            "PSI",
-        )
-        for party, result in psi.items():
-            print(f"{party} (psi): {result['intersection_size']} shared rows")
-        shared = ["--job", "demo-vertical", "--guest", guest, "--hosts", host, "--arbiter", ARBITER]
-        shared += ["--options", json.dumps(JOB["vertical"])]
-        roles = {guest: "guest", host: "host", ARBITER: "arbiter"}
-        vertical = finish(
-            {
-                party: start(
-                    orgs[party],
-                    "vertical",
-                    [*shared, "--role", role]
-                    + (["--table", json.dumps(psi[party]["aligned"])] if party in psi else []),
-                )
-                for party, role in roles.items()
-            },
-            "vertical LR",
-        )
-        for party, result in vertical.items():
-            line = {k: v for k, v in result.items() if k not in ("losses", "database")}
-            print(f"{party} (vertical_lr, {roles[party]}): {json.dumps(line)}")
-    finally:
-        for server in servers:
-            server.terminate()
-            server.wait(timeout=10)
+    started = time.perf_counter()
+    orgs = prepare(ORGS)
+    print(f"{len(orgs)} organisations under {ORGS}: {', '.join(orgs)}", flush=True)
+    # every party's process starts its own temporary Prefect API, all at once: give them time
+    patience = max(float(os.environ.get(STARTUP, 0)), 900.0)
+    run_job(orgs, extra={STARTUP: str(patience)})
+    print(f"every party finished its stages in {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

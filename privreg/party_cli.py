@@ -13,6 +13,8 @@ privreg party vertical --config party.toml --job JOB --role ROLE --guest NAME --
     [--table DESCRIPTOR] [--arbiter NAME | --no-arbiter] [--options JSON]
 privreg party sparse-lda --config party.toml --job JOB --parties A,B,C [--table DESCRIPTOR]
     --options JSON      (a site gives its own table, the coordinator none; the same options)
+privreg party pipeline --config party.toml --job-file JOB.json [--run RUN]
+    this party's stages of a whole job file (the same file at every organisation)
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
 the network, and it is given no other party's path.
@@ -83,6 +85,7 @@ def _serve_flows(party: str) -> None:
     from flows.align import psi_align_party
     from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
     from flows.label_dp import label_dp_party
+    from flows.pipeline_party import pipeline_party
     from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
     from flows.vertical_party import vertical_lr_party
     from flows.walr import walr_party
@@ -96,6 +99,7 @@ def _serve_flows(party: str) -> None:
         horizontal_lr_coordinator,
         sparse_lda_party,
         sparse_lda_coordinator,
+        pipeline_party,
     ]
     serve(*(f.to_deployment(name=party, tags=["privreg", party]) for f in flows))
 
@@ -116,10 +120,7 @@ def _psi(args: argparse.Namespace) -> None:
 
 def _own_table(config: Any, text: str) -> dict[str, Any]:
     """The descriptor of this party's own table; another party's table is refused."""
-    own = _descriptor(text)
-    if own.get("party", Path(own["database"]).stem) != config.party:
-        raise SystemExit(f"the table belongs to {own.get('party')!r}, not to {config.party!r}")
-    return own
+    return config.own_table(_descriptor(text))
 
 
 def _walr(args: argparse.Namespace) -> None:
@@ -208,6 +209,22 @@ def _vertical(args: argparse.Namespace) -> None:
         **(_descriptor(args.options) if args.options else {}),
     )
     print(json.dumps({k: v for k, v in result.items() if k != "history"}))
+
+
+def _pipeline(args: argparse.Namespace) -> None:
+    """This party's stages of a job file; one line per stage, then the result as JSON."""
+    config = _as_party(args.config)
+    from dataclasses import asdict
+
+    from flows.pipeline_party import pipeline_party
+
+    job_file, folder = Path(args.job_file).resolve(), Path(args.config).resolve().parent
+    if job_file.is_relative_to(folder):  # the flow reads relative paths from the party's folder
+        job_file = job_file.relative_to(folder)
+    result = pipeline_party(str(job_file), args.run)
+    for stage in result.stages:
+        print(stage.line(config.party), flush=True)
+    print(json.dumps(asdict(result), default=float))
 
 
 def _sparse_lda(args: argparse.Namespace) -> None:
@@ -314,6 +331,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     vertical.add_argument("--no-arbiter", action="store_true", help="two-party mode")
     vertical.add_argument("--options", help="shared training options (JSON or file)")
     vertical.set_defaults(handler=_vertical)
+    pipeline = actions.add_parser("pipeline", help="this party's stages of a whole job file")
+    pipeline.add_argument("--config", required=True)
+    pipeline.add_argument("--job-file", required=True, help="the job file every party holds")
+    pipeline.add_argument("--run", default="", help="job-id suffix of a scheduled re-run")
+    pipeline.set_defaults(handler=_pipeline)
     lda = actions.add_parser("sparse-lda", help="a site's or the coordinator's side")
     lda.add_argument("--config", required=True)
     lda.add_argument("--job", required=True, help="the job id every party agreed on")

@@ -27,6 +27,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from storage.channel import check_name
 
@@ -83,6 +84,13 @@ class PartyConfig:
             raise PartyConfigError(f"{path}: missing {error.args[0]!r}") from None
         except ValueError as error:
             raise PartyConfigError(f"{path}: {error}") from None
+
+    def own_table(self, descriptor: dict[str, Any]) -> dict[str, Any]:
+        """``descriptor`` if it names this party's own table; another party's is refused."""
+        owner = descriptor.get("party", Path(descriptor["database"]).stem)
+        if owner != self.party:
+            raise PartyConfigError(f"the table belongs to {owner!r}, not to {self.party!r}")
+        return descriptor
 
     def address_of(self, peer: str) -> str:
         if peer not in self.peers:

@@ -1,0 +1,395 @@
+"""Flow ``pipeline_party``: one organisation's side of a whole job file, run at that organisation.
+
+Every organisation holds the same job file and starts this flow on its own Prefect, as its own
+party (``privreg party pipeline`` or the served deployment ``pipeline_party/<party>``). Each
+runs only the stages whose roles name it, in the job's order, and meets the others only
+through messages:
+
+    main job   load own table ─▶ PSI ─▶ vertical LR ─▶ WALR      guest, host (+ the arbiter)
+    sub-jobs, in the job file's order:
+      label DP       load ─▶ PSI ─▶ label_dp_party               labels (guest), features (host)
+      horizontal LR  load ─▶ horizontal_lr_party | _coordinator  hospitals, the coordinator
+      sparse LDA     load ─▶ sparse_lda_party | _coordinator     hospitals, the coordinator
+
+Job ids are agreed without a message: ``<job>-<stage>`` (``demo-psi``, ``demo-vertical``,
+``label_dp_demo-label_dp``), with ``-<run>`` appended for a scheduled re-run. The same ids
+resume or reuse what is stored (nothing charged twice); a new run suffix starts new jobs.
+
+Paths: every relative path of a job file (sources, databases, sub-job files) is read from the
+organisation's own folder, the folder of its ``party.toml``; a path that leaves that folder, a
+table whose descriptor names another party, or a peer missing from the configuration is
+refused before anything is loaded. The arbiter and the coordinator are the parties named
+``arbiter`` and ``coordinator``, as in the one-process flows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, tags
+from prefect.runtime import flow_run
+
+from flows.align import psi_align_party
+from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
+from flows.jobs import read_job
+from flows.label_dp import label_dp_party
+from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
+from flows.sparse_lda import summary_line as sparse_lda_summary
+from flows.vertical_party import vertical_lr_party
+from flows.walr import walr_party
+from storage.channel import check_name
+from storage.descriptor import TableRef
+from storage.party_config import ENV_VAR, PartyConfig, active_config
+from tasks.loading import load_table
+from tasks.secure_sum import COORDINATOR
+
+ARBITER = "arbiter"  # the key holder's name in vertical_lr (one-process and party mode)
+HOSPITAL_JOBS = ("horizontal_lr", "sparse_lda")  # sub-jobs of hospitals and a coordinator
+
+
+class PipelineRefusalError(ValueError):
+    """This party refuses the job file (names the party, the job and what it refuses)."""
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """One stage as this party ran it: its flow's own result holds only what it may see."""
+
+    job: str
+    stage: str
+    job_id: str
+    role: str
+    seconds: float
+    summary: str
+    result: dict[str, Any] = field(repr=False)
+
+    def line(self, party: str) -> str:
+        return (
+            f"{party} {self.job}/{self.stage} ({self.role}, {self.seconds:.1f} s): {self.summary}"
+        )
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    party: str
+    job: str
+    run: str | None
+    stages: list[StageResult]
+
+    def stage(self, job: str, stage: str) -> StageResult:
+        return next(s for s in self.stages if (s.job, s.stage) == (job, stage))
+
+
+@dataclass(frozen=True)
+class PartyJob:
+    """A job file as one party reads it: its options, the roles' party names, its own tables.
+    ``kind`` is "main" or the sub-job's name in the main job's ``subjobs``."""
+
+    kind: str
+    name: str
+    spec: dict[str, Any]
+    config: PartyConfig
+    folder: Path
+    run: str | None
+
+    @property
+    def party(self) -> str:
+        return self.config.party
+
+    def job_id(self, stage: str) -> str:
+        """The id every party of this job derives alike for ``stage``."""
+        return check_name(f"{self.name}-{stage}" + (f"-{self.run}" if self.run else ""), "job id")
+
+    def parties(self) -> dict[str, str]:
+        """Role (or key) in the job file ─▶ the party its table descriptor names."""
+        return {key: _party_of(entry["table"]) for key, entry in self.spec["parties"].items()}
+
+    def participants(self) -> set[str]:
+        return participants(self.kind, self.spec)
+
+    def own(self) -> dict[str, tuple[Path, TableRef, dict[str, float] | None]]:
+        """This party's entries (source, table, initial budget), each path inside its own
+        folder and each descriptor its own (``PartyConfig.own_table``), else refused."""
+        mine = {}
+        for key, entry in self.spec["parties"].items():
+            if _party_of(entry["table"]) != self.party:
+                continue
+            table = dict(entry["table"])
+            table["database"] = str(self.inside(table["database"], f"{key}'s database"))
+            source = self.inside(entry["source"], f"{key}'s source")
+            mine[key] = (
+                source,
+                TableRef.from_dict(self.config.own_table(table)),
+                entry.get("privacy_budget"),
+            )
+        return mine
+
+    def inside(self, value: str, what: str) -> Path:
+        """``value`` read from this organisation's folder; refused if it leaves the folder."""
+        path = (self.folder / value).resolve()
+        if not path.is_relative_to(self.folder):
+            raise PipelineRefusalError(
+                f"{self.party} refuses job {self.name}: {what} {value!r} is outside its own "
+                f"folder {self.folder}"
+            )
+        return path
+
+
+def _party_of(table: dict[str, Any]) -> str:
+    return table.get("party") or Path(table["database"]).stem
+
+
+def participants(kind: str, spec: dict[str, Any]) -> set[str]:
+    """Every party of a job: its tables' owners, plus the arbiter or the coordinator."""
+    names = {_party_of(entry["table"]) for entry in spec["parties"].values()}
+    vertical = spec.get("vertical")
+    if kind == "main" and vertical is not None and vertical.get("arbiter", True) is True:
+        names.add(ARBITER)
+    if kind in HOSPITAL_JOBS:
+        names.add(COORDINATOR)
+    return names
+
+
+def organisations(job_file: str | Path, folder: Path) -> dict[str, set[str]]:
+    """Every party of a job file and its sub-jobs (read from ``folder``), each with the source
+    files it loads (paths as the job files write them): what each organisation must hold."""
+    main = read_job(folder / job_file)
+    jobs = [("main", main)] + [
+        (kind, read_job(folder / path)) for kind, path in main.get("subjobs", {}).items()
+    ]
+    holds: dict[str, set[str]] = {}
+    for kind, spec in jobs:
+        for party in participants(kind, spec):
+            holds.setdefault(party, set())
+        for entry in spec["parties"].values():
+            holds[_party_of(entry["table"])].add(entry["source"])
+    return holds
+
+
+def _run_name() -> str:
+    config, parameters = active_config(), flow_run.parameters or {}
+    run = f" run {parameters['run']}" if parameters.get("run") else ""
+    return f"{config.party if config else '?'}: pipeline {parameters.get('job_file')}{run}"
+
+
+@flow(name="pipeline_party", flow_run_name=_run_name)
+def pipeline_party(job_file: str = "jobs/demo.json", run: str = "") -> PipelineResult:
+    """Run this organisation's stages of ``job_file`` (main job, then sub-jobs, in order).
+
+    Before any stage, the party refuses the job if a peer it would exchange messages with is
+    not in its configuration, or if one of its entries points outside its own folder or at
+    another party's table. Budgets are checked by each stage's flow before it computes.
+
+    Args:
+        job_file: The job file every organisation holds; this path and the relative paths
+            in it are read from this organisation's folder, the folder of its party.toml.
+        run: Suffix of the agreed job ids for a scheduled re-run ("" for the job itself).
+    """
+    config, folder = _this_party()
+    main = _read(folder / job_file, "main", config, folder, run)
+    jobs = [main] + [
+        _read(main.inside(sub_file, f"sub-job {kind}"), kind, config, folder, run)
+        for kind, sub_file in main.spec.get("subjobs", {}).items()
+    ]
+    for job in jobs:  # refuse before anything is loaded or sent
+        _check_peers(job)
+        job.own()
+    results: list[StageResult] = []
+    for job in jobs:
+        with tags(f"job:{job.name}"):
+            results.extend(STAGES[job.kind](job))
+    return PipelineResult(config.party, main.name, run or None, results)
+
+
+# ---- the main job: PSI, vertical LR, WALR ------------------------------------------------------
+def _main_stages(job: PartyJob) -> Iterator[StageResult]:
+    parties = job.parties()
+    guest, host = parties["guest"], parties["host"]
+    vertical = dict(job.spec.get("vertical", {}))
+    arbiter = ARBITER if vertical.pop("arbiter", True) is True else None  # False: two-party
+    own = yield from _load(job)
+    role = next(iter(own), None)  # "guest" or "host"; None at the arbiter
+    aligned, peer = None, host if role == "guest" else guest
+    if role is not None:
+        psi = yield from _stage(
+            job, "psi", role, psi_align_party, own[role].to_dict(), peer, job.job_id("psi"),
+            min_rows=job.spec.get("psi", {}).get("min_rows", 100),
+        )  # fmt: skip
+        aligned = psi["aligned"]
+    if "vertical" in job.spec and (role is not None or job.party == arbiter):
+        yield from _stage(
+            job, "vertical", role or "arbiter", vertical_lr_party, role or "arbiter",
+            job.job_id("vertical"), guest, [host], own=aligned, arbiter=arbiter, **vertical,
+        )  # fmt: skip
+    if "walr" in job.spec and role is not None:  # the guest's labels, the host's features
+        side = "labels" if role == "guest" else "features"
+        yield from _stage(
+            job, "walr", side, walr_party, aligned, side, peer, job.job_id("walr"),
+            **job.spec["walr"],
+        )  # fmt: skip
+
+
+# ---- sub-jobs ----------------------------------------------------------------------------------
+def _label_dp_stages(job: PartyJob) -> Iterator[StageResult]:
+    """The guest holds the protected labels, the host the features (as in ``label_dp_job``)."""
+    parties = job.parties()
+    own = yield from _load(job)
+    for role, ref in own.items():
+        side = "labels" if role == "guest" else "features"
+        peer = parties["host"] if role == "guest" else parties["guest"]
+        psi = yield from _stage(
+            job, "psi", role, psi_align_party, ref.to_dict(), peer, job.job_id("psi"),
+            min_rows=job.spec.get("psi", {}).get("min_rows", 100),
+        )  # fmt: skip
+        yield from _stage(
+            job, "label_dp", side, label_dp_party, psi["aligned"], side, peer,
+            job.job_id("label_dp"), **job.spec["label_dp"],
+        )  # fmt: skip
+
+
+def _hospitals(job: PartyJob, party_flow: Any, coordinator_flow: Any) -> Iterator[StageResult]:
+    """A sub-job of hospitals and a coordinator: each hospital runs its side on its own table,
+    the coordinator (no table) its own. The job file's options serve both roles: each flow
+    takes those it has; one that neither has is refused (``seed`` only names the job)."""
+    hospitals, options = list(job.parties().values()), job.spec.get(job.kind, {})
+    taken = {name for f in (party_flow, coordinator_flow) for name in _parameters(f)}
+    if unknown := sorted(set(options) - taken - {"seed"}):
+        raise PipelineRefusalError(f"{job.party} refuses job {job.name}: unknown {unknown}")
+    own = yield from _load(job)
+    for ref in own.values():
+        yield from _stage(
+            job, job.kind, "hospital", party_flow, ref.to_dict(), hospitals,
+            job.job_id(job.kind), **_accepted(party_flow, options),
+        )  # fmt: skip
+    if job.party == COORDINATOR:
+        yield from _stage(
+            job, job.kind, "coordinator", coordinator_flow, hospitals, job.job_id(job.kind),
+            **_accepted(coordinator_flow, options),
+        )  # fmt: skip
+
+
+def _horizontal_stages(job: PartyJob) -> Iterator[StageResult]:
+    return _hospitals(job, horizontal_lr_party, horizontal_lr_coordinator)
+
+
+def _sparse_lda_stages(job: PartyJob) -> Iterator[StageResult]:
+    return _hospitals(job, sparse_lda_party, sparse_lda_coordinator)
+
+
+STAGES: dict[str, Callable[[PartyJob], Iterator[StageResult]]] = {
+    "main": _main_stages,
+    "label_dp": _label_dp_stages,
+    "horizontal_lr": _horizontal_stages,
+    "sparse_lda": _sparse_lda_stages,
+}
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def _this_party() -> tuple[PartyConfig, Path]:
+    config = active_config()
+    if config is None:
+        raise PipelineRefusalError(
+            "pipeline_party runs as one party: start it with `privreg party pipeline --config "
+            f"party.toml` or from `privreg party serve --flows` ({ENV_VAR} is not set)"
+        )
+    return config, Path(os.environ[ENV_VAR]).resolve().parent
+
+
+def _read(path: str | Path, kind: str, config: PartyConfig, folder: Path, run: str) -> PartyJob:
+    if kind not in STAGES:
+        raise PipelineRefusalError(
+            f"{config.party} refuses sub-job {kind!r}: not one of {list(STAGES)[1:]}"
+        )
+    spec = read_job(path)
+    return PartyJob(kind, spec.get("job") or Path(path).stem, spec, config, folder, run or None)
+
+
+def _check_peers(job: PartyJob) -> None:
+    """Every party this one exchanges messages with in ``job`` must be in its configuration."""
+    participants = job.participants()
+    if job.party not in participants:
+        return
+    missing = sorted(p for p in participants - {job.party} if p not in job.config.peers)
+    if missing:
+        raise PipelineRefusalError(
+            f"{job.party} refuses job {job.name}: its configuration has no address for {missing}"
+        )
+
+
+def _load(job: PartyJob) -> Generator[StageResult, None, dict[str, TableRef]]:
+    """This party's own sources into its own databases (a job file's budget applies only
+    where the owner set none); returns its tables by role."""
+    own = job.own()
+    if not own:
+        return {}
+    started = time.perf_counter()
+    rows = {key: load_table(str(source), ref, budget) for key, (source, ref, budget) in own.items()}
+    summary = ", ".join(f"{own[key][1].table} {n} rows" for key, n in rows.items())
+    yield _finish(job, "load", "/".join(own), started, summary, {"rows": rows})
+    return {key: ref for key, (_, ref, _) in own.items()}
+
+
+def _stage(
+    job: PartyJob, stage: str, role: str, party_flow: Any, *args: Any, **kwargs: Any
+) -> Generator[StageResult, None, dict[str, Any]]:
+    """Run one party flow; yields its stage result and returns the flow's own result."""
+    started = time.perf_counter()
+    result = party_flow(*args, **kwargs)
+    yield _finish(job, stage, role, started, summary_line(stage, role, result), result)
+    return result
+
+
+def _finish(
+    job: PartyJob, stage: str, role: str, started: float, summary: str, result: dict[str, Any]
+) -> StageResult:
+    done = StageResult(
+        job.name, stage, job.job_id(stage), role, time.perf_counter() - started, summary, result
+    )
+    get_run_logger().info("%s", done.line(job.party))
+    return done
+
+
+def _parameters(party_flow: Any) -> set[str]:
+    return set(inspect.signature(party_flow.fn).parameters)
+
+
+def _accepted(party_flow: Any, options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k in _parameters(party_flow)}
+
+
+def summary_line(stage: str, role: str, r: dict[str, Any]) -> str:
+    """One short line per stage: sizes, rounds, metrics and budgets (no value of any row)."""
+    metrics = ", ".join(
+        f"{k} {v:.4f}" for k, v in r.get("metrics", {}).items() if isinstance(v, int | float)
+    )
+    tail = f", {metrics}" if metrics else ""
+    if stage == "psi":
+        return f"{r['intersection_size']} shared rows of {r['set_sizes'][0]} / {r['set_sizes'][1]}"
+    if stage == "vertical":
+        return f"{r['rounds_run']} rounds run, final round {r['final_round']}{tail}"
+    if stage in ("walr", "label_dp") and role == "labels":
+        budget, reused = r["budget"], r.get("reused_release", r.get("reused"))
+        return (
+            f"release {'reused, nothing charged' if reused else 'made and charged'}, privacy "
+            f"spent {budget['epsilon_spent']:g} of {budget['epsilon_total']:g}{tail}"
+        )
+    if stage in ("walr", "label_dp"):
+        return f"model trained on the release, {r['rows']} rows{tail}"
+    if stage == "sparse_lda" and role == "coordinator":
+        return sparse_lda_summary(r)
+    if stage == "sparse_lda":
+        kept = f"{len(r['support'])} of {len(r['features'])} features kept"
+        budget = (r.get("release") or {}).get("budget")
+        if budget is None:  # nothing charged (a release without noise, tests only)
+            return kept
+        return f"{kept}, privacy spent {budget['epsilon_spent']:g} of {budget['epsilon_total']:g}"
+    if "rounds_completed" in r:
+        loss = f", loss {r['history'][-1]['loss']:.4f}" if r.get("history") else ""
+        return f"{r['rounds_completed']} rounds{loss}"
+    return ", ".join(f"{k} {v}" for k, v in r.items() if isinstance(v, int | float | str))

@@ -1,0 +1,227 @@
+"""The demo pipeline with every organisation its own OS process, against the one-process run.
+
+A small version of the demo's job files (one vertical epoch, 1024-bit keys, three horizontal
+rounds, two hospitals) runs twice: once through the one-process ``pipeline``, and once with
+each party (clinic, lab, arbiter, registry, two hospitals, the coordinator) its own
+``privreg party pipeline`` process in its own folder, holding its own database, certificate,
+Prefect home, a copy of the job files and only its own source files, over mTLS on loopback.
+
+What must be equal: PSI's intersections, every vertical model slice (bit for bit), the WALR
+model and the horizontal model. The mechanisms' noise comes from the OS CSPRNG; WALR runs with
+its test-only noise switch (its owner's policy allows it), so it is exact too. Label DP has no
+such switch: the released labels differ between the runs, so what is compared is what the
+noise does not decide (rows, budget charged, grid, training rows).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import vertical_slices
+
+from demo.orgs import Org
+from demo.parties import prepare, run_job
+from flows.jobs import read_job
+from flows.pipeline import pipeline
+from flows.pipeline_party import PipelineRefusalError, pipeline_party
+from flows.vertical_lr import vertical_lr
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.party_config import ENV_VAR
+from storage.party_store import PartyStore
+from storage.policy import OwnerPolicy
+from tasks import horizontal_lr, label_dp, secure_sum, sparse_lda, walr
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+ROOT = Path(__file__).resolve().parents[1]
+HOSPITALS = ("hospital_a", "hospital_b")
+
+
+def small_jobs(folder: Path) -> dict[str, dict[str, Any]]:
+    """The demo's job files, shrunk, under ``folder/jobs`` (paths as in the bundled files)."""
+    jobs = {path.name: read_job(path) for path in (ROOT / "jobs").glob("*.json")}
+    main = jobs["demo.json"]
+    main["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
+    main["walr"].update(key_size=1024, allow_insecure_key_size=True, noise=False)
+    main["walr"]["allow_noiseless_release_for_tests"] = True
+    for name in ("horizontal_demo.json", "sparse_lda_demo.json"):
+        jobs[name]["parties"] = {h: jobs[name]["parties"][h] for h in HOSPITALS}
+    jobs["horizontal_demo.json"]["horizontal_lr"].update(rounds=3)
+    jobs["sparse_lda_demo.json"]["sparse_lda"].update(noise_disabled_for_testing=True)
+    (folder / "jobs").mkdir(parents=True)
+    for name, job in jobs.items():
+        (folder / "jobs" / name).write_text(json.dumps(job))
+    (folder / "demo").symlink_to(ROOT / "demo")
+    return jobs
+
+
+def one_process_copy(jobs: dict[str, dict[str, Any]], source: Path, folder: Path) -> Path:
+    """The same jobs with absolute paths into ``folder`` for the one-process ``pipeline``."""
+    for name, job in jobs.items():
+        for entry in job["parties"].values():
+            entry["source"] = str(source / entry["source"])
+            entry["table"]["database"] = str(folder / Path(entry["table"]["database"]).name)
+        for kind, path in job.get("subjobs", {}).items():
+            job["subjobs"][kind] = str(folder / Path(path).name)
+        (folder / name).write_text(json.dumps(job))
+    return folder / "demo.json"
+
+
+def allow_noiseless(source: Path, where: Callable[[str, str], Path]) -> None:
+    """The owners of the clinic's and the hospitals' tables allow a release without noise (the
+    test switches of WALR and sparse LDA); a policy needs the table, so each is loaded first
+    (the pipeline's load replaces it). ``where(party, database)`` is the owner's database."""
+    entries = [read_job(ROOT / "jobs/demo.json")["parties"]["guest"]]
+    entries += [read_job(ROOT / "jobs/sparse_lda_demo.json")["parties"][h] for h in HOSPITALS]
+    for entry in entries:
+        table = entry["table"]
+        ref = TableRef.from_dict(
+            {**table, "database": str(where(table["party"], table["database"]))}
+        )
+        PartyStore.of(ref).import_file(source / entry["source"], ref)
+        OwnerPolicy(PartyStore.of(ref)).set(ref.table, allow_noiseless_release=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The party processes' run, then the one-process reference: ``pipeline`` on the same job
+    files, and ``vertical_lr`` on copies of the parties' aligned tables (PSI's row order comes
+    from each run's secret keys, and the hold-out split and batches follow the row order)."""
+    from prefect.settings import PREFECT_API_URL
+
+    source = tmp_path_factory.mktemp("repository")
+    jobs = small_jobs(source)
+    orgs = prepare(tmp_path_factory.mktemp("orgs"), source=source, receive_timeout=120)
+    allow_noiseless(source, lambda party, database: orgs[party].folder / database)
+    extra = {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    parties = run_job(orgs, extra=extra, timeout=600)
+
+    single = tmp_path_factory.mktemp("one-process")
+    vertical = jobs["demo.json"].pop("vertical")
+    job_file = one_process_copy(json.loads(json.dumps(jobs)), source, single)
+    allow_noiseless(source, lambda _, database: single / Path(database).name)
+    one = pipeline(str(job_file), workspace=str(single))
+    aligned = []
+    for party in ("clinic", "lab"):
+        copy = single / "copies" / f"{party}.duckdb"
+        copy.parent.mkdir(exist_ok=True)
+        shutil.copy(orgs[party].folder / "var/parties" / f"{party}.duckdb", copy)
+        aligned.append({**_stage(parties[party], "demo", "psi")["aligned"], "database": str(copy)})
+    reference = vertical_lr(aligned[0], aligned[1:], workspace=str(single), **vertical)
+    return {"one": one, "vertical": reference, "aligned": aligned, "single": single,
+            "orgs": orgs, "parties": parties}  # fmt: skip
+
+
+def _stage(result: dict[str, Any], job: str, stage: str) -> dict[str, Any]:
+    return next(s for s in result["stages"] if (s["job"], s["stage"]) == (job, stage))["result"]
+
+
+def _ids(descriptor: dict[str, Any]) -> set[str]:
+    ref = TableRef.from_dict(descriptor)
+    return set(PartyStore.of(ref).read_table(ref)[ref.id_column].astype(str))
+
+
+def _stored(database: Path, key: str) -> dict[str, Any]:
+    return ArtifactStore(PartyStore(database)).get(key)
+
+
+def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -> None:
+    one, single, parties = runs["one"], runs["single"], runs["parties"]
+    orgs: dict[str, Org] = runs["orgs"]
+    stages = one["stages"]
+    assert set(parties) == {"clinic", "lab", "arbiter", "registry", *HOSPITALS, "coordinator"}
+    # every party ran exactly the stages that name it, with the agreed job ids
+    ran = {
+        p: [(s["job"], s["stage"], s["job_id"]) for s in r["stages"]] for p, r in parties.items()
+    }
+    assert [s[1] for s in ran["arbiter"]] == ["vertical"]
+    assert ran["lab"] == [("demo", s, f"demo-{s}") for s in ("load", "psi", "vertical", "walr")]
+    assert [s[1] for s in ran["clinic"]] == ["load", "psi", "vertical", "walr", "load", "psi",
+                                             "label_dp"]  # fmt: skip
+    assert [s[1] for s in ran["coordinator"]] == ["horizontal_lr", "sparse_lda"]
+    assert ran["registry"][-1] == ("label_dp_demo", "label_dp", "label_dp_demo-label_dp")
+
+    # PSI: the same intersection (the row order is each run's own)
+    for party, one_side in zip(("clinic", "lab"), one["alignment"]["aligned"], strict=True):
+        psi = _stage(parties[party], "demo", "psi")
+        assert psi["intersection_size"] == one["alignment"]["intersection_size"] == 470
+        assert Path(psi["aligned"]["database"]).is_relative_to(orgs[party].folder)
+        assert _ids(psi["aligned"]) == _ids(one_side)
+
+    # vertical LR: every party's slice equals the one-process flow's on the same aligned rows
+    reference = runs["vertical"]
+    aligned = [_stage(parties[p], "demo", "psi")["aligned"] for p in ("clinic", "lab")]
+    assert vertical_slices("demo-vertical", *aligned) == vertical_slices(
+        reference["job_id"], *runs["aligned"]
+    )
+    guest = _stage(parties["clinic"], "demo", "vertical")
+    assert guest["metrics"] == reference["metrics"]
+
+    # WALR (noise switched off): the release, exact integers, equals the one-process one; the
+    # fit sums floats over the rows in PSI's order, which is each run's own, so it agrees to
+    # the optimiser's tolerance
+    model = _stored(single / "lab.duckdb", walr.model_key(stages["walr"]["job_id"]))
+    lab = orgs["lab"].folder / "var/parties/lab.duckdb"
+    party_model = _stored(lab, walr.model_key("demo-walr"))
+    assert np.array_equal(party_model["noisy_sum"], model["noisy_sum"])
+    assert np.allclose(party_model["coef"], model["coef"], rtol=0, atol=1e-6)
+    assert party_model["intercept"] == pytest.approx(model["intercept"], abs=1e-6)
+    labels = _stage(parties["clinic"], "demo", "walr")
+    assert labels["budget"]["epsilon_spent"] == 1.0 and not labels["reused_release"]
+
+    # label DP: what the noise does not decide
+    released = _stage(parties["registry"], "label_dp_demo", "label_dp")
+    trained = _stage(parties["clinic"], "label_dp_demo", "label_dp")
+    assert _stage(parties["registry"], "label_dp_demo", "psi")["intersection_size"] == 442
+    assert released["rows"] == trained["rows"] == 442
+    assert released["budget"]["epsilon_spent"] == 2.0
+    assert released["mechanism"]["grid_size"] == 41 and released["mechanism"]["epsilon"] == 2.0
+    single_model = _stored(
+        single / "clinic_baseline.duckdb", label_dp.model_key(stages["label_dp"]["job_id"])
+    )
+    baseline = orgs["clinic"].folder / "var/parties/clinic_baseline.duckdb"
+    party_model = _stored(baseline, label_dp.model_key("label_dp_demo-label_dp"))
+    public = ("features", "train_rows", "link", "loss")
+    assert {k: party_model[k] for k in public} == {k: single_model[k] for k in public}
+    drawn = "distinct_noisy_values"  # shows the noise
+    assert {k: v for k, v in party_model["mechanism"].items() if k != drawn} == {
+        k: v for k, v in single_model["mechanism"].items() if k != drawn
+    }
+
+    # horizontal LR: the coordinator's and every hospital's model equal the one-process one
+    expected = horizontal_lr.coordinator_model(stages["horizontal_lr"]["job_id"], str(single))
+    for party in (*HOSPITALS, "coordinator"):
+        result = _stage(parties[party], "horizontal_demo", "horizontal_lr")
+        assert result["weights"] == list(expected["weights"]), party
+        assert result["rounds_completed"] == expected["rounds"] == 3
+
+    # sparse LDA (noise switched off): the coordinator's and every hospital's model
+    store = ArtifactStore(secure_sum.coordinator_store(str(single)))
+    expected = store.get(sparse_lda.model_key(stages["sparse_lda"]["job_id"]))
+    for party in (*HOSPITALS, "coordinator"):
+        result = _stage(parties[party], "sparse_lda_demo", "sparse_lda")
+        assert result["direction"] == np.asarray(expected["direction"]).tolist(), party
+        assert result["support"] == list(expected["support"]), party
+
+
+def test_a_party_refuses_a_table_outside_its_own_folder(
+    runs: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job file naming a database in the lab's folder for the clinic is refused before any
+    table is loaded or message sent."""
+    clinic: Org = runs["orgs"]["clinic"]
+    job = read_job(clinic.folder / "jobs/demo.json")
+    job["parties"]["guest"]["table"]["database"] = "../lab/var/parties/lab.duckdb"
+    job.pop("subjobs")
+    (clinic.folder / "jobs/greedy.json").write_text(json.dumps(job))
+    monkeypatch.setenv(ENV_VAR, str(clinic.config))
+    before = sorted(p.name for p in (clinic.folder / "home").rglob("*"))
+    with pytest.raises(PipelineRefusalError, match="clinic refuses job demo: guest's database"):
+        pipeline_party("jobs/greedy.json", run="greedy")
+    assert sorted(p.name for p in (clinic.folder / "home").rglob("*")) == before

@@ -23,6 +23,8 @@ SLOW_FIRST = (
     "test_resume.py",
     "test_horizontal_parties.py",
     "test_vertical_parties.py",
+    "test_pipeline_parties.py",
+    "test_sparse_lda_parties.py",
     "test_walr_parties.py",
     "test_vertical_flow.py",
     "test_psi_flow.py",
@@ -46,14 +48,19 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     from prefect.settings import (
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+        PREFECT_SERVER_DATABASE_TIMEOUT,
         temporary_settings,
     )
     from prefect.testing.utilities import prefect_test_harness
 
     results = tmp_path_factory.mktemp("prefect-results")
     with (
-        temporary_settings(
-            {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_RESULTS_LOCAL_STORAGE_PATH: results}
+        temporary_settings(  # party processes share this server: writers wait for SQLite's
+            {  # lock up to a minute instead of getting a 503 after ten seconds
+                PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                PREFECT_RESULTS_LOCAL_STORAGE_PATH: results,
+                PREFECT_SERVER_DATABASE_TIMEOUT: 60.0,
+            }
         ),
         prefect_test_harness(server_startup_timeout=180),
     ):

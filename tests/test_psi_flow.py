@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import relocate_job
-from prefect.artifacts import Artifact
 
 from core import psi
-from core.ids import canonical_id
 from flows.align import psi_align
-from flows.pipeline import pipeline
 from storage import codec
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -92,26 +87,3 @@ def test_small_intersection_is_refused(workspace: Path) -> None:
     with pytest.raises(psi.PsiError, match="below min_rows=100"):
         psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
     assert not PartyStore.of(a).has_table("accounts_aligned")
-
-
-def test_pipeline_runs_on_the_bundled_demo(workspace: Path) -> None:
-    job = json.loads((ROOT / "jobs" / "demo.json").read_text())
-    job.pop("subjobs")  # each has its own flow test
-    job["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
-    job["walr"].update(key_size=1024, allow_insecure_key_size=True)
-    job_file = relocate_job(job, ROOT, workspace)
-    result = pipeline(str(job_file), workspace=str(workspace))
-    guest = pd.read_csv(ROOT / "demo" / "clinic_guest.csv")
-    host = pd.read_csv(ROOT / "demo" / "lab_host.csv")
-    expected = {canonical_id(i) for i in guest["patient_id"]} & {
-        canonical_id(i) for i in host["patient_id"]
-    }
-    assert result["alignment"]["intersection_size"] == len(expected) == 470
-    again = pipeline(str(job_file), workspace=str(workspace))  # idempotent: nothing duplicated
-    assert again["alignment"]["reused"]
-    assert "train_auc" in result["stages"]["vertical_lr"]["result"]
-    assert "release reused" in again["stages"]["walr"]["result"]  # charged once
-    assert "KiB" in result["stages"]["psi"]["bytes"]
-    assert "bytes sent" in Artifact.get("demo-pipeline-summary").data
-    guest_ref = TableRef.from_dict(job["parties"]["guest"]["table"])
-    assert len(PartyStore.of(guest_ref).read_table(guest_ref)) == len(guest)

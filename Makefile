@@ -25,6 +25,7 @@ demo: $(STAMP)
 	$(BIN)/python -m flows.pipeline
 
 demo-parties: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python demo/parties.py
 
 lint: $(STAMP)

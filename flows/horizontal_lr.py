@@ -31,9 +31,7 @@ coordinator's result and contributes again from the next round on.
 from __future__ import annotations
 
 import math
-import os
 import secrets
-import signal
 import sys
 import time
 from typing import Any
@@ -383,46 +381,6 @@ def horizontal_lr_coordinator(
     }
 
 
-#: A hospital's stages: the coordinator message it waits for, then its own step.
-PARTY_STAGES: tuple[tuple[str, str | None], ...] = (
-    ("advertise_keys", None),
-    ("share_keys", "secagg_directory"),
-    ("mask_input", "secagg_shares"),
-    ("reveal_shares", "secagg_unmask_request"),
-)
-
-
-def _injected(fault: str | None, round_: int, stage: str) -> None:
-    """Test-only: ``"<round>:<stage>:kill"`` kills this process (SIGKILL) before the stage,
-    ``"<round>:<stage>:raise"`` fails the party's flow there."""
-    if fault is None:
-        return
-    when, _, kind = fault.rpartition(":")
-    if when != f"{round_}:{stage}":
-        return
-    if kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    raise SimulatedCrashError(f"injected failure before {stage} in round {round_}")
-
-
-def _contribute(
-    ref: TableRef, ctx: steps.RoundContext, options: steps.TrainingOptions, fault: str | None
-) -> None:
-    """This hospital's four secure-sum steps, each once the coordinator's message is there;
-    stops early when the round ends without it (dropped at a stage)."""
-    party_steps = {
-        "advertise_keys": lambda: secure_sum.advertise_keys(ref, ctx),
-        "share_keys": lambda: secure_sum.share_keys(ref, ctx),
-        "mask_input": lambda: steps.mask_update(ref, ctx, options),
-        "reveal_shares": lambda: secure_sum.reveal_shares(ref, ctx),
-    }
-    for stage, awaited in PARTY_STAGES:
-        if awaited is not None and not steps.await_turn(ref, ctx, awaited):
-            return
-        _injected(fault, ctx.round, stage)
-        party_steps[stage]()
-
-
 @flow(name="horizontal_lr_party", flow_run_name="horizontal_lr {job_id}: {own[party]}")
 def horizontal_lr_party(
     own: dict[str, Any],
@@ -466,8 +424,14 @@ def horizontal_lr_party(
     steps.check_table(ref)
     round_ = steps.join_job(ref, job_id)["last_round"] + 1
     while (ctx := steps.await_round(ref, job_id, round_, names, options)) is not None:
-        if steps.await_turn(ref, ctx, None):  # the round is still open: contribute to it
-            _contribute(ref, ctx, options, inject_fault)
+        if steps.round_open(ref, ctx):  # contribute to it
+            secure_sum.contribute(
+                ref,
+                ctx,
+                lambda: steps.mask_update(ref, ctx, options),
+                lambda: not steps.round_open(ref, ctx),
+                inject_fault,
+            )
         steps.finish_round(ref, ctx, options)
         round_ += 1
     model = steps.keep_model(ref, job_id)

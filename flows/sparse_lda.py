@@ -43,8 +43,6 @@ from core import secagg
 from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
 from core.sparse_lda.aggregation import DEFAULT_THRESHOLD_SCALE
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
-from flows.horizontal_lr import PARTY_STAGES
-from flows.horizontal_lr import _injected as injected_fault
 from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.party_config import active_config
@@ -476,22 +474,6 @@ def sparse_lda_coordinator(
     return {**_finish(job, model, {}, _figures(job, model, scores)), "dropped": dropped}
 
 
-def _contribute(ref: TableRef, job: steps.SparseLDAJob, ctx: Any, fault: str | None) -> None:
-    """This site's four secure-sum steps, each once the coordinator's message is there;
-    stops early when the sum ends without it (dropped at a stage)."""
-    party_steps = {
-        "advertise_keys": lambda: secure_sum.advertise_keys(ref, ctx),
-        "share_keys": lambda: secure_sum.share_keys(ref, ctx),
-        "mask_input": lambda: secure_sum.mask_stored_input(ref, ctx, steps.input_key(job.job_id)),
-        "reveal_shares": lambda: secure_sum.reveal_shares(ref, ctx),
-    }
-    for stage, awaited in PARTY_STAGES:
-        if awaited is not None and not steps.await_turn(ref, job, ctx, awaited):
-            return
-        injected_fault(fault, ctx.round, stage)
-        party_steps[stage]()
-
-
 @flow(name="sparse_lda_party", flow_run_name="sparse_lda {job_id}: {own[party]}")
 def sparse_lda_party(
     own: dict[str, Any],
@@ -560,7 +542,13 @@ def sparse_lda_party(
         release = steps.release_contribution(ref, job)
         ctx = steps.await_sum_call(ref, job, rule)
         if not steps.model_out(ref, job):  # the sum is still open: take part in it
-            _contribute(ref, job, ctx, inject_fault)
+            secure_sum.contribute(
+                ref,
+                ctx,
+                lambda: secure_sum.mask_stored_input(ref, ctx, steps.input_key(job.job_id)),
+                lambda: steps.model_out(ref, job),
+                inject_fault,
+            )
     model = steps.keep_model(ref, job, ctx)
     score = None
     if holdout_fraction > 0 and ref.party in model["contributors"]:  # for the figures

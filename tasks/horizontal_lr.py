@@ -583,33 +583,11 @@ def await_round(
     )
 
 
-def _model_sent(endpoint: PartyEndpoint, ctx: RoundContext) -> bool:
-    found = secure_sum.collect(endpoint, ctx.kind("model"), [COORDINATOR], ctx.round, 0)
-    return bool(found)
-
-
-def await_turn(ref: TableRef, ctx: RoundContext, kind: str | None) -> bool:
-    """Wait for the coordinator's ``kind`` message of this round; False if the round ended
-    without this party (it was dropped at a stage: it then only checks and saves the model).
-
-    ``kind`` None only asks whether the round is over already (a restarted party catching up).
-    A plain function, not a task: waiting is not a step of the protocol.
-    """
+def round_open(ref: TableRef, ctx: RoundContext) -> bool:
+    """Whether the coordinator has not yet sent this round's model (the round is still open
+    for this party: a restarted party catches up, a waiting one is not yet dropped)."""
     endpoint = ctx.endpoint(ref.party)
-    if kind is None:
-        return not _model_sent(endpoint, ctx)
-    wait = endpoint.channel.timeout
-    deadline, pause = time.monotonic() + wait, 0.01
-    while True:
-        found = secure_sum.collect(endpoint, ctx.kind(kind), [COORDINATOR], ctx.round, 0)
-        if found:
-            return True
-        if _model_sent(endpoint, ctx):
-            return False
-        if time.monotonic() >= deadline:  # let the channel name what was waited for
-            endpoint.receive(COORDINATOR, ctx.kind(kind), round=ctx.round, timeout=0)
-        time.sleep(pause)
-        pause = min(pause * 2, 0.25)
+    return not secure_sum.collect(endpoint, ctx.kind("model"), [COORDINATOR], ctx.round, 0)
 
 
 @task(name="hlr-keep-model", task_run_name="{ref.party}: keep the model", **PARTY_STEP)

@@ -31,6 +31,8 @@ to route around (in party mode, the refusing party's own run stops, naming the v
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -842,6 +844,52 @@ def each_party(
             state.result()  # raises the failure
         get_run_logger().warning("%s dropped out at %s: %s", party, step.name, error)
     return done
+
+
+#: A party's stages in party mode: the coordinator message it waits for, then its own step.
+PARTY_STAGES: tuple[tuple[str, str | None], ...] = (
+    ("advertise_keys", None),
+    ("share_keys", "secagg_directory"),
+    ("mask_input", "secagg_shares"),
+    ("reveal_shares", "secagg_unmask_request"),
+)
+
+
+def party_fault(fault: str | None, round_: int, stage: str) -> None:
+    """Test-only: ``"<round>:<stage>:kill"`` kills this process (SIGKILL) before the stage,
+    ``"<round>:<stage>:raise"`` fails the party's flow there."""
+    if fault is None:
+        return
+    when, _, kind = fault.rpartition(":")
+    if when != f"{round_}:{stage}":
+        return
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise SimulatedCrashError(f"injected failure before {stage} in round {round_}")
+
+
+def contribute(
+    ref: TableRef,
+    ctx: SumContext,
+    mask_input: Callable[[], Any],
+    ended: Callable[[], bool],
+    fault: str | None = None,
+) -> None:
+    """Party mode: this party's four steps of the session, each once the coordinator's message
+    is there; stops early when ``ended()`` says the session is over without it (dropped at a
+    stage). ``mask_input`` is the protocol's masking step (its vector, its store)."""
+    endpoint = ctx.endpoint(ref.party)
+    party_steps = {
+        "advertise_keys": lambda: advertise_keys(ref, ctx),
+        "share_keys": lambda: share_keys(ref, ctx),
+        "mask_input": mask_input,
+        "reveal_shares": lambda: reveal_shares(ref, ctx),
+    }
+    for stage, awaited in PARTY_STAGES:
+        if awaited is not None and not await_coordinator(endpoint, ctx, awaited, ended):
+            return
+        party_fault(fault, ctx.round, stage)
+        party_steps[stage]()
 
 
 def await_coordinator(

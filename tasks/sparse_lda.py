@@ -719,13 +719,6 @@ def model_out(ref: TableRef, job: SparseLDAJob) -> bool:
     return bool(secure_sum.collect(endpoint, "model", [COORDINATOR], 0, 0))
 
 
-def await_turn(ref: TableRef, job: SparseLDAJob, ctx: SumContext, kind: str) -> bool:
-    """Wait for the coordinator's ``kind`` message of the session; False if the sum ended
-    without this site (it was dropped at a stage: it then only keeps the model)."""
-    endpoint = job.endpoint(ref.party)
-    return secure_sum.await_coordinator(endpoint, ctx, kind, lambda: model_out(ref, job))
-
-
 def sum_done(ctx: SumContext) -> bool:
     """Whether the coordinator already holds this session's sum (a restarted coordinator
     then goes straight to the model)."""

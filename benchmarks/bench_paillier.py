@@ -99,15 +99,17 @@ def serial(action: Callable[[], object]) -> Callable[[], object]:
 
 
 def _with_native(flag: bool, action: Callable[[], object]) -> Callable[[], object]:
-    """``action`` with the native kernel on or off (the gmpy2 path) in this process."""
+    """``action`` on the native kernel at every modulus size (``flag``) or on the gmpy2 path
+    in this process, whatever the flows' size rule (``native.NATIVE_MAX_BITS``) picks."""
 
     def run() -> object:
-        saved = native.AVAILABLE
-        native.AVAILABLE = flag and saved
+        saved = native.AVAILABLE, native.NATIVE_MAX_BITS
+        native.AVAILABLE = flag and saved[0]
+        native.NATIVE_MAX_BITS = 1 << 20
         try:
             return action()
         finally:
-            native.AVAILABLE = saved
+            native.AVAILABLE, native.NATIVE_MAX_BITS = saved
 
     return run
 
@@ -134,6 +136,7 @@ def _gmpy2_chain(modulus: gmpy2.mpz, a: gmpy2.mpz, b: gmpy2.mpz, count: int) -> 
 def _worker_setup(use_native: bool, fixed: tuple) -> None:
     """Pool initializer: pick the path, then build this worker's table (not timed)."""
     native.AVAILABLE = use_native and native.AVAILABLE
+    native.NATIVE_MAX_BITS = 1 << 20  # the kernel at every size, as in _with_native
     fixed_base_obfuscators(*fixed, 64)
 
 
@@ -160,7 +163,10 @@ def native_section(public, private, fate_public, args) -> None:
         print("\n### Native kernel: not built or disabled (PRIVREG_PURE_PYTHON): skipped\n")
         return
     workers = os.cpu_count() or 1
-    print("\n### Native Montgomery kernel against gmpy2, same run (medians, CPU per core)\n")
+    print(
+        "\n### Native Montgomery kernel against gmpy2, same run (medians, CPU per core; the "
+        f"flows use the kernel for moduli up to {native.NATIVE_MAX_BITS} bits)\n"
+    )
     print("| operation | gmpy2 | native | gmpy2 / native |\n|---|---|---|---|")
     count = 20_000
     for bits in (2048, 4096):

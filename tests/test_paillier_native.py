@@ -53,6 +53,12 @@ def test_the_kernel_is_built_unless_pure_python_is_asked_for() -> None:
     assert disabled.stdout.strip() == "False"
 
 
+def test_flows_use_the_kernel_only_where_it_measured_faster() -> None:
+    assert native.preferred(MODULI["n^2 of a 1024-bit key"]) is native.AVAILABLE
+    assert native.preferred(MODULI["p^2 (CRT)"]) is native.AVAILABLE
+    assert not native.preferred(mpz(1) << (native.NATIVE_MAX_BITS + 1) | 1)
+
+
 @needs_kernel
 @pytest.mark.parametrize("name", MODULI)
 def test_montgomery_products_and_squares_equal_gmpy2(name: str) -> None:

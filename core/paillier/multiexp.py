@@ -213,7 +213,7 @@ def _dense_columns(bases: Sequence[mpz], exponents: np.ndarray, modulus: mpz) ->
     shifted = exponents + biases  # >= 0 and < 2^62
     rows = len(bases)
     windows = [dense_window(rows, max(int(high).bit_length(), 1)) for high in shifted.max(axis=0)]
-    if native.AVAILABLE:
+    if native.preferred(modulus):
         results = native.dense_multiexp(
             bases, np.ascontiguousarray(shifted), np.array(windows, dtype=np.int64), modulus
         )

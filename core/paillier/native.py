@@ -39,6 +39,19 @@ if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("1", "true", "yes"):
 AVAILABLE: bool = _kernel is not None
 """Whether the C kernel is importable and enabled in this process."""
 
+NATIVE_MAX_BITS = 2048
+"""Largest modulus the flows send to the kernel. Measured side by side on a two-core x86-64
+machine (``make bench-paillier``): up to 2048-bit moduli (n^2 of 1024-bit keys; p^2, q^2 of
+2048-bit keys) the kernel wins end to end (no interpreter step per multiplication); at 4096
+bits GMP's assembly Karatsuba/Toom product and division are ~15% faster than this portable C,
+both being bound by the 64x64-bit multiplier, so the gmpy2 path stays there."""
+
+
+def preferred(modulus: int | mpz) -> bool:
+    """Whether work modulo ``modulus`` should run in the kernel (built, enabled, and the
+    modulus in the range where it measured faster than gmpy2)."""
+    return AVAILABLE and int(modulus).bit_length() <= NATIVE_MAX_BITS
+
 
 def _width(modulus: int) -> int:
     """Bytes per residue: whole 64-bit limbs, as the kernel reads them."""

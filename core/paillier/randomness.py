@@ -302,10 +302,10 @@ def _powers(
         # A table pays off only over many values; a few go through GMP's powmod directly.
         return list(gmpy2.powmod_exp_list(mpz(base), [mpz(e) for e in exponents], modulus))
     if table is None:
-        # One table per key: the C kernel's (Montgomery form, one block) when it is built,
-        # else the mpz rows; never both.
+        # One table per key: the C kernel's (Montgomery form, one block) where it is the
+        # faster path, else the mpz rows; never both.
         rows = -(-bits // window_bits)
-        if native.AVAILABLE:
+        if native.preferred(modulus):
             table = native.FixedBaseTable(modulus, base, rows, window_bits)
         else:
             table = _fixed_base_table(modulus, mpz(base), bits, window_bits)

@@ -34,6 +34,7 @@ def _odd_moduli() -> dict[str, mpz]:
         "600-bit p^2, partial limb": primes[4] ** 2,
         "65-bit": mpz(2**64 + 13),
         "one limb": mpz(0xFFFFFFFFFFFFFFC5),
+        "4096-bit (n^4), 64 limbs": (primes[2] * primes[3]) ** 4,
     }
 
 
@@ -53,15 +54,30 @@ def test_the_kernel_is_built_unless_pure_python_is_asked_for() -> None:
     assert disabled.stdout.strip() == "False"
 
 
-def test_flows_use_the_kernel_only_where_it_measured_faster() -> None:
-    assert native.preferred(MODULI["n^2 of a 1024-bit key"]) is native.AVAILABLE
-    assert native.preferred(MODULI["p^2 (CRT)"]) is native.AVAILABLE
-    assert not native.preferred(mpz(1) << (native.NATIVE_MAX_BITS + 1) | 1)
+@pytest.fixture(params=["vector", "scalar"])
+def kernel_path(request):
+    """Run a test on the AVX2 product and on the portable one (skipped where absent)."""
+    if not native.AVAILABLE:
+        pytest.skip("native kernel disabled")
+    kernel = native._kernel
+    previous = kernel.vector_unit(request.param == "vector")
+    try:
+        if request.param == "vector" and not kernel.vector_unit():
+            pytest.skip("this CPU has no AVX2")
+        yield request.param
+    finally:
+        kernel.vector_unit(previous)
 
 
-@needs_kernel
+def test_flows_use_the_kernel_only_where_it_measured_faster(kernel_path: str) -> None:
+    assert native.preferred(MODULI["n^2 of a 1024-bit key"])
+    assert native.preferred(MODULI["p^2 (CRT)"])
+    big = mpz(1) << (native.NATIVE_MAX_BITS + 1) | 1
+    assert native.preferred(big) is (kernel_path == "vector")
+
+
 @pytest.mark.parametrize("name", MODULI)
-def test_montgomery_products_and_squares_equal_gmpy2(name: str) -> None:
+def test_montgomery_products_and_squares_equal_gmpy2(name: str, kernel_path: str) -> None:
     m = MODULI[name]
     values = [mpz(0), mpz(1), m - 1, mpz(secrets.randbelow(int(m))), mpz(secrets.randbelow(int(m)))]
     for a in values:
@@ -73,9 +89,8 @@ def test_montgomery_products_and_squares_equal_gmpy2(name: str) -> None:
     assert native.multiply_chain(m, m + 2, -1, 1) == (-2) % m
 
 
-@needs_kernel
 @pytest.mark.parametrize("name", MODULI)
-def test_dense_multiexp_equals_the_gmpy2_reference(name: str) -> None:
+def test_dense_multiexp_equals_the_gmpy2_reference(name: str, kernel_path: str) -> None:
     m = MODULI[name]
     rng = np.random.default_rng(len(name))
     rows = 37
@@ -126,9 +141,11 @@ def test_signed_columns_through_the_bias_path_equal_native_off(monkeypatch) -> N
     assert fast == reference == expected
 
 
-@needs_kernel
-@pytest.mark.parametrize("name", ["p^2 (CRT)", "600-bit p^2, partial limb", "65-bit"])
-def test_fixed_base_products_equal_powmod(name: str) -> None:
+TABLE_MODULI = ["p^2 (CRT)", "600-bit p^2, partial limb", "65-bit", "4096-bit (n^4), 64 limbs"]
+
+
+@pytest.mark.parametrize("name", TABLE_MODULI)
+def test_fixed_base_products_equal_powmod(name: str, kernel_path: str) -> None:
     m = MODULI[name]
     base = mpz(secrets.randbelow(int(m)))
     bits, window = 130, 5  # 26 rows; 130 is not a multiple of 64 or of the window

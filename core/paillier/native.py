@@ -3,8 +3,10 @@
 Why: both hot loops are long chains of multiplications modulo n^2 (or p^2, q^2). From Python
 each step of such a chain allocates a gmpy2 ``mpz`` and reduces with GMP's division; the C
 kernel keeps the operands in Montgomery form and runs a whole chain without the interpreter
-and with the GIL released (``benchmarks/bench_paillier.py`` prints the ratio per
-multiplication and per operation). The algorithms are the ones of :mod:`.multiexp` (bucket
+and with the GIL released. Its product is AVX2 code (radix 2^26, four 32x32-bit products per
+instruction) where the x86-64 CPU has it, chosen at run time, else portable C (Karatsuba and
+a product-scanning reduction). ``benchmarks/bench_paillier.py`` prints the ratios per
+multiplication and per operation. The algorithms are the ones of :mod:`.multiexp` (bucket
 method, window from :func:`.multiexp.dense_window`) and :mod:`.randomness` (fixed-base window
 table, digits from its ``_window_digits``); only the arithmetic moves to C.
 
@@ -40,17 +42,26 @@ AVAILABLE: bool = _kernel is not None
 """Whether the C kernel is importable and enabled in this process."""
 
 NATIVE_MAX_BITS = 2048
-"""Largest modulus the flows send to the kernel. Measured side by side on a two-core x86-64
-machine (``make bench-paillier``): up to 2048-bit moduli (n^2 of 1024-bit keys; p^2, q^2 of
-2048-bit keys) the kernel wins end to end (no interpreter step per multiplication); at 4096
-bits GMP's assembly Karatsuba/Toom product and division are ~15% faster than this portable C,
-both being bound by the 64x64-bit multiplier, so the gmpy2 path stays there."""
+"""Largest modulus the flows send to the kernel's portable (scalar) product. Measured side by
+side on a two-core x86-64 machine (``make bench-paillier``): up to 2048-bit moduli (n^2 of
+1024-bit keys; p^2, q^2 of 2048-bit keys) it wins end to end (no interpreter step per
+multiplication); at 4096 bits GMP's assembly Karatsuba/Toom product and division are ~10%
+faster than portable C, both bound by the 64x64-bit multiplier, so the gmpy2 path stays
+there. Where the CPU has AVX2 the kernel's vector product is faster than GMP at every size
+and this limit does not apply."""
+
+
+def vector_path() -> bool:
+    """Whether the kernel uses its AVX2 product in this process (x86-64 CPUs that have it)."""
+    return AVAILABLE and bool(_kernel.vector_unit())
 
 
 def preferred(modulus: int | mpz) -> bool:
-    """Whether work modulo ``modulus`` should run in the kernel (built, enabled, and the
-    modulus in the range where it measured faster than gmpy2)."""
-    return AVAILABLE and int(modulus).bit_length() <= NATIVE_MAX_BITS
+    """Whether work modulo ``modulus`` should run in the kernel: built, enabled, and either
+    the vector product or a modulus in the range where the scalar one measured faster."""
+    if not AVAILABLE:
+        return False
+    return vector_path() or int(modulus).bit_length() <= NATIVE_MAX_BITS
 
 
 def _width(modulus: int) -> int:

@@ -5,6 +5,10 @@
  * modulo n^2. Done from Python with gmpy2, every step allocates an mpz and reduces with a
  * full division; here a whole chain runs in C on Montgomery residues, with the GIL released.
  *
+ * Two products: AVX2 code in radix 2^26 (vec_mul), used where the x86-64 CPU has AVX2 (checked
+ * at import; compiled through a target attribute, so the build needs no -march flag), and a
+ * portable one (Karatsuba product, product-scanning reduction) everywhere else.
+ *
  * Interface (see core/paillier/native.py): numbers travel as little-endian byte strings of
  * exactly 8 * limbs bytes (limbs = 64-bit words of the modulus); exponents and digits as
  * C-contiguous int64 buffers (numpy arrays). Every length and value is checked before any
@@ -29,6 +33,38 @@ typedef unsigned __int128 dlimb;
 /* 16384-bit moduli: n^2 of an 8192-bit key. Bounds the stack scratch of one product. */
 #define MAX_LIMBS 256
 #define MAX_WINDOW 18
+/*
+ * Vector loads are fastest from 32-byte aligned addresses: residue arrays of the vector path
+ * are aligned (heap blocks through aligned_block; every residue is a multiple of 4 words).
+ */
+#if defined(__GNUC__) || defined(__clang__)
+#define ALIGNED __attribute__((aligned(32)))
+#else
+#define ALIGNED
+#endif
+
+static void *aligned_block(size_t size)
+{
+#if defined(_WIN32)
+    return PyMem_RawCalloc(1, size); /* the vector path is not compiled there */
+#else
+    void *p = NULL;
+    if (posix_memalign(&p, 64, size ? size : 1) != 0)
+        return NULL;
+    memset(p, 0, size);
+    return p;
+#endif
+}
+
+static void aligned_free(void *p)
+{
+#if defined(_WIN32)
+    PyMem_RawFree(p);
+#else
+    free(p);
+#endif
+}
+
 /* the vector path's residues: 26-bit limbs in 64-bit lanes, padded (see vec_mul) */
 #define RADIX 26
 #define RADIX_MASK ((((limb)1) << RADIX) - 1)
@@ -47,8 +83,8 @@ typedef struct {
     int vec;   /* working representation: radix 2^26 for vec_mul */
     Py_ssize_t n26; /* 26-bit limbs of m (vec) */
     Py_ssize_t w;   /* words per working residue: s, or n26 rounded up to 4 plus 4 zeros */
-    limb m26[MAX_WORDS];
-    limb m26_shifted[MAX_WORDS]; /* m26 one lane up (lane 0 zero) */
+    limb m26[MAX_WORDS] ALIGNED;
+    limb m26_shifted[MAX_WORDS] ALIGNED; /* m26 one lane up (lane 0 zero) */
     limb minv26;                 /* -m^-1 mod 2^26 */
     limb one[MAX_WORDS];         /* R mod m: 1 in Montgomery form */
     limb r2[MAX_WORDS];          /* R^2 mod m: converts into Montgomery form */
@@ -61,7 +97,7 @@ static int use_vector = 0;
 /* ---------------------------------------------------------------- multiplication */
 
 /*
- * Why this shape: on the x86-64 machines measured (gcc -O3, no asm) the 64x64->128-bit
+ * The portable product. Why this shape: on the x86-64 machines measured (gcc -O3, no asm) the 64x64->128-bit
  * multiplier is the bottleneck, about two cycles per word product, so the only lever left is
  * the number of word products. A multiplication is therefore a Karatsuba product (3/4 of the
  * word products per level, down to KARATSUBA_THRESHOLD limbs; 0.84 of the schoolbook time at
@@ -290,8 +326,8 @@ __attribute__((target("avx2"))) static void vec_mul(limb *r, const limb *a, cons
     const Py_ssize_t n = c->n26, w = c->w;
     const limb *m = c->m26, *m1 = c->m26_shifted, minv = c->minv26;
     /* 32-byte alignment keeps most vector accesses within one cache line */
-    limb T[2 * MAX_WORDS + 8] __attribute__((aligned(32)));
-    limb b1[MAX_WORDS] __attribute__((aligned(32)));
+    limb T[2 * MAX_WORDS + 8] ALIGNED;
+    limb b1[MAX_WORDS] ALIGNED;
     limb out[MAX_WORDS + 1], d[MAX_WORDS];
     memset(T, 0, sizeof(limb) * (size_t)(n + w + 8));
     b1[0] = 0;
@@ -468,7 +504,7 @@ static mont_ctx *ctx_new(const Py_buffer *modulus)
                      MAX_LIMBS, modulus->len);
         return NULL;
     }
-    mont_ctx *c = PyMem_Calloc(1, sizeof(mont_ctx));
+    mont_ctx *c = aligned_block(sizeof(mont_ctx));
     if (c == NULL) {
         PyErr_NoMemory();
         return NULL;
@@ -478,7 +514,7 @@ static mont_ctx *ctx_new(const Py_buffer *modulus)
     if ((c->m[0] & 1) == 0 || c->m[c->s - 1] == 0 || (c->s == 1 && c->m[0] == 1)) {
         PyErr_SetString(PyExc_ValueError,
                         "modulus must be odd, greater than 1, and have a non-zero top limb");
-        PyMem_Free(c);
+        aligned_free(c);
         return NULL;
     }
     /* Newton iteration for m^-1 mod 2^64 (each step doubles the correct low bits) */
@@ -574,7 +610,7 @@ static int get_int64(PyObject *obj, Py_buffer *view, int ndim, const char *what)
 /* x <- x^e (e >= 1), left to right, in Montgomery form */
 static void mont_pow_small(limb *x, uint64_t e, const mont_ctx *c)
 {
-    limb base[MAX_WORDS];
+    limb base[MAX_WORDS] ALIGNED;
     memcpy(base, x, sizeof(limb) * (size_t)c->w);
     int top = 63 - __builtin_clzll(e);
     for (int bit = top - 1; bit >= 0; bit--) {
@@ -616,7 +652,7 @@ static int weighted_product(limb *total, const limb *bases, const uint32_t *digi
     /* after the scatter, counts[v] is the end of digit v's run */
     int started = 0;
     Py_ssize_t index = 0;
-    limb term[MAX_WORDS];
+    limb term[MAX_WORDS] ALIGNED;
     memcpy(running, bases + (Py_ssize_t)order[0] * s, sizeof(limb) * (size_t)s);
     index = 1;
     Py_ssize_t v = digits[order[0]];
@@ -688,10 +724,10 @@ static PyObject *dense_multiexp(PyObject *self, PyObject *args)
                          k / (cols ? cols : 1), k % (cols ? cols : 1), (long long)E[k]);
             goto done;
         }
-    bases = PyMem_Malloc(sizeof(limb) * (size_t)(rows * ws));
-    totals = PyMem_Malloc(sizeof(limb) * (size_t)((cols ? cols : 1) * ws));
-    product = PyMem_Malloc(sizeof(limb) * (size_t)ws);
-    running = PyMem_Malloc(sizeof(limb) * (size_t)ws);
+    bases = aligned_block(sizeof(limb) * (size_t)(rows * ws));
+    totals = aligned_block(sizeof(limb) * (size_t)((cols ? cols : 1) * ws));
+    product = aligned_block(sizeof(limb) * (size_t)ws);
+    running = aligned_block(sizeof(limb) * (size_t)ws);
     digits = PyMem_Malloc(sizeof(uint32_t) * (size_t)rows);
     order = PyMem_Malloc(sizeof(uint32_t) * (size_t)rows);
     counts = PyMem_Malloc(sizeof(uint32_t) * (((size_t)1 << MAX_WINDOW) + 1));
@@ -750,11 +786,11 @@ done:
         PyBuffer_Release(&windows);
     PyBuffer_Release(&modulus);
     PyBuffer_Release(&bases_buf);
-    PyMem_Free(c);
-    PyMem_Free(bases);
-    PyMem_Free(totals);
-    PyMem_Free(product);
-    PyMem_Free(running);
+    aligned_free(c);
+    aligned_free(bases);
+    aligned_free(totals);
+    aligned_free(product);
+    aligned_free(running);
     PyMem_Free(digits);
     PyMem_Free(order);
     PyMem_Free(counts);
@@ -786,7 +822,7 @@ static void table_free(PyObject *capsule)
     fb_table *t = PyCapsule_GetPointer(capsule, TABLE_CAPSULE);
     if (t) {
         PyMem_RawFree(t->entries);
-        PyMem_Free(t);
+        aligned_free(t);
     }
 }
 
@@ -809,10 +845,10 @@ static PyObject *fixed_base_table(PyObject *self, PyObject *args)
         goto done;
     }
     const Py_ssize_t s = c->s, width = (Py_ssize_t)1 << window;
-    limb base[MAX_WORDS], power[MAX_WORDS];
+    limb base[MAX_WORDS] ALIGNED, power[MAX_WORDS] ALIGNED;
     if (load_residues(base, &base_buf, 1, c, "base") < 0)
         goto done;
-    t = PyMem_Calloc(1, sizeof(fb_table));
+    t = aligned_block(sizeof(fb_table));
     if (!t) {
         PyErr_NoMemory();
         goto done;
@@ -847,9 +883,9 @@ static PyObject *fixed_base_table(PyObject *self, PyObject *args)
 done:
     if (t) {
         PyMem_RawFree(t->entries);
-        PyMem_Free(t);
+        aligned_free(t);
     }
-    PyMem_Free(c);
+    aligned_free(c);
     PyBuffer_Release(&modulus);
     PyBuffer_Release(&base_buf);
     return capsule;
@@ -893,7 +929,7 @@ static PyObject *fixed_base_products(PyObject *self, PyObject *args)
     }
     /* the capsule stays alive: we hold a reference to it through args for the whole call */
     Py_BEGIN_ALLOW_THREADS
-    limb acc[MAX_WORDS], entry[MAX_WORDS];
+    limb acc[MAX_WORDS] ALIGNED, entry[MAX_WORDS] ALIGNED;
     for (Py_ssize_t i = 0; i < count; i++) {
         int started = 0;
         for (Py_ssize_t r = 0; r < t->rows; r++) {
@@ -937,7 +973,7 @@ static PyObject *mul_chain(PyObject *self, PyObject *args)
         return NULL;
     PyObject *result = NULL;
     mont_ctx *c = ctx_new(&modulus);
-    limb a[MAX_WORDS], b[MAX_WORDS];
+    limb a[MAX_WORDS] ALIGNED, b[MAX_WORDS] ALIGNED;
     if (!c)
         goto done;
     if (count < 0) {
@@ -961,7 +997,7 @@ static PyObject *mul_chain(PyObject *self, PyObject *args)
     if (result)
         store_residue((unsigned char *)PyBytes_AS_STRING(result), a, c);
 done:
-    PyMem_Free(c);
+    aligned_free(c);
     PyBuffer_Release(&modulus);
     PyBuffer_Release(&a_buf);
     PyBuffer_Release(&b_buf);

@@ -164,24 +164,30 @@ def native_section(public, private, fate_public, args) -> None:
         return
     workers = os.cpu_count() or 1
     print(
-        "\n### Native Montgomery kernel against gmpy2, same run (medians, CPU per core; the "
-        f"flows use the kernel for moduli up to {native.NATIVE_MAX_BITS} bits)\n"
+        "\n### Native Montgomery kernel against gmpy2, same run (medians, CPU per core; "
+        f"{'AVX2' if native.vector_path() else 'portable C'} product unless a row says "
+        "otherwise)\n"
     )
     print("| operation | gmpy2 | native | gmpy2 / native |\n|---|---|---|---|")
     count = 20_000
+    products = ["AVX2", "portable C"] if native.vector_path() else ["portable C"]
     for bits in (2048, 4096):
         modulus = _random_modulus(bits)
         a, b = (gmpy2.mpz(secrets.randbelow(int(modulus))) for _ in range(2))
         for label, square in (("multiplication", False), ("squaring", True)):
-            fast, slow = _median_pair(
-                functools.partial(native.multiply_chain, modulus, a, b, count, square=square),
-                functools.partial(_gmpy2_chain, modulus, a, a if square else b, count),
-                repeats=5,
-            )
-            print(
-                f"| one {label} mod a {bits}-bit modulus | {1e6 * slow / count:.2f} us "
-                f"| {1e6 * fast / count:.2f} us | {slow / fast:.2f}x |"
-            )
+            for kind in products:
+                previous = native._kernel.vector_unit(kind == "AVX2")
+                fast, slow = _median_pair(
+                    functools.partial(native.multiply_chain, modulus, a, b, count, square=square),
+                    functools.partial(_gmpy2_chain, modulus, a, a if square else b, count),
+                    repeats=5,
+                )
+                native._kernel.vector_unit(previous)
+                print(
+                    f"| one {label} mod a {bits}-bit modulus ({kind} product) "
+                    f"| {1e6 * slow / count:.2f} us | {1e6 * fast / count:.2f} us "
+                    f"| {slow / fast:.2f}x |"
+                )
     for label, mode, own_key in (
         ("full", "full", None),
         ("full, CRT (own key)", "full", private),

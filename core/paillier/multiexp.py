@@ -14,8 +14,8 @@ product, and the bias is removed with ``(prod_i c_i)^-b``, where ``prod_i c_i`` 
 inverse are shared by every column. Sparse, binary or extreme columns take a per-column plan
 (window chosen by an explicit operation-count model, negative exponents in their own buckets).
 Exponents are int64 numpy arrays: compact to ship to worker processes. The fused dense path
-runs in C when the native kernel is built (:mod:`.native`: same algorithm and windows,
-Montgomery arithmetic); otherwise, and as the reference, with gmpy2.
+runs in C where the native kernel is built and faster for the modulus (:mod:`.native`: same
+algorithm and windows, Montgomery arithmetic); otherwise, and as the reference, with gmpy2.
 """
 
 from __future__ import annotations

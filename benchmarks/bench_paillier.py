@@ -17,23 +17,39 @@ X^T [[d]]: on 30,000 x 23 (default_credit's shape, both cores), and per core on 
 host batch (4,096 x 300, 1024-bit), the fused dense path beside the per-column planner it
 replaced for feature columns. The window rows time the obfuscators alone, per core, with the
 previous 10-bit window beside the current one (same run, same key).
+
+Native kernel (``core.paillier.native``, the C extension) beside the gmpy2 code it replaces,
+in the same run, alternating: one multiplication modulo 2048- and 4096-bit moduli (gmpy2's
+``a * b % m`` in a Python loop against a chain of Montgomery products in C); obfuscators per
+mode per core and on both cores (two worker processes, each with its own table); X^T [[d]]
+per column of a 4,096-row batch at 1024- and 2048-bit keys. Medians of CPU time per core,
+wall time on both cores; the machine may be shared, so read the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import multiprocessing
 import os
+import secrets
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 
 import gmpy2
 import numpy as np
 
-from core.paillier import cipher
+from core.paillier import cipher, native, randomness
 from core.paillier.keys import generate_keypair
 from core.paillier.multiexp import execute_column, multiexp_columns, plan_column
-from core.paillier.randomness import _TABLES, DEFAULT_WINDOW_BITS, FixedBaseRandomizer
+from core.paillier.randomness import (
+    _TABLES,
+    DEFAULT_WINDOW_BITS,
+    FixedBaseRandomizer,
+    fixed_base_obfuscators,
+)
 
 HEU_ANCHOR_CPU_MS, HEU_ANCHOR_WALL_MS = 0.67, 0.35
 
@@ -82,6 +98,147 @@ def serial(action: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
+def _with_native(flag: bool, action: Callable[[], object]) -> Callable[[], object]:
+    """``action`` on the native kernel at every modulus size (``flag``) or on the gmpy2 path
+    in this process, whatever the flows' size rule (``native.NATIVE_MAX_BITS``) picks."""
+
+    def run() -> object:
+        saved = native.AVAILABLE, native.NATIVE_MAX_BITS
+        native.AVAILABLE = flag and saved[0]
+        native.NATIVE_MAX_BITS = 1 << 20
+        try:
+            return action()
+        finally:
+            native.AVAILABLE, native.NATIVE_MAX_BITS = saved
+
+    return run
+
+
+def _median_pair(native_action, gmpy2_action, repeats: int) -> tuple[float, float]:
+    """Median CPU seconds of each, run alternately so both see the same machine load."""
+    fast, slow = [], []
+    for _ in range(repeats):
+        fast.append(timed(native_action, repeats=1)[0])
+        slow.append(timed(gmpy2_action, repeats=1)[0])
+    return statistics.median(fast), statistics.median(slow)
+
+
+def _random_modulus(bits: int) -> gmpy2.mpz:
+    return gmpy2.mpz(secrets.randbits(bits)) | 1 | (gmpy2.mpz(1) << (bits - 1))
+
+
+def _gmpy2_chain(modulus: gmpy2.mpz, a: gmpy2.mpz, b: gmpy2.mpz, count: int) -> gmpy2.mpz:
+    for _ in range(count):
+        a = a * b % modulus
+    return a
+
+
+def _worker_setup(use_native: bool, fixed: tuple) -> None:
+    """Pool initializer: pick the path, then build this worker's table (not timed)."""
+    native.AVAILABLE = use_native and native.AVAILABLE
+    native.NATIVE_MAX_BITS = 1 << 20  # the kernel at every size, as in _with_native
+    fixed_base_obfuscators(*fixed, 64)
+
+
+def _both_cores_ms(use_native: bool, fixed: tuple, count: int, workers: int) -> float:
+    """Wall ms per obfuscator with ``workers`` processes, tables built beforehand."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_worker_setup, initargs=(use_native, fixed)
+    ) as pool:
+        list(pool.map(int, range(workers)))  # wait until every worker is up
+        walls = []
+        for _ in range(3):
+            start = time.perf_counter()
+            futures = [pool.submit(fixed_base_obfuscators, *fixed, count) for _ in range(workers)]
+            for future in futures:
+                future.result()
+            walls.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(walls) / (count * workers)
+
+
+def native_section(public, private, fate_public, args) -> None:
+    """The native kernel beside the gmpy2 path (see the module docstring)."""
+    if not native.AVAILABLE:
+        print("\n### Native kernel: not built or disabled (PRIVREG_PURE_PYTHON): skipped\n")
+        return
+    workers = os.cpu_count() or 1
+    print(
+        "\n### Native Montgomery kernel against gmpy2, same run (medians, CPU per core; "
+        f"{'AVX2' if native.vector_path() else 'portable C'} product unless a row says "
+        "otherwise)\n"
+    )
+    print("| operation | gmpy2 | native | gmpy2 / native |\n|---|---|---|---|")
+    count = 20_000
+    products = ["AVX2", "portable C"] if native.vector_path() else ["portable C"]
+    for bits in (2048, 4096):
+        modulus = _random_modulus(bits)
+        a, b = (gmpy2.mpz(secrets.randbelow(int(modulus))) for _ in range(2))
+        for label, square in (("multiplication", False), ("squaring", True)):
+            for kind in products:
+                previous = native._kernel.vector_unit(kind == "AVX2")
+                fast, slow = _median_pair(
+                    functools.partial(native.multiply_chain, modulus, a, b, count, square=square),
+                    functools.partial(_gmpy2_chain, modulus, a, a if square else b, count),
+                    repeats=5,
+                )
+                native._kernel.vector_unit(previous)
+                print(
+                    f"| one {label} mod a {bits}-bit modulus ({kind} product) "
+                    f"| {1e6 * slow / count:.2f} us | {1e6 * fast / count:.2f} us "
+                    f"| {slow / fast:.2f}x |"
+                )
+    for label, mode, own_key in (
+        ("full", "full", None),
+        ("full, CRT (own key)", "full", private),
+        ("short", "short", None),
+        ("short, CRT (own key)", "short", private),
+    ):
+        source = FixedBaseRandomizer(public, mode=mode, private_key=own_key)
+        per_path = {}
+        for flag in (True, False):
+            _TABLES.clear()
+            build, _ = timed(_with_native(flag, lambda s=source: s.obfuscators(64)), repeats=1)
+            cpu, _ = timed(_with_native(flag, lambda s=source: s.obfuscators(args.count)))
+            per_path[flag] = (1e3 * cpu / args.count, build)
+        _TABLES.clear()
+        (fast, fast_build), (slow, slow_build) = per_path[True], per_path[False]
+        print(
+            f"| obfuscator, {label}, {public.n.bit_length()}-bit, per core | {slow:.3f} ms "
+            f"| {fast:.3f} ms | {slow / fast:.2f}x |"
+        )
+        print(
+            f"| table build, {label} (once per key and process) | {slow_build:.2f} s "
+            f"| {fast_build:.2f} s | {slow_build / fast_build:.2f}x |"
+        )
+    for mode in ("full", "short"):
+        source = FixedBaseRandomizer(public, mode=mode)
+        fixed = (source.n, source._h_s, mode, None, DEFAULT_WINDOW_BITS)
+        fast = _both_cores_ms(True, fixed, args.count // 2, workers)
+        slow = _both_cores_ms(False, fixed, args.count // 2, workers)
+        print(
+            f"| obfuscator, {mode}, {workers} cores, wall | {slow:.3f} ms | {fast:.3f} ms "
+            f"| {slow / fast:.2f}x |"
+        )
+    rng = np.random.default_rng(1)
+    X = np.rint(rng.standard_normal((4096, args.native_columns)) * 2**20).astype(np.int64)
+    for key in (fate_public, public):
+        modulus = gmpy2.mpz(key.nsquare)
+        bases = [gmpy2.mpz(c) for c in cipher.encrypt(key, rng.integers(0, 2**40, 4096).tolist())]
+        fast, slow = _median_pair(
+            _with_native(True, lambda b=bases, m=modulus: multiexp_columns(b, X, m)),
+            _with_native(False, lambda b=bases, m=modulus: multiexp_columns(b, X, m)),
+            repeats=3,
+        )
+        columns = args.native_columns
+        print(
+            f"| X^T [[d]], 4,096-row batch, {key.n.bit_length()}-bit key, per column "
+            f"| {1e3 * slow / columns:.1f} ms | {1e3 * fast / columns:.1f} ms "
+            f"| {slow / fast:.2f}x |"
+        )
+    randomness._TABLES.clear()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1000, help="values per serial timing")
@@ -90,10 +247,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--fate-columns", type=int, default=30, help="columns timed of the 300 (scaled to 300)"
     )
+    parser.add_argument(
+        "--native-columns", type=int, default=8, help="X^T [[d]] columns timed per path"
+    )
+    parser.add_argument(
+        "--native-only", action="store_true", help="only the native-against-gmpy2 section"
+    )
     args = parser.parse_args(argv)
     public, private = generate_keypair(args.key_bits)
     values = list(range(args.batch))
     workers = os.cpu_count() or 1
+    fate_public, fate_private = generate_keypair(1024, allow_insecure_key_size=True)
+    native_section(public, private, fate_public, args)
+    if args.native_only:
+        return
 
     heu = heu_rows(args.key_bits, args.count, args.batch)
     heu_cpu, heu_wall = heu if heu else (HEU_ANCHOR_CPU_MS, HEU_ANCHOR_WALL_MS)
@@ -158,7 +325,6 @@ def main(argv: list[str] | None = None) -> None:
     X = rng.integers(-(2**18), 2**18, (30_000, 23))
     d = cipher.encrypt(public, rng.integers(-(2**40), 2**40, 30_000).tolist())
     _, xt_wall = timed(lambda: cipher.transpose_dot(public, X, d), repeats=1)
-    fate_public, fate_private = generate_keypair(1024, allow_insecure_key_size=True)
     X_fate = np.rint(rng.standard_normal((4096, 300)) * 2**20).astype(np.int64)
     d_fate = cipher.encrypt(
         fate_public, rng.integers(-(2**40), 2**40, 4096).tolist(), private=fate_private

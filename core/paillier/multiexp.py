@@ -13,7 +13,9 @@ digit once (numpy) and one running product over the sorted bases yields the buck
 product, and the bias is removed with ``(prod_i c_i)^-b``, where ``prod_i c_i`` and its one
 inverse are shared by every column. Sparse, binary or extreme columns take a per-column plan
 (window chosen by an explicit operation-count model, negative exponents in their own buckets).
-Exponents are int64 numpy arrays: compact to ship to worker processes.
+Exponents are int64 numpy arrays: compact to ship to worker processes. The fused dense path
+runs in C where the native kernel is built and faster for the modulus (:mod:`.native`: same
+algorithm and windows, Montgomery arithmetic); otherwise, and as the reference, with gmpy2.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
+from core.paillier import native
 from core.paillier.errors import PaillierError, ShapeError
 
 _MAX_WINDOW = 18
@@ -209,18 +212,15 @@ def _dense_columns(bases: Sequence[mpz], exponents: np.ndarray, modulus: mpz) ->
     biases = np.where(lows < 0, -lows, 0)
     shifted = exponents + biases  # >= 0 and < 2^62
     rows = len(bases)
-    results = []
-    for j in range(shifted.shape[1]):
-        column = shifted[:, j]
-        bits = max(int(column.max()).bit_length(), 1)
-        window = dense_window(rows, bits)
-        total: mpz | None = None
-        for position in reversed(range(-(-bits // window))):
-            if total is not None:
-                total = gmpy2.powmod(total, 1 << window, modulus)
-            digits = (column >> (position * window)) & ((1 << window) - 1)
-            total = _times(total, _weighted_product(bases, digits, modulus), modulus)
-        results.append(mpz(1) if total is None else total)
+    windows = [dense_window(rows, max(int(high).bit_length(), 1)) for high in shifted.max(axis=0)]
+    if native.preferred(modulus):
+        results = native.dense_multiexp(
+            bases, np.ascontiguousarray(shifted), np.array(windows, dtype=np.int64), modulus
+        )
+    else:
+        results = [
+            _dense_column(bases, shifted[:, j], window, modulus) for j, window in enumerate(windows)
+        ]
     if biases.any():
         inverse = _invert(_product(bases, modulus), modulus)
         results = [
@@ -228,6 +228,19 @@ def _dense_columns(bases: Sequence[mpz], exponents: np.ndarray, modulus: mpz) ->
             for r, b in zip(results, biases.tolist(), strict=True)
         ]
     return results
+
+
+def _dense_column(bases: Sequence[mpz], column: np.ndarray, window: int, modulus: mpz) -> mpz:
+    """prod_i bases[i]^column[i] for a non-negative column, w-bit digits from the top (the
+    reference the native kernel is tested against)."""
+    bits = max(int(column.max()).bit_length(), 1)
+    total: mpz | None = None
+    for position in reversed(range(-(-bits // window))):
+        if total is not None:
+            total = gmpy2.powmod(total, 1 << window, modulus)
+        digits = (column >> (position * window)) & ((1 << window) - 1)
+        total = _times(total, _weighted_product(bases, digits, modulus), modulus)
+    return mpz(1) if total is None else total
 
 
 def _weighted_product(bases: Sequence[mpz], digits: np.ndarray, modulus: mpz) -> mpz | None:

@@ -70,6 +70,7 @@ import numpy as np
 from gmpy2 import mpz
 from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 
+from core.paillier import native
 from core.paillier.errors import PaillierError
 from core.paillier.parallel import SERIAL, Backend, chunk_bounds
 
@@ -288,7 +289,7 @@ def fixed_base_powers(
     ]
 
 
-_TABLES: dict[tuple[int, int, int, int], list[list[mpz | None]]] = {}
+_TABLES: dict[tuple[int, int, int, int], list[list[mpz | None]] | native.FixedBaseTable] = {}
 _TABLES_LOCK = threading.Lock()
 
 
@@ -301,15 +302,24 @@ def _powers(
         # A table pays off only over many values; a few go through GMP's powmod directly.
         return list(gmpy2.powmod_exp_list(mpz(base), [mpz(e) for e in exponents], modulus))
     if table is None:
-        table = _fixed_base_table(modulus, mpz(base), bits, window_bits)
+        # One table per key: the C kernel's (Montgomery form, one block) where it is the
+        # faster path, else the mpz rows; never both.
+        rows = -(-bits // window_bits)
+        if native.preferred(modulus):
+            table = native.FixedBaseTable(modulus, base, rows, window_bits)
+        else:
+            table = _fixed_base_table(modulus, mpz(base), bits, window_bits)
         with _TABLES_LOCK:
             while len(_TABLES) >= _TABLE_CACHE_SIZE:
                 _TABLES.pop(next(iter(_TABLES)))
             _TABLES[key] = table
+    digits = _window_digits(exponents, bits, window_bits)
+    if isinstance(table, native.FixedBaseTable):
+        return table.products(digits)
     results = []
-    for digits in _window_digits(exponents, bits, window_bits):
+    for value_digits in digits.tolist():
         accumulator = None
-        for row, digit in zip(table, digits, strict=True):
+        for row, digit in zip(table, value_digits, strict=True):
             if digit:
                 entry = row[digit]
                 accumulator = entry if accumulator is None else accumulator * entry % modulus
@@ -317,8 +327,9 @@ def _powers(
     return results
 
 
-def _window_digits(exponents: Sequence[int], bits: int, window_bits: int) -> list[list[int]]:
-    """Base-2^w digits (least significant first) of every exponent, extracted by numpy."""
+def _window_digits(exponents: Sequence[int], bits: int, window_bits: int) -> np.ndarray:
+    """Base-2^w digits (least significant first) of every exponent, extracted by numpy:
+    an int64 array of shape (len(exponents), ceil(bits / w))."""
     rows = -(-bits // window_bits)
     width = -(-bits // 8)
     if any(int(e) >> bits for e in exponents) or any(int(e) < 0 for e in exponents):
@@ -333,7 +344,7 @@ def _window_digits(exponents: Sequence[int], bits: int, window_bits: int) -> lis
     usable = min(bit_matrix.shape[1], rows * window_bits)
     padded[:, :usable] = bit_matrix[:, :usable]
     weights = np.left_shift(1, np.arange(window_bits, dtype=np.int64))
-    return (padded.reshape(len(exponents), rows, window_bits) @ weights).tolist()
+    return padded.reshape(len(exponents), rows, window_bits) @ weights
 
 
 def _fixed_base_table(

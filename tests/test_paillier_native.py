@@ -1,0 +1,244 @@
+"""The native Montgomery kernel equals the gmpy2 reference bit for bit, rejects bad input with
+ValueError, and the flows' API (encryption, X^T [[d]]) gives the plaintext results through it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import gmpy2
+import numpy as np
+import pytest
+from gmpy2 import mpz
+
+from core.paillier import cipher, multiexp, native, randomness
+from core.paillier.keys import generate_keypair
+
+ROOT = Path(__file__).resolve().parents[1]
+PURE_PYTHON = os.environ.get(native.PURE_PYTHON_VARIABLE) == "1"
+needs_kernel = pytest.mark.skipif(not native.AVAILABLE, reason="native kernel disabled")
+
+
+def _odd_moduli() -> dict[str, mpz]:
+    """Odd moduli of the shapes the kernel meets: n^2 of 512- and 1024-bit keys (1024- and
+    2048-bit moduli), CRT's p^2, and sizes that are not whole limbs."""
+    sizes = (256, 256, 512, 512, 300)
+    primes = [gmpy2.next_prime(mpz(secrets.randbits(b)) | (1 << (b - 1))) for b in sizes]
+    return {
+        "n^2 of a 512-bit key": (primes[0] * primes[1]) ** 2,
+        "n^2 of a 1024-bit key": (primes[2] * primes[3]) ** 2,
+        "p^2 (CRT)": primes[2] ** 2,
+        "600-bit p^2, partial limb": primes[4] ** 2,
+        "65-bit": mpz(2**64 + 13),
+        "one limb": mpz(0xFFFFFFFFFFFFFFC5),
+        "4096-bit (n^4), 64 limbs": (primes[2] * primes[3]) ** 4,
+    }
+
+
+MODULI = _odd_moduli()
+
+
+def test_the_kernel_is_built_unless_pure_python_is_asked_for() -> None:
+    # The suite runs where gcc is present, so an unbuilt extension is a broken install.
+    assert native.AVAILABLE is (not PURE_PYTHON)
+    disabled = subprocess.run(
+        [sys.executable, "-c", "from core.paillier import native; print(native.AVAILABLE)"],
+        env={**os.environ, native.PURE_PYTHON_VARIABLE: "1", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert disabled.stdout.strip() == "False"
+
+
+@pytest.fixture(params=["vector", "scalar"])
+def kernel_path(request):
+    """Run a test on the AVX2 product and on the portable one (skipped where absent)."""
+    if not native.AVAILABLE:
+        pytest.skip("native kernel disabled")
+    kernel = native._kernel
+    previous = kernel.vector_unit(request.param == "vector")
+    try:
+        if request.param == "vector" and not kernel.vector_unit():
+            pytest.skip("this CPU has no AVX2")
+        yield request.param
+    finally:
+        kernel.vector_unit(previous)
+
+
+def test_flows_use_the_kernel_only_where_it_measured_faster(kernel_path: str) -> None:
+    assert native.preferred(MODULI["n^2 of a 1024-bit key"])
+    assert native.preferred(MODULI["p^2 (CRT)"])
+    big = mpz(1) << (native.NATIVE_MAX_BITS + 1) | 1
+    assert native.preferred(big) is (kernel_path == "vector")
+
+
+@pytest.mark.parametrize("name", MODULI)
+def test_montgomery_products_and_squares_equal_gmpy2(name: str, kernel_path: str) -> None:
+    m = MODULI[name]
+    values = [mpz(0), mpz(1), m - 1, mpz(secrets.randbelow(int(m))), mpz(secrets.randbelow(int(m)))]
+    for a in values:
+        for b in values:
+            for count in (0, 1, 7):
+                assert native.multiply_chain(m, a, b, count) == a * gmpy2.powmod(b, count, m) % m
+        assert native.multiply_chain(m, a, a, 5, square=True) == gmpy2.powmod(a, 32, m)
+    # unreduced and negative inputs are reduced first, like the gmpy2 path's results
+    assert native.multiply_chain(m, m + 2, -1, 1) == (-2) % m
+
+
+@pytest.mark.parametrize("name", MODULI)
+def test_dense_multiexp_equals_the_gmpy2_reference(name: str, kernel_path: str) -> None:
+    m = MODULI[name]
+    rng = np.random.default_rng(len(name))
+    rows = 37
+    bases = [mpz(secrets.randbelow(int(m))) for _ in range(rows)]
+    exponents = np.column_stack(
+        [
+            rng.integers(0, 2**20, rows),  # feature-like
+            np.zeros(rows, dtype=np.int64),  # zero column: empty product
+            np.ones(rows, dtype=np.int64),
+            np.full(rows, 2**63 - 1, dtype=np.int64),  # largest int64
+            rng.integers(0, 2**62, rows),
+            np.where(rng.random(rows) < 0.2, rng.integers(1, 40, rows), 0),  # sparse
+        ]
+    ).astype(np.int64)
+    for window_of in (lambda bits: multiexp.dense_window(rows, bits), lambda bits: 1, lambda _: 18):
+        windows = [window_of(max(int(c.max()).bit_length(), 1)) for c in exponents.T]
+        got = native.dense_multiexp(bases, exponents, np.array(windows, dtype=np.int64), m)
+        reference = [
+            multiexp._dense_column(bases, exponents[:, j], w, m) for j, w in enumerate(windows)
+        ]
+        assert got == reference
+    single = native.dense_multiexp(bases[:1], exponents[:1], np.ones(6, dtype=np.int64), m)
+    assert single == [gmpy2.powmod(bases[0], int(e), m) for e in exponents[0]]
+
+
+def test_signed_columns_through_the_bias_path_equal_native_off(monkeypatch) -> None:
+    m = MODULI["n^2 of a 1024-bit key"]  # units: the bias path inverts the product of bases
+    rng = np.random.default_rng(7)
+    rows = 64
+    bases = [mpz(secrets.randbelow(int(m) - 1) + 1) for _ in range(rows)]
+    exponents = np.column_stack(
+        [
+            rng.integers(-(2**23), 2**23, rows),
+            rng.integers(-(2**61), 2**61, rows),
+            rng.integers(0, 2**30, rows),
+            np.where(rng.random(rows) < 0.05, 3, 0),  # sparse: the planner, not the kernel
+        ]
+    ).astype(np.int64)
+    expected = []
+    for column in exponents.T:
+        product = mpz(1)
+        for base, e in zip(bases, column.tolist(), strict=True):
+            product = product * gmpy2.powmod(base, e, m) % m
+        expected.append(product)
+    fast = multiexp.multiexp_columns(bases, exponents, m)
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    reference = multiexp.multiexp_columns(bases, exponents, m)
+    assert fast == reference == expected
+
+
+TABLE_MODULI = ["p^2 (CRT)", "600-bit p^2, partial limb", "65-bit", "4096-bit (n^4), 64 limbs"]
+
+
+@pytest.mark.parametrize("name", TABLE_MODULI)
+def test_fixed_base_products_equal_powmod(name: str, kernel_path: str) -> None:
+    m = MODULI[name]
+    base = mpz(secrets.randbelow(int(m)))
+    bits, window = 130, 5  # 26 rows; 130 is not a multiple of 64 or of the window
+    rows = -(-bits // window)
+    table = native.FixedBaseTable(m, base, rows, window)
+    exponents = [0, 1, 2**bits - 1, *(secrets.randbits(bits) for _ in range(20))]
+    digits = randomness._window_digits(exponents, bits, window)
+    assert table.products(digits) == [gmpy2.powmod(base, e, m) for e in exponents]
+    assert table.nbytes == rows * 32 * 8 * -(-int(m).bit_length() // 64)
+
+
+def test_table_path_equals_the_gmpy2_table_and_every_mode_decrypts(monkeypatch) -> None:
+    public, private = generate_keypair(512, allow_insecure_key_size=True)
+    m, h = mpz(public.nsquare), mpz(secrets.randbelow(public.nsquare))
+    exponents = [secrets.randbits(300) for _ in range(randomness._TABLE_WORTH + 5)]
+    randomness._TABLES.clear()
+    fast = randomness._powers(m, h, 300, 11, exponents)
+    kinds = {type(t) for t in randomness._TABLES.values()}
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    randomness._TABLES.clear()
+    assert randomness._powers(m, h, 300, 11, exponents) == fast
+    assert fast == [gmpy2.powmod(h, e, m) for e in exponents]
+    # one table per key, of the kind the process uses
+    assert kinds == ({native.FixedBaseTable} if not PURE_PYTHON else {list})
+    monkeypatch.undo()
+    randomness._TABLES.clear()
+    values = [0, 1, -1, 2**100, -(2**100), *range(60)]
+    for mode in ("full", "short", "standard"):
+        for own_key in (None, private):
+            encrypted = cipher.encrypt(public, values, mode, private=own_key)
+            assert cipher.decrypt(private, encrypted) == values
+    randomness._TABLES.clear()
+
+
+def test_transpose_dot_equals_the_plaintext_product() -> None:
+    public, private = generate_keypair(512, allow_insecure_key_size=True)
+    rng = np.random.default_rng(3)
+    rows = 200
+    X = np.column_stack(
+        [
+            rng.integers(-(2**20), 2**20, rows),  # signed features: bias path
+            rng.integers(0, 2**16, rows),
+            rng.integers(0, 2, rows),  # binary: planner
+            np.zeros(rows, dtype=np.int64),
+        ]
+    ).astype(np.int64)
+    d = rng.integers(-(2**40), 2**40, rows).tolist()
+    encrypted = cipher.encrypt(public, d, private=private)
+    result = cipher.decrypt(private, cipher.transpose_dot(public, X, encrypted))
+    assert result == [sum(int(x) * v for x, v in zip(X[:, j], d, strict=True)) for j in range(4)]
+
+
+@needs_kernel
+def test_bad_input_is_refused_with_value_error() -> None:
+    kernel = native._kernel
+    m = int(MODULI["p^2 (CRT)"])
+    width = native._width(m)
+    mod = m.to_bytes(width, "little")
+    bases = native._pack([2, 3], m, width)
+    good = np.array([[1, 2], [3, 4]], dtype=np.int64)
+    windows = np.array([2, 2], dtype=np.int64)
+    big = (m + 2).to_bytes(width, "little")
+    assert kernel.dense_multiexp(mod, bases, good, windows)
+    cases = {
+        "even modulus": (((m + 1).to_bytes(width, "little")), bases, good, windows),
+        "modulus length": (mod[:-3], bases, good, windows),
+        "empty modulus": (b"", bases, good, windows),
+        "bases length": (mod, bases[:-1], good, windows),
+        "base above modulus": (mod, bases[:width] + big, good, windows),
+        "rows": (mod, bases, good[:1], windows),
+        "negative exponent": (mod, bases, -good, windows),
+        "int32": (mod, bases, good.astype(np.int32), windows),
+        "not contiguous": (mod, bases, np.asfortranarray(good), windows),
+        "one dimension": (mod, bases, good.ravel(), windows),
+        "window count": (mod, bases, good, windows[:1]),
+        "window size": (mod, bases, good, np.array([0, 19], dtype=np.int64)),
+    }
+    for name, arguments in cases.items():
+        with pytest.raises(ValueError):
+            kernel.dense_multiexp(*arguments)
+            pytest.fail(f"accepted: {name}")
+    table = native.FixedBaseTable(m, 5, 3, 4)
+    for digits in (
+        np.array([[1, 2]], dtype=np.int64),  # rows
+        np.array([[1, 2, 16]], dtype=np.int64),  # digit >= 2^window
+        np.array([[1, -2, 3]], dtype=np.int64),
+        np.array([[1, 2, 3]], dtype=np.int32),
+    ):
+        with pytest.raises(ValueError):
+            kernel.fixed_base_products(table._table, digits)
+    with pytest.raises(ValueError, match="fixed_base_table"):
+        kernel.fixed_base_products(object(), np.zeros((1, 3), dtype=np.int64))
+    with pytest.raises(ValueError):
+        kernel.fixed_base_table(mod, native._pack([5], m, width), 3, 17)
+    with pytest.raises(ValueError):
+        kernel.mul_chain(b"\x01" * (8 * 257), b"", b"", 1, False)  # above the limb limit

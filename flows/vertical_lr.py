@@ -249,7 +249,8 @@ def vertical_lr(
     publish_model_link(
         artifact_key("vertical-lr", job_id, "model"), guest_ref.database, guest_model["key"]
     )
-    vertical_summary(job, guest_ref, host_refs, prediction["metrics"], len(history), workspace)
+    with key_holder.store.session():  # the summary re-reads the round history
+        vertical_summary(job, guest_ref, host_refs, prediction["metrics"], len(history), workspace)
     guest_coefficients = dict(guest_model["coefficients"])
     # The guest's slice only: hosts' coefficients stay in their stores (models/vertical/...).
     return {

@@ -335,7 +335,8 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
     if not job.with_arbiter:
         steps.retire_key(job)
     publish_model_link(artifact_key("vertical-lr", job.job_id, "model"), ref.database, model["key"])
-    vertical_summary(own_record, ref, [], prediction["metrics"], len(history), job.workspace)
+    with PartyStore.of(ref).session():  # the summary re-reads the round history
+        vertical_summary(own_record, ref, [], prediction["metrics"], len(history), job.workspace)
     coefficients = dict(model["coefficients"])
     return {
         "job_id": job.job_id,

@@ -910,7 +910,7 @@ def decide_stop(job: VerticalJob, round_: int, tol: float, tell: bool = False) -
         stop = previous is not None and now is not None and abs(previous - now) < tol
         if stop:
             _artifacts(job.key_holder_database).put(_key(job, "stopped"), round_, "marker")
-        get_run_logger().info("converged after epoch %d (loss change < %g)", epoch, tol)
+            get_run_logger().info("converged after epoch %d (loss change < %g)", epoch, tol)
     for party in (job.guest, *job.hosts) if tell else ():
         if party != job.key_holder:
             job.endpoint(job.key_holder).send_once(party, "stop", lambda: stop, round=round_)

@@ -1,7 +1,7 @@
 """A storage session keeps a party's database open for a burst of calls: each call inside is
 still its own transaction (committed durably, or rolled back whole), the database is released
 to other processes when the session ends, and a process killed inside one loses nothing it
-committed."""
+committed. A round's checkpoint and its pruning commit in one transaction."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 
 from storage.artifacts import ArtifactStore
+from storage.checkpoints import RoundCheckpoints
 from storage.party_store import PartyStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,3 +102,20 @@ def test_sessions_nest_share_threads_and_never_create_a_database(tmp_path: Path)
             list(pool.map(lambda i: artifacts.put(f"t/{i:02d}", i, "test"), range(20)))
     assert artifacts.get("b") == 2 and artifacts.get("c") is None
     assert [artifacts.get(f"t/{i:02d}") for i in range(20)] == list(range(20))
+
+
+def test_a_round_checkpoint_and_its_pruning_commit_together(tmp_path: Path) -> None:
+    store = PartyStore(tmp_path / "bank.duckdb")
+    checkpoints = RoundCheckpoints(store, "vertical", "job-1")
+    for round_ in range(3):
+        checkpoints.save(round_, {"weights": np.full(2, float(round_))})
+    with pytest.raises(RuntimeError), store.session(), store.transaction() as con:
+        checkpoints.save(3, {"weights": np.full(2, 3.0)}, con)
+        checkpoints.prune(keep_last=1, con=con)
+        raise RuntimeError("killed before the round's commit")
+    assert checkpoints.rounds() == [0, 1, 2]  # nothing of round 3, nothing pruned
+    with store.transaction() as con:
+        checkpoints.save(3, {"weights": np.full(2, 3.0)}, con)
+        checkpoints.prune(keep_last=2, con=con)
+    assert checkpoints.rounds() == [2, 3]
+    assert np.array_equal(checkpoints.load(3)["weights"], [3.0, 3.0])

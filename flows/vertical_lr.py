@@ -61,8 +61,10 @@ def train_round(
     squared += sum(steps.update_weights(job, host, round_, "host") for host in hosts)
     metrics = {"gradient_norm": squared**0.5, "seconds": time.perf_counter() - started}
     key_holder = ArtifactStore(PartyStore(job.key_holder_database))
-    key_holder.put(f"vertical/{job.job_id}/loss/{round_:07d}", loss, "metric")
-    key_holder.put(f"vertical/{job.job_id}/round-metrics/{round_:07d}", metrics, "metric")
+    with key_holder.store.transaction() as con:
+        key_holder.put(f"vertical/{job.job_id}/loss/{round_:07d}", loss, "metric", con=con)
+        metrics_key = f"vertical/{job.job_id}/round-metrics/{round_:07d}"
+        key_holder.put(metrics_key, metrics, "metric", con=con)
     return {"loss": loss, **metrics}
 
 
@@ -231,9 +233,11 @@ def vertical_lr(
             if steps.decide_stop(job, round_, tol):
                 break
     final_round = stopped if stopped is not None else last_done
+    with key_holder.store.session():  # one opening for the history's many small reads
+        history_rows = vertical_round_history(job, workspace)
     publish_table(  # every finished round of the job, including those of earlier attempts
         artifact_key("vertical-lr", job_id, "rounds"),
-        vertical_round_history(job, workspace),
+        history_rows,
         f"vertical_lr rounds of job {job_id} (every attempt)",
     )
     guest_model = steps.save_model(job, guest_ref, final_round, "guest")
@@ -245,7 +249,8 @@ def vertical_lr(
     publish_model_link(
         artifact_key("vertical-lr", job_id, "model"), guest_ref.database, guest_model["key"]
     )
-    vertical_summary(job, guest_ref, host_refs, prediction["metrics"], len(history), workspace)
+    with key_holder.store.session():  # the summary re-reads the round history
+        vertical_summary(job, guest_ref, host_refs, prediction["metrics"], len(history), workspace)
     guest_coefficients = dict(guest_model["coefficients"])
     # The guest's slice only: hosts' coefficients stay in their stores (models/vertical/...).
     return {

@@ -74,17 +74,21 @@ class ArtifactStore:
         con.execute("DELETE FROM privreg_artifacts WHERE starts_with(key, ?)", [prefix])
         return int(count)
 
-    def list(self, prefix: str = "") -> list[tuple[str, str, int, datetime]]:
+    def list(
+        self, prefix: str = "", con: duckdb.DuckDBPyConnection | None = None
+    ) -> list[tuple[str, str, int, datetime]]:
         """(key, kind, payload bytes, created_at) of artifacts whose key starts with ``prefix``."""
-        if not self.store.path.exists():
-            return []
-        with self.store.connect() as con:
-            self.ensure_schema(con)
-            rows = con.execute(
-                "SELECT key, kind, octet_length(payload), created_at FROM privreg_artifacts "
-                "WHERE starts_with(key, ?) ORDER BY key",
-                [prefix],
-            ).fetchall()
+        if con is None:
+            if not self.store.path.exists():
+                return []
+            with self.store.connect() as own:
+                return self.list(prefix, own)
+        self.ensure_schema(con)
+        rows = con.execute(
+            "SELECT key, kind, octet_length(payload), created_at FROM privreg_artifacts "
+            "WHERE starts_with(key, ?) ORDER BY key",
+            [prefix],
+        ).fetchall()
         return [(k, kind, int(size), created) for k, kind, size, created in rows]
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import duckdb
+
 from storage.artifacts import ArtifactStore
 from storage.party_store import PartyStore
 
@@ -24,11 +26,14 @@ class RoundCheckpoints:
     def _key(self, round_: int) -> str:
         return f"{self.prefix}{round_:07d}"
 
-    def save(self, round_: int, state: dict[str, Any]) -> None:
-        self.artifacts.put(self._key(round_), state, "round-state")
+    def save(
+        self, round_: int, state: dict[str, Any], con: duckdb.DuckDBPyConnection | None = None
+    ) -> None:
+        """Store the round's state; joins the caller's transaction when ``con`` is given."""
+        self.artifacts.put(self._key(round_), state, "round-state", con=con)
 
-    def rounds(self) -> list[int]:
-        return [int(key.rsplit("/", 1)[1]) for key, *_ in self.artifacts.list(self.prefix)]
+    def rounds(self, con: duckdb.DuckDBPyConnection | None = None) -> list[int]:
+        return [int(key.rsplit("/", 1)[1]) for key, *_ in self.artifacts.list(self.prefix, con)]
 
     def last_round(self) -> int:
         """The last finished round, or -1 when none is stored."""
@@ -49,9 +54,12 @@ class RoundCheckpoints:
                 self.artifacts.delete_prefix(self._key(r), con=con)
         return len(dropped)
 
-    def prune(self, keep_last: int = 2) -> None:
-        """Keep only the most recent rounds (older ones are never needed to resume)."""
-        rounds = sorted(self.rounds())
-        with self.artifacts.store.transaction() as con:
-            for r in rounds[:-keep_last]:
-                self.artifacts.delete_prefix(self._key(r), con=con)
+    def prune(self, keep_last: int = 2, con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """Keep only the most recent rounds (older ones are never needed to resume); joins the
+        caller's transaction when ``con`` is given (e.g. the one that saves the newest round)."""
+        if con is None:
+            with self.artifacts.store.transaction() as own:
+                self.prune(keep_last, own)
+            return
+        for r in sorted(self.rounds(con))[:-keep_last]:
+            self.artifacts.delete_prefix(self._key(r), con=con)

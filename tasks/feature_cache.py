@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from prefect.runtime import flow_run
 
 from storage.descriptor import TableRef
@@ -26,11 +27,12 @@ _MAX_ENTRIES = 4  # a process plays at most a few parties in one run (guest, hos
 
 @dataclass(frozen=True)
 class PartyFeatures:
-    """A party's features (read-only, clipped when asked), their names and its labels."""
+    """A party's features (read-only, clipped when asked), their names, its labels and ids."""
 
     X: np.ndarray
     names: tuple[str, ...]
     labels: np.ndarray | None
+    ids: np.ndarray
 
 
 _CacheKey = tuple[str, str, str, str | None, tuple[str, ...] | None, float | None, str]
@@ -38,11 +40,16 @@ _cache: OrderedDict[_CacheKey, PartyFeatures] = OrderedDict()
 _lock = threading.Lock()
 
 
-def party_features(ref: TableRef, clip: float | None) -> PartyFeatures:
-    """``ref``'s features clipped to [-clip, clip] (None: as stored), cached for the flow run."""
+def party_features(
+    ref: TableRef, clip: float | None, frame: pd.DataFrame | None = None
+) -> PartyFeatures:
+    """``ref``'s features clipped to [-clip, clip] (None: as stored), cached for the flow run.
+
+    ``frame`` is the validated table the caller has just read in this run (the set-up check),
+    which then fills the cache instead of a second read."""
     run = flow_run.get_id()
     if run is None:
-        return _read(ref, clip)
+        return _read(ref, clip, frame)
     key = (
         str(ref.path.resolve()),
         ref.table,
@@ -56,7 +63,7 @@ def party_features(ref: TableRef, clip: float | None) -> PartyFeatures:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    features = _read(ref, clip)
+    features = _read(ref, clip, frame)
     with _lock:
         _cache[key] = features
         while len(_cache) > _MAX_ENTRIES:
@@ -70,14 +77,17 @@ def clear() -> None:
         _cache.clear()
 
 
-def _read(ref: TableRef, clip: float | None) -> PartyFeatures:
-    frame = PartyStore.of(ref).read_table(ref)
+def _read(ref: TableRef, clip: float | None, frame: pd.DataFrame | None) -> PartyFeatures:
+    if frame is None:
+        frame = PartyStore.of(ref).read_table(ref)
     names = tuple(c for c in frame.columns if c not in (ref.id_column, ref.label_column))
     labels = frame[ref.label_column].to_numpy() if ref.label_column else None
     X = frame[list(names)].to_numpy(dtype=float)
     if clip is not None:
         X = np.clip(X, -clip, clip)
+    ids = frame[ref.id_column].to_numpy(copy=True)
     X.flags.writeable = False  # shared by every step of the run: nobody may change it
-    if labels is not None:
-        labels.flags.writeable = False
-    return PartyFeatures(X, names, labels)
+    for column in (labels, ids):
+        if column is not None:
+            column.flags.writeable = False
+    return PartyFeatures(X, names, labels, ids)

@@ -36,7 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import duckdb
 import numpy as np
+import pandas as pd
 from phe import paillier
 from prefect import get_run_logger, task
 
@@ -147,36 +149,74 @@ def _deliver_once(
     kind: str,
     round_: int,
     compute: Callable[[], dict[str, Any]],
+    stored: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """Send the key holder this round's ``kind`` message, computing it only the first time.
 
     The key holder decrypts one message per party, kind and round; a round re-run after a
     fault recomputes the same plaintexts, so re-sending the stored message (and keeping its
     mask) is exact, and an honest party never asks twice with different ciphertexts.
-    ``compute()`` returns ``{"message": ciphertexts, ...}`` (plus e.g. the masks).
+    ``stored`` is the record :func:`_read_step` found (None: none yet); ``compute()`` returns
+    ``{"message": ciphertexts, ...}`` (plus e.g. the masks), stored before it is sent.
     """
-    artifacts = _artifacts(ref.database)
-    key = _key(job, "sent", kind, f"{round_:07d}")
-    record = artifacts.get(key)
+    record = stored
     if record is None:
         record = compute()
-        artifacts.put(key, record, "round-temp")
+        _artifacts(ref.database).put(_sent_key(job, kind, round_), record, "round-temp")
     _deliver(job, ref.party, ref.database, job.key_holder, kind, record["message"], round_)
     return record
 
 
+def _sent_key(job: VerticalJob, kind: str, round_: int) -> str:
+    return _key(job, "sent", kind, f"{round_:07d}")
+
+
 def _sent(job: VerticalJob, ref: TableRef, kind: str, round_: int) -> dict[str, Any] | None:
-    return _artifacts(ref.database).get(_key(job, "sent", kind, f"{round_:07d}"))
+    return _artifacts(ref.database).get(_sent_key(job, kind, round_))
 
 
-def _forget_sent(job: VerticalJob, ref: TableRef, round_: int) -> None:
-    """Drop sent messages (and masks) of rounds no rollback can return to."""
+def _forget_sent(
+    job: VerticalJob, ref: TableRef, round_: int, con: duckdb.DuckDBPyConnection
+) -> None:
+    """Drop sent messages (and masks) of rounds no rollback can return to, in the caller's
+    transaction (the one that checkpoints ``round_``)."""
     old = round_ - KEEP_SENT_ROUNDS
     if old >= 0:
         artifacts = _artifacts(ref.database)
-        with artifacts.store.transaction() as con:  # one connection: each costs ~30 ms of CPU
-            for kind in ("masked_gradient", "loss_train", "loss_holdout"):
-                artifacts.delete_prefix(_key(job, "sent", kind, f"{old:07d}"), con=con)
+        for kind in ("masked_gradient", "loss_train", "loss_holdout"):
+            artifacts.delete_prefix(_sent_key(job, kind, old), con=con)
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What a party's round step reads from its own store, read in one session (opening a
+    DuckDB database costs ~30 ms of CPU, and a round's steps used to open it ~30 times)."""
+
+    public: paillier.PaillierPublicKey
+    weights: np.ndarray | None  # the weights the step starts from, when it needs them
+    sent: dict[str, dict[str, Any] | None]  # this round's stored messages, by kind
+
+
+def _read_step(
+    job: VerticalJob,
+    ref: TableRef,
+    round_: int,
+    weights_round: int | None = None,
+    width: int = 0,
+    sent: tuple[str, ...] = (),
+) -> StepInputs:
+    """The job's public key, the weights after ``weights_round`` (None: not needed) and the
+    records of this round's ``sent`` kinds, read in one session of the party's database.
+    A public key not yet stored is awaited from the key holder after the session ends, so
+    the wait never holds the database."""
+    with PartyStore.of(ref).session():
+        n = _artifacts(ref.database).get(_key(job, "public_key"))
+        weights = None
+        if weights_round is not None:
+            weights = _state(job, ref, weights_round, width)["weights"]
+        records = {kind: _sent(job, ref, kind, round_) for kind in sent}
+    public = paillier.PaillierPublicKey(int(n)) if n is not None else _public_key(job, ref)
+    return StepInputs(public, weights, records)
 
 
 def check_batches(schedule: Schedule, host_features: dict[str, int]) -> None:
@@ -425,6 +465,7 @@ def check_party(job: VerticalJob, ref: TableRef, role: str) -> dict[str, Any]:
         job.endpoint(ref.party).send(job.guest, "id_order_digest", digest)
     else:
         _artifacts(ref.database).put(_key(job, "id_order_digest"), digest, "digest")
+    party_features(ref, job.clip_features, frame)  # the run's steps reuse this one read
     return {"party": ref.party, "rows": len(frame), "features": X.shape[1]}
 
 
@@ -450,10 +491,10 @@ def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "tra
     """A host encrypts its score share for the batch and sends it to the guest (and to later
     hosts, which need it for the loss's cross terms)."""
     X, _, _ = _features(ref, job.clip_features)
-    weights = _state(job, ref, _weights_round(round_, phase), X.shape[1])["weights"]
+    stored = _read_step(job, ref, round_, _weights_round(round_, phase), X.shape[1])
     rows = _rows(job, round_, phase)
-    public = _public_key(job, ref)
-    share = host_share(X[rows], weights)
+    public = stored.public
+    share = host_share(X[rows], stored.weights)
     pool = _pool(job, ref, public)
     endpoint = job.endpoint(ref.party)
     # a re-run round (same weights, same plaintexts) re-sends the ciphertexts it sent before
@@ -482,7 +523,7 @@ def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "tra
 def host_cross_terms(job: VerticalJob, ref: TableRef, round_: int, phase: str = "train") -> None:
     """With several hosts, ``sum(A^2)`` needs ``sum_i a_h a_h'``: host h' folds its own share
     into each earlier host's encrypted share."""
-    public = _public_key(job, ref)
+    public = _read_step(job, ref, round_).public
     own = _artifacts(ref.database).get(_key(job, "share", phase, round_))
     endpoint = job.endpoint(ref.party)
     for earlier in job.hosts[: job.hosts.index(ref.party)]:
@@ -509,10 +550,12 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
     re-randomised ``[[d]]``, folds the encrypted Taylor loss for the key holder and, in a
     training round, masks its own encrypted gradient for decryption."""
     X, _, labels = _guest_matrix(ref, job.clip_features)
-    weights = _state(job, ref, _weights_round(round_, phase), X.shape[1])["weights"]
+    kinds = (f"loss_{phase}", "masked_gradient") if phase == "train" else (f"loss_{phase}",)
+    stored = _read_step(job, ref, round_, _weights_round(round_, phase), X.shape[1], kinds)
+    weights = stored.weights
     rows = _rows(job, round_, phase)
     y = labels_pm1(labels[rows])
-    public = _public_key(job, ref)
+    public = stored.public
     endpoint = job.endpoint(ref.party)
     total: list[int] | None = None
     loss_terms: list[int] = []
@@ -535,7 +578,7 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
         loss = cipher.add_plain(public, [loss], [constant])
         return {"message": cipher.rerandomize(public, loss, job.randomizer, pool=pool)}
 
-    _deliver_once(job, ref, f"loss_{phase}", round_, encrypted_loss)
+    _deliver_once(job, ref, f"loss_{phase}", round_, encrypted_loss, stored.sent[kinds[0]])
     if phase != "train":
         return
     residual = cipher.add_plain(public, total, b)
@@ -547,7 +590,8 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
         fresh = cipher.rerandomize(public, residual, job.randomizer, pool=pool)
     for host in job.hosts:
         endpoint.send(host, "residual", fresh, round=round_)
-    _mask_and_send(job, ref, public, encode_features(X[rows]), residual, round_)
+    X_int = encode_features(X[rows])
+    _mask_and_send(job, ref, public, X_int, residual, round_, stored.sent["masked_gradient"])
 
 
 def _mask_and_send(
@@ -557,6 +601,7 @@ def _mask_and_send(
     X_int: np.ndarray,
     residual: list[int],
     round_: int,
+    stored: dict[str, Any] | None,
 ) -> None:
     """``[[X^T d + r]]`` to the key holder; the mask ``r`` stays in the party's store."""
 
@@ -565,7 +610,7 @@ def _mask_and_send(
         masks = cipher.random_masks(len(gradient))
         return {"message": cipher.add_plain(public, gradient, masks), "masks": masks}
 
-    _deliver_once(job, ref, "masked_gradient", round_, masked_gradient)
+    _deliver_once(job, ref, "masked_gradient", round_, masked_gradient, stored)
 
 
 @task(
@@ -577,7 +622,9 @@ def host_gradient(job: VerticalJob, ref: TableRef, round_: int) -> None:
     X, _, _ = _features(ref, job.clip_features)
     rows = _rows(job, round_, "train")
     residual = job.endpoint(ref.party).receive(job.guest, "residual", round=round_)
-    _mask_and_send(job, ref, _public_key(job, ref), encode_features(X[rows]), residual, round_)
+    stored = _read_step(job, ref, round_, sent=("masked_gradient",))
+    X_int = encode_features(X[rows])
+    _mask_and_send(job, ref, stored.public, X_int, residual, round_, stored.sent["masked_gradient"])
 
 
 @task(
@@ -587,19 +634,24 @@ def host_gradient(job: VerticalJob, ref: TableRef, round_: int) -> None:
 )
 def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> float:
     """Decrypt the loss (a public training metric) and the *masked* gradients, and return each
-    masked gradient to its owner. The key holder never sees an unmasked gradient or weight."""
-    private = _private_key(job)
+    masked gradient to its owner. The key holder never sees an unmasked gradient or weight.
+
+    Every message is received first (waiting for late peers holds no database); then the
+    key holder's database is opened once for the step's records and decryptions (a few
+    hundred values: well under a second)."""
     db = job.key_holder_database
     kind = f"loss_{phase}"
+    senders = (job.guest, *job.hosts) if phase == "train" else ()
     encrypted_loss = _collect(job, job.key_holder, db, job.guest, kind, round_)
-    n_rows = len(_rows(job, round_, phase))
-    total = _decrypt_once(job, private, job.guest, kind, round_, encrypted_loss, 1)[0]
-    loss = decode_loss(total, n_rows)
-    if phase == "train":
-        for party in (job.guest, *job.hosts):
-            masked = _collect(job, job.key_holder, db, party, "masked_gradient", round_)
+    masked = {p: _collect(job, job.key_holder, db, p, "masked_gradient", round_) for p in senders}
+    with PartyStore(db).session():
+        private = _private_key(job)
+        n_rows = len(_rows(job, round_, phase))
+        total = _decrypt_once(job, private, job.guest, kind, round_, encrypted_loss, 1)[0]
+        loss = decode_loss(total, n_rows)
+        for party in senders:
             plain = _decrypt_once(
-                job, private, party, "masked_gradient", round_, masked, job.width(party)
+                job, private, party, "masked_gradient", round_, masked[party], job.width(party)
             )
             _deliver(job, job.key_holder, db, party, "masked_gradient_plain", plain, round_)
     return loss
@@ -620,9 +672,9 @@ def _private_key(job: VerticalJob) -> paillier.PaillierPrivateKey:
 def retire_key(job: VerticalJob) -> None:
     """The job is over: the key holder keeps only ``n`` (to recognise the job), not p, q."""
     artifacts = _artifacts(job.key_holder_database)
-    stored = artifacts.get(_key(job, "keypair"))
-    if stored is not None and "p" in stored:
-        with PartyStore(job.key_holder_database).transaction() as con:
+    with artifacts.store.transaction() as con:  # read and rewrite the key pair in one
+        stored = artifacts.get(_key(job, "keypair"), con=con)
+        if stored is not None and "p" in stored:
             artifacts.put(_key(job, "keypair"), {"n": stored["n"]}, "public-key", con=con)
             artifacts.delete_prefix(_key(job, "decrypted"), con=con)
 
@@ -644,19 +696,23 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
     else:
         X, _, _ = _features(ref, job.clip_features)
         penalised = np.ones(X.shape[1])
-    state = _state(job, ref, round_ - 1, X.shape[1])
-    masks = _sent(job, ref, "masked_gradient", round_)["masks"]
     masked = _collect(job, ref.party, ref.database, job.key_holder, "masked_gradient_plain", round_)
-    gradient_sum = [m - r for m, r in zip(masked, masks, strict=True)]
-    optimizer = job.optimizer(state["velocity"])
-    epoch, _ = job.schedule.position(round_)
-    rows = len(_rows(job, round_, "train"))
-    weights = optimizer.step(ref.party, state["weights"], gradient_sum, rows, epoch, penalised)
-    gradient = decode_gradient(gradient_sum, rows) + job.l2 * state["weights"] * penalised
-    checkpoints = RoundCheckpoints(PartyStore.of(ref), PROTOCOL, job.job_id)
-    checkpoints.save(round_, {"weights": weights, "velocity": optimizer.velocity})
-    checkpoints.prune(keep_last=3)
-    _forget_sent(job, ref, round_)
+    store = PartyStore.of(ref)
+    with store.session():  # received first: waiting for the key holder holds no database
+        state = _state(job, ref, round_ - 1, X.shape[1])
+        masks = _sent(job, ref, "masked_gradient", round_)["masks"]
+        gradient_sum = [m - r for m, r in zip(masked, masks, strict=True)]
+        optimizer = job.optimizer(state["velocity"])
+        epoch, _ = job.schedule.position(round_)
+        rows = len(_rows(job, round_, "train"))
+        weights = optimizer.step(ref.party, state["weights"], gradient_sum, rows, epoch, penalised)
+        gradient = decode_gradient(gradient_sum, rows) + job.l2 * state["weights"] * penalised
+        checkpoints = RoundCheckpoints(store, PROTOCOL, job.job_id)
+        # the round's checkpoint and the clean-up it allows: one transaction, all or nothing
+        with store.transaction() as con:
+            checkpoints.save(round_, {"weights": weights, "velocity": optimizer.velocity}, con)
+            checkpoints.prune(keep_last=3, con=con)
+            _forget_sent(job, ref, round_, con)
     return float(np.sum(gradient**2))
 
 
@@ -681,12 +737,15 @@ def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[
         if role == "guest"
         else _features(ref, job.clip_features)
     )
-    weights = _state(job, ref, round_, X.shape[1])["weights"]
-    model = {"features": names, "weights": weights, "round": round_, "job_id": job.job_id}
+    artifacts = _artifacts(ref.database)
     key = f"models/vertical/{job.job_id}/{ref.party}"
-    _artifacts(ref.database).put(key, model, "model")
-    _artifacts(ref.database).delete_prefix(_key(job, "sent"))  # masks are no longer needed
-    n = _artifacts(ref.database).get(_key(job, "public_key"))
+    with artifacts.store.session():
+        weights = _state(job, ref, round_, X.shape[1])["weights"]
+        model = {"features": names, "weights": weights, "round": round_, "job_id": job.job_id}
+        with artifacts.store.transaction() as con:
+            artifacts.put(key, model, "model", con=con)
+            artifacts.delete_prefix(_key(job, "sent"), con=con)  # masks are no longer needed
+        n = artifacts.get(_key(job, "public_key"))
     if n is not None:  # the key retires with the job: its leftover obfuscators go too
         discard_pool(pool_path(ref.database, int(n), job.randomizer))
     return {"key": key, "coefficients": dict(zip(names, weights.tolist(), strict=True))}
@@ -714,9 +773,9 @@ def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     for host in job.hosts:
         scores = scores + job.endpoint(ref.party).receive(host, "scores", round=0)
     probabilities = 1.0 / (1.0 + np.exp(-scores))
-    store = PartyStore.of(ref)
-    frame = store.read_table(ref)[[ref.id_column]].assign(probability=probabilities)
-    store.write_table(f"{ref.table}_scores", frame)
+    ids = party_features(ref, job.clip_features).ids  # read once per run, at the check
+    frame = pd.DataFrame({ref.id_column: ids, "probability": probabilities})
+    PartyStore.of(ref).write_table(f"{ref.table}_scores", frame)
     metrics = {}
     for name, rows in (("train", job.schedule.train_rows), ("holdout", job.schedule.holdout_rows)):
         if len(rows) and len(set(labels[rows])) == 2:
@@ -805,8 +864,9 @@ def guest_loss(
     loss = _collect(job, ref.party, ref.database, job.key_holder, f"loss_value_{phase}", round_)
     if phase == "train":
         artifacts = _artifacts(ref.database)
-        artifacts.put(_key(job, "loss", f"{round_:07d}"), loss, "metric")
-        artifacts.put(_key(job, "round-metrics", f"{round_:07d}"), metrics, "metric")
+        with artifacts.store.transaction() as con:
+            artifacts.put(_key(job, "loss", f"{round_:07d}"), loss, "metric", con=con)
+            artifacts.put(_key(job, "round-metrics", f"{round_:07d}"), metrics, "metric", con=con)
     return float(loss)
 
 
@@ -814,7 +874,8 @@ def stored_losses(job: VerticalJob, database: str) -> dict[int, float]:
     """Every finished round's training loss recorded in ``database`` (earlier runs' too)."""
     artifacts = _artifacts(database)
     prefix = _key(job, "loss", "")
-    return {int(k.rsplit("/", 1)[1]): artifacts.get(k) for k, *_ in artifacts.list(prefix)}
+    with artifacts.store.session():
+        return {int(k.rsplit("/", 1)[1]): artifacts.get(k) for k, *_ in artifacts.list(prefix)}
 
 
 def epoch_loss(losses: dict[int, float], epoch: int, batches: int) -> float | None:
@@ -841,14 +902,15 @@ def stopped_at(job: VerticalJob) -> int | None:
 def decide_stop(job: VerticalJob, round_: int, tol: float, tell: bool = False) -> bool:
     """After an epoch's last round: stop once its mean loss changed by less than ``tol``.
     With ``tell`` the decision goes to every other party (each waits for it)."""
-    losses = stored_losses(job, job.key_holder_database)
-    epoch, _ = job.schedule.position(round_)
-    batches = job.schedule.batches_per_epoch
-    now, previous = epoch_loss(losses, epoch, batches), epoch_loss(losses, epoch - 1, batches)
-    stop = previous is not None and now is not None and abs(previous - now) < tol
-    if stop:
-        _artifacts(job.key_holder_database).put(_key(job, "stopped"), round_, "marker")
-        get_run_logger().info("converged after epoch %d (loss change < %g)", epoch, tol)
+    with PartyStore(job.key_holder_database).session():
+        losses = stored_losses(job, job.key_holder_database)
+        epoch, _ = job.schedule.position(round_)
+        batches = job.schedule.batches_per_epoch
+        now, previous = epoch_loss(losses, epoch, batches), epoch_loss(losses, epoch - 1, batches)
+        stop = previous is not None and now is not None and abs(previous - now) < tol
+        if stop:
+            _artifacts(job.key_holder_database).put(_key(job, "stopped"), round_, "marker")
+            get_run_logger().info("converged after epoch %d (loss change < %g)", epoch, tol)
     for party in (job.guest, *job.hosts) if tell else ():
         if party != job.key_holder:
             job.endpoint(job.key_holder).send_once(party, "stop", lambda: stop, round=round_)

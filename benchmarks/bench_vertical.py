@@ -121,6 +121,7 @@ class Split:
             (ArtifactStore, "get"),
             (ArtifactStore, "delete_prefix"),
             (PartyStore, "read_table"),
+            (PartyStore, "_open"),  # a session's opening, outside any other storage call
             (RoundCheckpoints, "save"),
             (RoundCheckpoints, "load"),
         ],

@@ -205,9 +205,16 @@ def table_values(ref: TableRef) -> set[str]:
     return {repr(float(v)) for v in features.to_numpy().ravel() if abs(float(v)) >= 1e-3}
 
 
+_TIMING_FIELD = re.compile(r'"\w*(?:time|duration|seconds)\w*"\s*:\s*-?\d+(?:\.\d+)?(?:e-?\d+)?')
+"""A JSON field Prefect stores about timing (``"total_run_time": 0.089834``): its number is a
+duration, which can coincide with a six-digit feature value, so it is not scanned."""
+
+
 def found_in(folder: Path, values: set[str]) -> set[str]:
-    """Which of ``values`` appear, as whole numbers, in any file under ``folder``."""
+    """Which of ``values`` appear, as whole numbers, in any file under ``folder`` (outside
+    Prefect's timing fields)."""
     text = "\n".join(f.read_bytes().decode("latin-1") for f in folder.rglob("*") if f.is_file())
+    text = _TIMING_FIELD.sub("", text)
     numbers = set(re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])", text))
     return values & numbers
 

@@ -58,7 +58,11 @@ def small_jobs(folder: Path) -> dict[str, dict[str, Any]]:
         jobs[name]["parties"] = {h: jobs[name]["parties"][h] for h in HOSPITALS}
     # horizontal LR seeds each hospital's hold-out with the job id, which differs between the
     # two runs (tests/test_horizontal_parties.py compares party and one-process hold-outs)
-    jobs["horizontal_demo.json"]["horizontal_lr"].update(rounds=3, holdout_fraction=0.0)
+    # seven processes start at once on one SQLite-backed test server, whose lock can stall a
+    # hospital's first task for a minute: the coordinator's stages wait longer than in the demo
+    jobs["horizontal_demo.json"]["horizontal_lr"].update(
+        rounds=3, holdout_fraction=0.0, stage_timeout=300
+    )
     jobs["sparse_lda_demo.json"]["sparse_lda"].update(noise_disabled_for_testing=True)
     (folder / "jobs").mkdir(parents=True)
     for name, job in jobs.items():

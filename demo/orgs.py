@@ -9,13 +9,16 @@ know only what their configuration names.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from storage import certs
 
@@ -36,10 +39,31 @@ class Org:
         return self.folder / "home" / "runs"
 
 
+_HELD: list[IO[str]] = []  # this process's port reservations, released when it exits
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port that is free now and that no other caller of this function, in any
+    process, is handed while this process lives.
+
+    The port is only written into a configuration here and bound later by a party's process,
+    so two test workers asking the OS at the same moment could be given the same one; a lock
+    file per port, held by the asking process, keeps their choices apart."""
+    folder = Path(tempfile.gettempdir()) / f"privreg-ports-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        claim = open(folder / str(port), "a")  # noqa: SIM115 (held until the process exits)
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another live process (or this one) was handed it
+            claim.close()
+            continue
+        _HELD.append(claim)
+        return port
+    raise RuntimeError("no free loopback port found in 100 tries")
 
 
 def make_orgs(

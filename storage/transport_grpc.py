@@ -47,6 +47,10 @@ _OPTIONS = [
     ("grpc.max_send_message_length", _FRAME_LIMIT),
     ("grpc.max_receive_message_length", _FRAME_LIMIT),
 ]
+# gRPC sets SO_REUSEPORT by default, so a second endpoint on a taken port (a party started twice,
+# or another service) would bind without error and the kernel would split peers' fetches
+# between the two: a port is one party's alone, and a taken one is an error at start.
+_SERVER_OPTIONS = [*_OPTIONS, ("grpc.so_reuseport", 0)]
 # the server answered; retrying cannot help
 _FATAL = {
     grpc.StatusCode.PERMISSION_DENIED,
@@ -127,11 +131,19 @@ def serve(config: PartyConfig, max_workers: int = 8) -> tuple[grpc.Server, int]:
         "privreg.Messages",
         {"Fetch": grpc.unary_stream_rpc_method_handler(service.fetch)},
     )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS
+    )
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_secure_port(config.listen, credentials)
+    try:
+        port = server.add_secure_port(config.listen, credentials)
+    except RuntimeError:  # grpcio raises on a failed bind (older versions returned 0)
+        port = 0
     if port == 0:
-        raise ChannelError(f"party {config.party}: cannot listen on {config.listen}")
+        raise ChannelError(
+            f"party {config.party}: cannot listen on {config.listen}"
+            " (the address is taken, perhaps by this party's endpoint already running)"
+        )
     server.start()
     return server, port
 

@@ -5,6 +5,9 @@ Every server listens on an ephemeral port of 127.0.0.1.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -151,6 +154,19 @@ def test_a_valid_certificate_cannot_send_as_another_party(
         server.stop(None)
 
 
+def test_a_taken_port_is_refused_at_start_never_shared(
+    pki: dict[str, certs.Issued], tmp_path: Path, bank: tuple[PartyConfig, int]
+) -> None:
+    """gRPC would share a port through SO_REUSEPORT and split peers' fetches between two
+    endpoints; a second endpoint on the bank's port must fail and leave the bank's serving."""
+    bank_conf, port = bank
+    with pytest.raises(ChannelError, match=rf"party eve: cannot listen on 127.0.0.1:{port}"):
+        serve(config(pki, "eve", tmp_path, port=port))
+    channel(bank_conf).endpoint("bank").send("ads", "x", {"w": 0.5}, round=1)
+    ads = channel(config(pki, "ads", tmp_path, {"bank": port})).endpoint("ads")
+    assert ads.receive("bank", "x", round=1) == {"w": 0.5}
+
+
 def test_a_peer_down_for_a_while_is_waited_for(
     pki: dict[str, certs.Issued], tmp_path: Path
 ) -> None:
@@ -224,3 +240,31 @@ def test_party_configuration_is_checked(pki: dict[str, certs.Issued], tmp_path: 
     path.write_text(body.replace('root = "home"\n', ""))
     with pytest.raises(PartyConfigError, match="missing 'root'"):
         PartyConfig.load(path)
+
+
+_CHILD_ASKS_FOR_A_PORT = """
+import socket, sys
+from demo.orgs import free_port
+taken, real_bind, calls = int(sys.argv[1]), socket.socket.bind, []
+def bind(sock, address):  # the OS "chooses" the parent's port first, as it may under load
+    calls.append(address)
+    return real_bind(sock, (address[0], taken if len(calls) == 1 else address[1]))
+socket.socket.bind = bind
+print(free_port(), len(calls))
+"""
+
+
+def test_a_port_handed_to_one_process_is_never_handed_to_another() -> None:
+    """Test workers write ports into configurations that parties bind later: two workers given
+    the same port by the OS in that window would collide, so the choice is reserved."""
+    held = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = subprocess.run(
+        [sys.executable, "-c", _CHILD_ASKS_FOR_A_PORT, str(held)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    port, tries = map(int, run.stdout.split())
+    assert tries == 2 and port != held

@@ -233,8 +233,7 @@ def vertical_lr(
             if steps.decide_stop(job, round_, tol):
                 break
     final_round = stopped if stopped is not None else last_done
-    with key_holder.store.session():  # one opening for the history's many small reads
-        history_rows = vertical_round_history(job, workspace)
+    history_rows = vertical_round_history(job, workspace)
     publish_table(  # every finished round of the job, including those of earlier attempts
         artifact_key("vertical-lr", job_id, "rounds"),
         history_rows,
@@ -249,8 +248,9 @@ def vertical_lr(
     publish_model_link(
         artifact_key("vertical-lr", job_id, "model"), guest_ref.database, guest_model["key"]
     )
-    with key_holder.store.session():  # the summary re-reads the round history
-        vertical_summary(job, guest_ref, host_refs, prediction["metrics"], len(history), workspace)
+    vertical_summary(
+        job, guest_ref, host_refs, prediction["metrics"], len(history), workspace, history_rows
+    )
     guest_coefficients = dict(guest_model["coefficients"])
     # The guest's slice only: hosts' coefficients stay in their stores (models/vertical/...).
     return {

@@ -37,7 +37,6 @@ from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.vertical_lr.schedule import Schedule
 from storage.descriptor import TableRef
 from storage.party_config import active_config
-from storage.party_store import PartyStore
 from storage.workspace import workspace_root
 from tasks import vertical_lr as steps
 from tasks.reporting import artifact_key, publish_model_link, publish_table
@@ -323,8 +322,7 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
     final = steps.last_round(job, ref)
     # the guest's own record of the rounds: losses the key holder sent it, its own metrics
     own_record = replace(job, key_holder_database=ref.database)
-    with PartyStore.of(ref).session():  # one opening for the history's many small reads
-        history_rows = vertical_round_history(own_record, job.workspace)
+    history_rows = vertical_round_history(own_record, job.workspace)
     publish_table(
         artifact_key("vertical-lr", job.job_id, "rounds"),
         history_rows,
@@ -335,8 +333,9 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
     if not job.with_arbiter:
         steps.retire_key(job)
     publish_model_link(artifact_key("vertical-lr", job.job_id, "model"), ref.database, model["key"])
-    with PartyStore.of(ref).session():  # the summary re-reads the round history
-        vertical_summary(own_record, ref, [], prediction["metrics"], len(history), job.workspace)
+    vertical_summary(
+        own_record, ref, [], prediction["metrics"], len(history), job.workspace, history_rows
+    )
     coefficients = dict(model["coefficients"])
     return {
         "job_id": job.job_id,

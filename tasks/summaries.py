@@ -176,13 +176,14 @@ def vertical_round_history(job: Any, workspace: str | None) -> list[dict[str, An
     artifacts = ArtifactStore(PartyStore(job.key_holder_database))
     prefix = f"vertical/{job.job_id}/"
     rows: dict[int, dict[str, Any]] = {}
-    for key, *_ in artifacts.list(prefix):
-        kind, _, number = key.removeprefix(prefix).rpartition("/")
-        if kind not in ("loss", "round-metrics") or not number.isdigit():
-            continue
-        value = artifacts.get(key)
-        entry = rows.setdefault(int(number), {"round": int(number)})
-        entry.update({"loss": value} if kind == "loss" else value)
+    with artifacts.store.session():  # one opening of the database for the many small reads
+        for key, *_ in artifacts.list(prefix):
+            kind, _, number = key.removeprefix(prefix).rpartition("/")
+            if kind not in ("loss", "round-metrics") or not number.isdigit():
+                continue
+            value = artifacts.get(key)
+            entry = rows.setdefault(int(number), {"round": int(number)})
+            entry.update({"loss": value} if kind == "loss" else value)
     traffic = _round_bytes(job.job_id, workspace)
     return [
         {
@@ -203,7 +204,10 @@ def vertical_summary(
     metrics: dict[str, Any],
     rounds_run: int,
     workspace: str | None,
+    history: list[dict[str, Any]],
 ) -> dict[str, Any]:
+    """The run's summary; ``history`` is :func:`vertical_round_history`'s table, which the
+    flow has just read and published (not read again here)."""
     schedule = job.schedule
     holdout = [int(r) for r in schedule.holdout_rows]
     scope = "held-out rows" if holdout else "training rows (in-sample)"
@@ -214,7 +218,6 @@ def vertical_summary(
         baseline,
         scope,
     )
-    history = vertical_round_history(job, workspace)
     rows = int(len(schedule.train_rows) + len(schedule.holdout_rows))
     return publish_summary(
         RunSummary(

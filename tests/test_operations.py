@@ -98,6 +98,10 @@ ORDER = [
 ]
 
 
+#: The served deployments run (all are registered): see the served test's docstring.
+SERVED_RUNS = ["demo-pipeline", "demo-score-horizontal"]
+
+
 def _relocated(value: object, parties: Path) -> object:
     """The deployment's parameters with var/parties/ replaced by a test folder."""
     if isinstance(value, str):
@@ -328,7 +332,12 @@ def test_served_deployments_run_beside_the_deployed_ones(
     server: dict[str, str], demo: Path, tmp_path: Path
 ) -> None:
     """make serve after make deploy on one server: the served deployments get their own names,
-    run from this checkout, and leave the worker's deployments as they were."""
+    run from this checkout, and leave the worker's deployments as they were.
+
+    Every served deployment is built by the same code from its prefect.yaml entry, whose flow
+    and parameters the worker test above runs one by one; two of them run here: the pipeline
+    (every stage, on the worker test's data: releases reused, no budget spent twice) and a
+    party's local scoring step, the one deployment that runs without a workspace."""
     before = {d["name"]: d for d in api(server, "/deployments/filter")}
     assert "demo-psi" in before  # deployed by the worker test above
     served = _background([sys.executable, "-m", "flows.serve"], server, tmp_path / "serve.log")
@@ -347,11 +356,12 @@ def test_served_deployments_run_beside_the_deployed_ones(
         # every deployment again, served: on the data the worker test loaded (its stored
         # alignments, models and releases are reused, so no budget is spent twice)
         spent = _spends(demo)
-        runs = _run_all(server, demo, "-served")
+        runs = _run_all(server, demo, "-served", SERVED_RUNS)
     finally:
         _stop(served)
-    assert sorted(runs) == sorted(ORDER)
+    assert sorted(runs) == sorted(SERVED_RUNS)
     assert all(r["state"]["type"] == "COMPLETED" for r in runs.values())
+    assert all(r["deployment_id"] != before[name]["id"] for name, r in runs.items())
     assert _spends(demo) == spent
     after = {d["name"]: d for d in api(server, "/deployments/filter")}
     for name in ORDER:  # untouched: still the worker's, with their pull steps

@@ -13,12 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 from prefect import get_run_logger, task
-from sklearn.pipeline import Pipeline
 
 from core.ids import id_order_digest
 from core.label_dp import (
@@ -45,6 +44,9 @@ from storage.validation import DataValidationError
 from storage.workspace import channel_for
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
+
+if TYPE_CHECKING:
+    from sklearn.pipeline import Pipeline
 
 PROTOCOL = "label_dp"
 RELEASE_VERSION = "label-dp/v1"

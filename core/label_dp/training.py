@@ -8,13 +8,15 @@ suits features of any scale.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from sklearn.linear_model import PoissonRegressor, QuantileRegressor, Ridge
-from sklearn.pipeline import Pipeline, make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from core.label_dp.errors import InvalidLabelError
 from core.label_dp.losses import check_loss
+
+if TYPE_CHECKING:
+    from sklearn.pipeline import Pipeline
 
 RIDGE_ALPHA = 1.0
 POISSON_ALPHA = 1e-4
@@ -22,6 +24,10 @@ POISSON_MAX_ITER = 1_000
 
 
 def _estimator(loss: str) -> object:
+    # scikit-learn is imported where it is used: it costs about a second at every start of a
+    # party's or a worker's process, most of which never train on noisy labels
+    from sklearn.linear_model import PoissonRegressor, QuantileRegressor, Ridge
+
     if loss == "squared":
         return Ridge(alpha=RIDGE_ALPHA)
     if loss == "poisson":
@@ -46,4 +52,7 @@ def train_on_noisy_labels(X: object, noisy_y: object, loss: str) -> Pipeline:
             raise InvalidLabelError(f"{name} has a NaN or infinite value in row {row}")
     if loss_name == "poisson" and (labels.min() < 0 or labels.sum() <= 0):
         raise InvalidLabelError("poisson loss needs noisy_y >= 0 with a positive sum")
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     return make_pipeline(StandardScaler(), _estimator(loss_name)).fit(features, labels)

@@ -26,7 +26,6 @@ from __future__ import annotations
 from enum import StrEnum
 
 import numpy as np
-from sklearn.linear_model import Lasso
 
 from core.sparse_lda.dantzig import solve_l1_dantzig
 
@@ -56,6 +55,8 @@ def nodewise_lasso_precision(
     equals the textbook ``||residual||^2/n + penalty ||gamma_j||_1`` at the optimum, and it
     makes ``(Sigma_hat Theta)_jj = 1`` exactly.
     """
+    from sklearn.linear_model import Lasso  # here: a second of start-up for processes without it
+
     n_rows, n_features = centered_rows.shape
     theta = np.zeros((n_features, n_features))
     regression = Lasso(alpha=penalty, fit_intercept=False, tol=1e-7, max_iter=20_000)

@@ -267,4 +267,4 @@ def test_a_port_handed_to_one_process_is_never_handed_to_another() -> None:
         check=True,
     )
     port, tries = map(int, run.stdout.split())
-    assert tries == 2 and port != held
+    assert tries >= 2 and port != held  # offered the claimed port first, then moved on

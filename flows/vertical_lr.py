@@ -21,9 +21,7 @@ from prefect.runtime import flow_run
 
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.vertical_lr.schedule import Schedule
-from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
-from storage.party_store import PartyStore
 from storage.workspace import derive_job_id, workspace_root
 from tasks import vertical_lr as steps
 from tasks.loading import fingerprint
@@ -60,11 +58,7 @@ def train_round(
     squared = steps.update_weights(job, guest, round_, "guest")
     squared += sum(steps.update_weights(job, host, round_, "host") for host in hosts)
     metrics = {"gradient_norm": squared**0.5, "seconds": time.perf_counter() - started}
-    key_holder = ArtifactStore(PartyStore(job.key_holder_database))
-    with key_holder.store.transaction() as con:
-        key_holder.put(f"vertical/{job.job_id}/loss/{round_:07d}", loss, "metric", con=con)
-        metrics_key = f"vertical/{job.job_id}/round-metrics/{round_:07d}"
-        key_holder.put(metrics_key, metrics, "metric", con=con)
+    steps.record_round(job, job.key_holder_database, round_, loss, metrics)
     return {"loss": loss, **metrics}
 
 
@@ -206,8 +200,7 @@ def vertical_lr(
     for ref, last in zip((guest_ref, *host_refs), finished, strict=True):
         if last > resume_from:
             steps.rollback(job, ref, resume_from)
-    key_holder = ArtifactStore(PartyStore(job.key_holder_database))
-    stopped = key_holder.get(f"vertical/{job_id}/stopped")
+    stopped = steps.stopped_at(job)
     total_rounds = epochs * schedule.batches_per_epoch
     if resume_from >= 0:
         logger.info("job %s: resuming after round %d", job_id, resume_from)

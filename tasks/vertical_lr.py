@@ -215,8 +215,7 @@ def _read_step(
         if weights_round is not None:
             weights = _state(job, ref, weights_round, width)["weights"]
         records = {kind: _sent(job, ref, kind, round_) for kind in sent}
-    public = paillier.PaillierPublicKey(int(n)) if n is not None else _public_key(job, ref)
-    return StepInputs(public, weights, records)
+    return StepInputs(_public_key(job, ref, n), weights, records)
 
 
 def check_batches(schedule: Schedule, host_features: dict[str, int]) -> None:
@@ -304,9 +303,13 @@ def _collect(
     return job.endpoint(receiver).receive(sender, kind, round=round_)
 
 
-def _public_key(job: VerticalJob, ref: TableRef) -> paillier.PaillierPublicKey:
+def _public_key(
+    job: VerticalJob, ref: TableRef, stored: int | None = None
+) -> paillier.PaillierPublicKey:
+    """The job's public key: ``stored`` (the ``n`` the caller has just read from the party's
+    store), else the store's, else fetched once (from the key holder) and stored."""
     artifacts = ArtifactStore(PartyStore.of(ref))
-    n = artifacts.get(_key(job, "public_key"))
+    n = stored if stored is not None else artifacts.get(_key(job, "public_key"))
     if n is None:
         if ref.party == job.key_holder:
             n = _artifacts(job.key_holder_database).get(_key(job, "keypair"))["n"]
@@ -863,11 +866,19 @@ def guest_loss(
     """The guest's record of a round (loss from the key holder, its own metrics)."""
     loss = _collect(job, ref.party, ref.database, job.key_holder, f"loss_value_{phase}", round_)
     if phase == "train":
-        artifacts = _artifacts(ref.database)
-        with artifacts.store.transaction() as con:
-            artifacts.put(_key(job, "loss", f"{round_:07d}"), loss, "metric", con=con)
-            artifacts.put(_key(job, "round-metrics", f"{round_:07d}"), metrics, "metric", con=con)
+        record_round(job, ref.database, round_, loss, metrics)
     return float(loss)
+
+
+def record_round(
+    job: VerticalJob, database: str, round_: int, loss: float, metrics: dict[str, float]
+) -> None:
+    """A finished training round's loss and metrics in ``database`` (the key holder's, or a
+    guest's own record), together: what early stopping and the round history read."""
+    artifacts = _artifacts(database)
+    with artifacts.store.transaction() as con:
+        artifacts.put(_key(job, "loss", f"{round_:07d}"), loss, "metric", con=con)
+        artifacts.put(_key(job, "round-metrics", f"{round_:07d}"), metrics, "metric", con=con)
 
 
 def stored_losses(job: VerticalJob, database: str) -> dict[int, float]:

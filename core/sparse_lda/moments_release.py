@@ -2,10 +2,10 @@
 
 Why this mechanism (and not output perturbation of the local fits). LDA needs only the class
 sums, class counts and the second-moment matrix, and these are sums over rows: clip each
-row to ``||x|| <= R`` and one row moves a party's statistics by at most
-``sqrt(2 R^4 + 4 R^2 w^2)`` (:func:`core.sparse_lda.privacy.row_sensitivity`), a bound that is
-exact algebra, holds for any rows and labels, and does not depend on how many rows or how
-rare a class is. The secure sum adds the parties' statistics and noise shares, so the
+row to ``||x|| <= R`` and one row moves a party's statistics by at most about
+``sqrt(2 R^4 + 2 R^2 w^2)`` (exactly: :func:`core.sparse_lda.privacy.row_sensitivity`), a
+bound that is exact algebra, holds for any rows and labels, and does not depend on how many
+rows or how rare a class is. The secure sum adds the parties' statistics and noise shares, so the
 coordinator sees only ``statistics of all N rows + N(0, sigma^2)`` and fits the sparse
 discriminant on them (post-processing); the noise on the covariance is sigma / N, falling as
 rows grow, whatever the number of parties.

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from neighbouring_rows import neighbouring_parties
 from sparse_lda_sites import breast_sites, synthetic_sites
 
 from core.dp.discrete_privacy import zcdp_sigma
@@ -135,21 +136,10 @@ def test_one_row_moves_the_statistics_by_at_most_the_sensitivity(share: float) -
         (np.zeros(d), 0, 50 * unit[2], 1),  # far outside the ball: clipped first
     ]
     moves = []
-    for trial in range(300):
-        features = rng.normal(scale=1.5, size=(30, d))
-        labels = np.repeat([0, 1], 15)
-        row = int(rng.integers(30))
-        if trial < len(worst_cases):
-            old, old_label, new, new_label = worst_cases[trial]
-            features[row], labels[row] = old, old_label
-        else:
-            new = rng.normal(scale=rng.choice([0.5, 3.0, 30.0]), size=d)
-            new_label = int(rng.integers(2))
-        changed_features, changed_labels = features.copy(), labels.copy()
-        changed_features[row], changed_labels[row] = new, new_label
-        before = statistics_vector(_party("p", features, labels), privacy)
-        after = statistics_vector(_party("p", changed_features, changed_labels), privacy)
-        moved = float(np.linalg.norm(after - before))
+    for _, before, after in neighbouring_parties(rng, 30, d, worst_cases, 300):
+        moved = float(
+            np.linalg.norm(statistics_vector(after, privacy) - statistics_vector(before, privacy))
+        )
         assert moved <= bound
         moves.append(moved)
     # the larger of the two constructed cases reaches the bound: it is exact, not loose

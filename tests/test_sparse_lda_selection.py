@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 import pytest
+from neighbouring_rows import neighbouring_parties, party
 
 from core.dp.discrete_privacy import zcdp_delta, zcdp_sigma
 from core.sparse_lda import (
-    PartyData,
     PrivacySettings,
     PrivacySettingsError,
     calibrate,
@@ -40,11 +40,6 @@ def two_rounds(k: int = 2, radius: float = 2.0, selected_radius: float = 1.5) ->
         selected_features=k,
         selected_clip_norm=selected_radius,
     )
-
-
-def party(features: np.ndarray, labels: np.ndarray, name: str = "p") -> PartyData:
-    columns = tuple(f"x{j}" for j in range(features.shape[1]))
-    return PartyData(name, features, labels, columns)
 
 
 def test_both_rounds_spend_one_epsilon_delta_together() -> None:
@@ -98,19 +93,7 @@ def test_one_row_moves_each_round_by_at_most_its_bound() -> None:
         (np.zeros(d), 0, 50 * unit[2], 1),  # far outside the ball: clipped first
     ]
     largest_first = largest_second = 0.0
-    for trial in range(200):
-        features = rng.normal(scale=1.5, size=(24, d))
-        labels = np.repeat([0, 1], 12)
-        row = int(rng.integers(24))
-        if trial < len(worst_cases):
-            old, old_label, new, new_label = worst_cases[trial]
-            features[row], labels[row] = old, old_label
-        else:
-            new = rng.normal(scale=rng.choice([0.5, 3.0, 30.0]), size=d)
-            new_label = int(rng.integers(2))
-        after_features, after_labels = features.copy(), labels.copy()
-        after_features[row], after_labels[row] = new, new_label
-        before, after = party(features, labels), party(after_features, after_labels)
+    for trial, before, after in neighbouring_parties(rng, 24, d, worst_cases, 200):
         moved_first = np.linalg.norm(
             selection_vector(after, privacy) - selection_vector(before, privacy)
         )

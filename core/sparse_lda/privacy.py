@@ -318,8 +318,9 @@ def row_sensitivity(radius: float, mean_weight: float) -> float:
       together: ``w^2 (a^2 + b^2) + a^4 + b^4 + g(c)`` with ``g(c) = -2 a b w^2 c -
       2 a^2 b^2 c^2``, a concave parabola whose top is ``w^4 / 2`` at ``c = -w^2 / (2 a b)``.
       If ``w^2 <= 2 R^2`` that angle exists at ``a = b = R``: ``2 R^4 + 2 R^2 w^2 + w^4 / 2``.
-      Otherwise ``c = -1`` is best and the total is ``w^2 (a + b)^2 + (a^2 - b^2)^2 <=
-      4 R^2 w^2``.
+      Otherwise ``c = -1`` is best and the total is ``(a + b)^2 (w^2 + (a - b)^2) <=
+      4 R^2 w^2``: while ``a + b <= R`` it is at most ``R^2 (w^2 + R^2)``, and beyond, with
+      ``|a - b| <= 2R - (a + b)``, it grows with ``a + b`` since ``w^2 > R^2 / 2``.
     * Label flips: ``S_y`` loses x, ``S_y'`` gains x' and each count moves by 1:
       ``w^2 (a^2 + b^2 + 2) + a^4 + b^4 - 2 a^2 b^2 c^2 <= 2 R^4 + 2 R^2 w^2 + 2 w^2``
       (orthogonal rows on the sphere).

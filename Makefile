@@ -82,6 +82,7 @@ bench-horizontal: $(STAMP)
 	$(BIN)/python benchmarks/bench_horizontal.py
 
 bench-sparse-lda: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python benchmarks/bench_sparse_lda.py
 
 bench: bench-psi bench-paillier bench-vertical bench-walr bench-labeldp bench-horizontal bench-sparse-lda

@@ -181,9 +181,9 @@ def synthetic_runs(
 ) -> dict[int, dict[str, list[float]]]:
     """Every synthetic figure of one repetition on one fresh data set (per m).
 
-    Local debiased fits (naive, debiased and party-level columns) cost about 1 core-second
-    per party at d = 200; above ``local_fits_up_to`` parties they are skipped and only the
-    centralized and row-level columns (one pooled LP each) are computed.
+    Local debiased fits (naive, debiased and party-level columns) cost about 0.3
+    core-seconds per party at d = 200; above ``local_fits_up_to`` parties they are skipped
+    and only the centralized and row-level columns (one pooled LP each) are computed.
     """
     row_template = row_privacy_at(MAIN_EPSILON)
     results: dict[int, dict[str, list[float]]] = {}

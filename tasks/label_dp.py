@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from prefect import get_run_logger, task
 
+from core.holdout import seeded_holdout_rows
 from core.ids import id_order_digest
 from core.label_dp import (
     LabelGrid,
@@ -104,8 +105,7 @@ class LabelDPJob:
 
     def holdout_rows(self, rows: int) -> np.ndarray:
         """Rows kept out of training; both parties derive them from public values."""
-        count = min(round(rows * self.holdout_fraction), max(rows - 2, 0))
-        return np.sort(np.random.default_rng(self.seed).permutation(rows)[:count])
+        return seeded_holdout_rows(rows, self.holdout_fraction, self.seed, keep_for_training=2)
 
     def train_rows(self, rows: int) -> np.ndarray:
         return np.setdiff1d(np.arange(rows), self.holdout_rows(rows))

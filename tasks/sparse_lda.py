@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from prefect import get_run_logger, task
 
+from core.holdout import seeded_holdout_rows
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.sparse_lda import (
     MAX_FEATURES,
@@ -152,8 +153,9 @@ class SparseLDAJob:
 
     def holdout_rows(self, rows: int) -> np.ndarray:
         """Rows kept out of the release to score the model; from public values only."""
-        count = min(round(rows * self.holdout_fraction), max(rows - 4, 0))
-        return np.sort(np.random.default_rng(self.holdout_seed).permutation(rows)[:count])
+        return seeded_holdout_rows(
+            rows, self.holdout_fraction, self.holdout_seed, keep_for_training=4
+        )
 
     def release_parameters(self) -> dict[str, Any]:
         """Everything that shapes a party's release (not the workspace)."""

@@ -68,8 +68,9 @@ def label_rate_baseline(
 
 def holdout_split(rows: int, fraction: float, seed: str) -> tuple[np.ndarray, np.ndarray]:
     """``(training rows, held-out rows)`` of a party's ``rows`` rows: the vertical schedule's
-    seeded split (one split rule for every flow), seeded by a public text the parties agree on
-    (a job id), so they derive the same rows without a message. Fraction 0: every row trains."""
+    split (the one rule, :func:`core.holdout.seeded_holdout_rows`), seeded by a public text the
+    parties agree on (a job id), so they derive the same rows without a message. Fraction 0:
+    every row trains."""
     if fraction == 0:
         return np.arange(rows), np.arange(0)
     number = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big")

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.holdout import seeded_holdout_rows
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -28,9 +30,8 @@ class Schedule:
             raise ValueError("holdout_fraction must be in [0, 0.5)")
 
     def _split(self) -> tuple[np.ndarray, np.ndarray]:
-        order = np.random.default_rng([self.seed, 0]).permutation(self.n_rows)
-        n_holdout = round(self.n_rows * self.holdout_fraction)
-        return np.sort(order[n_holdout:]), np.sort(order[:n_holdout])
+        held_out = seeded_holdout_rows(self.n_rows, self.holdout_fraction, [self.seed, 0])
+        return np.setdiff1d(np.arange(self.n_rows), held_out), held_out
 
     @property
     def train_rows(self) -> np.ndarray:

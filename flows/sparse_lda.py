@@ -283,7 +283,7 @@ def sparse_lda(
     job, rule = _job(job_id or "pending", workspace, names, **_shared(locals()))
     faults = secure_sum.Faults.silent(inject_dropouts, names)  # test only
 
-    digests = [steps.check_table(ref) for ref in refs]
+    digests = [steps.check_table(ref, job) for ref in refs]
     if job_id is None:
         described = [
             {**ref.to_dict(), "database": None, "digest": digest}
@@ -533,7 +533,7 @@ def sparse_lda_party(
             f"one of {names}"
         )
     job, rule = _job(job_id, None, names, **_shared(locals()))
-    steps.check_table(ref)
+    steps.check_table(ref, job)
     steps.join_job(ref, job)  # budget check (a stored release is not charged again)
     release, ctx = None, None
     if method == "centralized_reference":

@@ -71,6 +71,7 @@ from core.sparse_lda import (
     fit_local,
     model_from_average,
     model_from_statistics,
+    require_both_classes,
     statistics_norm_bound,
     statistics_vector,
 )
@@ -287,7 +288,7 @@ def _schema_key(job_id: str) -> str:
 def read_party(
     ref: TableRef, columns: list[str] | None = None, job: SparseLDAJob | None = None
 ) -> PartyData:
-    """The party's rows as validated :class:`PartyData` (both classes, d within the limit).
+    """The party's rows as validated :class:`PartyData` (0/1 labels, d within the limit).
 
     ``columns`` fixes the feature order (the coordinator's agreed one); by default every
     column but the id and the label, in storage order. With ``job``, only the training rows
@@ -353,14 +354,18 @@ def check_owner_allows(ref: TableRef, job: SparseLDAJob) -> None:
 
 
 @task(name="sparse-lda-check-table", task_run_name="{ref.party}: check {ref.table}", **PARTY_STEP)
-def check_table(ref: TableRef) -> str:
+def check_table(ref: TableRef, job: SparseLDAJob) -> str:
     """Validate the own table before anything is computed or sent; return its salted digest.
 
-    Refuses a missing class (fewer than two rows of label 0 or 1), labels other than 0/1,
-    more features than the LP solver's limit, non-finite values, and a table whose columns
-    are all constant within classes, naming party and column. Nothing is charged yet.
+    Refuses labels other than 0/1, more features than the LP solver's limit, non-finite
+    values, a table whose columns are all constant within classes and, for the party unit's
+    local fit, a missing class (fewer than two rows of label 0 or 1), naming party and
+    column. The row unit sums any site's rows, so a site with one class takes part (a class
+    missing at every site is refused from the released counts). Nothing is charged yet.
     """
     data = read_party(ref)
+    if not job.row_unit:
+        require_both_classes(data)
     flat = degenerate_columns(data)
     if len(flat) == data.n_features:
         raise DegenerateDataError(

@@ -32,6 +32,7 @@ from core.sparse_lda import (
     fit_centralized,
     fit_debiased_aggregate,
     fit_local,
+    fit_moments_release,
     fit_naive_average,
     hard_threshold,
     nodewise_lasso_precision,
@@ -333,10 +334,39 @@ def _rows(n: int = 6, d: int = 3) -> tuple[np.ndarray, np.ndarray, tuple[str, ..
     return features, np.array([0, 1] * (n // 2)), tuple(f"f{k}" for k in range(d))
 
 
-def test_missing_class_is_refused_with_party_name() -> None:
+def test_missing_class_is_refused_with_party_name_by_a_local_fit() -> None:
     features, _, columns = _rows()
-    with pytest.raises(MissingClassError, match=r"party 'clinic-b'.*label 0"):
-        PartyData("clinic-b", features, np.ones(6, dtype=int), columns)
+    one_class = PartyData("clinic-b", features, np.ones(6, dtype=int), columns)
+    for debiased in (True, False):
+        with pytest.raises(MissingClassError, match=r"party 'clinic-b' has 0 rows with label 0"):
+            fit_local(one_class, LocalFitSettings(), debiased=debiased)
+    with pytest.raises(MissingClassError, match=r"party 'clinic-b'"):
+        fit_debiased_aggregate([one_class, one_class], PrivacySettings.noiseless_for_testing())
+
+
+def test_row_level_fit_takes_sites_with_one_class_and_refuses_a_class_missing_everywhere(
+    parties: list[PartyData],
+) -> None:
+    """Moments add up, so a site holding only cases (or only controls) contributes exactly its
+    share of the pooled statistics; a class absent from every site is refused from the counts."""
+    plain = PrivacySettings.row_level(1.0, 1e-6, 3.0, noise_disabled_for_testing=True)
+    mixed = parties[0]
+    cases, controls = (mixed.labels == 1), (mixed.labels == 0)
+    split = [
+        PartyData("cases_only", mixed.features[cases], mixed.labels[cases], mixed.columns),
+        PartyData("controls_only", mixed.features[controls], mixed.labels[controls], mixed.columns),
+        parties[1],
+    ]
+    pooled_sites = fit_moments_release([mixed, parties[1]], plain)
+    one_class_sites = fit_moments_release(split, plain)
+    np.testing.assert_allclose(one_class_sites.direction, pooled_sites.direction, atol=1e-9)
+    assert np.count_nonzero(one_class_sites.direction) > 0
+    with pytest.raises(MissingClassError, match=r"0\.0 rows with label 0;.* over all parties"):
+        fit_moments_release(split[:1], plain)
+    noisy = PrivacySettings.row_level(100.0, 1e-6, 3.0)  # count noise well below one row
+    for _ in range(5):  # a class's noisy count near zero is refused, noise level named
+        with pytest.raises(MissingClassError, match=r"label 0 \(its noise has std"):
+            fit_moments_release(split[:1], noisy)
 
 
 def test_dimension_above_limit_is_refused() -> None:
@@ -373,6 +403,8 @@ def test_bad_labels_and_shapes_are_refused() -> None:
         PartyData("p", features, labels[:-1], columns)
     with pytest.raises(ShapeError, match="column names"):
         PartyData("p", features, labels, columns[:2])
+    with pytest.raises(ShapeError, match="party 'p': no rows"):
+        PartyData("p", features[:0], labels[:0], columns)
 
 
 def test_bad_privacy_settings_are_refused(parties: list[PartyData]) -> None:

@@ -307,6 +307,27 @@ def test_bad_tables_are_refused_before_any_computation(
     assert not [r for r in Channel(workspace, "slda-bad").log() if r.base_kind.startswith("secagg")]
 
 
+def test_row_unit_takes_a_site_with_one_class_and_refuses_a_class_missing_everywhere(
+    hospitals: Loader, workspace: Path
+) -> None:
+    """The party unit refuses hospital_c's cases-only table (above); the row unit sums it, so
+    the model is the plain moments fit of all rows, and no site was refused by its labels."""
+    demo = {n: pd.read_csv(ROOT / "demo" / "horizontal" / f"{n}.csv") for n in HOSPITALS}
+    refs = hospitals(workspace, {"hospital_c": _one_class(demo["hospital_c"])})
+    options = {"privacy_unit": "row", "row_clip_norm": 3.0, "noise_disabled_for_testing": True}
+    exact = run(refs, workspace, **options)
+    assert exact["contributors"] == list(HOSPITALS)
+    parties = [steps.read_party(r, exact["features"]) for r in refs]
+    plain = PrivacySettings.row_level(EPS, DELTA, 3.0, noise_disabled_for_testing=True)
+    expected = fit_moments_release(parties, plain)
+    np.testing.assert_allclose(exact["direction"], expected.direction, rtol=0, atol=1e-6)
+
+    refs = hospitals(workspace, {n: _one_class(frame) for n, frame in demo.items()})
+    with pytest.raises(MissingClassError, match=r"0\.0 rows with label 0;.* over all parties"):
+        run(refs, workspace, job_id="slda-cases-only", **options)
+    assert all(not s for s in spends(refs))
+
+
 def test_bad_options_are_refused(hospitals: Loader, workspace: Path) -> None:
     refs = hospitals(workspace)
     with pytest.raises(steps.SparseLDASetupError, match="method must be one of"):

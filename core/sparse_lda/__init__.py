@@ -52,7 +52,12 @@ from core.sparse_lda.moments_release import (
     statistics_norm_bound,
     statistics_vector,
 )
-from core.sparse_lda.party_data import MAX_FEATURES, PartyData, check_same_columns
+from core.sparse_lda.party_data import (
+    MAX_FEATURES,
+    PartyData,
+    check_same_columns,
+    require_both_classes,
+)
 from core.sparse_lda.precision import PrecisionMethod, clime_precision, nodewise_lasso_precision
 from core.sparse_lda.privacy import (
     NoiseCalibration,
@@ -131,6 +136,7 @@ __all__ = [
     "party_calibration",
     "party_contribution",
     "plain_sum",
+    "require_both_classes",
     "row_sensitivity",
     "scaled_radius",
     "select_features",

@@ -14,7 +14,8 @@ class DimensionLimitError(SparseLDAInputError):
 
 
 class MissingClassError(SparseLDAInputError):
-    """A party lacks rows of one class, so it cannot estimate the mean difference."""
+    """Too few rows of one class to estimate the mean difference: at a party, for a local
+    fit; over all parties (from the released counts), for the pooled row-level fit."""
 
 
 class LabelValueError(SparseLDAInputError):

@@ -34,8 +34,8 @@ from core.sparse_lda.dantzig import (
     solve_l1_dantzig,
 )
 from core.sparse_lda.errors import DegenerateDataError, InfeasibleProgramError, SparseLDAInputError
-from core.sparse_lda.moments import ClassMoments, class_moments
-from core.sparse_lda.party_data import PartyData
+from core.sparse_lda.moments import ClassMoments, class_moments, within_class_variances
+from core.sparse_lda.party_data import PartyData, require_both_classes
 from core.sparse_lda.precision import (
     PrecisionMethod,
     clime_precision,
@@ -144,6 +144,7 @@ def fit_local(party: PartyData, settings: LocalFitSettings, *, debiased: bool) -
 
     Degenerate columns are left at 0 and reported; the rest is fitted as in the paper.
     """
+    require_both_classes(party)
     full = class_moments(party.features, party.labels)
     variances = np.diag(full.covariance)
     degenerate = degenerate_mask(variances)
@@ -188,6 +189,7 @@ def _names(columns: tuple[str, ...], mask: np.ndarray) -> tuple[str, ...]:
 
 
 def degenerate_columns(party: PartyData) -> tuple[str, ...]:
-    """The columns :func:`fit_local` would leave at 0 at this site (cheap: variances only)."""
-    variances = np.diag(class_moments(party.features, party.labels).covariance)
+    """The columns :func:`fit_local` would leave at 0 at this site (cheap: variances only;
+    for a site with one class, the columns constant over its rows)."""
+    variances = within_class_variances(party.features, party.labels)
     return _names(party.columns, degenerate_mask(variances))

@@ -38,10 +38,25 @@ def class_moments(features: np.ndarray, labels: np.ndarray) -> ClassMoments:
     Dividing by n rather than n - 2 follows the usual LDA plug-in estimator; the difference is
     immaterial next to the L1 constraint radius.
     """
-    positive = labels == POSITIVE_LABEL
-    negative = labels == NEGATIVE_LABEL
-    mean_positive = features[positive].mean(axis=0)
-    mean_negative = features[negative].mean(axis=0)
-    centered = np.where(positive[:, None], features - mean_positive, features - mean_negative)
+    mean_positive = features[labels == POSITIVE_LABEL].mean(axis=0)
+    mean_negative = features[labels == NEGATIVE_LABEL].mean(axis=0)
+    centered = centre_within_classes(features, labels)
     covariance = centered.T @ centered / features.shape[0]
     return ClassMoments(mean_positive, mean_negative, covariance, centered)
+
+
+def centre_within_classes(features: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each row minus its own class's mean; a class with no rows needs no mean."""
+    centered = np.array(features, dtype=np.float64, copy=True)
+    for label in (POSITIVE_LABEL, NEGATIVE_LABEL):
+        rows = labels == label
+        if rows.any():
+            centered[rows] -= features[rows].mean(axis=0)
+    return centered
+
+
+def within_class_variances(features: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The diagonal of :func:`class_moments`' covariance (the same arithmetic, so a column's
+    verdict matches the local fit's), for rows of one class or two."""
+    centered = centre_within_classes(features, labels)
+    return np.diag(centered.T @ centered / features.shape[0])

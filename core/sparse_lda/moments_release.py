@@ -33,10 +33,15 @@ import math
 import numpy as np
 
 from core.sparse_lda.dantzig import scaled_radius, solve_l1_dantzig
-from core.sparse_lda.errors import InfeasibleProgramError, ShapeError
+from core.sparse_lda.errors import InfeasibleProgramError, MissingClassError, ShapeError
 from core.sparse_lda.local_fit import DIRECTION_RIDGE_FRACTION, LocalFitSettings, typical_variance
 from core.sparse_lda.model import LinearDiscriminant
-from core.sparse_lda.party_data import NEGATIVE_LABEL, POSITIVE_LABEL, PartyData
+from core.sparse_lda.party_data import (
+    MIN_ROWS_PER_CLASS,
+    NEGATIVE_LABEL,
+    POSITIVE_LABEL,
+    PartyData,
+)
 from core.sparse_lda.privacy import (
     PrivacySettings,
     PrivacyUnit,
@@ -113,6 +118,18 @@ def statistics_norm_bound(n_rows: int, settings: PrivacySettings, n_features: in
     return n_rows * math.sqrt((radius * weight) ** 2 + weight**2 + radius**4) + rounding
 
 
+def _pooled_count(released: float, label: int, noise_std: float) -> float:
+    """A class's released row count over all parties, refused below two rows."""
+    if released < MIN_ROWS_PER_CLASS:
+        noise = f" (its noise has std {noise_std:.2g})" if noise_std > 0 else ""
+        raise MissingClassError(
+            f"the parties' summed statistics hold {float(released):.1f} rows with label "
+            f"{label}{noise}; the pooled fit needs at least {MIN_ROWS_PER_CLASS} rows of each "
+            "class over all parties to estimate the class means"
+        )
+    return float(released)
+
+
 def model_from_statistics(
     total: np.ndarray,
     n_features: int,
@@ -128,9 +145,10 @@ def model_from_statistics(
     then the paper's L1 direction on them (``lambda = scale sqrt(log d / N)``), or with
     ``sparse=False`` the plain LDA direction ``(Sigma + ridge I)^-1 mu_d``.
 
-    Post-processing only: the ridge ``noise_ridge_scale * ||E||`` uses the public noise level,
-    counts are clamped to at least 1 and the covariance is projected onto the positive
-    semidefinite cone.
+    Post-processing only: the ridge ``noise_ridge_scale * ||E||`` uses the public noise level
+    and the covariance is projected onto the positive semidefinite cone. A class whose released
+    count is below two rows over all parties is refused (``MissingClassError``): its mean would
+    be noise. Sites each holding one class are fine; only the pooled counts matter here.
     """
     _check_row_unit(settings)
     d = n_features
@@ -138,8 +156,9 @@ def model_from_statistics(
         raise ShapeError(f"summed statistics have shape {total.shape}, expected d = {d}")
     weight = settings.mean_weight
     sums_positive, sums_negative = total[:d] / weight, total[d : 2 * d] / weight
-    count_positive = max(float(total[2 * d]) / weight, 1.0)
-    count_negative = max(float(total[2 * d + 1]) / weight, 1.0)
+    count_noise = sum_noise_std / weight
+    count_positive = _pooled_count(total[2 * d] / weight, POSITIVE_LABEL, count_noise)
+    count_negative = _pooled_count(total[2 * d + 1] / weight, NEGATIVE_LABEL, count_noise)
     second = unpack_symmetric(total[2 * d + 2 :], d)
     mean_positive = sums_positive / count_positive
     mean_negative = sums_negative / count_negative

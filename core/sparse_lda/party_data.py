@@ -1,8 +1,12 @@
 """One party's labelled rows, validated once at construction.
 
-Why here and not later: every estimator downstream assumes finite features, both classes
-present and a feature count the LP solver can handle; checking at the door lets errors name
-the party, column and row instead of surfacing as a solver failure.
+Why here and not later: every estimator downstream assumes finite features, 0/1 labels and
+a feature count the LP solver can handle; checking at the door lets errors name the party,
+column and row instead of surfacing as a solver failure. Both classes are required only by
+the estimators that need them (:func:`require_both_classes`): a local fit needs both classes
+at its site, while the row-level release sums any site's rows, so a site that saw only one
+class (a screening clinic with no cases this year) still contributes, and refusing it would
+itself reveal something about its labels.
 
 Label convention: label 1 is the paper's class 1 (mean mu1), label 0 its class 2 (mean mu2),
 so the mean difference is ``mu_d = mu1 - mu2 = mean(label 1) - mean(label 0)``.
@@ -30,7 +34,8 @@ MAX_FEATURES = 2000
 so beyond this the solver's time and memory stop being reasonable on one machine."""
 
 MIN_ROWS_PER_CLASS = 2
-"""A class needs two rows before its within-class scatter carries any information."""
+"""A class needs two rows before its within-class scatter carries any information (of a
+site's rows for a local fit, of all parties' rows for a pooled one)."""
 
 POSITIVE_LABEL = 1
 NEGATIVE_LABEL = 0
@@ -110,6 +115,8 @@ def _check_shapes(
         )
     if n_features == 0:
         raise ShapeError(f"party {name!r}: no feature columns")
+    if n_rows == 0:
+        raise ShapeError(f"party {name!r}: no rows")
 
 
 def _check_finite(name: str, features: np.ndarray, columns: tuple[str, ...]) -> None:
@@ -131,12 +138,15 @@ def _checked_labels(name: str, labels: np.ndarray) -> np.ndarray:
             f"party {name!r}, row {row + 1} (1-based): label {labels[row]!r} is not "
             f"{POSITIVE_LABEL} (class 1) or {NEGATIVE_LABEL} (class 2)"
         )
-    as_int = labels.astype(np.int8)
+    return labels.astype(np.int8)
+
+
+def require_both_classes(party: PartyData) -> None:
+    """Refuse, naming the party, rows that hold fewer than two of either class."""
     for label in (POSITIVE_LABEL, NEGATIVE_LABEL):
-        count = int(np.count_nonzero(as_int == label))
+        count = int(np.count_nonzero(party.labels == label))
         if count < MIN_ROWS_PER_CLASS:
             raise MissingClassError(
-                f"party {name!r} has {count} rows with label {label}; each party needs at "
-                f"least {MIN_ROWS_PER_CLASS} rows of both classes to estimate the class means"
+                f"party {party.name!r} has {count} rows with label {label}; a local fit needs "
+                f"at least {MIN_ROWS_PER_CLASS} rows of both classes to estimate the class means"
             )
-    return as_int

@@ -22,6 +22,7 @@ from core.sparse_lda import (
     fit_debiased_aggregate,
     fit_local,
     fit_naive_average,
+    model_from_statistics,
     party_calibration,
     party_contribution,
     row_sensitivity,
@@ -108,6 +109,30 @@ def test_row_level_noise_matches_its_calibration() -> None:
     assert spread == pytest.approx(calibration.sum_std(m), rel=0.04)
     assert calibration.sum_std(m) == pytest.approx(calibration.sigma)
     assert abs(float(draws.mean())) < 4 * calibration.sigma / math.sqrt(draws.size)
+
+
+def test_class_counts_are_read_against_the_public_row_count() -> None:
+    """n0 = N - n1 with N exact: equal noise on both released counts cancels, and each count's
+    noise reaches the class means at half the variance."""
+    rng = np.random.default_rng(8)
+    labels = np.repeat([0, 1], [70, 30])
+    party = _party("north", rng.normal(size=(100, 4)) + labels[:, None], labels)
+    privacy = PrivacySettings.row_level(1.0, 1e-6, 3.0)
+    exact = statistics_vector(party, privacy)
+    reference = model_from_statistics(exact, 4, 100, 0.0, privacy)
+    shifted = exact.copy()
+    shifted[8:10] += 12.0 * privacy.mean_weight  # both counts read 12 rows too many
+    model = model_from_statistics(shifted, 4, 100, 0.0, privacy)
+    np.testing.assert_allclose(model.mean_positive, reference.mean_positive, rtol=1e-12)
+    np.testing.assert_allclose(model.mean_negative, reference.mean_negative, rtol=1e-12)
+    implied = []
+    for _ in range(2000):
+        noisy = exact.copy()
+        noisy[8:10] += rng.normal(0.0, 10.0, 2) * privacy.mean_weight
+        means = model_from_statistics(noisy, 4, 100, 10.0, privacy).mean_positive
+        implied.append(exact[0] / privacy.mean_weight / means[0])  # the count it divided by
+    assert np.std(implied) == pytest.approx(10.0 / math.sqrt(2.0), rel=0.08)
+    assert np.mean(implied) == pytest.approx(30.0, abs=0.5)
 
 
 def test_packing_keeps_the_frobenius_norm() -> None:

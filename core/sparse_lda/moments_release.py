@@ -145,8 +145,9 @@ def model_from_statistics(
     then the paper's L1 direction on them (``lambda = scale sqrt(log d / N)``), or with
     ``sparse=False`` the plain LDA direction ``(Sigma + ridge I)^-1 mu_d``.
 
-    Post-processing only: the ridge ``noise_ridge_scale * ||E||`` uses the public noise level
-    and the covariance is projected onto the positive semidefinite cone. A class whose released
+    Post-processing only: the class counts are averaged with the public row count (``n0 = N -
+    n1``), the ridge ``noise_ridge_scale * ||E||`` uses the public noise level and the
+    covariance is projected onto the positive semidefinite cone. A class whose released
     count is below two rows over all parties is refused (``MissingClassError``): its mean would
     be noise. Sites each holding one class are fine; only the pooled counts matter here.
     """
@@ -156,9 +157,12 @@ def model_from_statistics(
         raise ShapeError(f"summed statistics have shape {total.shape}, expected d = {d}")
     weight = settings.mean_weight
     sums_positive, sums_negative = total[:d] / weight, total[d : 2 * d] / weight
-    count_noise = sum_noise_std / weight
-    count_positive = _pooled_count(total[2 * d] / weight, POSITIVE_LABEL, count_noise)
-    count_negative = _pooled_count(total[2 * d + 1] / weight, NEGATIVE_LABEL, count_noise)
+    # The row count is exact and public, so n0 = N - n1: the two released counts are two
+    # readings of n1 with equal noise, and their average has half the noise variance.
+    positive = (total[2 * d] / weight + total_rows - total[2 * d + 1] / weight) / 2.0
+    count_noise = sum_noise_std / weight / math.sqrt(2.0)
+    count_positive = _pooled_count(positive, POSITIVE_LABEL, count_noise)
+    count_negative = _pooled_count(total_rows - positive, NEGATIVE_LABEL, count_noise)
     second = unpack_symmetric(total[2 * d + 2 :], d)
     mean_positive = sums_positive / count_positive
     mean_negative = sums_negative / count_negative

@@ -373,7 +373,10 @@ def summary_line(result: dict[str, Any]) -> str:
         else "NOT private"
     )
     figures = SparseLDAFigures(**result["figures"])
-    text = f"{result['method']}, {privacy}, {figures.line()}, {len(result['contributors'])} parties"
+    # a row-level release is fitted on pooled moments whatever ``method`` says (nothing is
+    # debiased); the model records its unit only when it is private
+    estimator = "pooled moments" if result.get("privacy_unit") == "row" else result["method"]
+    text = f"{estimator}, {privacy}, {figures.line()}, {len(result['contributors'])} parties"
     if budgets:
         text += ", eps spent " + ", ".join(
             f"{b['epsilon_spent']:g}/{b['epsilon_total']:g}" for b in budgets

@@ -30,7 +30,7 @@ from core.sparse_lda import (
     sum_sensitivity,
 )
 from core.sparse_lda.privacy import clip_to_norm, round_to_grid
-from flows.sparse_lda import sparse_lda
+from flows.sparse_lda import sparse_lda, summary_line
 from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.channel import Channel
@@ -415,6 +415,7 @@ def test_row_level_release_is_the_plain_moments_fit_and_reports_held_out_figures
     figures = private["figures"]
     assert figures["privacy_unit"] == "row" and figures["epsilon"] == EPS
     assert figures["features_kept"] > 0 and 0.0 <= figures["holdout_error"] < 0.25
+    assert summary_line(private).startswith("pooled moments, row-level eps 1, ")
     assert [len(s) for s in spends(refs)] == [1, 1, 1]
     row_job = replace(job, privacy_unit="row", row_clip_norm=3.0)
     calibration = steps.noise_calibration(row_job, 30)  # the core's, for t - c = 2 shares

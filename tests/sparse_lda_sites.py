@@ -5,7 +5,8 @@ features, several nearly collinear) split into four sites, then made awkward the
 clinical sites are: a test one site never ran (the column holds the pooled median for every
 patient), a test another site ran for a few patients only (median elsewhere: near-constant),
 and a site where one class is about 5% of its patients. Each site keeps 20% of its rows for
-testing. ``synthetic_sites`` builds the same pathologies on small Gaussian data.
+testing. ``synthetic_sites`` builds the same pathologies on small Gaussian data, and
+``stressed_sites`` harsher ones at random (sites of a dozen rows, classes of two rows).
 """
 
 from __future__ import annotations
@@ -92,6 +93,47 @@ def synthetic_sites(seed: int, d: int = 24, rows_per_site: int = 200) -> Sites:
     features = rng.standard_normal((n, d)) @ chol.T + np.where(labels[:, None] == 0, shift, 0)
     columns = tuple(f"x{k}" for k in range(d))
     return pathological_sites(features, labels, columns, rng)
+
+
+STRESS_KINDS = ("tiny class", "few rows", "unmeasured", "duplicate", "plain")
+
+
+def stressed_sites(seed: int) -> Sites:
+    """The breast rows over 3 to 6 sites of random sizes (at least 40 rows before a site is
+    made awkward), each given one of ``STRESS_KINDS``:
+    its minority class cut to 2-4 rows, only 8 rows of each class (p > n), 1-5 columns never
+    measured, a column duplicated to 1e-9 plus one measured for 5% of patients, or nothing."""
+    features, labels, columns = breast_table()
+    rng = np.random.default_rng(seed)
+    medians = np.median(features, axis=0)
+    sites = int(rng.integers(3, 7))
+    spare = rng.multinomial(len(labels) - 40 * sites, rng.dirichlet(np.ones(sites)))
+    cuts = np.cumsum(40 + spare)[:-1]
+    parties, tests_x, tests_y = [], [], []
+    for k, rows in enumerate(np.split(rng.permutation(len(labels)), cuts)):
+        x, y = features[rows].copy(), labels[rows].copy()
+        kind = STRESS_KINDS[int(rng.integers(len(STRESS_KINDS)))]
+        if kind in ("tiny class", "few rows"):
+            minority = int(np.count_nonzero(y == 1) < np.count_nonzero(y == 0))
+            keep = [np.flatnonzero(y == label)[:8] for label in (0, 1)]
+            if kind == "tiny class":
+                keep[minority] = np.flatnonzero(y == minority)[: rng.integers(2, 5)]
+                keep[1 - minority] = np.flatnonzero(y != minority)
+            x, y = x[np.sort(np.concatenate(keep))], y[np.sort(np.concatenate(keep))]
+        elif kind == "unmeasured":
+            for column in rng.choice(len(columns), rng.integers(1, 6), replace=False):
+                x[:, column] = medians[column]
+        elif kind == "duplicate":
+            copy, source = rng.choice(len(columns), 2, replace=False)
+            x[:, copy] = x[:, source] + 1e-9 * rng.standard_normal(len(y))
+            rare = (copy + 1) % len(columns)
+            x[rng.random(len(y)) > RARE_CLASS_SHARE, rare] = medians[rare]
+        test = _stratified_test_rows(y, rng)
+        train = np.setdiff1d(np.arange(len(y)), test)
+        parties.append(PartyData(f"site_{k}", x[train], y[train], columns))
+        tests_x.append(x[test])
+        tests_y.append(y[test])
+    return Sites(parties, np.vstack(tests_x), np.concatenate(tests_y))
 
 
 def _make_rare(x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from neighbouring_rows import neighbouring_parties
-from sparse_lda_sites import breast_sites, synthetic_sites
+from sparse_lda_sites import breast_sites, stressed_sites, synthetic_sites
 
 from core.dp.discrete_privacy import zcdp_sigma
 from core.sparse_lda import (
@@ -55,6 +55,16 @@ def test_awkward_sites_give_bounded_fits_and_beat_or_match_naive_averaging(build
     debiased = fit_debiased_aggregate(sites.parties, NOISELESS).error_rate(*test)
     naive = fit_naive_average(sites.parties, NOISELESS).error_rate(*test)
     assert debiased <= naive + ERROR_MARGIN
+
+
+def test_harsher_random_sites_still_give_finite_bounded_fits() -> None:
+    """Sites of a dozen rows for 30 features, classes of two rows, duplicated columns."""
+    for seed in range(8):
+        for party in stressed_sites(seed).parties:
+            estimate = fit_local(party, LocalFitSettings(), debiased=True)
+            for direction in (estimate.sparse_direction, estimate.debiased_direction):
+                assert np.all(np.isfinite(direction))
+                assert np.max(np.abs(direction)) <= DIRECTION_BOUND, (seed, party.name)
 
 
 def _party(name: str, features: np.ndarray, labels: np.ndarray) -> PartyData:

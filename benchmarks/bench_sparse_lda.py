@@ -167,7 +167,7 @@ def noiseless(
         contributions = [c * w for c, w in zip(contributions, weights, strict=True)]
     total = sum_contributions(contributions, plain_sum)
     rule = ThresholdRule() if debiased else NO_THRESHOLD
-    return model_from_sum(total, m, sum(e.n_rows for e in estimates), privacy, rule)
+    return model_from_sum(total, m, rows, privacy, rule)
 
 
 def local_fits(

@@ -119,7 +119,8 @@ def stressed_sites(seed: int) -> Sites:
             if kind == "tiny class":
                 keep[minority] = np.flatnonzero(y == minority)[: rng.integers(2, 5)]
                 keep[1 - minority] = np.flatnonzero(y != minority)
-            x, y = x[np.sort(np.concatenate(keep))], y[np.sort(np.concatenate(keep))]
+            kept = np.sort(np.concatenate(keep))
+            x, y = x[kept], y[kept]
         elif kind == "unmeasured":
             for column in rng.choice(len(columns), rng.integers(1, 6), replace=False):
                 x[:, column] = medians[column]

@@ -32,7 +32,7 @@ def test_enough_rows_are_kept_for_training() -> None:
     assert len(seeded_holdout_rows(3, 0.4, 3, keep_for_training=4)) == 0
 
 
-def test_the_vertical_schedule_and_the_job_id_split_are_this_rule() -> None:
+def test_the_vertical_schedule_is_this_rule_and_the_job_id_split_partitions_rows() -> None:
     schedule = Schedule(300, 32, 9, 0.15)
     held_out = seeded_holdout_rows(300, 0.15, [9, 0])
     assert np.array_equal(schedule.holdout_rows, held_out)

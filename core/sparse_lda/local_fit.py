@@ -34,7 +34,12 @@ from core.sparse_lda.dantzig import (
     solve_l1_dantzig,
 )
 from core.sparse_lda.errors import DegenerateDataError, InfeasibleProgramError, SparseLDAInputError
-from core.sparse_lda.moments import ClassMoments, class_moments, within_class_variances
+from core.sparse_lda.moments import (
+    ClassMoments,
+    centre_within_classes,
+    class_moments,
+    column_variances,
+)
 from core.sparse_lda.party_data import PartyData, require_both_classes
 from core.sparse_lda.precision import (
     PrecisionMethod,
@@ -146,7 +151,7 @@ def fit_local(party: PartyData, settings: LocalFitSettings, *, debiased: bool) -
     """
     require_both_classes(party)
     full = class_moments(party.features, party.labels)
-    variances = np.diag(full.covariance)
+    variances = column_variances(full.centered_rows)  # as degenerate_columns computes them
     degenerate = degenerate_mask(variances)
     if degenerate.all():
         raise DegenerateDataError(
@@ -191,5 +196,5 @@ def _names(columns: tuple[str, ...], mask: np.ndarray) -> tuple[str, ...]:
 def degenerate_columns(party: PartyData) -> tuple[str, ...]:
     """The columns :func:`fit_local` would leave at 0 at this site (cheap: variances only;
     for a site with one class, the columns constant over its rows)."""
-    variances = within_class_variances(party.features, party.labels)
+    variances = column_variances(centre_within_classes(party.features, party.labels))
     return _names(party.columns, degenerate_mask(variances))

@@ -55,8 +55,6 @@ def centre_within_classes(features: np.ndarray, labels: np.ndarray) -> np.ndarra
     return centered
 
 
-def within_class_variances(features: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """The diagonal of :func:`class_moments`' covariance (the same arithmetic, so a column's
-    verdict matches the local fit's), for rows of one class or two."""
-    centered = centre_within_classes(features, labels)
-    return np.diag(centered.T @ centered / features.shape[0])
+def column_variances(centered: np.ndarray) -> np.ndarray:
+    """Each column's mean square: the covariance's diagonal without forming the d x d matrix."""
+    return np.einsum("ij,ij->j", centered, centered) / centered.shape[0]

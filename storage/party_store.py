@@ -17,6 +17,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
+from core.preprocessing import PreprocessingSpec, prepare_raw
 from storage.descriptor import TableRef, check_identifier
 from storage.validation import DataValidationError, validate_frame
 
@@ -173,8 +174,9 @@ class PartyStore:
             ).fetchone()
         return bool(row and row[0])
 
-    def read_table(self, ref: TableRef) -> pd.DataFrame:
-        """The descriptor's columns (id, label, features) in storage order."""
+    def read_table(self, ref: TableRef, allow_missing: bool = False) -> pd.DataFrame:
+        """The descriptor's columns (id, label, features) in storage order; missing feature
+        cells (stored by a job that imputes) are refused unless ``allow_missing``."""
         with self.session():  # one opening of the database for the check and the read
             if not self.has_table(ref.table):
                 raise DataValidationError(
@@ -182,7 +184,7 @@ class PartyStore:
                 )
             with self.connect() as con:
                 frame = con.execute(f'SELECT * FROM "{ref.table}" ORDER BY rowid').df()
-        return validate_frame(frame, ref)
+        return validate_frame(frame, ref, allow_missing)
 
     def write_table(
         self, table: str, frame: pd.DataFrame, con: duckdb.DuckDBPyConnection | None = None
@@ -199,17 +201,24 @@ class PartyStore:
         finally:
             con.unregister("_privreg_staged")
 
-    def import_frame(self, frame: pd.DataFrame, ref: TableRef) -> int:
+    def import_frame(
+        self, frame: pd.DataFrame, ref: TableRef, preprocessing: PreprocessingSpec | None = None
+    ) -> int:
         """Validate ``frame`` and store it as ``ref.table``, replacing any previous version.
 
         Validation happens before the transaction opens, and the write is one transaction, so
         a bad input leaves the database exactly as it was. Returns the row count.
         """
-        clean = validate_frame(frame, ref)
+        spec = preprocessing or PreprocessingSpec()
+        keep = [c for c in (ref.id_column, ref.label_column) if c]
+        frame = prepare_raw(frame, spec, keep, ref.table)  # declared missing values, categories
+        clean = validate_frame(frame, ref, allow_missing=spec.impute != "none")
         self.write_table(ref.table, clean)
         return len(clean)
 
-    def import_file(self, source: str | Path, ref: TableRef) -> int:
+    def import_file(
+        self, source: str | Path, ref: TableRef, preprocessing: PreprocessingSpec | None = None
+    ) -> int:
         """Import a CSV (optionally gzipped) or Parquet file; see :meth:`import_frame`."""
         source = Path(source)
         name = source.name.lower()
@@ -219,11 +228,11 @@ class PartyStore:
             frame = pd.read_csv(source)
         else:
             raise ValueError(f"{source.name}: only .csv, .csv.gz and .parquet files are imported")
-        return self.import_frame(frame, ref)
+        return self.import_frame(frame, ref, preprocessing)
 
     def fingerprint(self, ref: TableRef) -> str:
         """A digest of the table's content, to detect that inputs are unchanged between runs."""
-        frame = self.read_table(ref)
+        frame = self.read_table(ref, allow_missing=True)
         row_hashes = pd.util.hash_pandas_object(frame, index=False).to_numpy()
         digest = hashlib.sha256(row_hashes.tobytes())
         digest.update(",".join(map(str, frame.columns)).encode())

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from core.ids import IdError, canonical_id
+from core.preprocessing import MissingColumn, missing_columns, missing_message
 from storage.descriptor import TableRef
 
 
@@ -30,6 +31,16 @@ class DataValidationError(ValueError):
             if row_id is not None:  # a plain number, not np.int64(3)
                 where += f" (id {getattr(row_id, 'item', lambda: row_id)()!r})"
         super().__init__(f"{where}: {problem}")
+
+
+class MissingValuesError(DataValidationError):
+    """Feature cells are missing and nothing imputes them; names every column at once."""
+
+    def __init__(self, table: str, gaps: Sequence[MissingColumn], rows: int) -> None:
+        self.gaps = list(gaps)
+        ValueError.__init__(self, missing_message(f"table {table!r}", gaps, rows))
+        self.table, self.column, self.row = table, gaps[0].column, gaps[0].first_row
+        self.problem = "missing values"
 
 
 def resolve_feature_columns(ref: TableRef, columns: Sequence[str]) -> list[str]:
@@ -65,7 +76,9 @@ def _validate_ids(frame: pd.DataFrame, ref: TableRef) -> None:
         seen[key] = position
 
 
-def _numeric(frame: pd.DataFrame, ref: TableRef, column: str, what: str) -> np.ndarray:
+def _numeric(
+    frame: pd.DataFrame, ref: TableRef, column: str, what: str, missing_ok: bool = False
+) -> np.ndarray:
     raw = frame[column]
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
     unparsable = np.isnan(values) & raw.notna().to_numpy()
@@ -78,7 +91,7 @@ def _numeric(frame: pd.DataFrame, ref: TableRef, column: str, what: str) -> np.n
             f"{what} {raw.iloc[row]!r} is not numeric",
             frame[ref.id_column].iloc[row],
         )
-    bad = ~np.isfinite(values)
+    bad = ~np.isfinite(values) & ~(missing_ok & np.isnan(values))
     if bad.any():
         row = _first(bad)
         kind = "missing (null/NaN)" if np.isnan(values[row]) else "infinite"
@@ -88,10 +101,12 @@ def _numeric(frame: pd.DataFrame, ref: TableRef, column: str, what: str) -> np.n
     return values
 
 
-def validate_frame(frame: pd.DataFrame, ref: TableRef) -> pd.DataFrame:
+def validate_frame(frame: pd.DataFrame, ref: TableRef, allow_missing: bool = False) -> pd.DataFrame:
     """Check ``frame`` against ``ref`` and return it in canonical column order and dtypes.
 
     Returns a new frame: id column, then label (as float), then features (as float64).
+    Missing feature cells are refused, every affected column named at once with its count,
+    unless ``allow_missing`` (a table whose job imputes them: see ``core.preprocessing``).
     """
     required = [ref.id_column]
     if ref.label_column is not None:
@@ -129,5 +144,10 @@ def validate_frame(frame: pd.DataFrame, ref: TableRef) -> pd.DataFrame:
                 )
         columns[ref.label_column] = labels
     for column in features:
-        columns[column] = _numeric(frame, ref, column, "feature")
+        columns[column] = _numeric(frame, ref, column, "feature", missing_ok=True)
+    if features and not allow_missing:
+        X = np.column_stack([columns[c] for c in features])
+        gaps = missing_columns(X, features)
+        if gaps:
+            raise MissingValuesError(ref.table, gaps, len(frame))
     return pd.DataFrame(columns)  # built at once: column-by-column inserts fragment the frame

@@ -44,7 +44,7 @@ def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None =
     """Step 1: blind and sort own ids, send them to the peer. Returns the own set size."""
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
-    ids = store.read_table(ref)[ref.id_column].tolist()
+    ids = store.read_table(ref, allow_missing=True)[ref.id_column].tolist()
     key = artifacts.get(_prefix(job_id) + "key")
     if key is None:
         key = psi.new_key()
@@ -83,7 +83,7 @@ def store_aligned_rows(
         peer=peer,
     )
     psi.check_release(result, min_rows)
-    aligned = store.read_table(ref).iloc[result.rows].reset_index(drop=True)
+    aligned = store.read_table(ref, allow_missing=True).iloc[result.rows].reset_index(drop=True)
     table = aligned_table_name(ref)
     summary = {
         "table": table,

@@ -24,6 +24,11 @@ reveal both shares for one party, so with ``threshold > n / 2`` the coordinator 
 with fewer than ``2 * threshold - n`` colluding parties) cannot unmask anyone who sent.
 Public keys are not signed here: the transport must authenticate who sent each message.
 Use a fresh ``session_id`` for every round.
+
+Many rounds of one job: :mod:`core.secagg.multiround` agrees keys once per job and derives
+each round's masks from them (two message exchanges a round instead of four), over the sparse
+SecAgg+ neighbour graph of :mod:`core.secagg.graph` (O(log n) neighbours per party);
+:mod:`core.secagg.simulation` runs it for many parties in one process.
 """
 
 from core.secagg.coordinator import (

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -83,6 +84,23 @@ def commit_self_mask_seed(session_id: str, party: str, seed: bytes) -> bytes:
     The seed has 256 bits of entropy, so the hash reveals nothing useful about it.
     """
     return hashlib.sha256(_context("self-mask-commitment", session_id, party) + seed).digest()
+
+
+def agree_with_peers(own_private: bytes, peers: Mapping[str, bytes]) -> dict[str, bytes]:
+    """Raw X25519 shared secrets with each peer (derive keys from them with HKDF only).
+
+    The private key is loaded once for all peers: loading costs as much as an exchange.
+    """
+    private = X25519PrivateKey.from_private_bytes(own_private)
+    shared = {}
+    for peer, public in peers.items():
+        try:
+            shared[peer] = private.exchange(X25519PublicKey.from_public_bytes(public))
+        except ValueError as error:
+            raise ProtocolViolationError(
+                f"key agreement with {peer!r} failed: invalid or low-order X25519 public key"
+            ) from error
+    return shared
 
 
 def _agree(own_private: bytes, peer_public: bytes, peer: str) -> bytes:

@@ -24,8 +24,10 @@ refused before anything is loaded. The arbiter and the coordinator are the parti
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import re
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -33,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, tags
+from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
+from core.job_terms import differences, digest, job_terms
 from flows.align import psi_align_party
 from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
 from flows.jobs import read_job
@@ -43,9 +47,11 @@ from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
 from flows.sparse_lda import summary_line as sparse_lda_summary
 from flows.vertical_party import vertical_lr_party
 from flows.walr import walr_party
-from storage.channel import check_name
+from storage.channel import MessageConflictError, check_name
 from storage.descriptor import TableRef
+from storage.federation import RESTART_GRACE, Federation, describe_exit
 from storage.party_config import ENV_VAR, PartyConfig, active_config
+from storage.workspace import channel_for
 from tasks.loading import load_table
 from tasks.secure_sum import COORDINATOR
 
@@ -101,6 +107,10 @@ class PartyJob:
     @property
     def party(self) -> str:
         return self.config.party
+
+    def run_key(self) -> str:
+        """The job run every party of this job names alike (its state is kept under it)."""
+        return check_name(self.name + (f"-{self.run}" if self.run else ""), "job id")
 
     def job_id(self, stage: str) -> str:
         """The id every party of this job derives alike for ``stage``."""
@@ -197,13 +207,20 @@ def pipeline_party(job_file: str = "jobs/demo.json", run: str = "") -> PipelineR
         _read(main.inside(sub_file, f"sub-job {kind}"), kind, config, folder, run)
         for kind, sub_file in main.spec.get("subjobs", {}).items()
     ]
-    for job in jobs:  # refuse before anything is loaded or sent
-        _check_peers(job)
-        job.own()
     results: list[StageResult] = []
-    for job in jobs:
-        with tags(f"job:{job.name}"):
-            results.extend(STAGES[job.kind](job))
+    with federated(jobs) as sides:  # every failure from here on reaches every peer
+        for job in jobs:  # refuse before anything is loaded or sent
+            _check_peers(job)
+            job.own()
+        agree(jobs, sides)
+        for job in jobs:
+            side = sides.get(job.name)
+            with tags(f"job:{job.name}"):
+                if side is not None:
+                    side.set_state("running")
+                results.extend(STAGES[job.kind](job))
+                if side is not None:
+                    side.set_state("done")
     return PipelineResult(config.party, main.name, run or None, results)
 
 
@@ -290,6 +307,79 @@ STAGES: dict[str, Callable[[PartyJob], Iterator[StageResult]]] = {
 }
 
 
+# ---- one agreed job, one state across the federation -------------------------------------------
+class TermsMismatchError(PipelineRefusalError):
+    """A peer holds other terms for the job: refused before any data moves."""
+
+
+@contextlib.contextmanager
+def federated(jobs: list[PartyJob]) -> Iterator[dict[str, Federation]]:
+    """A :class:`Federation` for each job this party takes part in, started at once (so a
+    failure even in set-up reaches every peer of every job), ended with the block: done, or
+    failed with the reason, which every peer hears within seconds."""
+    sides: dict[str, Federation] = {}
+    for job in jobs:
+        if job.party in (parties := job.participants()):
+            sides[job.name] = Federation(
+                channel_for(job.job_id("terms")).transport, job.run_key(), job.party,
+                tuple(parties), restart_grace=float(job.spec.get("restart_grace", RESTART_GRACE)),
+                on_change=_show_status,
+            ).start("queued")  # fmt: skip
+    try:
+        yield sides
+    except BaseException as error:
+        reason, state = describe_exit(error)
+        for side in sides.values():
+            side.fail(reason, state)
+        raise
+    for side in sides.values():
+        side.finish()
+
+
+def agree(jobs: list[PartyJob], sides: dict[str, Federation]) -> None:
+    """Exchange every job's terms with its peers (all sends first, then the receives, so no
+    two parties wait for each other) and refuse any peer whose terms differ, naming each
+    differing option with both values. Nothing is loaded or sent before this."""
+    mine = {}
+    for job in jobs:
+        if (side := sides.get(job.name)) is None:
+            continue
+        side.set_state("agreeing")
+        mine[job.name] = terms = job_terms(job.kind, job.spec, job.run)
+        endpoint = channel_for(job.job_id("terms")).endpoint(job.party)
+        for peer in side.peers:
+            try:
+                endpoint.send(peer, "terms", terms)
+            except MessageConflictError:
+                raise TermsMismatchError(
+                    f"{job.party} refuses job {job.name}: it agreed to other terms for this "
+                    f"run before (its job file changed since); start a new run (--run) instead"
+                ) from None
+    for job in jobs:
+        if (side := sides.get(job.name)) is None:
+            continue
+        endpoint = channel_for(job.job_id("terms")).endpoint(job.party)
+        for peer in side.peers:
+            found = differences(mine[job.name], endpoint.receive(peer, "terms"))
+            if found:
+                raise TermsMismatchError(
+                    f"{job.party} refuses job {job.name}: the terms of {peer} differ: "
+                    + "; ".join(d.describe(job.party, peer) for d in found)
+                )
+        side.digest = digest(mine[job.name])
+        get_run_logger().info(
+            "%s agreed job %s with %s (terms %s)", job.party, job.run_key(),
+            ", ".join(side.peers), side.digest[:12],
+        )  # fmt: skip
+
+
+def _show_status(side: Federation) -> None:
+    """The job's state at every party, as an artifact of this party's run (a new version
+    whenever a party's state changes)."""
+    key = re.sub(r"[^a-z0-9-]+", "-", f"job-status-{side.job}".lower())[:100]
+    create_table_artifact(side.table(), key=key, description=f"Job {side.job}: every party's state")
+
+
 # ---- helpers -----------------------------------------------------------------------------------
 def _this_party() -> tuple[PartyConfig, Path]:
     config = active_config()
@@ -306,7 +396,7 @@ def _read(path: str | Path, kind: str, config: PartyConfig, folder: Path, run: s
         raise PipelineRefusalError(
             f"{config.party} refuses sub-job {kind!r}: not one of {list(STAGES)[1:]}"
         )
-    spec = read_job(path)
+    spec = read_job(path, kind)  # validated in full (flows/job_schema.py)
     return PartyJob(kind, spec.get("job") or Path(path).stem, spec, config, folder, run or None)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from storage import codec
+from storage import codec, watchers
 
 # Names are path components and are joined with "__": they start and end with a letter or digit
 # and never hold "__" or "..", so "<sender>__<receiver>__<kind>" splits one way only.
@@ -47,6 +47,10 @@ class MessageConflictError(ChannelError, ValueError):
 
 class MessageTimeoutError(ChannelError):
     """A message did not arrive in time (the peer is late, down, or gone)."""
+
+
+class PeerUnreachableError(ChannelError):
+    """A peer's endpoint did not answer (down, not started, or the network is cut)."""
 
 
 def check_name(value: str, what: str) -> str:
@@ -129,6 +133,14 @@ class Transport(Protocol):
     def store(self) -> MessageFolder:
         """The local folder of what this process sent and received (for audits)."""
 
+    def publish_status(self, run: str, party: str, data: bytes) -> None:
+        """Make ``party``'s current status record of ``run`` readable by its peers (replaces
+        the previous one: unlike a message, a status is meant to change)."""
+
+    def peer_status(self, run: str, peer: str) -> bytes | None:
+        """``peer``'s current status record of ``run``, ``None`` if it has none yet; raises
+        :class:`PeerUnreachableError` when the peer cannot be asked."""
+
 
 class MessageFolder:
     """Messages as files under ``root``, written atomically and never overwritten."""
@@ -176,6 +188,25 @@ class MessageFolder:
                     ) from None
         finally:
             tmp.unlink(missing_ok=True)
+
+    def status_path(self, run: str, party: str) -> Path:
+        """Where ``party`` keeps its current status of ``run`` (see storage.federation)."""
+        return self.root / "runs" / check_name(run, "job") / "status" / check_name(party, "party")
+
+    def write_status(self, run: str, party: str, data: bytes) -> None:
+        """Replace the status record atomically: a reader sees the old or the new one."""
+        path = self.status_path(run, party)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+
+    def read_status(self, run: str, party: str) -> bytes | None:
+        try:
+            return self.status_path(run, party).read_bytes()
+        except FileNotFoundError:
+            return None
 
     def records(self, run: str) -> list[MessageRecord]:
         folder = self.root / "runs" / run / "messages"
@@ -227,6 +258,7 @@ class FileTransport:
     def get(self, key: MessageKey, timeout: float) -> bytes:
         deadline, pause = time.monotonic() + timeout, 0.01
         while (data := self.folder.find(key)) is None:
+            watchers.check_peers()
             if time.monotonic() >= deadline:
                 raise MessageTimeoutError(
                     f"gave up after {timeout:g} s waiting for the {key.describe()}"
@@ -237,6 +269,12 @@ class FileTransport:
 
     def store(self) -> MessageFolder:
         return self.folder
+
+    def publish_status(self, run: str, party: str, data: bytes) -> None:
+        self.folder.write_status(run, party, data)
+
+    def peer_status(self, run: str, peer: str) -> bytes | None:
+        return self.folder.read_status(run, peer)
 
 
 class Channel:
@@ -309,7 +347,8 @@ class PartyEndpoint:
         """The payload; waits up to ``timeout`` (default: the channel's) for it to arrive."""
         key = self.channel.key(round, sender, self.party, kind)
         wait = self.channel.timeout if timeout is None else timeout
-        data = self.channel.transport.get(key, wait)
+        with watchers.waiting_for(key):
+            data = self.channel.transport.get(key, wait)
         try:
             return codec.loads(data)
         except codec.CodecError as error:

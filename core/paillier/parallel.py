@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from core.lifetime import exit_with
 from core.paillier.errors import BackendError
 
 T = TypeVar("T")
@@ -130,7 +131,13 @@ class ProcessBackend:
     def _pool(self) -> Executor:
         if self._executor is None:
             context = _worker_context(self._start_method)
-            self._executor = ProcessPoolExecutor(self._max_workers, mp_context=context)
+            # a worker ends with this process, even one killed by SIGKILL (core.lifetime)
+            self._executor = ProcessPoolExecutor(
+                self._max_workers,
+                mp_context=context,
+                initializer=exit_with,
+                initargs=(os.getpid(),),
+            )
         return self._executor
 
     def run(

@@ -1,0 +1,77 @@
+"""No helper process outlives the process that started it, whatever signal killed that one.
+
+A party's flow process starts helpers: the Paillier pool's workers and the temporary Prefect
+API server. When the flow process is killed with SIGKILL it runs no clean-up, and helpers
+that live on hold its pipes (so its runner never sees it exit and never marks the run
+Crashed) and its memory. Each helper therefore watches the process it serves and exits the
+moment that process is gone, through a pidfd (Linux 5.3+: readable when the process exits,
+no polling, no pid reuse) or, elsewhere, a once-a-second liveness check.
+
+``python -m core.lifetime PID -m MODULE ARGS...`` runs ``MODULE`` as ``__main__`` under such a
+watch (how the temporary Prefect server is started, see ``flows/runtime.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import select
+import sys
+import threading
+import time
+
+OWNER_ENV = "PRIVREG_OWNER_PID"
+"""Set by a process whose helpers must die with it; read by helpers started without argv."""
+
+
+def exit_with(pid: int) -> None:
+    """End this process at once (exit status 70) when process ``pid`` has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(70)
+    except (AttributeError, OSError):  # no pidfd here: look once a second
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _alive(pid):
+                time.sleep(1.0)
+        os._exit(70)
+
+    threading.Thread(target=watch, name=f"exit-with-{pid}", daemon=True).start()
+
+
+def exit_with_owner() -> None:
+    """``exit_with`` the process named by :data:`OWNER_ENV`, if any (pool initializers)."""
+    if pid := os.environ.get(OWNER_ENV):
+        exit_with(int(pid))
+
+
+def become_owner() -> None:
+    """Make this process the one its helpers (started from now on) die with."""
+    os.environ[OWNER_ENV] = str(os.getpid())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 3 or argv[1] != "-m":
+        raise SystemExit("usage: python -m core.lifetime PID -m MODULE [ARGS...]")
+    exit_with(int(argv[0]))
+    sys.argv = [argv[2], *argv[3:]]
+    runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,63 @@
+"""How a privreg process runs Prefect's temporary API server (the embedded default).
+
+Two things Prefect 3.8.8 leaves to the caller, set here once for every process that imports
+``flows`` (a party's pipeline, ``privreg run``, a served deployment's child):
+
+* the temporary server dies with the process that started it: it is started under
+  ``python -m core.lifetime <pid>``, so a SIGKILLed flow process leaves no server behind
+  (Prefect's own clean-up runs only at a normal exit);
+* its start-up may take longer than Prefect's 20 s default: several parties starting at once
+  on one machine each run the server's migrations (a fresh start took ~13 s alone). privreg
+  waits :data:`STARTUP_TIMEOUT` seconds unless ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``
+  is set in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from typing import Any
+
+STARTUP_TIMEOUT = 120
+_STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+
+
+def _popen_under_watch(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen`` of ``python -m MODULE ...`` run as ``python -m core.lifetime
+    <this pid> -m MODULE ...``."""
+    if len(args) > 2 and args[0] == sys.executable and args[1] == "-m":
+        args = [sys.executable, "-m", "core.lifetime", str(os.getpid()), *args[1:]]
+    env = kwargs.get("env")
+    if env is not None:  # the child must import core.lifetime from this installation
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        paths = [p for p in (root, env.get("PYTHONPATH", "")) if p]
+        kwargs["env"] = {**env, "PYTHONPATH": os.pathsep.join(paths)}
+    return subprocess.Popen(args, **kwargs)
+
+
+def install() -> None:
+    """Patch Prefect's temporary-server launcher (idempotent). With an API URL configured no
+    temporary server starts, and its module (about 2.5 s to import) is not loaded."""
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return
+    from prefect.server.api import server
+
+    if getattr(server.SubprocessASGIServer, "_privreg_watched", False):
+        return
+    server.subprocess = types.SimpleNamespace(  # only this module's view of subprocess
+        **{name: getattr(subprocess, name) for name in dir(subprocess) if not name.startswith("__")}
+    )
+    server.subprocess.Popen = _popen_under_watch
+    start = server.SubprocessASGIServer.start
+
+    def start_with_patience(self: Any, timeout: int | None = None) -> None:
+        if timeout is None and _STARTUP_SETTING not in os.environ:
+            timeout = STARTUP_TIMEOUT
+        start(self, timeout)
+
+    server.SubprocessASGIServer.start = start_with_patience
+    server.SubprocessASGIServer._privreg_watched = True

@@ -1,0 +1,387 @@
+"""A job as one federation-wide object: each party's state, heard by every peer within seconds.
+
+Every party taking part in a job run keeps one *status record* of it (its state, what it is
+doing or waiting for and since when, the job's terms digest, a heartbeat) in its own folder,
+``runs/<job>/status/<party>``, rewritten about once a second while its side runs. Peers read
+it through the transport: the shared folder in one process, the ``Status`` method of the
+party's mTLS endpoint across organisations (served only to the parties the record names).
+
+A :class:`Federation` runs beside one party's side of a job and, once a second:
+
+* publishes this party's record (so its peers see it alive and what it waits for);
+* reads every peer's record. A peer that *failed* or was *aborted* (``privreg job abort``,
+  Ctrl-C, SIGTERM, an exception, a refusal) ends this side too, with an error naming that
+  party and its reason: the channel's waits ask :meth:`Federation.check` between polls, so a
+  peer's failure reaches every party in a few seconds instead of after ``receive_timeout``.
+  A peer whose heartbeat stops (kill -9, machine down) is reported *down* after
+  ``down_after`` seconds; its peers keep waiting for its restart (restart-and-resume from
+  checkpoints keeps working) until ``restart_grace`` seconds, then end the job naming it.
+  A record whose terms digest differs from this party's ends the job too.
+
+A failure record written more than :data:`STALE_AFTER` seconds before this side started is an
+earlier attempt's: the peer counts as down until it restarts (it is not a new failure).
+
+What a peer learns from a record: the job's parties, states, the kinds of messages waited
+for and the reasons given for failures: nothing a message of the job would not tell it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from storage import watchers
+from storage.channel import ChannelError, MessageKey, PeerUnreachableError, Transport
+
+LIVE = ("queued", "agreeing", "running", "waiting")  # a heartbeat is expected
+ENDED_BADLY = ("failed", "aborted")
+STALE_AFTER = 5.0
+INTERVAL = 1.0
+DOWN_AFTER = 30.0
+RESTART_GRACE = 600.0
+
+logger = logging.getLogger("privreg.federation")
+
+
+class PeerFailedError(ChannelError):
+    """Another party's side of the job ended (failed, aborted, down past its grace, or holds
+    other terms): this side ends too, naming that party and its reason."""
+
+    def __init__(self, job: str, party: str, reason: str) -> None:
+        super().__init__(f"job {job}: party {party} {reason}")
+        self.job, self.party, self.reason = job, party, reason
+
+
+class AbortedHereError(PeerFailedError):
+    """An operator of this party ended its side (``privreg job abort``)."""
+
+
+@dataclass(frozen=True)
+class PartyStatus:
+    """One party's record of one job run, as it publishes it."""
+
+    party: str
+    job: str
+    state: str
+    parties: tuple[str, ...]
+    digest: str = ""
+    detail: str = ""
+    reason: str = ""
+    attempt: str = ""
+    started: float = 0.0
+    heartbeat: float = 0.0
+    seq: int = 0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PartyStatus:
+        fields = json.loads(data)
+        fields["parties"] = tuple(fields.get("parties", ()))
+        return cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+
+
+def status_parties(data: bytes) -> set[str]:
+    """The parties a status record names (who may read it); empty if it does not parse."""
+    try:
+        return set(PartyStatus.from_bytes(data).parties)
+    except (ValueError, TypeError):
+        return set()
+
+
+@dataclass
+class PeerView:
+    """What this party knows of one peer: its last record and when it was last heard from
+    (this party's own clock, so machines' clocks need not agree)."""
+
+    party: str
+    status: PartyStatus | None = None
+    heard: float | None = None
+    down_since: float | None = None
+    error: str = ""
+
+    def line(self, now: float) -> str:
+        if self.status is None:
+            state = f"not started ({self.error})" if self.error else "not started"
+        else:
+            state = self.status.state + (f": {self.status.detail}" if self.status.detail else "")
+            if self.status.reason:
+                state += f" ({self.status.reason})"
+        if self.down_since is not None:
+            state = f"DOWN since {_clock(self.down_since)}; last: {state}"
+        heard = "never" if self.heard is None else f"{now - self.heard:.0f} s ago"
+        return f"{self.party:<16} {state}  [heard {heard}]"
+
+
+def _clock(seconds: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(seconds))
+
+
+@dataclass
+class Federation:
+    """One party's side of one job run, among its peers (see the module docstring)."""
+
+    transport: Transport
+    job: str
+    party: str
+    parties: tuple[str, ...]
+    digest: str = ""
+    interval: float = INTERVAL
+    down_after: float = DOWN_AFTER
+    restart_grace: float = RESTART_GRACE
+    on_change: Callable[[Federation], None] | None = None
+    state: str = "queued"
+    detail: str = ""
+    peers: dict[str, PeerView] = field(default_factory=dict)
+    failure: PeerFailedError | None = None
+    started: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.parties = tuple(sorted(set(self.parties) | {self.party}))
+        self.peers = {p: PeerView(p) for p in self.parties if p != self.party}
+        self.attempt = secrets.token_hex(8)
+        self._seq = 0
+        self._waits: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- this party's own record ------------------------------------------------------------
+    def start(self, state: str = "running") -> Federation:
+        """Publish this side's record, start hearing peers, and let the channel consult us."""
+        self._clear_stale_abort()
+        self.set_state(state)
+        context = contextvars.copy_context()  # Prefect's run context, for artifacts and logs
+        self._thread = threading.Thread(
+            target=context.run, args=(self._loop,), name=f"federation-{self.job}", daemon=True
+        )
+        self._thread.start()
+        watchers.register(self)
+        return self
+
+    def set_state(self, state: str, detail: str = "", reason: str = "") -> None:
+        with self._lock:
+            self.state, self.detail = state, detail
+            self._publish(reason)
+
+    def fail(self, reason: str, state: str = "failed") -> None:
+        """Tell every peer this side ended and why (before the process exits)."""
+        self._stop.set()
+        watchers.unregister(self)
+        with self._lock:
+            self.state, self.detail = state, ""
+            self._publish(reason)
+
+    def finish(self) -> None:
+        self._stop.set()
+        watchers.unregister(self)
+        with self._lock:
+            self.state, self.detail = "done", ""
+            self._publish("")
+
+    @contextlib.contextmanager
+    def taking_part(self) -> Iterator[Federation]:
+        """The block is this party's side: started, then done, or failed with its reason."""
+        if self._thread is None:
+            self.start()
+        else:
+            self.set_state("running")
+        try:
+            yield self
+        except BaseException as error:
+            self.fail(*describe_exit(error))
+            raise
+        self.finish()
+
+    def _publish(self, reason: str) -> None:
+        self._seq += 1
+        record = PartyStatus(
+            self.party, self.job, self.state, self.parties, self.digest,
+            self._current_detail(), reason, self.attempt, self.started, time.time(), self._seq,
+        )  # fmt: skip
+        self.transport.publish_status(self.job, self.party, record.to_bytes())
+
+    def _current_detail(self) -> str:
+        if self._waits and self.state in ("running", "waiting"):
+            return next(iter(self._waits.values()))
+        return self.detail
+
+    @contextlib.contextmanager
+    def waiting(self, key: MessageKey) -> Iterator[None]:
+        """Show "waiting for the <kind> from <sender> since <time>" while a receive waits."""
+        if key.sender not in self.peers or self.state not in ("running", "waiting"):
+            yield
+            return
+        token = id(key) ^ threading.get_ident()
+        with self._lock:
+            self._waits[token] = (
+                f"waiting for the {key.kind!r} message from {key.sender} "
+                f"(job {key.run}, round {key.round}) since {_clock(time.time())}"
+            )
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waits.pop(token, None)
+
+    # ---- peers ------------------------------------------------------------------------------
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+            except Exception as error:  # hearing peers must never kill the party's side
+                logger.warning("job %s: could not hear peers: %s", self.job, error)
+
+    def poll(self) -> None:
+        """One heartbeat and one look at every peer (the thread calls this every interval)."""
+        with self._lock:
+            if self.state in LIVE:
+                self._publish("")
+        changed = False
+        for view in self.peers.values():
+            changed |= self._observe(view)
+        if (request := self._abort_request()) is not None and self.failure is None:
+            self.failure = AbortedHereError(
+                self.job, self.party, f"aborted by an operator: {request}"
+            )
+            changed = True
+        if changed and self.on_change is not None:
+            self.on_change(self)
+
+    def _observe(self, view: PeerView) -> bool:
+        now = time.time()
+        before = (view.status, view.down_since is None, view.error)
+        try:
+            data = self.transport.peer_status(self.job, view.party)
+            status = None if data is None else PartyStatus.from_bytes(data)
+            view.error = ""
+        except (PeerUnreachableError, ChannelError, ValueError) as error:
+            status, view.error = view.status, str(error)
+        if status is not None and (
+            view.status is None
+            or (status.attempt, status.seq) != (view.status.attempt, view.status.seq)
+        ):
+            view.heard = now  # a new record: the peer is alive (or just restarted)
+        view.status = status
+        self._judge(view, now)
+        return before != (view.status, view.down_since is None, view.error)
+
+    def _judge(self, view: PeerView, now: float) -> None:
+        status = view.status
+        if status is None:
+            return  # not started yet: the receive timeouts decide how long to wait
+        if status.digest and self.digest and status.digest != self.digest:
+            self._fail_for(view.party, "holds other terms for this job (its job file differs)")
+            return
+        if status.state in ENDED_BADLY and status.heartbeat >= self.started - STALE_AFTER:
+            what = "was aborted" if status.state == "aborted" else "failed"
+            self._fail_for(view.party, f"{what}: {status.reason or 'no reason given'}")
+            return
+        silent_since = view.heard if view.heard is not None else self.started
+        earlier_attempt = status.state in ENDED_BADLY  # failed before we started: may restart
+        if (status.state in LIVE or earlier_attempt) and now - silent_since > self.down_after:
+            if view.down_since is None:
+                view.down_since = silent_since
+                logger.warning(
+                    "job %s: party %s is down: not heard from since %s (%s); waiting up to "
+                    "%.0f s for its restart", self.job, view.party, _clock(silent_since),
+                    status.reason or status.detail or status.state, self.restart_grace,
+                )  # fmt: skip
+            if now - silent_since > self.restart_grace:
+                self._fail_for(
+                    view.party,
+                    f"is down: not heard from since {_clock(silent_since)}, past the job's "
+                    f"restart grace of {self.restart_grace:.0f} s",
+                )
+        elif view.down_since is not None:
+            logger.warning("job %s: party %s is back (%s)", self.job, view.party, status.state)
+            view.down_since = None
+
+    def _fail_for(self, party: str, reason: str) -> None:
+        if self.failure is None:
+            self.failure = PeerFailedError(self.job, party, reason)
+            logger.error("%s", self.failure)
+
+    # ---- an operator's abort (``privreg job abort``) ----------------------------------------
+    def _abort_request(self) -> str | None:
+        return read_abort_request(self.transport, self.job, self.party)
+
+    def _clear_stale_abort(self) -> None:
+        path = abort_path(self.transport, self.job, self.party)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+    def table(self) -> list[dict[str, str]]:
+        """Every party's state, for the Prefect artifact and ``privreg job status``."""
+        now = time.time()
+        rows = [{"party": self.party, "state": self.state, "detail": self._current_detail(),
+                 "heard": "this party"}]  # fmt: skip
+        for view in self.peers.values():
+            status = view.status
+            rows.append({
+                "party": view.party,
+                "state": ("DOWN " if view.down_since else "")
+                + (status.state if status else "not started"),
+                "detail": (status.reason or status.detail) if status else view.error,
+                "heard": "never" if view.heard is None else f"{now - view.heard:.0f} s ago",
+            })  # fmt: skip
+        return rows
+
+
+def describe_exit(error: BaseException) -> tuple[str, str]:
+    """(reason, state) a party publishes when its side ends with ``error``."""
+    if isinstance(error, AbortedHereError):
+        return error.reason, "aborted"
+    if isinstance(error, PeerFailedError):
+        return f"stopped because party {error.party} {error.reason}", "failed"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted (Ctrl-C or SIGTERM)", "aborted"
+    if isinstance(error, SystemExit):
+        return f"exited ({error.code})", "aborted"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:500], "failed"
+
+
+def abort_path(transport: Transport, job: str, party: str) -> Path:
+    status = transport.store().status_path(job, party)
+    return status.with_name(f"{status.name}.abort")
+
+
+def request_abort(transport: Transport, job: str, party: str, reason: str) -> PartyStatus:
+    """``privreg job abort``: this party's side ends with ``reason``, and so every peer's.
+
+    A running side sees the request within a second and ends itself; the record is rewritten
+    here too, so peers hear it even when no side of this party is running."""
+    path = abort_path(transport, job, party)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(reason)
+    data = transport.store().read_status(job, party)
+    if data is None:
+        raise ChannelError(f"party {party} has no status for job {job}: it never took part")
+    old = PartyStatus.from_bytes(data)
+    record = replace(
+        old, state="aborted", reason=f"aborted by an operator: {reason}", detail="",
+        heartbeat=time.time(), seq=old.seq + 1,
+    )  # fmt: skip
+    transport.publish_status(job, party, record.to_bytes())
+    return record
+
+
+def read_abort_request(transport: Transport, job: str, party: str) -> str | None:
+    try:
+        return abort_path(transport, job, party).read_text()
+    except FileNotFoundError:
+        return None

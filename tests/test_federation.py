@@ -1,0 +1,214 @@
+"""A job is one federation-wide object: agreed terms, one state, failures that reach everyone.
+
+In one process (the shared folder transport): a peer's failure, an operator's abort and a
+vanished peer are heard by :class:`Federation`, and the channel's waits end on them. With each
+organisation its own process over mTLS (one set of organisations for the module): a job file
+that differs in one option is refused at every party before anything is loaded, and a guest
+that fails at set-up ends its peers' sides within seconds, each naming the guest.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.job_terms import differences, digest, job_terms
+from demo.orgs import Org, serve_all, start
+from demo.parties import prepare
+from flows.jobs import read_job
+from storage.channel import Channel, FileTransport, MessageTimeoutError
+from storage.federation import Federation, PeerFailedError, request_abort
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- terms -------------------------------------------------------------------------------------
+def test_terms_leave_out_private_paths_and_name_each_difference() -> None:
+    spec = read_job(ROOT / "jobs/demo.json")
+    other = json.loads(json.dumps(spec))
+    other["parties"]["host"]["source"] = "elsewhere/lab.csv"  # an organisation's own layout
+    other["parties"]["host"]["table"]["database"] = "db/lab.duckdb"
+    assert digest(job_terms("main", spec, None)) == digest(job_terms("main", other, None))
+    other["vertical"]["epochs"] = 5
+    other["walr"].pop("clip_norm")
+    found = differences(job_terms("main", spec, None), job_terms("main", other, None))
+    assert [d.describe("clinic", "lab") for d in found] == [
+        "job.vertical.epochs: clinic has 4, lab has 5",
+        "job.walr.clip_norm: clinic has 4.0, lab has (not set)",
+    ]
+    assert digest(job_terms("main", spec, "nightly")) != digest(job_terms("main", spec, None))
+
+
+# ---- one process: the shared folder ----------------------------------------------------------
+def _sides(root: Path, **options: float) -> tuple[Federation, Federation, Channel]:
+    transport = FileTransport(root)
+    parties = ("guest", "host")
+    made = [Federation(transport, "job1", p, parties, interval=0.1, **options) for p in parties]
+    return made[0], made[1], Channel(root, "job1-stage", transport)
+
+
+def test_a_peers_failure_ends_a_wait_naming_it(tmp_path: Path) -> None:
+    guest, host, channel = _sides(tmp_path)
+    host.start()
+    guest.start()
+    try:
+        guest.fail("ValueError: batch_size 0 must be at least 1")
+        started = time.monotonic()
+        with pytest.raises(PeerFailedError, match="party guest failed: ValueError: batch_size"):
+            channel.endpoint("host").receive("guest", "gradient", timeout=60)
+        assert time.monotonic() - started < 3
+    finally:
+        host.finish()
+
+
+def test_an_operators_abort_ends_both_sides(tmp_path: Path) -> None:
+    guest, host, channel = _sides(tmp_path)
+    with host.taking_part(), guest.taking_part():
+        request_abort(host.transport, "job1", "host", "wrong data loaded")
+        with pytest.raises(PeerFailedError, match="host aborted by an operator: wrong data"):
+            channel.endpoint("guest").receive("host", "gradient", timeout=60)
+        with pytest.raises(PeerFailedError, match="aborted by an operator"):
+            channel.endpoint("host").receive("guest", "gradient", timeout=60)
+
+
+def test_a_silent_peer_is_down_then_ends_the_job_after_its_grace(tmp_path: Path) -> None:
+    guest, host, channel = _sides(tmp_path, down_after=0.3, restart_grace=1.5)
+    guest.start()
+    guest._stop.set()  # the guest's process "vanished": its record stays, its heartbeat stops
+    host.start()
+    try:
+        time.sleep(0.8)
+        assert host.peers["guest"].down_since is not None  # reported down, still waiting
+        assert host.failure is None
+        with pytest.raises(PeerFailedError, match="guest is down: not heard from since"):
+            channel.endpoint("host").receive("guest", "gradient", timeout=30)
+    finally:
+        host.finish()
+
+
+def test_an_earlier_attempts_failure_waits_for_the_restart(tmp_path: Path) -> None:
+    transport = FileTransport(tmp_path)
+    old = Federation(transport, "job1", "guest", ("guest", "host"), interval=0.1)
+    old.start()
+    old.fail("killed")
+    old.started = old.started  # the failure record is now the guest's earlier attempt
+    time.sleep(0.1)
+    host = Federation(transport, "job1", "host", ("guest", "host"), interval=0.1)
+    host.started = time.time() + 10  # host starts "much later" than the guest's failure
+    host.start()
+    try:
+        time.sleep(0.4)
+        assert host.failure is None  # an earlier attempt's failure is not a new one
+        restarted = Federation(transport, "job1", "guest", ("guest", "host"), interval=0.1)
+        restarted.start()
+        channel = Channel(tmp_path, "job1-stage", transport)
+        channel.endpoint("guest").send("host", "gradient", [1, 2])
+        assert channel.endpoint("host").receive("guest", "gradient", timeout=5) == [1, 2]
+        restarted.finish()
+    finally:
+        host.finish()
+    with pytest.raises(MessageTimeoutError):  # with no federation active, timeouts decide
+        channel.endpoint("host").receive("guest", "nothing", timeout=0.2)
+
+
+# ---- organisations as processes ---------------------------------------------------------------
+def _small_job(source: Path) -> None:
+    """The demo's main job without sub-jobs or WALR, one epoch, small keys."""
+    job = read_job(ROOT / "jobs/demo.json")
+    job.pop("subjobs")
+    job.pop("walr")
+    job["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
+    (source / "jobs").mkdir(parents=True)
+    (source / "jobs/demo.json").write_text(json.dumps(job))
+    (source / "demo").symlink_to(ROOT / "demo")
+
+
+@pytest.fixture(scope="module")
+def orgs(
+    tmp_path_factory: pytest.TempPathFactory, prefect_server: None
+) -> Iterator[dict[str, Org]]:
+    """clinic (guest), lab (host) and the arbiter, each serving its endpoint."""
+    source = tmp_path_factory.mktemp("source")
+    _small_job(source)
+    made = prepare(tmp_path_factory.mktemp("orgs"), source=source, receive_timeout=120)
+    servers = serve_all(made.values(), _api())
+    yield made
+    for server in servers:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _api() -> dict[str, str]:
+    """The session's test Prefect server, shared by every party process."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_CLIENT_MAX_RETRIES": "8"}
+
+
+def _run_everywhere(orgs: dict[str, Org], run: str) -> dict[str, tuple[float, int, str]]:
+    """Every party's ``privreg party pipeline --run RUN``; per party: when it exited (monotonic),
+    its exit status and its log."""
+    api = _api()
+    running: dict[str, tuple[subprocess.Popen, Path]] = {}
+    for party, org in orgs.items():
+        log = org.folder / f"{run}.log"
+        with log.open("w") as stderr:
+            args = ["--job-file", "jobs/demo.json", "--run", run]
+            running[party] = (start(org, "pipeline", args, api, stderr=stderr), log)
+    ended: dict[str, tuple[float, int, str]] = {}
+    deadline = time.monotonic() + 300
+    while len(ended) < len(running) and time.monotonic() < deadline:
+        for party, (process, log) in running.items():
+            if party not in ended and process.poll() is not None:
+                ended[party] = (time.monotonic(), process.returncode, log.read_text())
+        time.sleep(0.1)
+    for process, _ in running.values():
+        if process.poll() is None:
+            process.kill()
+    return ended
+
+
+def test_a_job_file_differing_in_one_option_is_refused_everywhere_before_any_load(
+    orgs: dict[str, Org],
+) -> None:
+    lab = orgs["lab"].folder / "jobs/demo.json"
+    agreed = lab.read_text()
+    job = json.loads(agreed)
+    job["vertical"]["learning_rate"] = 0.3
+    lab.write_text(json.dumps(job))
+    try:
+        ended = _run_everywhere(orgs, "terms")
+    finally:
+        lab.write_text(agreed)
+    assert set(ended) == {"clinic", "lab", "arbiter"}
+    for party, (_, status, log) in ended.items():
+        assert status != 0, f"{party} ran a job whose terms differ"
+        assert "job.vertical.learning_rate" in log and "0.3" in log and "0.15" in log, party
+        assert "/load" not in log  # no stage line: nothing was loaded
+    for party in ("clinic", "lab"):
+        assert not list((orgs[party].folder / "var").rglob("*.duckdb")), party
+
+
+def test_a_guest_failing_at_set_up_ends_every_peer_within_seconds(orgs: dict[str, Org]) -> None:
+    clinic = orgs["clinic"].folder / "demo/clinic_guest.csv"
+    clinic.unlink()  # the clinic's own copy of its source
+    clinic.write_text("patient_id,x1\np1,0.5\n")  # no diagnosis column: the guest refuses
+    try:
+        ended = _run_everywhere(orgs, "failing")
+    finally:
+        clinic.unlink()
+        shutil.copy(ROOT / "demo/clinic_guest.csv", clinic)
+    assert {party: status != 0 for party, (_, status, _) in ended.items()} == {
+        "clinic": True, "lab": True, "arbiter": True,
+    }  # fmt: skip
+    guest_exit = ended["clinic"][0]
+    for party in ("lab", "arbiter"):
+        seconds, _, log = ended[party]
+        assert seconds - guest_exit < 15, f"{party}: {seconds - guest_exit:.1f} s\n{log[-3000:]}"
+        assert "party clinic failed" in log and "diagnosis" in log, log[-2000:]

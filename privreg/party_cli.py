@@ -56,12 +56,32 @@ def _as_party(config_path: str) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> None:
+    """The endpoint checks itself first (one line and exit 1 for the first check that fails),
+    then prints what it serves as; refused callers and renewals are logged on stderr."""
+    import logging
+    import sys
+
+    from storage.identity import EXPIRY_WARNING_DAYS, IdentityError, check_own
     from storage.transport_grpc import serve
 
     config = _as_party(args.config)
+    try:
+        own = check_own(config.party, config.ca, config.cert, config.key)
+    except IdentityError as error:
+        raise IdentityError(f"refusing to serve: {error}") from None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.getLogger("privreg.endpoint").addHandler(handler)
     server, port = serve(config)
     host = config.listen.rsplit(":", 1)[0]
-    print(f"party {config.party} serving its messages on {host}:{port}", flush=True)
+    print(f"party {config.party} serving its messages on {host}:{port}; {own.summary()}")
+    if own.days_left() < EXPIRY_WARNING_DAYS:
+        print(
+            f"WARNING: party {config.party}'s certificate expires in {own.days_left():.0f} days;"
+            " renew it (same CA, same name): the endpoint picks it up without a restart",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
     if args.flows:
         _serve_flows(config.party)
         server.stop(grace=2).wait()

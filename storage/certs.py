@@ -86,23 +86,35 @@ def create_ca(folder: str | Path, name: str = "privreg demo CA", days: int = 365
     return issued
 
 
-def issue(ca: Issued, party: str, folder: str | Path, days: int = 365) -> Issued:
-    """A certificate for ``party`` (client and server use) signed by ``ca``."""
+def issue(
+    ca: Issued,
+    party: str,
+    folder: str | Path,
+    days: float = 365,
+    valid_from: datetime.datetime | None = None,
+    common_name: str | None = None,
+    dns_names: list[str] | None = None,
+) -> Issued:
+    """A certificate for ``party`` (client and server use) signed by ``ca``, valid from
+    ``valid_from`` (default: five minutes ago) for ``days``. ``common_name`` and
+    ``dns_names`` replace the party's name in the subject and the SAN, for testing that
+    certificates breaking the one identity rule are refused."""
     check_name(party, "party")
     ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
     ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
+    start = valid_from or datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+    names = [x509.DNSName(name) for name in (dns_names if dns_names is not None else [party])]
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name(party))
+        .subject_name(_name(common_name or party))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
+        .not_valid_before(start)
+        .not_valid_after(start + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(party)]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]

@@ -13,6 +13,18 @@ key = "certs/clinic.key"
 
 [peers]
 lab = "lab.example.org:7701"
+
+[pins]                           # optional: a peer's certificate by its SHA-256 fingerprint
+lab = "sha256:3f1c..."
+
+[policy]                         # optional: jobs taken part in unattended (storage.standing_policy)
+accept_from = ["lab"]
+
+[limits]                         # optional: per-peer limits at the endpoint (see README)
+fetches_per_peer = 4
+message_bytes = 2147483648       # the cap of kinds the kind table does not list
+[limits.kinds]
+residual = 536870912             # one kind's cap
 ```
 
 Relative paths are read from the file's folder. A process runs as this party when
@@ -30,6 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from storage.channel import check_name
+from storage.endpoint_limits import EndpointLimits
+from storage.message_caps import MessageCaps
+from storage.standing_policy import StandingPolicy
 
 ENV_VAR = "PRIVREG_PARTY_CONFIG"
 
@@ -48,6 +63,10 @@ class PartyConfig:
     key: Path
     peers: dict[str, str] = field(default_factory=dict)
     receive_timeout: float = 600.0
+    pins: dict[str, str] = field(default_factory=dict)
+    policy: StandingPolicy = field(default_factory=StandingPolicy)
+    limits: EndpointLimits = field(default_factory=EndpointLimits)
+    caps: MessageCaps = field(default_factory=MessageCaps)
 
     @classmethod
     def load(cls, path: str | Path) -> PartyConfig:
@@ -79,6 +98,9 @@ class PartyConfig:
                 key=where(tls.get("key"), "tls.key"),
                 peers=dict(peers),
                 receive_timeout=float(raw.get("receive_timeout", 600.0)),
+                pins=_pins(raw.get("pins", {})),
+                policy=StandingPolicy.from_table(raw.get("policy", {})),
+                **_limits(raw.get("limits", {})),
             )
         except KeyError as error:
             raise PartyConfigError(f"{path}: missing {error.args[0]!r}") from None
@@ -96,6 +118,37 @@ class PartyConfig:
         if peer not in self.peers:
             raise PartyConfigError(f"party {self.party!r} has no address for peer {peer!r}")
         return self.peers[peer]
+
+
+def _pins(raw: dict[str, Any]) -> dict[str, str]:
+    """``[pins]``: peer name -> ``sha256:<64 hex digits>`` of its certificate."""
+    pins = {}
+    for peer, value in raw.items():
+        check_name(peer, "pinned peer")
+        text = value if isinstance(value, str) else ""
+        digits = text.removeprefix("sha256:").replace(":", "").lower()
+        if len(digits) != 64 or any(c not in "0123456789abcdef" for c in digits):
+            raise ValueError(f"pins.{peer} must be 'sha256:' and 64 hex digits, not {value!r}")
+        pins[peer] = "sha256:" + digits
+    return pins
+
+
+_LIMIT_KEYS = set(EndpointLimits.__dataclass_fields__)
+
+
+def _limits(raw: dict[str, Any]) -> dict[str, Any]:
+    """``[limits]``: the endpoint's per-peer limits and the receiver's message caps."""
+    if unknown := sorted(set(raw) - _LIMIT_KEYS - {"message_bytes", "kinds"}):
+        known = [*sorted(_LIMIT_KEYS), "message_bytes", "kinds"]
+        raise ValueError(f"unknown limits {unknown}; known: {known}")
+    kinds = dict(raw.get("kinds", {}))
+    for kind in kinds:  # "share_" (every kind starting with it) is allowed
+        check_name(kind.rstrip("_"), "limits.kinds key")
+    default = {"default": raw["message_bytes"]} if "message_bytes" in raw else {}
+    return {
+        "limits": EndpointLimits(**{k: raw[k] for k in _LIMIT_KEYS & set(raw)}),
+        "caps": MessageCaps(**default, kinds=kinds),
+    }
 
 
 @functools.cache

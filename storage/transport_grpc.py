@@ -3,12 +3,20 @@
 A party *sends* by writing the message into its own folder (its outbox, kept for replay). The
 receiver *fetches* it from the sender's message endpoint, a gRPC service over mutual TLS:
 
-* the caller's identity is the name in its client certificate (the TLS layer checks that a
-  certificate chains to the configured CA); the endpoint serves a message only to the party it
-  is addressed to, and only its own messages, so a party reads only what is addressed to it;
+* a party is the name its certificate gives by one rule, CN and DNS SAN equal
+  (:mod:`storage.identity`), optionally pinned by fingerprint; the TLS layer checks that the
+  caller's certificate chains to the configured CA, the endpoint checks the rule and the pin
+  for every call (:class:`storage.tls_credentials.CallerCheck`), serves a message only to the
+  party it is addressed to, and only its own messages, so a party reads only what is addressed
+  to it;
 * the receiver checks that the server's certificate names the sender it asked (TLS host-name
-  check against the sender's name), so a message in a party's inbox comes from the party whose
-  certificate served it, never from a field a peer filled in: a party can send only as itself;
+  check against the sender's name), and the sender signs each message's key and digest with
+  its certificate's key; the receiver checks chain, rule, pin and signature before writing a
+  byte, so a message in a party's inbox comes from the party whose certificate served it,
+  never from a field a peer filled in: a party can send only as itself;
+* each peer holds at most its share of the endpoint (:mod:`storage.endpoint_limits`), and a
+  receiver refuses a message announced larger than its kind's cap
+  (:mod:`storage.message_caps`) before writing it;
 * the payload streams in 1 MiB chunks (gRPC's 4 MB message limit never applies); the receiver
   writes them to a temporary file, checks size and SHA-256, and persists the message in its own
   folder before using it. A key already holding other bytes is refused (nothing replaced);
@@ -22,6 +30,8 @@ first response item are small dicts in the privreg codec, the rest are payload c
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 import threading
 import time
 from concurrent import futures
@@ -37,11 +47,15 @@ from storage.channel import (
     MessageKey,
     MessageTimeoutError,
 )
+from storage.endpoint_limits import LimitExceededError, PeerGate, Ticket
+from storage.identity import IdentityError, check_sender, sign, statement
 from storage.party_config import PartyConfig
+from storage.tls_credentials import CallerCheck, CredentialFiles, caller_of
 
 CHUNK = 1 << 20
 LONG_POLL = 2.0  # seconds the endpoint holds a fetch for a message not sent yet
 _METHOD = "/privreg.Messages/Fetch"
+_HEADER_BYTES = 64 * 1024  # size, digest, the sender's certificate chain and its signature
 _FRAME_LIMIT = 8 * CHUNK
 _OPTIONS = [
     ("grpc.max_send_message_length", _FRAME_LIMIT),
@@ -64,20 +78,23 @@ _TLS_FAILURES = ("handshake", "certificate", "verification", "ssl_error", "tsi_"
 
 
 def _identity(context: grpc.ServicerContext) -> str | None:
-    names = context.auth_context().get("x509_common_name") or []
-    return names[0].decode("utf-8", "replace") if len(names) == 1 else None
-
-
-def _credentials_files(config: PartyConfig) -> tuple[bytes, bytes, bytes]:
-    return config.ca.read_bytes(), config.key.read_bytes(), config.cert.read_bytes()
+    """The caller's party by the one rule (its certificate's CN and DNS SAN equal), or None."""
+    seen = caller_of(context)
+    try:
+        return seen.party() if seen is not None else None
+    except IdentityError:
+        return None
 
 
 class MessageService:
     """The server side: streams a party's own sent messages to their receivers only."""
 
-    def __init__(self, config: PartyConfig) -> None:
+    def __init__(self, config: PartyConfig, files: CredentialFiles | None = None) -> None:
         self.party = config.party
         self.folder = MessageFolder(config.root)
+        self.files = files or CredentialFiles(config)
+        self.limits = config.limits
+        self.gate = PeerGate(config.party, config.limits)
 
     def fetch(self, request: bytes, context: grpc.ServicerContext) -> Any:
         caller = _identity(context)
@@ -98,41 +115,91 @@ class MessageService:
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"party {self.party} serves only its own messages, not the {key.describe()}",
             )
-        path = self.folder.path(key)
-        deadline = time.monotonic() + wait  # a long poll: answer as soon as the message exists
-        while not path.exists() and time.monotonic() < deadline and context.is_active():
-            time.sleep(0.005)
         try:
-            handle = open(path, "rb")  # noqa: SIM115 (closed by the generator below)
+            ticket = self.gate.open(caller)
+        except LimitExceededError as error:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        context.add_callback(ticket.release)  # whatever ends the call frees the peer's share
+        try:
+            handle = self._open(key, wait, ticket, context)
+        except LimitExceededError as error:
+            ticket.release()
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         except FileNotFoundError:
+            ticket.release()
             context.abort(grpc.StatusCode.NOT_FOUND, f"not sent yet: the {key.describe()}")
-        return self._stream(handle)
+        return self._stream(handle, key, ticket, context)
 
-    @staticmethod
-    def _stream(handle: Any) -> Any:
-        with handle:
-            digest = hashlib.sha256()
-            while chunk := handle.read(CHUNK):
-                digest.update(chunk)
-            yield codec.dumps({"size": handle.tell(), "sha256": digest.hexdigest()})
-            handle.seek(0)
-            while chunk := handle.read(CHUNK):
-                yield chunk
+    def _open(
+        self, key: MessageKey, wait: float, ticket: Ticket, context: grpc.ServicerContext
+    ) -> Any:
+        """The message's file, after a long poll if it is not sent yet; its size reserved."""
+        path = self.folder.path(key)
+        if not path.exists() and wait > 0:
+            ticket.start_long_poll()
+            try:
+                deadline = time.monotonic() + wait  # answer as soon as the message exists
+                while not path.exists() and time.monotonic() < deadline and context.is_active():
+                    time.sleep(0.005)
+            finally:
+                ticket.end_long_poll()
+        handle = open(path, "rb")  # noqa: SIM115 (closed by the generator below)
+        try:
+            ticket.reserve(os.fstat(handle.fileno()).st_size)
+        except LimitExceededError:
+            handle.close()
+            raise
+        return handle
+
+    def _stream(
+        self, handle: Any, key: MessageKey, ticket: Ticket, context: grpc.ServicerContext
+    ) -> Any:
+        """The header (size, digest, this party's certificate and its signature over the
+        message's key and digest), then the payload; cancelled after ``stream_seconds``."""
+        # a peer reading slowly holds a worker: the whole stream has a time limit
+        timer = threading.Timer(self.limits.stream_seconds, context.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            with handle:
+                digest = hashlib.sha256()
+                while chunk := handle.read(CHUNK):
+                    digest.update(chunk)
+                size, sha256, own = handle.tell(), digest.hexdigest(), self.files.own
+                proof = sign(own, statement(vars(key), size, sha256))
+                yield codec.dumps(
+                    {"size": size, "sha256": sha256, "cert": own.chain_pem, "proof": proof}
+                )
+                handle.seek(0)
+                while chunk := handle.read(CHUNK):
+                    yield chunk
+        finally:
+            timer.cancel()
+            ticket.release()
 
 
-def serve(config: PartyConfig, max_workers: int = 8) -> tuple[grpc.Server, int]:
-    """Start the party's message endpoint; returns the server and the port it listens on."""
-    ca, key, cert = _credentials_files(config)
-    credentials = grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=ca, require_client_auth=True
-    )
-    service = MessageService(config)
+def serve(
+    config: PartyConfig, max_workers: int | None = None, check_own: bool = True
+) -> tuple[grpc.Server, int]:
+    """Start the party's message endpoint; returns the server and the port it listens on.
+
+    The endpoint first checks its own credentials (:func:`storage.identity.check_own`;
+    ``check_own=False`` only to play an impostor in tests) and follows renewed files. Its
+    workers default to every configured peer's share and spares (``limits.workers``).
+    """
+    files = CredentialFiles(config, checked=check_own)
+    credentials = files.server_credentials()
+    service = MessageService(config, files)
     handler = grpc.method_handlers_generic_handler(
         "privreg.Messages",
         {"Fetch": grpc.unary_stream_rpc_method_handler(service.fetch)},
     )
+    workers = max_workers or config.limits.workers(len(config.peers))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers), options=_SERVER_OPTIONS
+        futures.ThreadPoolExecutor(max_workers=workers),
+        interceptors=[CallerCheck(config.party, config.pins)],
+        options=_SERVER_OPTIONS,
+        maximum_concurrent_rpcs=workers * 8,  # beyond: RESOURCE_EXHAUSTED, not a queue
     )
     server.add_generic_rpc_handlers((handler,))
     try:
@@ -156,7 +223,9 @@ class GrpcTransport:
         self.party: str | None = config.party
         self.folder = MessageFolder(config.root)
         self.limits = limits
+        self.files = CredentialFiles(config, checked=False)  # the peer judges what it presents
         self._channels: dict[str, grpc.Channel] = {}
+        self._retired: list[grpc.Channel] = []  # channels of replaced credentials
         self._lock = threading.Lock()
 
     def store(self) -> MessageFolder:
@@ -167,10 +236,10 @@ class GrpcTransport:
             raise ChannelError(f"party {self.party} cannot send as {key.sender}")
         self.folder.put(key, data)
 
-    def get(self, key: MessageKey, timeout: float) -> bytes:
+    def get(self, key: MessageKey, timeout: float) -> bytes | memoryview:
         if key.receiver != self.party:
             raise ChannelError(f"party {self.party} cannot read the {key.describe()}")
-        if (data := self.folder.find(key)) is not None:
+        if (data := _mapped(self.folder.path(key))) is not None:
             return data
         address = self.config.address_of(key.sender)
         deadline, pause, last = time.monotonic() + timeout, 0.05, "none"
@@ -196,9 +265,11 @@ class GrpcTransport:
 
     def _channel(self, peer: str) -> grpc.Channel:
         with self._lock:
+            if self.files.refresh():  # renewed: new fetches use it, running ones finish
+                self._retired += self._channels.values()
+                self._channels = {}
             if peer not in self._channels:
-                ca, key, cert = _credentials_files(self.config)
-                credentials = grpc.ssl_channel_credentials(ca, key, cert)
+                credentials = self.files.channel_credentials()
                 # the server's certificate must name the peer we ask: TLS checks it
                 options = [*_OPTIONS, ("grpc.ssl_target_name_override", peer)]
                 self._channels[peer] = grpc.secure_channel(
@@ -206,7 +277,7 @@ class GrpcTransport:
                 )
             return self._channels[peer]
 
-    def _fetch(self, key: MessageKey, deadline: float) -> bytes:
+    def _fetch(self, key: MessageKey, deadline: float) -> bytes | memoryview:
         request = codec.dumps(
             {
                 "run": key.run,
@@ -221,13 +292,9 @@ class GrpcTransport:
         stream = call(request, timeout=max(deadline - time.monotonic(), 0) + 300)
         tmp: Path | None = None
         try:
-            header = codec.loads(next(stream), codec.Limits(max_bytes=4096))
+            header = codec.loads(next(stream), codec.Limits(max_bytes=_HEADER_BYTES))
             size, expected = int(header["size"]), str(header["sha256"])
-            if size > self.limits.max_bytes:
-                raise ChannelError(
-                    f"refused the {key.describe()}: {size} bytes exceed the cap of "
-                    f"{self.limits.max_bytes}"
-                )
+            self._check_header(key, header, size, expected)
             tmp = self.folder.staging(key)
             digest, received = hashlib.sha256(), 0
             with open(tmp, "wb") as handle:
@@ -252,15 +319,50 @@ class GrpcTransport:
             stream.cancel()
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
-        data = self.folder.find(key)
+        data = _mapped(self.folder.path(key))
         assert data is not None
         return data
+
+    def _check_header(
+        self, key: MessageKey, header: dict[str, Any], size: int, expected: str
+    ) -> None:
+        """Before a byte is written: the size within the kind's cap, and the sender's proof."""
+        cap, rule = self.config.caps.cap(key.kind)
+        if self.limits.max_bytes < cap:
+            cap, rule = self.limits.max_bytes, "this transport's codec limit"
+        if size > cap:
+            raise ChannelError(
+                f"refused the {key.describe()}: {size} bytes exceed the cap of {cap} for "
+                f"its kind ({rule}); nothing written"
+            )
+        try:
+            check_sender(
+                key.sender,
+                bytes(header["cert"]),
+                bytes(header["proof"]),
+                statement(vars(key), size, expected),
+                self.files.ca,
+                self.config.pins,
+            )
+        except IdentityError as error:
+            raise ChannelError(
+                f"party {self.party} refused the {key.describe()}: {error}"
+            ) from None
 
     def _classify(self, key: MessageKey, error: grpc.RpcError) -> Exception:
         code, details = error.code(), error.details() or ""
         where = f"peer {key.sender} at {self.config.address_of(key.sender)}"
         if code in _FATAL:
             return ChannelError(f"{where} refused: {details}")
+        if (
+            code == grpc.StatusCode.UNAVAILABLE
+            and "failed to connect" in details
+            and "socket closed" in details.lower()
+        ):  # the peer closed the TLS handshake: it refuses this party's certificate
+            return ChannelError(
+                f"party {self.party}: {where} refused this party's certificate in the TLS "
+                f"handshake (signed by a CA the peer does not trust?): {details}"
+            )
         if code == grpc.StatusCode.UNAVAILABLE and any(
             marker in details.lower() for marker in _TLS_FAILURES
         ):
@@ -274,9 +376,26 @@ class GrpcTransport:
 
     def close(self) -> None:
         with self._lock:
-            for channel in self._channels.values():
+            for channel in [*self._channels.values(), *self._retired]:
                 channel.close()
             self._channels.clear()
+            self._retired.clear()
+
+
+def _mapped(path: Path) -> memoryview | None:
+    """A stored message as a read-only map of its file, or None if it is not there.
+
+    The codec decodes from the map, so the process holds the decoded value (and, for lists
+    of big integers, one transient copy of their bytes) but never the whole message as a
+    second buffer; the file's pages are the page cache's, read as the decoder walks them.
+    """
+    try:
+        with open(path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size == 0:
+                return memoryview(b"")
+            return memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+    except FileNotFoundError:
+        return None
 
 
 class _RetryError(Exception):

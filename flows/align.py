@@ -10,6 +10,9 @@ aligned rows                          aligned rows     (same order on both sides
 ``psi_align`` runs both sides in one process (the embedded mode). ``psi_align_party`` is one
 side, run by a party service at its own organisation: both parties run it with the same job id,
 each on its own table, and each executes only its own column of the diagram above.
+
+``protocol="kkrt"`` runs the OT-extension PSI of KKRT16 instead (:mod:`tasks.psi_kkrt`: five
+messages, the same guarantees, both sides' rows in one shared order).
 """
 
 from __future__ import annotations
@@ -21,9 +24,17 @@ from prefect import flow, get_run_logger
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import psi as steps
+from tasks import psi_kkrt
 from tasks.loading import fingerprint
 from tasks.reporting import run_namer
 from tasks.summaries import psi_summary
+
+PROTOCOLS = ("ecdh", "kkrt")
+
+
+def _check_protocol(protocol: str) -> None:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown PSI protocol {protocol!r}; choose one of {PROTOCOLS}")
 
 
 @flow(name="psi_align", flow_run_name=run_namer("psi_align"))
@@ -32,6 +43,7 @@ def psi_align(
     party_b: dict[str, Any],
     min_rows: int = 100,
     workspace: str | None = None,
+    protocol: str = "ecdh",
 ) -> dict[str, Any]:
     """Align two tables; returns the intersection size and each party's aligned descriptor.
 
@@ -43,22 +55,26 @@ def psi_align(
         party_b: Descriptor of the second party's table.
         min_rows: Refuse an intersection smaller than this many rows.
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
+        protocol: ``"ecdh"`` (X25519) or ``"kkrt"`` (OT extension, KKRT16).
     """
     a, b = TableRef.from_dict(party_a), TableRef.from_dict(party_b)
     if a.party == b.party:
         raise ValueError(f"both tables belong to party {a.party!r}; PSI needs two parties")
-    job_id = derive_job_id(
-        "psi",
-        {
-            "a": [a.party, a.table, fingerprint(a)],
-            "b": [b.party, b.table, fingerprint(b)],
-            "min_rows": min_rows,
-        },
-    )
+    _check_protocol(protocol)
+    inputs: dict[str, Any] = {
+        "a": [a.party, a.table, fingerprint(a)],
+        "b": [b.party, b.table, fingerprint(b)],
+        "min_rows": min_rows,
+    }
+    if protocol != "ecdh":  # ECDH jobs keep the ids they had before the option existed
+        inputs["protocol"] = protocol
+    job_id = derive_job_id("psi", inputs)
     stored = [steps.stored_alignment(a, job_id), steps.stored_alignment(b, job_id)]
     if all(stored):
         get_run_logger().info("inputs unchanged: reusing alignment of job %s", job_id)
         results = stored
+    elif protocol == "kkrt":
+        results = psi_kkrt.run_both(a, b, job_id, min_rows, workspace)
     else:
         steps.blind_own_ids(a, b.party, job_id, workspace)
         steps.blind_own_ids(b, a.party, job_id, workspace)
@@ -82,7 +98,7 @@ def psi_align(
 
 @flow(name="psi_align_party", flow_run_name="psi_align {job_id}: {own[party]} with {peer}")
 def psi_align_party(
-    own: dict[str, Any], peer: str, job_id: str, min_rows: int = 100
+    own: dict[str, Any], peer: str, job_id: str, min_rows: int = 100, protocol: str = "ecdh"
 ) -> dict[str, Any]:
     """One party's side of the alignment; its result names only its own aligned table.
 
@@ -94,10 +110,14 @@ def psi_align_party(
         peer: Name of the other party (as its certificate names it).
         job_id: Job name agreed between the two parties.
         min_rows: Smallest intersection either party accepts.
+        protocol: ``"ecdh"`` or ``"kkrt"``; both parties must pass the same.
     """
+    _check_protocol(protocol)
     ref = TableRef.from_dict(own)
     result = steps.stored_alignment(ref, job_id)
-    if result is None:
+    if result is None and protocol == "kkrt":
+        result = psi_kkrt.run_party(ref, peer, job_id, min_rows)
+    elif result is None:
         steps.blind_own_ids(ref, peer, job_id)
         steps.blind_peer_ids(ref, peer, job_id)
         result = steps.store_aligned_rows(ref, peer, job_id, min_rows)

@@ -1,0 +1,144 @@
+"""Base oblivious transfers: Naor-Pinkas OT on NIST P-256, random-OT form, semi-honest.
+
+Naor and Pinkas, "Efficient oblivious transfer protocols", SODA 2001, the two-round protocol
+secure under computational Diffie-Hellman in the random-oracle model (their section 3.1), as
+used for the base OTs of OT-extension PSI by Pinkas, Schneider and Zohner (USENIX Security
+2014). The OT sender fixes one random point ``C`` and one ``R = rG`` for all ``k`` transfers:
+
+1. sender -> receiver: ``C``, ``R`` (:func:`sender_setup`);
+2. receiver: for transfer ``j`` with choice bit ``b`` picks ``k_j``, sets
+   ``PK_b = k_j G`` and ``PK_{1-b} = C - PK_b``, sends ``PK_0`` (:func:`receiver_choose`), and
+   keeps the key ``H(j, x(k_j R))``;
+3. sender: ``PK_1 = C - PK_0``, keys ``H(j, x(r PK_0))`` and ``H(j, x(r PK_1))``
+   (:func:`sender_keys`). The receiver's key equals the one of its choice; the other needs
+   ``r (C - k_j G)``, i.e. the discrete log of ``C``, which the receiver does not know.
+
+This is a random OT: the two 16-byte keys are the OT extension's seeds, nothing is encrypted.
+Why P-256: every published base OT needs the group operation (``C - PK``) beside scalar
+multiplication, and ``cryptography`` exposes X25519 only as x-only Diffie-Hellman. Scalar
+multiplications run in OpenSSL (``cryptography``); only the subtraction of public points is
+done here with Python integers. Secret scalars come from the party's PRG key
+(:mod:`.primitives`), drawn from the OS CSPRNG.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from core.psi_ot.primitives import KEY_BYTES, prg
+
+CURVE = ec.SECP256R1()
+# NIST P-256 (FIPS 186-4, D.1.2.3): y^2 = x^3 - 3x + b over GF(p), prime order N.
+P = 2**256 - 2**224 + 2**192 + 2**96 - 1
+N = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+POINT_BYTES = 65  # SEC 1 uncompressed encoding
+_DOMAIN = b"privreg/psi-ot/np01/v1\x00"
+
+
+class BaseOtError(ValueError):
+    """A base-OT message that is not what an honest party sends."""
+
+
+def scalars(key: bytes, count: int, stream: int) -> list[int]:
+    """``count`` scalars in [1, N) from the PRG (40 bytes each: the bias is below 2^-64)."""
+    data = prg(key, 40 * count, stream)
+    return [int.from_bytes(data[40 * i : 40 * (i + 1)], "big") % (N - 1) + 1 for i in range(count)]
+
+
+def _public(scalar: int) -> ec.EllipticCurvePublicKey:
+    return ec.derive_private_key(scalar, CURVE).public_key()
+
+
+def encode(point: ec.EllipticCurvePublicKey) -> bytes:
+    numbers = point.public_numbers()
+    return b"\x04" + numbers.x.to_bytes(32, "big") + numbers.y.to_bytes(32, "big")
+
+
+def decode(data: bytes, what: str) -> ec.EllipticCurvePublicKey:
+    """A point from its uncompressed encoding; ``cryptography`` refuses points off the curve."""
+    if len(data) != POINT_BYTES or data[0] != 4:
+        raise BaseOtError(f"{what} is not an uncompressed P-256 point ({len(data)} bytes)")
+    try:
+        return ec.EllipticCurvePublicKey.from_encoded_point(CURVE, bytes(data))
+    except ValueError as error:
+        raise BaseOtError(f"{what} is not a point of P-256: {error}") from None
+
+
+def subtract(
+    a: ec.EllipticCurvePublicKey, b: ec.EllipticCurvePublicKey
+) -> ec.EllipticCurvePublicKey:
+    """``a - b`` in affine coordinates (public points only: no secret flows through here)."""
+    ax, ay = a.public_numbers().x, a.public_numbers().y
+    bx, by = b.public_numbers().x, (-b.public_numbers().y) % P
+    if ax == bx:
+        raise BaseOtError("C - PK is the point at infinity or needs doubling: refused")
+    slope = (by - ay) * pow(bx - ax, -1, P) % P
+    x = (slope * slope - ax - bx) % P
+    y = (slope * (ax - x) - ay) % P
+    return ec.EllipticCurvePublicNumbers(x, y, CURVE).public_key()
+
+
+def _shared_x(scalar: int, point: ec.EllipticCurvePublicKey) -> bytes:
+    return ec.derive_private_key(scalar, CURVE).exchange(ec.ECDH(), point)
+
+
+def _key(index: int, shared_x: bytes) -> bytes:
+    return hashlib.sha256(_DOMAIN + index.to_bytes(4, "big") + shared_x).digest()[:KEY_BYTES]
+
+
+@dataclass(frozen=True)
+class SenderSecret:
+    c: int
+    r: int
+
+    def message(self) -> bytes:
+        """Step 1: ``C || R``."""
+        return encode(_public(self.c)) + encode(_public(self.r))
+
+
+def sender_setup(key: bytes, stream: int) -> SenderSecret:
+    """``c`` and ``r`` from the party's PRG key (itself from the OS CSPRNG)."""
+    c, r = scalars(key, 2, stream)
+    return SenderSecret(c, r)
+
+
+@dataclass(frozen=True)
+class ReceiverChoice:
+    message: bytes  # the PK_0 of every transfer, concatenated: sent to the OT sender
+    keys: list[bytes]  # the chosen key of every transfer: stays with the receiver
+
+
+def receiver_choose(
+    setup: bytes, choices: Sequence[int], key: bytes, stream: int
+) -> ReceiverChoice:
+    """Step 2: ``PK_0`` for each choice bit, and the chosen keys (``k_j`` from the PRG key)."""
+    if len(setup) != 2 * POINT_BYTES:
+        raise BaseOtError(f"the base-OT setup has {len(setup)} bytes, not {2 * POINT_BYTES}")
+    c_point = decode(setup[:POINT_BYTES], "the base-OT point C")
+    r_point = decode(setup[POINT_BYTES:], "the base-OT point R")
+    parts, keys = [], []
+    for index, (bit, k) in enumerate(zip(choices, scalars(key, len(choices), stream), strict=True)):
+        chosen = _public(k)
+        other = subtract(c_point, chosen)  # computed for either bit: same work both ways
+        parts.append(encode(other if bit else chosen))
+        keys.append(_key(index, _shared_x(k, r_point)))
+    return ReceiverChoice(b"".join(parts), keys)
+
+
+def sender_keys(secret: SenderSecret, message: bytes, count: int) -> list[tuple[bytes, bytes]]:
+    """Step 3: both keys of each of ``count`` transfers from the receiver's ``PK_0`` values."""
+    if len(message) != count * POINT_BYTES:
+        raise BaseOtError(
+            f"the base-OT choice message has {len(message)} bytes, not {count} points"
+        )
+    c_point = _public(secret.c)
+    pairs = []
+    for index in range(count):
+        pk0 = decode(message[index * POINT_BYTES : (index + 1) * POINT_BYTES], f"PK_0 #{index}")
+        pk1 = subtract(c_point, pk0)
+        pairs.append((_key(index, _shared_x(secret.r, pk0)), _key(index, _shared_x(secret.r, pk1))))
+    return pairs

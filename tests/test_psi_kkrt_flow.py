@@ -1,0 +1,196 @@
+"""``psi_align(protocol="kkrt")`` under Prefect: one process, and two party processes over
+mutual TLS; refusals (replayed, truncated, too small) leave no aligned table behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import party_env
+from prefect import flow
+from test_party_processes import PARTIES, make_tables, write_config
+from test_psi_flow import make_parties
+
+from core import psi
+from core.psi_ot import protocol as kkrt
+from demo.orgs import free_port
+from flows.align import psi_align
+from privreg.cli import main as privreg
+from storage import codec
+from storage.channel import ChannelError, MessageConflictError
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from storage.workspace import channel_for
+from tasks import psi_kkrt
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def _ids(ref: TableRef, result: dict, index: int) -> list[str]:
+    aligned = TableRef.from_dict(result["aligned"][index])
+    return PartyStore.of(ref).read_table(aligned)["id"].tolist()
+
+
+def test_kkrt_flow_aligns_like_ecdh_and_leaks_no_id(workspace: Path) -> None:
+    a, b, expected = make_parties(workspace)
+    result = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
+    assert result["intersection_size"] == len(expected) == 150
+    assert result["set_sizes"] == [190, 210]
+    kkrt_a, kkrt_b = _ids(a, result, 0), _ids(b, result, 1)
+    assert kkrt_a == kkrt_b and set(kkrt_a) == expected  # one order on both sides
+
+    channel = channel_for(result["job_id"], str(workspace))
+    records = channel.log()
+    assert [(r.sender, r.receiver, r.kind) for r in records] == [
+        ("bank", "shop", kkrt.KIND_HELLO),
+        ("bank", "shop", kkrt.KIND_MATRIX),
+        ("bank", "shop", kkrt.KIND_RESULT),
+        ("shop", "bank", kkrt.KIND_REPLY),
+        ("shop", "bank", kkrt.KIND_VALUES),
+    ]  # "bank" < "shop": bank is the OPRF receiver
+    raw = b"".join(channel.read_raw(r) for r in records)
+    everyone = set(PartyStore.of(a).read_table(a)["id"]) | set(PartyStore.of(b).read_table(b)["id"])
+    assert not any(i.encode() in raw for i in everyone)
+    digests = kkrt.item_digests(sorted(everyone), "test")
+    assert not any(d[:15].tobytes() in raw for d in digests)
+
+    again = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
+    assert again["reused"] and again["job_id"] == result["job_id"]
+    ecdh = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
+    assert ecdh["job_id"] != result["job_id"]  # one job per protocol
+    assert set(_ids(a, ecdh, 0)) == set(kkrt_a) and _ids(a, ecdh, 0) == _ids(b, ecdh, 1)
+
+
+def test_small_intersection_is_refused_and_nothing_written(workspace: Path) -> None:
+    a, b, _ = make_parties(workspace, shared=30)
+    with pytest.raises(psi.PsiError, match="below min_rows=100"):
+        psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
+    assert not PartyStore.of(a).has_table("accounts_aligned")
+    assert not PartyStore.of(b).has_table("orders_aligned")
+
+
+def test_unknown_protocol_is_refused(workspace: Path) -> None:
+    a, b, _ = make_parties(workspace)
+    with pytest.raises(ValueError, match="unknown PSI protocol 'rr22'"):
+        psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="rr22")
+
+
+@flow
+def _both(a: dict, b: dict, job: str, workspace: str) -> list[dict]:
+    return psi_kkrt.run_both(TableRef.from_dict(a), TableRef.from_dict(b), job, 100, workspace)
+
+
+def _nothing_aligned(a: TableRef, b: TableRef) -> None:
+    assert not PartyStore.of(a).has_table("accounts_aligned")
+    assert not PartyStore.of(b).has_table("orders_aligned")
+
+
+def test_replayed_message_with_other_payload_is_refused(workspace: Path) -> None:
+    a, b, _ = make_parties(workspace)
+    endpoint = channel_for("kkrt-replay", str(workspace)).endpoint("bank")
+    endpoint.send("shop", kkrt.KIND_MATRIX, {"u": b"forged", "hash_key": b"", "bins": 1})
+    with pytest.raises(MessageConflictError, match="different payload for the 'psi_kkrt_matrix'"):
+        _both(a.to_dict(), b.to_dict(), "kkrt-replay", str(workspace))
+    _nothing_aligned(a, b)
+
+
+@flow
+def _shop_reply(b: dict, job: str, workspace: str) -> None:
+    psi_kkrt.send_reply(TableRef.from_dict(b), "bank", job, workspace)
+
+
+def test_truncated_messages_are_refused(workspace: Path) -> None:
+    a, b, _ = make_parties(workspace)
+    channel = channel_for("kkrt-cut", str(workspace))
+    key = channel.key(0, "bank", "shop", kkrt.KIND_HELLO)
+    path = channel.transport.store().path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(codec.dumps(kkrt.hello(kkrt.new_party_key(), 190))[:-7])  # cut on the wire
+    with pytest.raises(ChannelError, match="refused the 'psi_kkrt_hello' message from bank"):
+        _shop_reply(b.to_dict(), "kkrt-cut", str(workspace))
+    assert channel.endpoint("shop").sent("bank", kkrt.KIND_REPLY) is None  # nothing answered
+
+    channel = channel_for("kkrt-short", str(workspace))
+    hello = kkrt.hello(kkrt.new_party_key(), 190)
+    channel.endpoint("bank").send("shop", kkrt.KIND_HELLO, {**hello, "base_ot": b"\x04" * 65})
+    with pytest.raises(psi.PsiError, match="hello message from bank is malformed: base_ot"):
+        _shop_reply(b.to_dict(), "kkrt-short", str(workspace))
+    assert channel.endpoint("shop").sent("bank", kkrt.KIND_REPLY) is None
+    _nothing_aligned(a, b)
+
+
+_DRIVER = """
+import json, os, sys
+from storage.party_config import ENV_VAR, PartyConfig
+os.environ[ENV_VAR] = os.path.abspath(sys.argv[1])
+own = PartyConfig.load(sys.argv[1]).own_table(json.loads(sys.argv[2]))
+from flows.align import psi_align_party
+print(json.dumps(psi_align_party(own, sys.argv[3], "kkrt-two", protocol="kkrt")))
+"""
+
+
+def test_two_party_processes_over_mtls(tmp_path: Path) -> None:
+    bank, shop, expected = make_tables(tmp_path)
+    certs = tmp_path / "ca-admin"
+    assert privreg(["certs", "init", "--out", str(certs)]) == 0
+    for party in PARTIES:
+        assert (
+            privreg(["certs", "issue", "--ca", str(certs), "--party", party, "--out", str(certs)])
+            == 0
+        )
+    ports = {party: free_port() for party in PARTIES}
+    configs = {party: write_config(tmp_path, party, ports, certs) for party in PARTIES}
+    serve = [sys.executable, "-m", "privreg.cli", "party", "serve", "--config"]
+    servers = [
+        subprocess.Popen(
+            [*serve, str(configs[p])],
+            cwd=tmp_path / p,
+            env=party_env(tmp_path / p),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for p in PARTIES
+    ]
+    runs: list[subprocess.Popen] = []
+    try:
+        for server in servers:
+            assert "serving its messages" in server.stdout.readline()
+        refs = {"bank": bank, "shop": shop}
+        runs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _DRIVER,
+                    str(configs[party]),
+                    json.dumps(refs[party].to_dict()),
+                    peer,
+                ],
+                cwd=tmp_path / party,
+                env=party_env(tmp_path / party),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for party, peer in (("bank", "shop"), ("shop", "bank"))
+        ]
+        deadline = time.monotonic() + 180
+        outputs = [run.communicate(timeout=max(deadline - time.monotonic(), 1)) for run in runs]
+    finally:
+        for process in [*runs, *servers]:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=10)
+    for run, (_, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, err[-3000:]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert [r["intersection_size"] for r in results] == [len(expected)] * 2 == [140] * 2
+    bank_ids = PartyStore.of(bank).read_table(bank.with_table("accounts_aligned"))["id"]
+    shop_ids = PartyStore.of(shop).read_table(shop.with_table("orders_aligned"))["id"]
+    assert bank_ids.tolist() == shop_ids.tolist() and set(bank_ids) == expected
+    assert isinstance(bank_ids, pd.Series)

@@ -8,6 +8,11 @@ Usage: python benchmarks/bench_horizontal.py [--quick]
 2. Seconds for one party to mask one round (fixed-point encoding + self mask + 9 pairwise
    masks) with 10 parties, and for the coordinator to unmask with 3 of 10 parties dropped
    (their pairwise masks rebuilt from Shamir shares of their mask keys).
+3. The multi-round protocol (``core.secagg.multiround``: keys once per job, masks per round,
+   SecAgg+ neighbour graph) at 10, 100 and 1,000 simulated parties in this one process, 10%
+   of them dropped each round: the chosen degree k and threshold t with their failure bounds,
+   the job's set-up (once), a whole round (every party masks and answers, the coordinator
+   unmasks) and one party's share of it.
 
 Timings are medians over repeats; the machine may be shared, so expect noise.
 """
@@ -46,7 +51,9 @@ from core.secagg import (
     share_keys,
     start_coordinator,
 )
+from core.secagg import multiround as mr
 from core.secagg.fixed_point import decode
+from core.secagg.simulation import out_of_session, rejoin, run_round, start_job
 
 DATA = Path(__file__).resolve().parent / "data" / "fate"
 DATASETS = {
@@ -177,10 +184,84 @@ def masking_rows(dimension: int, repeats: int, n: int = 10, dropped: int = 3) ->
     ]
 
 
+#: (parties, dimension) of the multi-round runs; targets: 100 x 100,000 under 5 s a round,
+#: 1,000 x 10,000 under 30 s, on two cores
+MULTIROUND_SIZES = ((10, 100_000), (100, 100_000), (1000, 10_000))
+
+
+def multiround_rows(sizes: Sequence[tuple[int, int]], rounds: int) -> list[list[object]]:
+    """Median seconds of a round over ``rounds`` rounds (10% dropped in each, rejoining after).
+
+    The first round also agrees every pair's keys (once per job); wall and CPU seconds are
+    both printed, since one process uses one core and the machine's other load shows in the
+    wall time only.
+    """
+    rows: list[list[object]] = []
+    rng = np.random.default_rng(3)
+    for n, dimension in sizes:
+        names = [f"org-{i:04d}" for i in range(n)]
+        start = time.perf_counter()
+        config = mr.new_job(f"bench-{n}", names, dimension)
+        job = start_job(config)
+        setup = time.perf_counter() - start
+        k, t = len(config.neighbours[names[0]]), config.threshold
+        params = mr.choose_parameters(n)
+        times, cpu = [], []
+        for round_ in range(rounds):
+            vectors = {p: rng.integers(0, 2**64, dimension, dtype=np.uint64) for p in names}
+            active = list(job.coordinator.active)
+            gone = set(rng.choice(active, size=n // 10, replace=False).tolist())
+            start, start_cpu = time.perf_counter(), time.process_time()
+            result = run_round(job, round_, vectors, silent_at_mask=gone)
+            times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+            expected = np.zeros(dimension, dtype=np.uint64)
+            for party in result.senders:
+                expected += vectors[party]
+            assert np.array_equal(expected, result.ring_sum), f"{n} parties: wrong sum"
+            for party in out_of_session(job):
+                rejoin(job, party)
+        per_round, per_round_cpu = statistics.median(times), statistics.median(cpu)
+        bounds = params.describe().split("; ", 1)[1].split(" (")[0]
+        rows.append(
+            [
+                n,
+                f"{dimension:,}",
+                f"{k}{' (complete)' if k == n - 1 else ''}",
+                t,
+                bounds,
+                f"{setup:.2f}",
+                f"{per_round:.3f}",
+                f"{per_round_cpu:.3f}",
+                f"{per_round_cpu / n * 1000:.2f}",
+            ]
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, 100k-dim masking")
+    parser.add_argument(
+        "--core-only", action="store_true", help="only the multi-round secure sum in the core"
+    )
     args = parser.parse_args()
+
+    print("## Multi-round secure sum in the core (one process, 10% dropped per round)\n")
+    headers = [
+        "parties",
+        "dims",
+        "k",
+        "t",
+        "failure bounds",
+        "set-up s (once)",
+        "round s (median)",
+        "round CPU s",
+        "CPU ms per party",
+    ]
+    print(markdown_table(headers, multiround_rows(MULTIROUND_SIZES, 2 if args.quick else 3)))
+    if args.core_only:
+        return
 
     print("## Held-out AUC, secure aggregation vs scikit-learn on pooled rows\n")
     headers = [

@@ -289,7 +289,8 @@ def start_round(state: JobPartyState, start: RoundStart) -> JobPartyState:
         raise ProtocolViolationError(
             f"{where}: rounds only go forward; already at round {state.round}"
         )
-    active = tuple(p for p in config.parties if p in set(start.active))
+    listed = set(start.active)
+    active = tuple(p for p in config.parties if p in listed)
     if len(active) != len(start.active):
         raise ProtocolViolationError(f"{where}: unknown or repeated parties in {start.active}")
     if party not in active:
@@ -352,7 +353,8 @@ def mask_ring_round(state: JobPartyState, ring: np.ndarray) -> tuple[JobPartySta
             f"{where}: input must be uint64 of length {config.dimension}, got {vector.dtype} "
             f"{vector.shape}"
         )
-    partners = tuple(p for p in config.neighbours[party] if p in state.active)
+    active = set(state.active)
+    partners = tuple(p for p in config.neighbours[party] if p in active)
     holders = (party, *partners)
     if len(holders) < config.threshold:
         raise InsufficientSurvivorsError(

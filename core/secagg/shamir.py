@@ -71,13 +71,35 @@ def _evaluate(coefficients: Sequence[int], x: int) -> int:
 
 
 def _interpolate_at_zero(points: Sequence[tuple[int, int]]) -> int:
-    """Lagrange interpolation of the polynomial through ``points``, evaluated at 0."""
-    total = 0
-    for i, (x_i, y_i) in enumerate(points):
+    """Lagrange interpolation of the polynomial through ``points``, evaluated at 0.
+
+    The denominators are inverted together (one modular inverse, Montgomery's trick), since
+    an inverse costs as much as dozens of products at this field size.
+    """
+    numerators, denominators = [], []
+    for i, (x_i, _) in enumerate(points):
         numerator, denominator = 1, 1
         for j, (x_j, _) in enumerate(points):
             if i != j:
                 numerator = numerator * x_j % PRIME
                 denominator = denominator * (x_j - x_i) % PRIME
-        total = (total + y_i * numerator * pow(denominator, -1, PRIME)) % PRIME
+        numerators.append(numerator)
+        denominators.append(denominator)
+    inverses = _batch_inverse(denominators)
+    total = 0
+    for (_, y_i), numerator, inverse in zip(points, numerators, inverses, strict=True):
+        total = (total + y_i * numerator % PRIME * inverse) % PRIME
     return total
+
+
+def _batch_inverse(values: Sequence[int]) -> list[int]:
+    """Inverses of non-zero field elements with a single modular inverse."""
+    prefix = [1]
+    for value in values:
+        prefix.append(prefix[-1] * value % PRIME)
+    inverse = pow(prefix[-1], -1, PRIME)
+    result = [0] * len(values)
+    for i in range(len(values) - 1, -1, -1):
+        result[i] = inverse * prefix[i] % PRIME
+        inverse = inverse * values[i] % PRIME
+    return result

@@ -28,7 +28,18 @@ _SESSIONS: dict[Path, tuple[duckdb.DuckDBPyConnection, int]] = {}
 _SESSIONS_GUARD = threading.Lock()
 
 
-def _private_dirs(folder: Path) -> None:
+def owner_only_umask() -> None:
+    """From now on, every file and folder this process creates is its owner's only (umask 077).
+
+    Why process-wide: DuckDB creates a database and its write-ahead log itself, with no mode
+    argument, so only the umask keeps them private from their first byte (a chmod afterwards
+    leaves a window); a umask set and restored around one call would race with the process's
+    other threads. A privreg process creates nothing that another user must read.
+    """
+    os.umask(os.umask(0o077) | 0o077)
+
+
+def private_dirs(folder: Path) -> None:
     """Create ``folder`` and any missing parents readable by their owner only (0700).
 
     Folders that already exist are left as their owner set them.
@@ -68,7 +79,8 @@ class PartyStore:
 
     def _open(self, lock_timeout: float) -> duckdb.DuckDBPyConnection:
         """A new connection; waits while another process holds the file's lock."""
-        _private_dirs(self.path.parent)
+        owner_only_umask()
+        private_dirs(self.path.parent)
         deadline = time.monotonic() + lock_timeout
         while True:
             try:

@@ -14,6 +14,7 @@ from typing import Any
 
 from storage.channel import Channel
 from storage.party_config import active_config
+from storage.party_store import owner_only_umask
 
 DEFAULT_ROOT = "var"
 
@@ -29,6 +30,7 @@ def channel_for(job_id: str, root: str | None = None) -> Channel:
     runs with ``PRIVREG_PARTY_CONFIG``): the party's own folder and the mTLS network transport;
     ``root`` is ignored, since a party knows no folder but its own.
     """
+    owner_only_umask()  # the message files and folders are private from their creation
     config = active_config()
     if config is None:
         return Channel(workspace_root(root), job_id)

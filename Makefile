@@ -10,7 +10,7 @@ export PREFECT_LOGGING_LEVEL ?= INFO
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
-        bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network
+        bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-endpoint
 
 install: $(STAMP)
 
@@ -62,6 +62,9 @@ BENCH_NETWORK_ARGS ?=
 bench-network: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python benchmarks/bench_network.py $(BENCH_NETWORK_ARGS)
+
+bench-endpoint: $(STAMP)
+	$(BIN)/python benchmarks/bench_endpoint.py
 
 bench-vertical: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"

@@ -361,7 +361,7 @@ class GrpcTransport:
         ):  # the peer closed the TLS handshake: it refuses this party's certificate
             return ChannelError(
                 f"party {self.party}: {where} refused this party's certificate in the TLS "
-                f"handshake (signed by a CA the peer does not trust?): {details}"
+                f"handshake (signed by a CA the peer does not trust, or expired?): {details}"
             )
         if code == grpc.StatusCode.UNAVAILABLE and any(
             marker in details.lower() for marker in _TLS_FAILURES

@@ -156,6 +156,31 @@ def test_pins_and_limits_are_read_from_party_toml(
         PartyConfig.load(path)
 
 
+def test_a_caller_whose_certificate_expired_learns_of_its_refusal_at_once(
+    pki: dict[str, certs.Issued], tmp_path: Path
+) -> None:
+    expired = certs.issue(
+        pki["ca"],
+        "ads",
+        tmp_path / "expired",
+        valid_from=datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=10),
+        days=5,
+    )
+    bank_conf = config(pki, "bank", tmp_path)
+    server, port = started(bank_conf)
+    try:
+        channel(bank_conf).endpoint("bank").send("ads", "x", 1)
+        ads = replace(
+            config(pki, "ads", tmp_path, {"bank": port}), cert=expired.cert, key=expired.key
+        )
+        begin = time.monotonic()
+        with pytest.raises(ChannelError, match=r"refused this party's certificate in the TLS"):
+            channel(ads).endpoint("ads").receive("bank", "x", timeout=60)
+        assert time.monotonic() - begin < 5 and inbox(ads) == []
+    finally:
+        server.stop(None)
+
+
 # ---- per-peer limits, per-kind caps -------------------------------------------------------
 
 

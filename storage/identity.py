@@ -198,8 +198,9 @@ def check_own(party: str, ca: Path, cert: Path, key: Path) -> OwnCertificate:
             f"party {party}: private key {key} is readable by group or others "
             f"(mode {mode:04o}); run chmod 600 {key}"
         )
+    pem = cert.read_bytes()  # read once: what is checked is what is used
     try:
-        chain = load_chain(cert.read_bytes())
+        chain = load_chain(pem)
         verify_chain(chain, list(_roots(ca.read_bytes())), now())
         named = describe(chain[0]).party()
         private = serialization.load_pem_private_key(key.read_bytes(), password=None)
@@ -209,7 +210,7 @@ def check_own(party: str, ca: Path, cert: Path, key: Path) -> OwnCertificate:
         raise IdentityError(f"party {party}: {cert.name} is issued to {named!r}, not to this party")
     if _public_der(private.public_key()) != _public_der(chain[0].public_key()):  # type: ignore[union-attr]
         raise IdentityError(f"party {party}: {key.name} is not the key of {cert.name}")
-    return load_own(party, cert, key)
+    return OwnCertificate(party, fingerprint(chain[0]), chain[0].not_valid_after_utc, pem, private)
 
 
 def load_own(party: str, cert: Path, key: Path) -> OwnCertificate:

@@ -198,6 +198,8 @@ def prepare(
         key_holder_database=str(workspace / "parties" / "arbiter.duckdb"),
         workspace=str(workspace),
         randomizer=randomizer,
+        key_size=key_size,
+        allow_insecure_key_size=key_size < MIN_SECURE_KEY_BITS,
     )
     vertical_steps.prepare_key(job, key_size, key_size < MIN_SECURE_KEY_BITS)
     keys = time.perf_counter() - started

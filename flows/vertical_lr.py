@@ -183,6 +183,8 @@ def vertical_lr(
         l2=l2,
         randomizer=randomizer,
         clip_features=clip_features,
+        key_size=key_size,
+        allow_insecure_key_size=allow_insecure_key_size,
     )
     info = steps.check_party(provisional, guest_ref, "guest")
     host_features = {

@@ -110,6 +110,8 @@ def vertical_lr_party(
         l2=l2,
         randomizer=randomizer,
         clip_features=clip_features,
+        key_size=key_size,
+        allow_insecure_key_size=allow_insecure_key_size,
     )
     shape = {"batch_size": batch_size, "holdout_fraction": holdout_fraction}
     key = {"key_size": key_size, "allow_insecure_key_size": allow_insecure_key_size}

@@ -165,8 +165,10 @@ def _make_job(
     allow_noiseless_release_for_tests: bool,
     randomizer: str,
     holdout_fraction: float = 0.0,
+    key: tuple[int, bool] = (2048, False),
 ) -> steps.WalrJob:
-    """The public job both parties hold: names, release parameters, fingerprints known so far."""
+    """The public job both parties hold: names, release parameters, fingerprints known so far,
+    and ``key``: the labels party's key size and whether smaller keys are allowed (tests)."""
     if features_party == labels_party:
         raise steps.WalrSetupError(f"both tables belong to {features_party!r}")
     return steps.WalrJob(
@@ -181,6 +183,8 @@ def _make_job(
         noiseless_for_tests=not noise and allow_noiseless_release_for_tests,
         randomizer=randomizer,
         holdout_fraction=holdout_fraction,
+        key_size=key[0],
+        allow_insecure_key_size=key[1],
         **release,
     )
 
@@ -306,6 +310,7 @@ def walr(
         allow_noiseless_release_for_tests,
         randomizer,
         holdout_fraction,
+        (key_size, allow_insecure_key_size),
     )
     # each party's steps in turn, in the order the messages need
     checked = steps.check_labels_and_budget(job, labels_ref)  # before any computation
@@ -423,6 +428,7 @@ def walr_party(
     job = _make_job(
         names[0], names[1], job_id, None, names[2], prints, release, noise,
         allow_noiseless_release_for_tests, randomizer, holdout_fraction,
+        (key_size, allow_insecure_key_size),
     )  # fmt: skip
     scored = evaluate or holdout_fraction > 0
     if role == "labels":

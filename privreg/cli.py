@@ -205,6 +205,7 @@ def _paillier(args: argparse.Namespace) -> None:
         args.database if args.action == "prepare-key" else "",
         args.workspace,
         args.randomizer,
+        key_size=args.key_size,  # fill-pool checks the key holder's n against it
     )
     if args.action == "prepare-key":
         bits = steps.prepare_key(job, args.key_size)

@@ -45,7 +45,12 @@ from prefect import get_run_logger, task
 from core.ids import id_order_digest
 from core.paillier import cipher
 from core.paillier.errors import PaillierError
-from core.paillier.keys import MIN_SECURE_KEY_BITS, generate_keypair
+from core.paillier.keys import (
+    DEFAULT_KEY_BITS,
+    MIN_SECURE_KEY_BITS,
+    check_peer_modulus,
+    generate_keypair,
+)
 from core.paillier.randomness import ObfuscatorFile, discard_pool, pool_path
 from core.vertical_lr.fixed_point import decode_gradient, encode_features
 from core.vertical_lr.schedule import Schedule
@@ -101,6 +106,10 @@ class VerticalJob:
     # (party, length of its gradient) agreed at set-up: the guest's features + intercept,
     # each host's features. The key holder decrypts nothing of another length.
     widths: tuple[tuple[str, int], ...] = ()
+    # the key the job's terms state: every encrypting party checks the key holder's n against
+    # it before encrypting anything (core.paillier.keys.check_peer_modulus)
+    key_size: int = DEFAULT_KEY_BITS
+    allow_insecure_key_size: bool = False
 
     @property
     def with_arbiter(self) -> bool:
@@ -307,14 +316,21 @@ def _public_key(
     job: VerticalJob, ref: TableRef, stored: int | None = None
 ) -> paillier.PaillierPublicKey:
     """The job's public key: ``stored`` (the ``n`` the caller has just read from the party's
-    store), else the store's, else fetched once (from the key holder) and stored."""
+    store), else the store's, else fetched once (from the key holder), checked and stored.
+    Every encrypting party other than the key holder gets ``n`` here, so this is where it
+    refuses a modulus that is too small, of another size than the job states, or malformed."""
     artifacts = ArtifactStore(PartyStore.of(ref))
     n = stored if stored is not None else artifacts.get(_key(job, "public_key"))
     if n is None:
         if ref.party == job.key_holder:
             n = _artifacts(job.key_holder_database).get(_key(job, "keypair"))["n"]
         else:
-            n = job.endpoint(ref.party).receive(job.key_holder, "public_key")
+            n = check_peer_modulus(
+                job.endpoint(ref.party).receive(job.key_holder, "public_key"),
+                expected_bits=job.key_size,
+                allow_insecure_key_size=job.allow_insecure_key_size,
+                holder=job.key_holder,
+            )
         artifacts.put(_key(job, "public_key"), n, "public-key")
     return paillier.PaillierPublicKey(int(n))
 
@@ -400,6 +416,8 @@ def keys_job(
     key_holder_database: str = "",
     workspace: str | None = None,
     randomizer: str = cipher.DEFAULT_RANDOMIZER,
+    key_size: int = DEFAULT_KEY_BITS,
+    allow_insecure_key_size: bool = False,
 ) -> VerticalJob:
     """The parts of a job that key and pool preparation need (the training options play no
     part; the schedule is a placeholder until :func:`agreed_job`)."""
@@ -416,6 +434,8 @@ def keys_job(
         decay=0.0,
         l2=0.0,
         randomizer=cipher.randomizer_mode(randomizer),
+        key_size=key_size,
+        allow_insecure_key_size=allow_insecure_key_size,
     )
 
 

@@ -55,7 +55,12 @@ from core.dp.gaussian import analytic_gaussian_sigma, classic_gaussian_sigma
 from core.ids import id_order_digest
 from core.paillier import cipher
 from core.paillier.errors import PaillierError
-from core.paillier.keys import MIN_SECURE_KEY_BITS, generate_keypair
+from core.paillier.keys import (
+    DEFAULT_KEY_BITS,
+    MIN_SECURE_KEY_BITS,
+    check_peer_modulus,
+    generate_keypair,
+)
 from core.walr import (
     WalrFeatures,
     WalrFit,
@@ -109,6 +114,10 @@ class WalrJob:
     columns: int | None = None
     randomizer: str = cipher.DEFAULT_RANDOMIZER
     holdout_fraction: float = 0.0  # share of rows kept out of the release, to evaluate on
+    # the labels party's key as the job's terms state it: the features party checks the n it
+    # receives against it before encrypting anything (core.paillier.keys.check_peer_modulus)
+    key_size: int = DEFAULT_KEY_BITS
+    allow_insecure_key_size: bool = False
 
     def split(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """``(training rows, held-out rows)``: both parties derive them from public values."""
@@ -400,7 +409,12 @@ def masked_sums(job: WalrJob, ref: TableRef) -> int:
     units = features.grid_units()[job.split(features.n_rows)[0]]
 
     def masked() -> dict[str, Any]:
-        key = int(endpoint.receive(job.labels_party, "walr_public_key"))
+        key = check_peer_modulus(
+            endpoint.receive(job.labels_party, "walr_public_key"),
+            expected_bits=job.key_size,
+            allow_insecure_key_size=job.allow_insecure_key_size,
+            holder=job.labels_party,
+        )
         public = paillier.PaillierPublicKey(key)
         encrypted = endpoint.receive(job.labels_party, "walr_encrypted_labels")
         if len(encrypted) != len(units):

@@ -83,6 +83,8 @@ def _vertical(workspace: Path) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
         decay=0.0,
         l2=0.0,
         widths=(("guest", 2), ("mallory", HOST_FEATURES)),
+        key_size=KEY_BITS,
+        allow_insecure_key_size=True,
     )
     vlr.create_keys.fn(job, KEY_BITS, allow_insecure_key_size=True)
     vlr.host_forward.fn(job, host_ref, 0)

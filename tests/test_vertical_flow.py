@@ -96,6 +96,8 @@ def prepare_pools(workspace: Path, guest_ref: TableRef, host_refs: list[TableRef
         tuple(h.party for h in host_refs),
         key_holder_database=str(workspace / "parties" / "arbiter.duckdb"),
         workspace=str(workspace),
+        key_size=1024,
+        allow_insecure_key_size=True,
     )
     prepare_key(job, 1024, allow_insecure_key_size=True)
     job = agreed_job(job, ROWS, {}, BATCH, 0.1)

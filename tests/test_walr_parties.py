@@ -198,7 +198,7 @@ def test_walr_retried_randomised_steps_resend_the_same_bytes(workspace: Path) ->
         job_id="walr-retried", workspace=str(workspace), features_party=FEATURES,
         labels_party=LABELS, epsilon=1.0, delta=1e-4, mode="clipped", clip_norm=5.0,
         protected_table="conversions", labels_fingerprint="l", features_fingerprint="f",
-        columns=20,
+        columns=20, key_size=1024, allow_insecure_key_size=True,
     )  # fmt: skip
     channel = channel_for(job.job_id, str(workspace))
     sent = []

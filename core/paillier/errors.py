@@ -19,6 +19,10 @@ class KeyFormatError(PaillierError):
     """A serialised key is malformed or internally inconsistent."""
 
 
+class PeerKeyError(PaillierError):
+    """A peer's public key fails the checks made before anything is encrypted under it."""
+
+
 class KeyMismatchError(PaillierError):
     """Ciphertexts under different public keys were combined."""
 

@@ -7,6 +7,7 @@ short keys by default and uses the OS CSPRNG, and a persistence format made of p
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import secrets
@@ -15,7 +16,7 @@ from typing import Any
 import gmpy2
 from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 
-from core.paillier.errors import KeyFormatError, KeySizeError
+from core.paillier.errors import KeyFormatError, KeySizeError, PeerKeyError
 
 DEFAULT_KEY_BITS = 2048
 """Default modulus length: about 112-bit security (NIST SP 800-57 Part 1, Table 2)."""
@@ -88,6 +89,53 @@ def _is_acceptable_modulus(p: gmpy2.mpz, q: gmpy2.mpz, n_length: int) -> bool:
         return False
     n = p * q
     return n.bit_length() == n_length and math.gcd(int(n), int((p - 1) * (q - 1))) == 1
+
+
+SMALL_FACTOR_BOUND = 2**20
+"""A peer's modulus with a prime factor below this is refused (trial division by a gcd)."""
+
+
+@functools.cache
+def _small_primorial() -> gmpy2.mpz:
+    """The product of every prime below :data:`SMALL_FACTOR_BOUND` (1.5 Mbit, ~20 ms once)."""
+    return gmpy2.primorial(SMALL_FACTOR_BOUND - 1)
+
+
+def check_peer_modulus(
+    n: object, *, expected_bits: int, allow_insecure_key_size: bool, holder: str
+) -> int:
+    """The modulus ``n`` a key holder sent, checked before this party encrypts anything under it.
+
+    Why: whoever encrypts under a modulus the key holder chose trusts it to be hard to factor.
+    A small key (a key holder run with ``allow_insecure_key_size``, or a malicious one) lets a
+    peer that factors it read every value encrypted under it. So this party refuses, naming
+    the key holder: a modulus shorter than :data:`MIN_SECURE_KEY_BITS` unless this party also
+    opted into small keys; one of another size than the job's terms state; an even one; a
+    perfect power; one with a prime factor below :data:`SMALL_FACTOR_BOUND`. These checks
+    cannot prove n = pq with p, q prime and balanced (that needs a proof from the holder); they
+    stop the cheap attacks. Returns ``n`` as an int.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 1:
+        raise PeerKeyError(f"the public key from {holder} is not a modulus: {type(n).__name__}")
+    bits = n.bit_length()
+    refusal = f"refusing the {bits}-bit public key from key holder {holder}"
+    if bits < MIN_SECURE_KEY_BITS and not allow_insecure_key_size:
+        raise PeerKeyError(
+            f"{refusal}: it is below {MIN_SECURE_KEY_BITS} bits, and this party did not opt "
+            "into smaller keys (allow_insecure_key_size, tests only)"
+        )
+    if bits != expected_bits:
+        raise PeerKeyError(f"{refusal}: the job's terms state a {expected_bits}-bit key")
+    if n % 2 == 0:
+        raise PeerKeyError(f"{refusal}: the modulus is even")
+    if gmpy2.is_power(n):
+        raise PeerKeyError(f"{refusal}: the modulus is a perfect power")
+    factor = gmpy2.gcd(n, _small_primorial())
+    if factor != 1:
+        raise PeerKeyError(
+            f"{refusal}: the modulus has a prime factor below 2^20 (it divides {int(factor)})"
+        )
+    return n
 
 
 def public_key_fingerprint(public_key: PaillierPublicKey) -> str:

@@ -36,7 +36,11 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
 from prefect.runtime import flow_run
+from prefect.states import Crashed
 
 from core.job_terms import differences, digest, job_terms
 from flows.align import psi_align_party
@@ -49,14 +53,26 @@ from flows.vertical_party import vertical_lr_party
 from flows.walr import walr_party
 from storage.channel import MessageConflictError, check_name
 from storage.descriptor import TableRef
-from storage.federation import RESTART_GRACE, Federation, describe_exit
+from storage.federation import (
+    LIVE,
+    RESTART_GRACE,
+    STALE_AFTER,
+    Federation,
+    PartyStatus,
+    beside_status,
+    describe_exit,
+)
+from storage.ledger import PrivacyLedger
 from storage.party_config import ENV_VAR, PartyConfig, active_config
+from storage.party_store import PartyStore
+from storage.standing_policy import epsilon_spent_since
 from storage.workspace import channel_for
 from tasks.loading import load_table
 from tasks.secure_sum import COORDINATOR
 
 ARBITER = "arbiter"  # the key holder's name in vertical_lr (one-process and party mode)
 HOSPITAL_JOBS = ("horizontal_lr", "sparse_lda")  # sub-jobs of hospitals and a coordinator
+APPROVAL_TIMEOUT = 3600  # seconds a proposed job waits for a person's approval (manual policy)
 
 
 class PipelineRefusalError(ValueError):
@@ -189,7 +205,9 @@ def _run_name() -> str:
 
 
 @flow(name="pipeline_party", flow_run_name=_run_name)
-def pipeline_party(job_file: str = "jobs/demo.json", run: str = "") -> PipelineResult:
+def pipeline_party(
+    job_file: str = "jobs/demo.json", run: str = "", proposed_by: str = ""
+) -> PipelineResult:
     """Run this organisation's stages of ``job_file`` (main job, then sub-jobs, in order).
 
     Before any stage, the party refuses the job if a peer it would exchange messages with is
@@ -200,6 +218,8 @@ def pipeline_party(job_file: str = "jobs/demo.json", run: str = "") -> PipelineR
         job_file: The job file every organisation holds; this path and the relative paths
             in it are read from this organisation's folder, the folder of its party.toml.
         run: Suffix of the agreed job ids for a scheduled re-run ("" for the job itself).
+        proposed_by: The peer whose proposal started this side ("" when started here); with
+            ``approval = "manual"`` in the party's policy such a side waits for a person.
     """
     config, folder = _this_party()
     main = _read(folder / job_file, "main", config, folder, run)
@@ -213,6 +233,10 @@ def pipeline_party(job_file: str = "jobs/demo.json", run: str = "") -> PipelineR
             _check_peers(job)
             job.own()
         agree(jobs, sides)
+        for job in jobs:
+            check_policy(job)
+        if proposed_by and config.policy.approval == "manual":
+            await_approval(jobs, sides, proposed_by)
         for job in jobs:
             side = sides.get(job.name)
             with tags(f"job:{job.name}"):
@@ -320,11 +344,16 @@ def federated(jobs: list[PartyJob]) -> Iterator[dict[str, Federation]]:
     sides: dict[str, Federation] = {}
     for job in jobs:
         if job.party in (parties := job.participants()):
+            transport = channel_for(job.job_id("terms")).transport
+            _mark_vanished_attempt_crashed(transport, job.run_key(), job.party)
             sides[job.name] = Federation(
-                channel_for(job.job_id("terms")).transport, job.run_key(), job.party,
-                tuple(parties), restart_grace=float(job.spec.get("restart_grace", RESTART_GRACE)),
+                transport, job.run_key(), job.party, tuple(parties),
+                restart_grace=float(job.spec.get("restart_grace", RESTART_GRACE)),
                 on_change=_show_status,
             ).start("queued")  # fmt: skip
+            beside_status(transport, job.run_key(), job.party, "flow_run").write_text(
+                str(flow_run.id)
+            )
     try:
         yield sides
     except BaseException as error:
@@ -334,6 +363,27 @@ def federated(jobs: list[PartyJob]) -> Iterator[dict[str, Federation]]:
         raise
     for side in sides.values():
         side.finish()
+
+
+def _mark_vanished_attempt_crashed(transport: Any, job: str, party: str) -> None:
+    """This side's previous attempt at ``job`` whose process vanished (kill -9, machine down)
+    left its Prefect run RUNNING: mark it Crashed, so the party's UI tells the truth."""
+    data = transport.store().read_status(job, party)
+    if data is None:
+        return
+    old = PartyStatus.from_bytes(data)
+    where = beside_status(transport, job, party, "flow_run")
+    if old.state not in LIVE or time.time() - old.heartbeat < STALE_AFTER or not where.exists():
+        return  # ended cleanly, or another live process of this party runs it
+    previous = where.read_text().strip()
+    if previous and previous != str(flow_run.id):
+        message = (
+            f"the process running {party}'s side of job {job} vanished (last heartbeat "
+            f"{time.strftime('%H:%M:%S', time.localtime(old.heartbeat))}); a new attempt took over"
+        )
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(previous, Crashed(message=message), force=True)
+        get_run_logger().warning("marked run %s Crashed: %s", previous, message)
 
 
 def agree(jobs: list[PartyJob], sides: dict[str, Federation]) -> None:
@@ -371,6 +421,85 @@ def agree(jobs: list[PartyJob], sides: dict[str, Federation]) -> None:
             "%s agreed job %s with %s (terms %s)", job.party, job.run_key(),
             ", ".join(side.peers), side.digest[:12],
         )  # fmt: skip
+
+
+class PolicyRefusalError(PipelineRefusalError):
+    """The party's standing policy refuses the job (names each rule)."""
+
+
+class JobDeclinedError(PipelineRefusalError):
+    """A person at the party declined the job."""
+
+
+def check_policy(job: PartyJob) -> None:
+    """Refuse the job if it breaks a rule of this party's standing policy (party.toml)."""
+    if job.party not in job.participants():
+        return
+    broken = job.config.policy.violations(job.kind, job.spec, _released_tables(job))
+    if broken:
+        raise PolicyRefusalError(f"{job.party} refuses job {job.name}: " + "; ".join(broken))
+
+
+def _released_tables(job: PartyJob) -> dict[str, float] | None:
+    """Epsilon spent in the last 24 h on each table this party releases from in ``job``
+    (the labels of the main job and label DP, a site's rows in sparse LDA); ``None`` if none."""
+    releasing = {"main": ("guest",), "label_dp": ("guest",)}.get(job.kind)
+    spent = {
+        ref.table: _spent_today(ref)
+        for role, (_, ref, _) in job.own().items()
+        if (releasing is None and job.kind == "sparse_lda") or role in (releasing or ())
+    }
+    return spent or None
+
+
+def _spent_today(ref: TableRef) -> float:
+    if not Path(ref.database).exists():
+        return 0.0
+    try:
+        return epsilon_spent_since(PrivacyLedger(PartyStore.of(ref)).spends(ref.table))
+    except Exception:  # no ledger or no such table yet: nothing was spent on it
+        return 0.0
+
+
+class Approval(RunInput):
+    """What a person at this party answers to a proposed job."""
+
+    approve: bool
+    reason: str = ""
+
+
+def await_approval(jobs: list[PartyJob], sides: dict[str, Federation], proposer: str) -> None:
+    """Pause this run in the party's own Prefect until a person approves or declines (the UI's
+    Resume form, or ``privreg job approve|decline``); peers see "approval" meanwhile."""
+    terms = "\n".join(_terms_summary(job) for job in jobs if job.name in sides)
+    since = time.strftime("%H:%M:%S")
+    for side in sides.values():
+        side.set_state("approval", f"awaiting a person's approval at {side.party} since {since}")
+    description = f"**{proposer} proposes this job.** Approve to take part.\n\n{terms}"
+    answer = pause_flow_run(
+        wait_for_input=Approval.with_initial_data(description=description, approve=False),
+        timeout=APPROVAL_TIMEOUT,
+    )
+    if not answer.approve:
+        party = next(iter(sides.values())).party
+        raise JobDeclinedError(
+            f"{party} declined the job proposed by {proposer}: {answer.reason or 'no reason'}"
+        )
+
+
+def _terms_summary(job: PartyJob) -> str:
+    """What a person approves: the parties and roles, what leaves this party, the epsilon."""
+    roles = ", ".join(f"{role}: {party}" for role, party in job.parties().items())
+    lines = [f"### job {job.run_key()} ({job.kind})", f"- parties: {roles}"]
+    for group in ("walr", "label_dp", "sparse_lda"):
+        options = job.spec.get(group) or {}
+        if "epsilon" in options:
+            lines.append(
+                f"- {group}: epsilon {options['epsilon']}, delta {options.get('delta', 0)}"
+            )
+    mine = [f"{role} table {ref.table}" for role, (_, ref, _) in job.own().items()]
+    lines.append(f"- from this party: {', '.join(mine) or 'no table (key holder/coordinator)'}")
+    return "\n".join(lines)
 
 
 def _show_status(side: Federation) -> None:

@@ -1,6 +1,14 @@
 """``privreg job``: a job run as one object across the federation, seen from one party.
 
+privreg job start FILE --config party.toml [--run RUN]
+                                              propose a run to every peer, run this side
+privreg job resume FILE --config party.toml --run RUN
+                                              the same run again: every side resumes
+privreg job schedule FILE --config party.toml --cron "0 2 * * *"
+                                              a recurring run (serves until stopped)
 privreg job status JOB --config party.toml     every party's state and when it was last heard
+privreg job approve JOB --config party.toml    a person's yes to a proposed run (manual policy)
+privreg job decline JOB --config party.toml --reason TEXT
 privreg job abort JOB --config party.toml --reason TEXT
                                               end the job at this party, and so at every peer
 
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -55,6 +64,70 @@ def _status(args: argparse.Namespace) -> None:
         print(view.line(now))
 
 
+def _as_party(config_path: str) -> Any:
+    from privreg.party_cli import _as_party as become
+
+    return become(config_path)
+
+
+def _relative_job_file(args: argparse.Namespace) -> str:
+    """The job file as a path inside the party's folder (how every peer finds its copy)."""
+    job_file, folder = Path(args.job_file).resolve(), Path(args.config).resolve().parent
+    if not job_file.is_relative_to(folder):
+        raise SystemExit(f"privreg: the job file must be inside the party's folder {folder}")
+    return str(job_file.relative_to(folder))
+
+
+def _start(args: argparse.Namespace) -> None:
+    config = _as_party(args.config)
+    from flows.job_start import start_job
+
+    result = start_job(_relative_job_file(args), args.run)
+    for stage in result.stages:
+        print(stage.line(config.party), flush=True)
+
+
+def _schedule(args: argparse.Namespace) -> None:
+    config = _as_party(args.config)
+    from flows.job_start import start_job
+
+    job_file = _relative_job_file(args)
+    name = f"{config.party}-{Path(job_file).stem}"
+    print(f"{config.party}: proposing {job_file} on cron {args.cron!r} (deployment {name})")
+    start_job.serve(name=name, cron=args.cron, parameters={"job_file": job_file})
+
+
+def _answer(args: argparse.Namespace) -> None:
+    from prefect.flow_runs import resume_flow_run
+
+    from storage.federation import beside_status
+
+    config, transport = _transport(args.config)
+    where = beside_status(transport, args.job, config.party, "flow_run")
+    if not where.exists():
+        raise SystemExit(f"privreg: no run of job {args.job} awaits approval at {config.party}")
+    approve = args.job_command == "approve"
+    flow_run_id = where.read_text().strip()
+    _wait_until_paused(flow_run_id, args.job)
+    resume_flow_run(flow_run_id, run_input={"approve": approve, "reason": args.reason})
+    print(f"job {args.job}: {'approved' if approve else 'declined'} at {config.party}")
+
+
+def _wait_until_paused(flow_run_id: str, job: str, patience: float = 60.0) -> None:
+    """The side announces "approval" just before its run pauses: an answer given in between
+    would be lost, so wait (a little) for the pause itself."""
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + patience
+    with get_client(sync_client=True) as client:
+        while not (state := client.read_flow_run(flow_run_id).state) or not state.is_paused():
+            if state is not None and state.is_final():
+                raise SystemExit(f"privreg: job {job} ended here already ({state.name})")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"privreg: job {job}'s run here is not waiting for an answer")
+            time.sleep(0.5)
+
+
 def _abort(args: argparse.Namespace) -> None:
     from storage.federation import request_abort
 
@@ -74,6 +147,27 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
     status.add_argument("job", help="the job run's name, e.g. demo or demo-<run>")
     status.add_argument("--config", required=True, help="this party's party.toml")
     status.set_defaults(handler=_status)
+    start = actions.add_parser("start", help="propose a job run to every peer and run this side")
+    start.add_argument("job_file", help="the job file, inside this party's folder")
+    start.add_argument("--config", required=True, help="this party's party.toml")
+    start.add_argument("--run", default="", help="the run's name (default: the UTC time)")
+    start.set_defaults(handler=_start)
+    resume = actions.add_parser("resume", help="start the same run again: every side resumes")
+    resume.add_argument("job_file", help="the job file, inside this party's folder")
+    resume.add_argument("--config", required=True, help="this party's party.toml")
+    resume.add_argument("--run", required=True, help="the run to resume")
+    resume.set_defaults(handler=_start)
+    schedule = actions.add_parser("schedule", help="propose a fresh run on a cron schedule")
+    schedule.add_argument("job_file", help="the job file, inside this party's folder")
+    schedule.add_argument("--config", required=True, help="this party's party.toml")
+    schedule.add_argument("--cron", required=True, help='e.g. "0 2 * * *" (02:00 every day)')
+    schedule.set_defaults(handler=_schedule)
+    for verdict in ("approve", "decline"):
+        answer = actions.add_parser(verdict, help=f"{verdict} a proposed run (manual policy)")
+        answer.add_argument("job", help="the job run's name, e.g. demo-<run>")
+        answer.add_argument("--config", required=True, help="this party's party.toml")
+        answer.add_argument("--reason", default="", required=verdict == "decline")
+        answer.set_defaults(handler=_answer)
     abort = actions.add_parser("abort", help="end a job run here and at every peer")
     abort.add_argument("job", help="the job run's name, e.g. demo or demo-<run>")
     abort.add_argument("--config", required=True, help="this party's party.toml")

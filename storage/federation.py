@@ -41,7 +41,7 @@ from pathlib import Path
 from storage import watchers
 from storage.channel import ChannelError, MessageKey, PeerUnreachableError, Transport
 
-LIVE = ("queued", "agreeing", "running", "waiting")  # a heartbeat is expected
+LIVE = ("queued", "agreeing", "approval", "running", "waiting")  # a heartbeat is expected
 ENDED_BADLY = ("failed", "aborted")
 STALE_AFTER = 5.0
 INTERVAL = 1.0
@@ -58,6 +58,19 @@ class PeerFailedError(ChannelError):
     def __init__(self, job: str, party: str, reason: str) -> None:
         super().__init__(f"job {job}: party {party} {reason}")
         self.job, self.party, self.reason = job, party, reason
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A peer asks this party to take part in a job run: the job file, read from this party's
+    own folder (every organisation holds its own copy), and the run's name suffix."""
+
+    job_file: str
+    run: str = ""
+
+
+class ProposalRefusedError(ChannelError):
+    """A party's service refused a proposal (its standing policy, or the job file)."""
 
 
 class AbortedHereError(PeerFailedError):
@@ -355,9 +368,15 @@ def describe_exit(error: BaseException) -> tuple[str, str]:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:500], "failed"
 
 
-def abort_path(transport: Transport, job: str, party: str) -> Path:
+def beside_status(transport: Transport, job: str, party: str, what: str) -> Path:
+    """A local file kept beside a party's status record (``abort``, ``flow_run``): never
+    served to peers."""
     status = transport.store().status_path(job, party)
-    return status.with_name(f"{status.name}.abort")
+    return status.with_name(f"{status.name}.{what}")
+
+
+def abort_path(transport: Transport, job: str, party: str) -> Path:
+    return beside_status(transport, job, party, "abort")
 
 
 def request_abort(transport: Transport, job: str, party: str, reason: str) -> PartyStatus:

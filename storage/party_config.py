@@ -17,6 +17,9 @@ lab = "lab.example.org:7701"
 [pins]                           # optional: a peer's certificate by its SHA-256 fingerprint
 lab = "sha256:3f1c..."
 
+[policy]                         # optional: jobs taken part in unattended (storage.standing_policy)
+accept_from = ["lab"]
+
 [limits]                         # optional: per-peer limits at the endpoint (see README)
 fetches_per_peer = 4
 message_bytes = 2147483648       # the cap of kinds the kind table does not list
@@ -41,6 +44,7 @@ from typing import Any
 from storage.channel import check_name
 from storage.endpoint_limits import EndpointLimits
 from storage.message_caps import MessageCaps
+from storage.standing_policy import StandingPolicy
 
 ENV_VAR = "PRIVREG_PARTY_CONFIG"
 
@@ -60,6 +64,7 @@ class PartyConfig:
     peers: dict[str, str] = field(default_factory=dict)
     receive_timeout: float = 600.0
     pins: dict[str, str] = field(default_factory=dict)
+    policy: StandingPolicy = field(default_factory=StandingPolicy)
     limits: EndpointLimits = field(default_factory=EndpointLimits)
     caps: MessageCaps = field(default_factory=MessageCaps)
 
@@ -94,6 +99,7 @@ class PartyConfig:
                 peers=dict(peers),
                 receive_timeout=float(raw.get("receive_timeout", 600.0)),
                 pins=_pins(raw.get("pins", {})),
+                policy=StandingPolicy.from_table(raw.get("policy", {})),
                 **_limits(raw.get("limits", {})),
             )
         except KeyError as error:

@@ -23,8 +23,10 @@ receiver *fetches* it from the sender's message endpoint, a gRPC service over mu
 * a peer that is down or has not sent yet is retried with backoff until the receive timeout;
   then :class:`MessageTimeoutError` names the peer, job, round and kind, and the last error.
 
-The service has one method (``/privreg.Messages/Fetch``) on raw bytes: the request and the
+The service's methods work on raw bytes. ``/privreg.Messages/Fetch``: the request and the
 first response item are small dicts in the privreg codec, the rest are payload chunks.
+``/privreg.Messages/Status``: a party's current status record of a job (storage.federation),
+served only to the parties that record names.
 """
 
 from __future__ import annotations
@@ -34,20 +36,24 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from storage import codec
+from storage import codec, watchers
 from storage.channel import (
     ChannelError,
     MessageFolder,
     MessageKey,
     MessageTimeoutError,
+    PeerUnreachableError,
+    check_name,
 )
 from storage.endpoint_limits import LimitExceededError, PeerGate, Ticket
+from storage.federation import Proposal, ProposalRefusedError, status_parties
 from storage.identity import IdentityError, check_sender, sign, statement
 from storage.party_config import PartyConfig
 from storage.tls_credentials import CallerCheck, CredentialFiles, caller_of
@@ -56,6 +62,9 @@ CHUNK = 1 << 20
 LONG_POLL = 2.0  # seconds the endpoint holds a fetch for a message not sent yet
 _METHOD = "/privreg.Messages/Fetch"
 _HEADER_BYTES = 64 * 1024  # size, digest, the sender's certificate chain and its signature
+_STATUS_METHOD = "/privreg.Messages/Status"
+_PROPOSE_METHOD = "/privreg.Messages/Propose"
+STATUS_TIMEOUT = 2.0  # seconds a status question may take before the peer counts as unreachable
 _FRAME_LIMIT = 8 * CHUNK
 _OPTIONS = [
     ("grpc.max_send_message_length", _FRAME_LIMIT),
@@ -92,6 +101,7 @@ class MessageService:
     def __init__(self, config: PartyConfig, files: CredentialFiles | None = None) -> None:
         self.party = config.party
         self.folder = MessageFolder(config.root)
+        self.on_proposal: Callable[[str, Proposal], str] | None = None  # the party service's
         self.files = files or CredentialFiles(config)
         self.limits = config.limits
         self.gate = PeerGate(config.party, config.limits)
@@ -151,6 +161,42 @@ class MessageService:
             raise
         return handle
 
+    def status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """This party's status record of a job, for a party of that job only."""
+        caller = _identity(context)
+        try:
+            run = check_name(codec.loads(request, codec.Limits(max_bytes=1024))["run"], "job")
+        except (codec.CodecError, KeyError, TypeError, ValueError) as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {error}")
+        data = self.folder.read_status(run, self.party)
+        if data is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"{self.party} has no status for job {run}")
+        if caller not in status_parties(data):
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"party {self.party} refuses: {caller!r} is not a party of job {run}",
+            )
+        return data
+
+    def propose(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """A peer proposes a job run: this party's service decides (``on_proposal``) and
+        answers in one line; a refusal is PERMISSION_DENIED with the rule that refused."""
+        caller = _identity(context)
+        if self.on_proposal is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"party {self.party} takes no proposals (its endpoint runs no party service)",
+            )
+        try:
+            fields = codec.loads(request, codec.Limits(max_bytes=4096))
+            proposal = Proposal(str(fields["job_file"]), str(fields.get("run", "")))
+        except (codec.CodecError, KeyError, TypeError, ValueError) as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad proposal: {error}")
+        try:
+            return codec.dumps({"answer": self.on_proposal(str(caller), proposal)})
+        except ProposalRefusedError as refusal:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(refusal))
+
     def _stream(
         self, handle: Any, key: MessageKey, ticket: Ticket, context: grpc.ServicerContext
     ) -> Any:
@@ -179,7 +225,10 @@ class MessageService:
 
 
 def serve(
-    config: PartyConfig, max_workers: int | None = None, check_own: bool = True
+    config: PartyConfig,
+    max_workers: int | None = None,
+    check_own: bool = True,
+    on_proposal: Callable[[str, Proposal], str] | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start the party's message endpoint; returns the server and the port it listens on.
 
@@ -190,9 +239,14 @@ def serve(
     files = CredentialFiles(config, checked=check_own)
     credentials = files.server_credentials()
     service = MessageService(config, files)
+    service.on_proposal = on_proposal
     handler = grpc.method_handlers_generic_handler(
         "privreg.Messages",
-        {"Fetch": grpc.unary_stream_rpc_method_handler(service.fetch)},
+        {
+            "Fetch": grpc.unary_stream_rpc_method_handler(service.fetch),
+            "Status": grpc.unary_unary_rpc_method_handler(service.status),
+            "Propose": grpc.unary_unary_rpc_method_handler(service.propose),
+        },
     )
     workers = max_workers or config.limits.workers(len(config.peers))
     server = grpc.server(
@@ -244,6 +298,7 @@ class GrpcTransport:
         address = self.config.address_of(key.sender)
         deadline, pause, last = time.monotonic() + timeout, 0.05, "none"
         while True:
+            watchers.check_peers()  # a peer's failure ends the wait, not the timeout
             try:
                 return self._fetch(key, deadline)
             except _NotYetError as retry:  # the peer held the fetch: ask again at once
@@ -262,6 +317,41 @@ class GrpcTransport:
                 )
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, 1.0)
+
+    def publish_status(self, run: str, party: str, data: bytes) -> None:
+        if party != self.party:
+            raise ChannelError(f"party {self.party} cannot publish {party}'s status")
+        self.folder.write_status(run, party, data)
+
+    def propose(self, peer: str, proposal: Proposal) -> str:
+        """Propose a job run to ``peer``'s party service; its one-line answer, or
+        :class:`ProposalRefusedError` with its reason."""
+        call = self._channel(peer).unary_unary(_PROPOSE_METHOD)
+        request = codec.dumps({"job_file": proposal.job_file, "run": proposal.run})
+        try:
+            reply = codec.loads(call(request, timeout=30), codec.Limits(max_bytes=4096))
+        except grpc.RpcError as error:
+            refused = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION)
+            if error.code() in refused:
+                raise ProposalRefusedError(f"{peer} refused: {error.details()}") from None
+            raise PeerUnreachableError(
+                f"peer {peer} at {self.config.address_of(peer)}: {error.code().name}"
+            ) from None
+        return str(reply["answer"])
+
+    def peer_status(self, run: str, peer: str) -> bytes | None:
+        call = self._channel(peer).unary_unary(_STATUS_METHOD)
+        try:
+            return call(codec.dumps({"run": run}), timeout=STATUS_TIMEOUT)
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            if error.code() in _FATAL:
+                detail = error.details()
+                raise ChannelError(f"peer {peer} refused the status question: {detail}") from None
+            raise PeerUnreachableError(
+                f"peer {peer} at {self.config.address_of(peer)}: {error.code().name}"
+            ) from None
 
     def _channel(self, peer: str) -> grpc.Channel:
         with self._lock:

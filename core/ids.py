@@ -28,6 +28,13 @@ class IdError(ValueError):
 
 def canonical_id(value: object) -> bytes:
     """Return the UTF-8 bytes of ``value``'s canonical text."""
+    kind = type(value)
+    if kind is str and value.isascii():  # fast path (the same rule): ASCII is already NFC
+        text = value.strip()
+        if text:
+            return text.encode("ascii")
+    elif kind is int:  # fast path: an exact int (bool is its own type)
+        return str(value).encode("ascii")
     if value is None:
         raise IdError("id is null")
     if isinstance(value, bool):

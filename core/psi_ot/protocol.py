@@ -189,8 +189,44 @@ def matrix(
     return message, ReceiverState(outputs, choice, peer_size)
 
 
-def _as_keys(values: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(values).view(np.dtype((np.void, values.shape[1]))).ravel()
+def _prefix_keys(values: np.ndarray) -> np.ndarray:
+    """The first 8 bytes of each value (zero-padded) as one uint64 sort key."""
+    padded = np.zeros((len(values), 8), dtype=np.uint8)
+    width = min(8, values.shape[1])
+    padded[:, :width] = values[:, :width]
+    return padded.view("<u8").ravel()
+
+
+def _equal_neighbours(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(i, j)`` of rows with equal values, found as neighbours in sorted order.
+
+    Sorting by an 8-byte prefix is exact unless three rows share a prefix (probability about
+    n^3 / 2^128); then the rows are sorted by their full bytes instead.
+    """
+    keys = _prefix_keys(values)
+    order = np.argsort(keys)
+    same = keys[order][1:] == keys[order][:-1]
+    if (same[1:] & same[:-1]).any():  # a run of three: sort exactly, by every byte
+        order = np.lexsort(values.T[::-1])
+        same = (values[order][1:] == values[order][:-1]).all(axis=1)
+    at = np.flatnonzero(same)
+    left, right = order[at], order[at + 1]
+    equal = (values[left] == values[right]).all(axis=1)
+    return left[equal], right[equal]
+
+
+def _first_repeat(values: np.ndarray) -> int | None:
+    """Lowest position of a value that occurs more than once, or ``None``."""
+    left, right = _equal_neighbours(values)
+    return int(np.minimum(left, right).min()) if len(left) else None
+
+
+def _matches(mine: np.ndarray, theirs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs ``(i, j)`` with ``mine[i] == theirs[j]``; both sides hold distinct values."""
+    left, right = _equal_neighbours(np.concatenate([mine, theirs]))
+    own, other = np.minimum(left, right), np.maximum(left, right) - len(mine)
+    keep = (own < len(mine)) & (other >= 0)  # one of each side, not two of one side
+    return own[keep], other[keep]
 
 
 @dataclass(frozen=True)
@@ -205,20 +241,15 @@ def match(state: ReceiverState, values_message: object, peer: str) -> ReceiverMa
     values = _array(values_message, "values", (cuckoo.HASHES, n_s, width), "values", peer)
     rows, positions = [], []
     for c in range(cuckoo.HASHES):
-        theirs = _as_keys(values[c])
-        unique, first, counts = np.unique(theirs, return_index=True, return_counts=True)
-        if (counts > 1).any():
-            position = int(np.min(first[counts > 1]))
+        if (position := _first_repeat(values[c])) is not None:
             raise PsiError(
                 f"the values message from {peer} repeats a value at position {position} of "
                 f"hash function {c}: refused (an honest sender's values are distinct)"
             )
         mine = np.flatnonzero(state.choice == c)
-        _, own_index, their_index = np.intersect1d(
-            _as_keys(state.outputs[mine]), unique, assume_unique=True, return_indices=True
-        )
+        own_index, their_index = _matches(state.outputs[mine], values[c])
         rows.append(mine[own_index])
-        positions.append(first[their_index])
+        positions.append(their_index)
     all_rows, all_positions = np.concatenate(rows), np.concatenate(positions)
     order = np.argsort(all_positions, kind="stable")
     result = Intersection(all_rows[order].astype(np.int64), len(state.outputs), n_s)

@@ -10,7 +10,7 @@ export PREFECT_LOGGING_LEVEL ?= INFO
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
-        bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-endpoint
+        bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint
 
 install: $(STAMP)
 
@@ -58,6 +58,10 @@ serve: $(STAMP)
 
 BENCH_VERTICAL_ARGS ?=
 BENCH_NETWORK_ARGS ?=
+
+bench-federation: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python benchmarks/bench_federation.py
 
 bench-network: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"

@@ -349,7 +349,7 @@ def federated(jobs: list[PartyJob]) -> Iterator[dict[str, Federation]]:
             sides[job.name] = Federation(
                 transport, job.run_key(), job.party, tuple(parties),
                 restart_grace=float(job.spec.get("restart_grace", RESTART_GRACE)),
-                on_change=_show_status,
+                on_change=_show_status, log=get_run_logger(),
             ).start("queued")  # fmt: skip
             beside_status(transport, job.run_key(), job.party, "flow_run").write_text(
                 str(flow_run.id)

@@ -152,6 +152,7 @@ class Federation:
     down_after: float = DOWN_AFTER
     restart_grace: float = RESTART_GRACE
     on_change: Callable[[Federation], None] | None = None
+    log: logging.Logger | logging.LoggerAdapter = logger  # the flow run's logger, in a flow
     state: str = "queued"
     detail: str = ""
     peers: dict[str, PeerView] = field(default_factory=dict)
@@ -256,7 +257,7 @@ class Federation:
             try:
                 self.poll()
             except Exception as error:  # hearing peers must never kill the party's side
-                logger.warning("job %s: could not hear peers: %s", self.job, error)
+                self.log.warning("job %s: could not hear peers: %s", self.job, error)
 
     def poll(self) -> None:
         """One heartbeat and one look at every peer (the thread calls this every interval)."""
@@ -308,7 +309,7 @@ class Federation:
         if (status.state in LIVE or earlier_attempt) and now - silent_since > self.down_after:
             if view.down_since is None:
                 view.down_since = silent_since
-                logger.warning(
+                self.log.warning(
                     "job %s: party %s is down: not heard from since %s (%s); waiting up to "
                     "%.0f s for its restart", self.job, view.party, _clock(silent_since),
                     status.reason or status.detail or status.state, self.restart_grace,
@@ -320,13 +321,13 @@ class Federation:
                     f"restart grace of {self.restart_grace:.0f} s",
                 )
         elif view.down_since is not None:
-            logger.warning("job %s: party %s is back (%s)", self.job, view.party, status.state)
+            self.log.warning("job %s: party %s is back (%s)", self.job, view.party, status.state)
             view.down_since = None
 
     def _fail_for(self, party: str, reason: str) -> None:
         if self.failure is None:
             self.failure = PeerFailedError(self.job, party, reason)
-            logger.error("%s", self.failure)
+            self.log.error("%s", self.failure)
 
     # ---- an operator's abort (``privreg job abort``) ----------------------------------------
     def _abort_request(self) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from core.job_terms import differences, digest, job_terms
-from demo.orgs import Org, serve_all, start
+from demo.orgs import Org, env_of, serve_all, start
 from demo.parties import prepare
 from flows.jobs import read_job
 from storage.channel import Channel, FileTransport, MessageTimeoutError
@@ -137,11 +138,47 @@ def orgs(
     source = tmp_path_factory.mktemp("source")
     _small_job(source)
     made = prepare(tmp_path_factory.mktemp("orgs"), source=source, receive_timeout=120)
+    for party in ("lab", "arbiter"):  # their services take the clinic's proposals
+        _set_policy(made[party], 'accept_from = ["clinic"]')
     servers = serve_all(made.values(), _api())
     yield made
-    for server in servers:
+    for server in servers:  # each ends the sides its service started, which tell their peers
         server.terminate()
-        server.wait(timeout=10)
+    for server in servers:
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _set_policy(org: Org, policy: str) -> None:
+    """Replace the ``[policy]`` table of the party's configuration (read at each side's start)."""
+    text = org.config.read_text().split("\n[policy]\n")[0]
+    org.config.write_text(f"{text}\n[policy]\n{policy}\n")
+
+
+def _status(org: Org, job: str) -> dict[str, object]:
+    path = org.folder / "home" / "runs" / job / "status" / org.party
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _privreg(org: Org, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    """``privreg ARGS --config <the party's>`` as the party would type it in its folder."""
+    command = [sys.executable, "-m", "privreg.cli", *args, "--config", str(org.config)]
+    return subprocess.run(
+        command, cwd=org.folder, env=env_of(org, _api()), text=True, capture_output=True, **kw
+    )
+
+
+def _job_start(org: Org, run: str) -> subprocess.Popen[str]:
+    """``privreg job start jobs/demo.json --run RUN`` at ``org``: proposes, then runs its side."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "privreg.cli", "job", "start", "jobs/demo.json",
+         "--config", str(org.config), "--run", run],
+        cwd=org.folder, env=env_of(org, _api()), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
 
 
 def _api() -> dict[str, str]:
@@ -212,3 +249,135 @@ def test_a_guest_failing_at_set_up_ends_every_peer_within_seconds(orgs: dict[str
         seconds, _, log = ended[party]
         assert seconds - guest_exit < 15, f"{party}: {seconds - guest_exit:.1f} s\n{log[-3000:]}"
         assert "party clinic failed" in log and "diagnosis" in log, log[-2000:]
+
+
+def test_a_policy_rule_refuses_the_job_at_every_party_naming_the_rule(
+    orgs: dict[str, Org],
+) -> None:
+    _set_policy(orgs["lab"], 'accept_from = ["clinic"]\nmin_key_bits = 2048')
+    try:
+        ended = _run_everywhere(orgs, "policy")
+    finally:
+        _set_policy(orgs["lab"], 'accept_from = ["clinic"]')
+    rule = "vertical.key_size 1024 is below policy.min_key_bits 2048"
+    assert ended["lab"][1] != 0 and rule in ended["lab"][2]
+    for party in ("clinic", "arbiter"):
+        assert ended[party][1] != 0
+        assert (
+            f"party lab failed: PolicyRefusalError: lab refuses job demo: {rule}"
+            in (ended[party][2])
+        ), party
+
+
+def test_a_proposed_run_starts_at_every_peer_and_waits_for_a_manual_approval(
+    orgs: dict[str, Org],
+) -> None:
+    """The clinic proposes; the arbiter's service starts its side unattended; the lab's
+    policy wants a person: its side pauses in its Prefect until approved through the API."""
+    _set_policy(orgs["lab"], 'accept_from = ["clinic"]\napproval = "manual"')
+    clinic = _job_start(orgs["clinic"], "approved")
+    try:
+        deadline = time.monotonic() + 240
+        while _status(orgs["lab"], "demo-approved").get("state") != "approval":
+            assert clinic.poll() is None, clinic.stdout.read() if clinic.stdout else ""
+            assert time.monotonic() < deadline, "the lab's side never asked for approval"
+            time.sleep(0.5)
+        arbiter = _status(orgs["arbiter"], "demo-approved").get("state")
+        assert arbiter in ("queued", "agreeing", "running"), arbiter  # started unattended
+        answer = _privreg(orgs["lab"], "job", "approve", "demo-approved", timeout=120)
+        assert answer.returncode == 0, answer.stderr
+        out, _ = clinic.communicate(timeout=300)
+    finally:
+        _set_policy(orgs["lab"], 'accept_from = ["clinic"]')
+        if clinic.poll() is None:
+            clinic.kill()
+    assert clinic.returncode == 0, out[-3000:]
+    for party in ("clinic", "lab", "arbiter"):
+        assert _status(orgs[party], "demo-approved")["state"] == "done", party
+    shown = _privreg(orgs["lab"], "job", "status", "demo-approved", timeout=60)
+    assert shown.returncode == 0 and shown.stdout.count("done") == 3, shown.stdout
+
+
+def test_a_declined_run_ends_at_every_party_with_the_reason(orgs: dict[str, Org]) -> None:
+    _set_policy(orgs["lab"], 'accept_from = ["clinic"]\napproval = "manual"')
+    clinic = _job_start(orgs["clinic"], "declined")
+    try:
+        deadline = time.monotonic() + 240
+        while _status(orgs["lab"], "demo-declined").get("state") != "approval":
+            assert time.monotonic() < deadline and clinic.poll() is None
+            time.sleep(0.5)
+        no = _privreg(orgs["lab"], "job", "decline", "demo-declined", "--reason", "not tonight")
+        assert no.returncode == 0, no.stderr
+        out, _ = clinic.communicate(timeout=120)
+    finally:
+        _set_policy(orgs["lab"], 'accept_from = ["clinic"]')
+        if clinic.poll() is None:
+            clinic.kill()
+    assert clinic.returncode != 0
+    assert "lab declined the job proposed by clinic: not tonight" in out, out[-3000:]
+    deadline = time.monotonic() + 30
+    while _status(orgs["arbiter"], "demo-declined").get("state") not in ("failed", "aborted"):
+        assert time.monotonic() < deadline, _status(orgs["arbiter"], "demo-declined")
+        time.sleep(0.5)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_killed_side_leaves_nothing_running_is_marked_crashed_and_resumes(
+    orgs: dict[str, Org],
+) -> None:
+    """kill -9 of the lab's side while its Paillier pool works: every process it started is
+    gone within 10 s, its peers wait for it, its restart marks the lost run Crashed in its
+    Prefect and the job completes."""
+    from prefect.client.orchestration import get_client
+
+    args = ["--job-file", "jobs/demo.json", "--run", "killed"]
+    sides = {
+        p: start(o, "pipeline", args, _api(), stderr=subprocess.DEVNULL) for p, o in orgs.items()
+    }
+    lab = sides["lab"]
+    try:
+        deadline = time.monotonic() + 240
+        while len(family := _descendants(lab.pid)) < 2:  # the pool: forkserver and workers
+            assert lab.poll() is None and time.monotonic() < deadline, "no pool started"
+            time.sleep(0.2)
+        lost = (orgs["lab"].folder / "home/runs/demo-killed/status/lab.flow_run").read_text()
+        lab.kill()
+        lab.wait()
+        deadline = time.monotonic() + 10
+        while alive := [pid for pid in family if _alive(pid)]:
+            assert time.monotonic() < deadline, f"left running after 10 s: {alive}"
+            time.sleep(0.2)
+        assert sides["clinic"].poll() is None and sides["arbiter"].poll() is None  # waiting
+        sides["lab"] = start(orgs["lab"], "pipeline", args, _api(), stderr=subprocess.DEVNULL)
+        for party, side in sides.items():
+            assert side.wait(timeout=300) == 0, party
+    finally:
+        for side in sides.values():
+            if side.poll() is None:
+                side.kill()
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(lost).state.type.value == "CRASHED"

@@ -1,7 +1,7 @@
 """Base oblivious transfers: Naor-Pinkas OT on NIST P-256, random-OT form, semi-honest.
 
-Naor and Pinkas, "Efficient oblivious transfer protocols", SODA 2001, the two-round protocol
-secure under computational Diffie-Hellman in the random-oracle model (their section 3.1), as
+Naor and Pinkas, "Efficient oblivious transfer protocols", SODA 2001, their two-round
+1-out-of-2 protocol secure under computational Diffie-Hellman in the random-oracle model, as
 used for the base OTs of OT-extension PSI by Pinkas, Schneider and Zohner (USENIX Security
 2014). The OT sender fixes one random point ``C`` and one ``R = rG`` for all ``k`` transfers:
 

@@ -1,5 +1,6 @@
 """KKRT16's batched, related-key OPRF (BaRK-OPRF): IKNP-style OT extension with a pseudorandom
-code in place of the repetition code (the paper's section 3 and its protocol figure).
+code in place of the repetition code (the paper's BaRK-OPRF protocol; its steps are listed
+below with the function implementing each).
 
 Roles are the OPRF's: the *receiver* holds one input per bin, the *sender* holds the key
 ``(s, q_1..q_m)`` and can evaluate the OPRF of bin ``i`` at any input. Step by step:

@@ -13,6 +13,7 @@ from core.psi_ot import base_ot, cuckoo, kkrt
 from core.psi_ot import protocol as kkrt_psi
 from core.psi_ot.bitmatrix import transpose
 from core.psi_ot.primitives import aes_blocks, prg, random_key
+from storage import codec
 
 
 def run_kkrt(a: list[object], b: list[object], min_rows: int = 1):
@@ -283,3 +284,26 @@ def test_messages_carry_no_id_hash_and_sizes_only() -> None:
         assert not any(row[:15].tobytes() in wire for row in own[:50])
     assert not any(x.encode() in wire for x in a[:50])
     assert messages["hello"]["size"] == 500 and messages["reply"]["size"] == 650
+
+
+def test_a_retried_step_resends_the_same_bytes() -> None:
+    a, b = [f"r{i}" for i in range(400)], [f"r{i}" for i in range(200, 700)]
+    key_a, key_b = random_key(), random_key()
+    da, db = kkrt_psi.item_digests(a, "bank"), kkrt_psi.item_digests(b, "shop")
+    hello = kkrt_psi.hello(key_a, len(a))
+    assert codec.dumps(hello) == codec.dumps(kkrt_psi.hello(key_a, len(a)))
+    reply = kkrt_psi.reply(key_b, len(b), hello, "bank")
+    assert codec.dumps(reply) == codec.dumps(kkrt_psi.reply(key_b, len(b), hello, "bank"))
+    matrix, _ = kkrt_psi.matrix(key_a, da, reply, "shop")
+    assert codec.dumps(matrix) == codec.dumps(kkrt_psi.matrix(key_a, da, reply, "shop")[0])
+    values = kkrt_psi.values(key_b, db, hello, matrix, "bank")
+    again = kkrt_psi.values(key_b, db, hello, matrix, "bank")
+    assert codec.dumps(values) == codec.dumps(again)
+    other = kkrt_psi.values(random_key(), db, hello, matrix, "bank")  # another job key
+    assert codec.dumps(values) != codec.dumps(other)
+
+
+def test_cuckoo_reports_items_that_cannot_fit() -> None:
+    candidates = np.array([[0, 1, 2]] * 4, dtype=np.int64)  # four items, three bins
+    with pytest.raises(cuckoo.CuckooError, match="1 of 4 items found no bin"):
+        cuckoo.place(candidates, 3)

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, tags
+from prefect import flow, get_run_logger, tags
 
 from flows.align import psi_align
 from flows.horizontal_lr import horizontal_job
-from flows.jobs import read_job
+from flows.jobs import load_job_tree, read_job
 from flows.label_dp import label_dp_job
 from flows.sparse_lda import sparse_lda_job
 from flows.sparse_lda import summary_line as sparse_lda_summary
@@ -100,6 +100,9 @@ class _Timer:
             stage["bytes"] = _bytes_exchanged(job_id, self.workspace)
             stage["job_id"] = job_id
         self.stages[self.name] = stage
+        get_run_logger().info(
+            "progress: %s done in %.1f s: %s", self.name, stage["seconds"], result
+        )
 
 
 @flow(name="pipeline", flow_run_name=run_namer("pipeline"))
@@ -110,7 +113,8 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
         job_file: Path of the job file (JSON) naming the parties, their sources and stages.
         workspace: Folder for the runs' messages (default: var or PRIVREG_HOME).
     """
-    job = read_job(job_file)
+    load_job_tree(job_file)  # the job and its sub-jobs, validated before anything is loaded
+    job = read_job(job_file, "main")
     with tags(f"job:{job.get('job') or Path(job_file).stem}"):  # names the stages' runs
         return _stages(job, job_file, workspace)
 

@@ -1,7 +1,11 @@
 """``privreg``: what a data owner does outside Prefect.
 
 privreg load SOURCE --database D --table T [--id-column C] [--label-column L] [--label-domain 0,1]
-privreg run JOB_FILE                      run the pipeline of a job file locally
+privreg run JOB_FILE [--log-dir var/logs]  run a job file here (main job, or a sub-job alone):
+                                          progress lines; Prefect's log lines go to the log
+privreg job check JOB_FILE                validate a job file and its sub-jobs; print it with
+                                          every default filled in
+privreg job schema --markdown             the job-file reference (README, "Job files")
 privreg budget set --database D --table T --epsilon E [--delta X]
 privreg budget show --database D [--table T] [--json]
 privreg policy set --database D --table T [--allow-noiseless-release | --no-allow-noiseless-release]
@@ -29,13 +33,15 @@ import logging
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from privreg import party_cli
+from flows.job_schema import JobFileError
+from privreg import job_check, job_cli, party_cli
+from privreg.run_log import log_path, logs_to_file
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
@@ -79,19 +85,75 @@ class _ProgressPrinter(logging.Handler):
         print(f"[{time.monotonic() - self.started:7.1f} s] {text}", file=sys.stderr, flush=True)
 
 
-def _run(args: argparse.Namespace) -> None:
-    if not Path(args.job_file).is_file():
-        raise FileNotFoundError(f"job file {args.job_file} does not exist")
-    from flows.pipeline import pipeline
+class RunFailedError(RuntimeError):
+    """A run failed; the message is its one-line reason, ``log`` the file with the details."""
 
+    def __init__(self, message: str, log: Path) -> None:
+        super().__init__(message)
+        self.log = log
+
+
+def _run(args: argparse.Namespace) -> None:
+    """Validate the job file (and its sub-jobs) in full, then run it with Prefect's log lines
+    in a file: the terminal shows progress and, on an error, one line and where the log is."""
+    from flows.job_schema import job_kind
+    from flows.jobs import load_job, load_job_tree, read_job
+
+    path = Path(args.job_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"job file {args.job_file} does not exist")
+    kind = job_kind(read_job(path))
+    if kind == "main":
+        load_job_tree(path)
+    else:
+        print(_sub_job_line(path, kind), file=sys.stderr)
+    name = load_job(path).job or path.stem
+    log = log_path(args.log_dir, name)
     printer = _ProgressPrinter()
     logger = logging.getLogger("prefect.flow_runs")
-    logger.addHandler(printer)
-    try:
-        pipeline(args.job_file, workspace=args.workspace)
-    finally:
-        logger.removeHandler(printer)
-    print(f"finished in {time.monotonic() - printer.started:.1f} s", file=sys.stderr)
+    with logs_to_file(log):
+        logger.addHandler(printer)
+        try:
+            _job_flow(kind)(args.job_file, workspace=args.workspace)
+        except Exception as error:
+            logging.getLogger("privreg").exception("privreg run %s failed", args.job_file)
+            raise RunFailedError(_one_line(error), log) from error
+        finally:
+            logger.removeHandler(printer)
+    print(f"finished in {time.monotonic() - printer.started:.1f} s (log: {log})", file=sys.stderr)
+
+
+def _job_flow(kind: str) -> Any:
+    """The flow that runs a whole job file of this kind (a sub-job file runs on its own)."""
+    if kind == "label_dp":
+        from flows.label_dp import label_dp_job
+
+        return label_dp_job
+    if kind == "horizontal_lr":
+        from flows.horizontal_lr import horizontal_job
+
+        return horizontal_job
+    if kind == "sparse_lda":
+        from flows.sparse_lda import sparse_lda_job
+
+        return sparse_lda_job
+    from flows.pipeline import pipeline
+
+    return pipeline
+
+
+def _sub_job_line(path: Path, kind: str) -> str:
+    """Says that ``path`` is a sub-job and which main job files beside it name it."""
+    parents = []
+    for other in sorted(path.resolve().parent.glob("*.json")):
+        try:
+            subjobs = json.loads(other.read_text()).get("subjobs") or {}
+        except (ValueError, AttributeError):
+            continue
+        if any(Path(p).name == path.name for p in subjobs.values() if isinstance(p, str)):
+            parents.append(other.name)
+    named = f" (named in {', '.join(parents)})" if parents else ""
+    return f"{path} is a {kind} sub-job{named}: running it on its own"
 
 
 def _text_table(rows: list[dict[str, Any]]) -> str:
@@ -106,9 +168,16 @@ def _text_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _existing_store(database: str) -> PartyStore:
+    """A party's store that must exist already: a misspelt path is an error, not "(none)"."""
+    if not Path(database).is_file():
+        raise FileNotFoundError(f"database {database} does not exist")
+    return PartyStore(database)
+
+
 def _budget(args: argparse.Namespace) -> None:
     """The owner's budgets: ``set`` is the only way a budget changes."""
-    store = PartyStore(args.database)
+    store = _existing_store(args.database)
     ledger = PrivacyLedger(store)
     if args.action == "set":
         ledger.set_budget(args.table, args.epsilon, args.delta)
@@ -132,7 +201,7 @@ def _budget(args: argparse.Namespace) -> None:
 
 def _policy(args: argparse.Namespace) -> None:
     """The owner's permissions: everything that gives up privacy is off until set here."""
-    store = PartyStore(args.database)
+    store = _existing_store(args.database)
     policy = OwnerPolicy(store)
     if args.action == "set":
         chosen = {k: getattr(args, k) for k in ("allow_noiseless_release", "allow_raw_export")}
@@ -155,9 +224,7 @@ def _plain(value: Any) -> Any:
 
 
 def _models(args: argparse.Namespace) -> None:
-    if not Path(args.database).is_file():
-        raise FileNotFoundError(f"database {args.database} does not exist")
-    artifacts = ArtifactStore(PartyStore(args.database))
+    artifacts = ArtifactStore(_existing_store(args.database))
     if args.action == "list":
         models = [
             (k, size, created) for k, kind, size, created in artifacts.list() if kind == "model"
@@ -239,83 +306,140 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    load = commands.add_parser("load", help="validate and import a CSV or Parquet file")
-    load.add_argument("source")
-    load.add_argument("--database", required=True)
-    load.add_argument("--table", required=True)
-    load.add_argument("--party")
-    load.add_argument("--id-column", default="id")
-    load.add_argument("--label-column")
-    load.add_argument("--label-domain", help="comma-separated allowed label values")
+    formatter = argparse.ArgumentDefaultsHelpFormatter  # every option's help shows its default
+    load = commands.add_parser(
+        "load", help="validate and import a CSV or Parquet file", formatter_class=formatter
+    )
+    load.add_argument("source", help="CSV, CSV.gz or Parquet file")
+    load.add_argument("--database", required=True, help="the party's DuckDB file")
+    load.add_argument("--table", required=True, help="table to create or replace")
+    load.add_argument("--party", help="the owner's name (default: the database file's name)")
+    load.add_argument("--id-column", default="id", help="column PSI matches on")
+    load.add_argument("--label-column", help="the label column, if this party holds it")
+    load.add_argument("--label-domain", help="comma-separated allowed label values, e.g. 0,1")
     load.set_defaults(handler=_load)
-    run = commands.add_parser("run", help="run a job file's pipeline locally")
-    run.add_argument("job_file")
-    run.add_argument("--workspace")
+    run = commands.add_parser(
+        "run",
+        help="run a job file here (a main job, or a sub-job file on its own)",
+        formatter_class=formatter,
+    )
+    run.add_argument("job_file", help="the job file (JSON), validated in full before it runs")
+    run.add_argument("--workspace", help="folder for the run's messages (default: var)")
+    run.add_argument(
+        "--log-dir", default="var/logs", help="folder of the run's full log (Prefect's lines)"
+    )
     run.set_defaults(handler=_run)
-    budget = commands.add_parser("budget", help="show or set a table's privacy budget")
-    budget.add_argument("action", choices=["show", "set"])
-    budget.add_argument("--database", required=True)
-    budget.add_argument("--table")
-    budget.add_argument("--epsilon", type=float)
-    budget.add_argument("--delta", type=float, default=0.0)
+    budget = commands.add_parser(
+        "budget", help="show or set a table's privacy budget", formatter_class=formatter
+    )
+    budget.add_argument("action", choices=["show", "set"], help="show, or set a total")
+    budget.add_argument("--database", required=True, help="the owner's DuckDB file")
+    budget.add_argument("--table", help="the protected table (show: default every table)")
+    budget.add_argument("--epsilon", type=float, help="set: the total epsilon, > 0")
+    budget.add_argument("--delta", type=float, default=0.0, help="set: the total delta, [0, 1)")
     budget.add_argument("--json", action="store_true", help="print JSON instead of a table")
     budget.set_defaults(handler=_budget)
     policy = commands.add_parser(
-        "policy", help="show or set what a table's owner allows (no-noise releases, raw rows)"
+        "policy",
+        help="show or set what a table's owner allows (no-noise releases, raw rows)",
+        formatter_class=formatter,
     )
-    policy.add_argument("action", choices=["show", "set"])
-    policy.add_argument("--database", required=True)
-    policy.add_argument("--table")
-    for name in ("allow-noiseless-release", "allow-raw-export"):
-        policy.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None)
+    policy.add_argument("action", choices=["show", "set"], help="show, or set permissions")
+    policy.add_argument("--database", required=True, help="the owner's DuckDB file")
+    policy.add_argument("--table", help="the protected table (show: default every table)")
+    for name, what in (
+        ("allow-noiseless-release", "a release without noise (tests)"),
+        ("allow-raw-export", "exporting raw rows"),
+    ):
+        policy.add_argument(
+            f"--{name}", action=argparse.BooleanOptionalAction, default=None,
+            help=f"set: allow or refuse {what} (unset: unchanged)",
+        )  # fmt: skip
     policy.add_argument("--json", action="store_true", help="print JSON instead of a table")
     policy.set_defaults(handler=_policy)
-    models = commands.add_parser("models", help="list, show or export saved models")
-    models.add_argument("action", choices=["list", "show", "export"])
-    models.add_argument("--database", required=True)
-    models.add_argument("--key")
-    models.add_argument("--out")
+    models = commands.add_parser(
+        "models", help="list, show or export saved models", formatter_class=formatter
+    )
+    models.add_argument("action", choices=["list", "show", "export"], help="what to do")
+    models.add_argument("--database", required=True, help="the party's DuckDB file")
+    models.add_argument("--key", help="show, export: the model's key (see list)")
+    models.add_argument("--out", help="export: the JSON file to write")
     models.set_defaults(handler=_models)
     paillier = commands.add_parser(
-        "paillier", help="prepare a vertical job's key and a party's obfuscators ahead of its run"
+        "paillier",
+        help="prepare a vertical job's key and a party's obfuscators ahead of its run",
+        formatter_class=formatter,
     )
-    paillier.add_argument("action", choices=["prepare-key", "fill-pool"])
+    paillier.add_argument("action", choices=["prepare-key", "fill-pool"], help="what to prepare")
     paillier.add_argument("--job-id", required=True, help="the job id every party agreed on")
-    paillier.add_argument("--guest", required=True)
+    paillier.add_argument("--guest", required=True, help="the guest party's name")
     paillier.add_argument("--hosts", required=True, help="comma-separated, in the job's order")
-    paillier.add_argument("--key-holder", default="arbiter")
+    paillier.add_argument("--key-holder", default="arbiter", help="the party holding the key")
     paillier.add_argument("--database", required=True, help="this party's own database")
     paillier.add_argument("--party", help="this party's name (default: the database's name)")
     paillier.add_argument("--workspace", help="the shared message folder (embedded runs)")
-    paillier.add_argument("--key-size", type=int, default=2048)
-    paillier.add_argument("--randomizer", default="full", choices=["full", "short", "standard"])
+    paillier.add_argument("--key-size", type=int, default=2048, help="Paillier modulus bits")
+    paillier.add_argument(
+        "--randomizer", default="full", choices=["full", "short", "standard"],
+        help="how obfuscators are drawn",
+    )  # fmt: skip
     paillier.add_argument("--count", type=int, help="obfuscators to add to the pool")
     paillier.add_argument("--rows", type=int, help="or: the job's rows, to compute the count")
-    paillier.add_argument("--batch-size", type=int, default=1024)
-    paillier.add_argument("--holdout-fraction", type=float, default=0.1)
-    paillier.add_argument("--epochs", type=int, default=1)
+    paillier.add_argument("--batch-size", type=int, default=1024, help="with --rows")
+    paillier.add_argument("--holdout-fraction", type=float, default=0.1, help="with --rows")
+    paillier.add_argument("--epochs", type=int, default=1, help="with --rows")
     paillier.set_defaults(handler=_paillier)
     party_cli.register(commands)
+    job_check.register_check(job_cli.register(commands))
+    for _, sub in _subcommands(parser):  # every option's help shows its default
+        sub.formatter_class = formatter
     return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """Every subcommand's parser, nested ones included, with its name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                yield from _subcommands(sub)
+
+
+def _usage_error(args: argparse.Namespace) -> str | None:
+    """What a subcommand's options lack or get wrong, checked before anything is opened."""
+    if args.command == "budget" and args.action == "set":
+        if not args.table or args.epsilon is None:
+            return "budget set needs --table and --epsilon"
+        if not args.epsilon > 0:
+            return f"--epsilon must be > 0 (got {args.epsilon:g})"
+        if not 0 <= args.delta < 1:
+            return f"--delta must be in [0, 1) (got {args.delta:g})"
+    if args.command == "policy" and args.action == "set" and not args.table:
+        return "policy set needs --table"
+    if args.command == "models" and args.action == "export" and not (args.key and args.out):
+        return "models export needs --key and --out"
+    if args.command == "models" and args.action == "show" and not args.key:
+        return "models show needs --key"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "budget" and args.action == "set" and (not args.table or not args.epsilon):
-        raise SystemExit("budget set needs --table and --epsilon")
-    if args.command == "policy" and args.action == "set" and not args.table:
-        raise SystemExit("policy set needs --table")
-    if args.command == "models" and args.action == "export" and not (args.key and args.out):
-        raise SystemExit("models export needs --key and --out")
-    if args.command == "models" and args.action == "show" and not args.key:
-        print("privreg: error: models show needs --key", file=sys.stderr)
+    problem = _usage_error(args)
+    if problem is not None:
+        print(f"privreg: error: {problem}", file=sys.stderr)
         return 1
     try:
         args.handler(args)
     except Exception as error:
         if args.debug:
             traceback.print_exc()
-        print(f"privreg: error: {_one_line(error)}", file=sys.stderr)
+        if isinstance(error, JobFileError):  # a short block: the file, each key, a suggestion
+            print(f"privreg: error: {error}", file=sys.stderr)
+        else:
+            print(f"privreg: error: {_one_line(error)}", file=sys.stderr)
+        if isinstance(error, RunFailedError):
+            print(f"privreg: full log: {error.log}", file=sys.stderr)
         return 1
     return 0
 

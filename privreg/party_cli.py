@@ -169,14 +169,20 @@ def _options(args: argparse.Namespace, flow: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k in names}
 
 
+CONFIG_HELP = "this party's party.toml"
+FLOW_DEFAULT = "default: the flow's"
+
+
 def _one_release_parser(actions: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     """The arguments every one-release party command shares (WALR, label DP); options left
     out take the flow's defaults."""
     parser = actions.add_parser(name, help=help_text, argument_default=argparse.SUPPRESS)
-    parser.add_argument("--config", required=True)
+    parser.add_argument("--config", required=True, help=CONFIG_HELP)
     parser.add_argument("--table", required=True, help="own table descriptor (JSON or file)")
-    parser.add_argument("--role", required=True, choices=["labels", "features"])
-    parser.add_argument("--peer", required=True)
+    parser.add_argument(
+        "--role", required=True, choices=["labels", "features"], help="this party's side"
+    )
+    parser.add_argument("--peer", required=True, help="the other party's name")
     parser.add_argument("--job", required=True, help="the job id both parties agreed on")
     parser.add_argument("--evaluate", action="store_true", help="both parties must pass it")
     return parser
@@ -279,7 +285,7 @@ def _sparse_lda(args: argparse.Namespace) -> None:
 def register(commands: argparse._SubParsersAction) -> None:
     """Add ``certs`` and ``party`` to the ``privreg`` command."""
     certs = commands.add_parser("certs", help="a demo CA and per-party certificates")
-    certs.add_argument("action", choices=["init", "issue"])
+    certs.add_argument("action", choices=["init", "issue"], help="init a CA, or issue a party's")
     certs.add_argument("--out", required=True, help="folder for the files")
     certs.add_argument("--ca", default=".", help="folder holding ca.pem and ca.key (issue)")
     certs.add_argument("--party", help="the party's name, as in its configuration (issue)")
@@ -288,25 +294,25 @@ def register(commands: argparse._SubParsersAction) -> None:
     party = commands.add_parser("party", help="run as one party of a multi-organisation job")
     actions = party.add_subparsers(dest="party_command", required=True)
     serve = actions.add_parser("serve", help="serve this party's message endpoint")
-    serve.add_argument("--config", required=True)
+    serve.add_argument("--config", required=True, help=CONFIG_HELP)
     serve.add_argument(
         "--flows", action="store_true", help="also serve the party's flows on its own Prefect"
     )
     serve.set_defaults(handler=_serve)
     psi = actions.add_parser("psi", help="this party's side of psi_align")
-    psi.add_argument("--config", required=True)
+    psi.add_argument("--config", required=True, help=CONFIG_HELP)
     psi.add_argument("--table", required=True, help="own table descriptor (JSON or file)")
-    psi.add_argument("--peer", required=True)
+    psi.add_argument("--peer", required=True, help="the other party's name")
     psi.add_argument("--job", required=True, help="the job id both parties agreed on")
-    psi.add_argument("--min-rows", type=int, default=100)
+    psi.add_argument("--min-rows", type=int, default=100, help="smallest intersection accepted")
     psi.set_defaults(handler=_psi)
     walr = _one_release_parser(actions, "walr", "this party's side of walr")
-    walr.add_argument("--epsilon", type=float, required=True)
-    walr.add_argument("--delta", type=float, required=True)
-    walr.add_argument("--mode", choices=["clipped", "binary"])
-    walr.add_argument("--clip-norm", type=float)
-    walr.add_argument("--l2", type=float)
-    walr.add_argument("--key-size", type=int)
+    walr.add_argument("--epsilon", type=float, required=True, help="of the one release, > 0")
+    walr.add_argument("--delta", type=float, required=True, help="of the one release, (0, 1)")
+    walr.add_argument("--mode", choices=["clipped", "binary"], help=FLOW_DEFAULT)
+    walr.add_argument("--clip-norm", type=float, help="row norm bound, clipped mode")
+    walr.add_argument("--l2", type=float, help=f"ridge penalty; {FLOW_DEFAULT}")
+    walr.add_argument("--key-size", type=int, help=f"Paillier bits; {FLOW_DEFAULT}")
     walr.add_argument("--allow-insecure-key-size", action="store_true", help="tests only")
     walr.add_argument("--protected-table", help="the labels table or its source (labels)")
     walr.add_argument("--randomizer", help="Paillier obfuscators: full, short or standard")
@@ -314,25 +320,29 @@ def register(commands: argparse._SubParsersAction) -> None:
     walr.set_defaults(handler=_walr)
     label_dp = _one_release_parser(actions, "label-dp", "this party's side of label DP")
     label_dp.add_argument("--epsilon", type=float, help="the labels party's (required there)")
-    label_dp.add_argument("--loss")
-    label_dp.add_argument("--label-range", type=float, nargs=2, metavar=("LOW", "HIGH"))
-    label_dp.add_argument("--mechanism")
-    label_dp.add_argument("--prior-epsilon", type=float)
-    label_dp.add_argument("--grid-size", type=int)
-    label_dp.add_argument("--integer-labels", action="store_true")
-    label_dp.add_argument("--no-clip", dest="clip", action="store_false")
-    label_dp.add_argument("--holdout-fraction", type=float)
-    label_dp.add_argument("--seed", type=int)
+    label_dp.add_argument("--loss", help=f"squared, absolute or poisson; {FLOW_DEFAULT}")
+    label_dp.add_argument(
+        "--label-range", type=float, nargs=2, metavar=("LOW", "HIGH"), help="labels clipped to"
+    )
+    label_dp.add_argument("--mechanism", help=f"release mechanism; {FLOW_DEFAULT}")
+    label_dp.add_argument("--prior-epsilon", type=float, help="epsilon share of the prior")
+    label_dp.add_argument("--grid-size", type=int, help=f"label grid points; {FLOW_DEFAULT}")
+    label_dp.add_argument("--integer-labels", action="store_true", help="whole-number labels")
+    label_dp.add_argument(
+        "--no-clip", dest="clip", action="store_false", help="do not clip to the label range"
+    )
+    label_dp.add_argument("--holdout-fraction", type=float, help=f"rows held out; {FLOW_DEFAULT}")
+    label_dp.add_argument("--seed", type=int, help=f"seeds the hold-out; {FLOW_DEFAULT}")
     label_dp.set_defaults(handler=_label_dp)
     hlr = actions.add_parser("horizontal", help="a hospital's or the coordinator's side")
-    hlr.add_argument("--config", required=True)
+    hlr.add_argument("--config", required=True, help=CONFIG_HELP)
     hlr.add_argument("--job", required=True, help="the job id every party agreed on")
     hlr.add_argument("--parties", required=True, help="the hospitals, comma-separated")
     hlr.add_argument("--table", help="own table descriptor (JSON or file; hospitals)")
     hlr.add_argument("--rounds", type=int, default=20, help="most rounds (coordinator)")
-    hlr.add_argument("--local-epochs", type=int, default=0)
-    hlr.add_argument("--learning-rate", type=float, default=0.2)
-    hlr.add_argument("--l2", type=float, default=1e-3)
+    hlr.add_argument("--local-epochs", type=int, default=0, help="local passes per round")
+    hlr.add_argument("--learning-rate", type=float, default=0.2, help="step size")
+    hlr.add_argument("--l2", type=float, default=1e-3, help="ridge penalty")
     hlr.add_argument("--tol", type=float, default=1e-6, help="stop below this (coordinator)")
     hlr.add_argument("--threshold", type=int, help="parties needed at every stage (coordinator)")
     hlr.add_argument("--stage-timeout", type=float, default=60.0, help="seconds (coordinator)")
@@ -341,9 +351,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     hlr.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "<round>:<stage>:kill"
     hlr.set_defaults(handler=_horizontal)
     vertical = actions.add_parser("vertical", help="this party's side of vertical_lr")
-    vertical.add_argument("--config", required=True)
+    vertical.add_argument("--config", required=True, help=CONFIG_HELP)
     vertical.add_argument("--job", required=True, help="the job id every party agreed on")
-    vertical.add_argument("--role", required=True, choices=["guest", "host", "arbiter"])
+    vertical.add_argument(
+        "--role", required=True, choices=["guest", "host", "arbiter"], help="this party's side"
+    )
     vertical.add_argument("--guest", required=True, help="the guest's party name")
     vertical.add_argument("--hosts", required=True, help="the hosts' names, comma-separated")
     vertical.add_argument("--table", help="own table descriptor (JSON or file; not the arbiter)")
@@ -352,12 +364,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     vertical.add_argument("--options", help="shared training options (JSON or file)")
     vertical.set_defaults(handler=_vertical)
     pipeline = actions.add_parser("pipeline", help="this party's stages of a whole job file")
-    pipeline.add_argument("--config", required=True)
+    pipeline.add_argument("--config", required=True, help=CONFIG_HELP)
     pipeline.add_argument("--job-file", required=True, help="the job file every party holds")
     pipeline.add_argument("--run", default="", help="job-id suffix of a scheduled re-run")
     pipeline.set_defaults(handler=_pipeline)
     lda = actions.add_parser("sparse-lda", help="a site's or the coordinator's side")
-    lda.add_argument("--config", required=True)
+    lda.add_argument("--config", required=True, help=CONFIG_HELP)
     lda.add_argument("--job", required=True, help="the job id every party agreed on")
     lda.add_argument("--parties", required=True, help="the sites, comma-separated")
     lda.add_argument("--table", help="own table descriptor (JSON or file; sites)")

@@ -1,0 +1,133 @@
+"""The README's job-file reference, generated from ``flows.job_schema`` so it cannot drift.
+
+``privreg job schema --markdown`` prints it; ``tests/test_job_schema.py`` checks that the
+README's section between the markers equals this text.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from typing import Annotated, Any, Literal, Union
+
+import annotated_types as at
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from flows import job_schema as schema
+
+BEGIN = "<!-- job-file-reference:begin (generated: privreg job schema --markdown) -->"
+END = "<!-- job-file-reference:end -->"
+
+SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
+    ("Main job (`privreg run jobs/demo.json`)", schema.MainJob),
+    ("Sub-job `label_dp`", schema.LabelDPJob),
+    ("Sub-job `horizontal_lr`", schema.HorizontalJob),
+    ("Sub-job `sparse_lda`", schema.SparseLDAJob),
+    ("Roles of a main or label-DP job (`parties`)", schema.GuestHost),
+    ("A party's entry (`parties.<role>`)", schema.PartyEntry),
+    ("Table descriptor (`parties.<role>.table`)", schema.TableDescriptor),
+    ("Initial privacy budget (`parties.<role>.privacy_budget`)", schema.PrivacyBudget),
+    ("Preprocessing (job level)", schema.Preprocessing),
+    ("Preprocessing (a party's own, `parties.<role>.preprocessing`)", schema.PartyPreprocessing),
+    ("`subjobs`", schema.SubJobs),
+    ("`psi`", schema.PsiOptions),
+    ("`vertical`", schema.VerticalOptions),
+    ("`walr`", schema.WalrOptions),
+    ("`label_dp`", schema.LabelDPOptions),
+    ("`horizontal_lr`", schema.HorizontalOptions),
+    ("`sparse_lda`", schema.SparseLDAOptions),
+)
+_NAMES = {model: title for title, model in SECTIONS}
+
+
+def markdown() -> str:
+    """Every kind of job file, object and option: key, type and range, default, meaning."""
+    lines = [
+        "Every key below is checked before anything is loaded: an unknown key is refused with the "
+        "closest valid one, a wrong type or a value out of range with its path "
+        "(`privreg job check FILE` prints a job with every default filled in). A sub-job file "
+        "is recognised by its stage key.",
+    ]
+    for title, model in SECTIONS:
+        lines += ["", f"**{title}.** {_first_line(model.__doc__)}", ""]
+        lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        for name, field in model.model_fields.items():
+            kind = _type_text(field.annotation, field.metadata)
+            lines.append(f"| `{name}` | {kind} | {_default(field)} | {field.description or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def _first_line(doc: str | None) -> str:
+    return " ".join((doc or "").strip().split("\n\n")[0].split()).replace("``", "`")
+
+
+def _default(field: Any) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        return "(its defaults)" if isinstance(value, BaseModel) else f"`{json.dumps(value)}`"
+    if field.default is PydanticUndefined:
+        return "required"
+    return f"`{json.dumps(field.default)}`"
+
+
+def _type_text(annotation: Any, metadata: list[Any]) -> str:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return _type_text(args[0], [*metadata, *args[1:]])
+    if origin in (Union, types.UnionType):
+        parts = [_type_text(a, metadata) for a in args if a is not type(None)]
+        return " or ".join(parts) + (" or `null`" if type(None) in args else "")
+    if origin is Literal:
+        return " \\| ".join(f"`{json.dumps(a)}`" for a in args)
+    if origin is list:
+        return f"list of {_type_text(args[0], [])}{_range(metadata)}"
+    if origin is dict:
+        return f"object of {_type_text(args[1], [])}{_range(metadata)}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"object ({_NAMES[annotation].split(' (')[0]})"
+    names = {int: "integer", float: "number", str: "string", bool: "boolean"}
+    return names.get(annotation, str(annotation)) + _range(metadata)
+
+
+def _range(metadata: list[Any]) -> str:
+    bounds: dict[str, Any] = {}
+    for item in [m for entry in metadata for m in [entry, *getattr(entry, "metadata", [])]]:
+        for attr in ("gt", "ge", "lt", "le", "min_length", "max_length", "pattern"):
+            value = getattr(item, attr, None)
+            if value is not None:
+                bounds[attr] = value
+        if isinstance(item, at.Interval):
+            bounds.update({k: v for k, v in vars(item).items() if v is not None})
+    if "pattern" in bounds:
+        return " (a plain name)"
+    low = next(
+        (f"{sign} {bounds[k]:g}" for k, sign in (("gt", ">"), ("ge", ">=")) if k in bounds), ""
+    )
+    high = next(
+        (f"{sign} {bounds[k]:g}" for k, sign in (("lt", "<"), ("le", "<=")) if k in bounds), ""
+    )
+    if "min_length" in bounds and bounds.get("min_length") == bounds.get("max_length"):
+        return f" (exactly {bounds['min_length']})"
+    if "min_length" in bounds:
+        return f" (at least {bounds['min_length']})"
+    return f" ({', '.join(b for b in (low, high) if b)})" if low or high else ""
+
+
+def readme_section(readme: str) -> str:
+    """The text between the README's markers (what ``markdown()`` must equal)."""
+    return readme.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+
+
+def with_section(readme: str) -> str:
+    """``readme`` with the text between its markers replaced by ``markdown()``."""
+    head, rest = readme.split(BEGIN, 1)
+    return f"{head}{BEGIN}\n{markdown()}{END}{rest.split(END, 1)[1]}"
+
+
+if __name__ == "__main__":  # python -m flows.job_reference: rewrite the README's section
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    readme.write_text(with_section(readme.read_text()))

@@ -1,0 +1,221 @@
+"""Job files are validated in full before anything is loaded: typos are refused by name with the
+closest valid key, the schema follows the flows' signatures, and the README's reference is the
+schema's own text."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_core import PydanticUndefined
+
+from flows import job_schema as schema
+from flows.job_reference import BEGIN, markdown, readme_section
+from flows.jobs import load_job, read_job
+from privreg.cli import main
+from storage.descriptor import TableRef
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = json.loads((ROOT / "jobs/demo.json").read_text())
+
+
+def _with(change: Callable[[dict[str, Any]], Any], base: dict[str, Any] = DEMO) -> dict[str, Any]:
+    job = copy.deepcopy(base)
+    change(job)
+    return job
+
+
+def _rename(section: dict[str, Any], old: str, new: str) -> None:
+    section[new] = section.pop(old)
+
+
+# every class of typo: (the job file, words its refusal must contain)
+TYPOS = {
+    "stage": (_with(lambda j: _rename(j, "vertical", "vertcal")), ["vertcal", "'vertical'"]),
+    "option": (
+        _with(lambda j: _rename(j["vertical"], "epochs", "epoch")),
+        ["vertical.epoch", "'epochs'"],
+    ),
+    "role": (_with(lambda j: _rename(j["parties"], "host", "hots")), ["parties.hots", "'host'"]),
+    "type": (
+        _with(lambda j: j["vertical"].update(batch_size="512")),
+        ["vertical.batch_size", "valid integer", "'512'"],
+    ),
+    "range": (_with(lambda j: j["walr"].update(epsilon=0)), ["walr.epsilon", "greater than 0"]),
+    "table key": (
+        _with(lambda j: _rename(j["parties"]["guest"]["table"], "id_column", "id_colum")),
+        ["parties.guest.table.id_colum", "'id_column'"],
+    ),
+    "party preprocessing": (
+        _with(lambda j: j["parties"]["host"].update(preprocessing={"impute": "mean"})),
+        ["parties.host.preprocessing.impute", "missing_values and categorical"],
+    ),
+}
+
+
+def _in_folder(tmp_path: Path, job: dict[str, Any]) -> tuple[Path, list[Path]]:
+    """The job with its databases in ``tmp_path`` (none exists yet) and sources from the
+    repository; returns the file and the database paths."""
+    databases = []
+    for entry in job["parties"].values():
+        entry["source"] = str(ROOT / entry["source"])
+        database = tmp_path / Path(entry["table"]["database"]).name
+        entry["table"]["database"] = str(database)
+        databases.append(database)
+    job.pop("subjobs", None)
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    return path, databases
+
+
+@pytest.mark.parametrize("typo", list(TYPOS))
+def test_a_typo_is_refused_before_anything_is_loaded(
+    typo: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, words = TYPOS[typo]
+    path, databases = _in_folder(tmp_path, copy.deepcopy(job))
+    for argv in (["run", str(path)], ["job", "check", str(path)]):
+        assert main(argv) == 1
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert 2 <= len(lines) <= schema.MAX_LINES, captured.err
+        assert lines[0] == f"privreg: error: job file {path} (main job) is refused:"
+        assert all(word in captured.err for word in words), captured.err
+        assert "Traceback" not in captured.err and captured.out == ""
+    assert not any(database.exists() for database in databases)  # nothing was loaded
+
+
+def test_many_problems_fit_in_five_lines(tmp_path: Path) -> None:
+    job = _with(lambda j: j["vertical"].update({k: "x" for k in j["vertical"]}))
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    with pytest.raises(schema.JobFileError) as refused:
+        read_job(path)
+    lines = str(refused.value).splitlines()
+    assert len(lines) == schema.MAX_LINES and lines[-1] == "  ... and 4 more"
+
+
+def test_every_bundled_job_file_validates_and_names_its_kind() -> None:
+    kinds = {path.name: type(load_job(path)) for path in (ROOT / "jobs").glob("*.json")}
+    assert kinds == {
+        "demo.json": schema.MainJob,
+        "label_dp_demo.json": schema.LabelDPJob,
+        "horizontal_demo.json": schema.HorizontalJob,
+        "sparse_lda_demo.json": schema.SparseLDAJob,
+    }
+    with pytest.raises(schema.JobFileError, match="horizontal_lr sub-job file where a main job"):
+        read_job(ROOT / "jobs/horizontal_demo.json", "main")
+
+
+def test_the_pipelines_validate_their_job_file_at_flow_start(tmp_path: Path) -> None:
+    """Deployments pass ``job_file``: the flow's own first step refuses a bad one (sub-jobs
+    included) before it loads anything."""
+    from flows.pipeline import pipeline
+
+    bad_sub = _with(lambda j: _rename(j["horizontal_lr"], "rounds", "round"),
+                    json.loads((ROOT / "jobs/horizontal_demo.json").read_text()))  # fmt: skip
+    (tmp_path / "sub.json").write_text(json.dumps(bad_sub))
+    path, databases = _in_folder(tmp_path, copy.deepcopy(DEMO))
+    main_job = json.loads(path.read_text())
+    main_job["subjobs"] = {"horizontal_lr": str(tmp_path / "sub.json")}
+    path.write_text(json.dumps(main_job))
+    with pytest.raises(schema.JobFileError, match=r"horizontal_lr.round: .*'rounds'"):
+        pipeline.fn(str(path), workspace=str(tmp_path))
+    assert not any(database.exists() for database in databases)
+
+
+def test_job_check_prints_every_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(_with(lambda j: (j.pop("subjobs"), j.pop("walr")))))
+    assert main(["job", "check", str(path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["vertical"]["tol"] == 1e-5 and printed["vertical"]["randomizer"] == "full"
+    assert printed["vertical"]["epochs"] == 4  # the file's own value
+    assert printed["psi"]["min_rows"] == 100 and printed["walr"] is None
+    assert printed["parties"]["host"]["table"]["label_column"] is None
+
+
+def test_the_readme_reference_is_generated_from_the_schema(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert BEGIN in readme, "README lacks the job-file reference markers"
+    assert readme_section(readme) == markdown(), "regenerate: privreg job schema --markdown"
+    assert main(["job", "schema", "--markdown"]) == 0
+    assert capsys.readouterr().out == markdown()
+
+
+def test_the_table_descriptor_has_the_fields_of_table_ref() -> None:
+    assert set(schema.TableDescriptor.model_fields) == set(TableRef.__dataclass_fields__)
+
+
+def test_job_level_keys_follow_their_readers() -> None:
+    from core.preprocessing import PreprocessingSpec
+    from storage.federation import RESTART_GRACE
+
+    assert schema.MainJob.model_fields["restart_grace"].default == RESTART_GRACE
+    assert set(schema.Preprocessing.model_fields) == set(PreprocessingSpec.__dataclass_fields__)
+    defaults = schema.Preprocessing().model_dump()
+    spec = PreprocessingSpec()
+    assert {k: getattr(spec, k) for k in ("scaling", "impute", "fill_value")} == {
+        k: defaults[k] for k in ("scaling", "impute", "fill_value")
+    }
+
+
+# ---- the schema follows the flows ----------------------------------------------------------------
+def _flows() -> dict[type, list[tuple[Any, set[str]]]]:
+    """Each stage's flows, with the parameters a job file does not set (tables, ids, roles)."""
+    from flows import align, horizontal_lr, label_dp, sparse_lda, vertical_lr, vertical_party, walr
+
+    # a job-level "preprocessing" reaches the flows that take it, not as a stage option
+    one = {"workspace", "job_id", "preprocessing"}
+    party = {"own", "role", "peer", "job_id", "workspace", "preprocessing"}
+    hospitals = {"parties", "job_id", "workspace", "own", "preprocessing"}
+    return {
+        schema.PsiOptions: [
+            (align.psi_align, {"party_a", "party_b", "workspace"}),
+            (align.psi_align_party, party),
+        ],
+        schema.VerticalOptions: [
+            (vertical_lr.vertical_lr, one | {"guest", "hosts"}),
+            (vertical_party.vertical_lr_party, party | {"guest", "hosts", "arbiter"}),
+        ],
+        schema.WalrOptions: [(walr.walr, one | {"features", "labels"}), (walr.walr_party, party)],
+        schema.LabelDPOptions: [
+            (label_dp.label_dp_regression, one | {"features", "labels"}),
+            (label_dp.label_dp_party, party),
+        ],
+        schema.HorizontalOptions: [
+            (horizontal_lr.horizontal_lr, hospitals),
+            (horizontal_lr.horizontal_lr_coordinator, hospitals),
+            (horizontal_lr.horizontal_lr_party, hospitals),
+        ],
+        schema.SparseLDAOptions: [
+            (sparse_lda.sparse_lda, hospitals),
+            (sparse_lda.sparse_lda_coordinator, hospitals),
+            (sparse_lda.sparse_lda_party, hospitals),
+        ],
+    }
+
+
+def test_every_stage_option_is_a_flow_parameter_with_the_same_default() -> None:
+    for model, stage_flows in _flows().items():
+        accepted: set[str] = set()
+        for stage_flow, structural in stage_flows:
+            parameters = inspect.signature(stage_flow.fn).parameters
+            options = {n: p for n, p in parameters.items() if n not in structural}
+            accepted |= set(options)
+            for name, parameter in options.items():
+                field = model.model_fields[name]
+                if (
+                    field.default is PydanticUndefined
+                    or parameter.default is inspect.Parameter.empty
+                ):
+                    continue  # required by the schema, or by this flow
+                assert field.default == parameter.default, (model.__name__, stage_flow.name, name)
+        assert set(model.model_fields) == accepted, model.__name__

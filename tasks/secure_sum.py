@@ -31,6 +31,8 @@ to route around (in party mode, the refusing party's own run stops, naming the v
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
 import os
 import signal
 import time
@@ -41,6 +43,7 @@ from typing import Any
 
 import numpy as np
 from prefect import get_run_logger, task
+from prefect.exceptions import MissingContextError
 from prefect.futures import PrefectFuture, wait
 
 from core import secagg
@@ -187,32 +190,81 @@ def gather(
     }
 
 
+#: Seconds between the log lines of a wait that name who is still missing.
+REPORT_EVERY = 5.0
+#: Pause before asking again a peer whose endpoint refused at once (unreachable): only then
+#: does a wait sleep on its own; otherwise it waits inside the channel's receive.
+_UNREACHABLE_PAUSE = 0.05
+
+
 def collect(
-    endpoint: PartyEndpoint, kind: str, parties: Sequence[str], round_: int, deadline: float
+    endpoint: PartyEndpoint,
+    kind: str,
+    parties: Sequence[str],
+    round_: int,
+    deadline: float,
+    report_every: float | None = REPORT_EVERY,
 ) -> dict[str, Any]:
     """The ``kind`` messages from ``parties`` that arrive before ``deadline``, by sender.
 
     Why one deadline for all: with each party its own process, a sender that is gone (killed,
     failed, slow) must cost a stage its deadline once, not a receive timeout per missing party
-    in turn. Every missing sender is polled again until the deadline.
+    in turn. It waits in the channel's receive (which returns as soon as the message is
+    stored) on one missing sender at a time and then takes what the others have sent, so no
+    sleep of its own delays a message. Every ``report_every`` seconds it logs who is still
+    missing and since when, so a party that never started is named while the wait goes on.
     """
     found: dict[str, Any] = {}
-    pause = 0.01
-    while True:
-        for party in parties:
-            if party in found:
-                continue
-            try:
-                found[party] = endpoint.receive(party, kind, round=round_, timeout=0)
-            except MessageConflictError:
-                raise
-            except ChannelError:
-                continue
-        left = deadline - time.monotonic()
-        if len(found) == len(parties) or left <= 0:
-            return found
-        time.sleep(min(pause, left))
-        pause = min(pause * 2, 0.25)
+    started, started_at = time.monotonic(), time.strftime("%H:%M:%S")
+    report_at = started + report_every if report_every else math.inf
+    while missing := [p for p in parties if p not in found]:
+        wait_for = max(0.0, min(deadline, report_at) - time.monotonic())
+        for index, party in enumerate(missing):
+            arrived_message = _receive(endpoint, party, kind, round_, 0.0 if index else wait_for)
+            if arrived_message is not _NOTHING:
+                found[party] = arrived_message
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        still = [p for p in parties if p not in found]
+        if now >= report_at and report_every and still:
+            _logger().info(
+                "%s: still waiting for %s of round %d from %s, since %s (%.0f s); "
+                "%.0f s left before they count as missing",
+                endpoint.party,
+                kind.split(".")[0],
+                round_,
+                ", ".join(still),
+                started_at,
+                now - started,
+                deadline - now,
+            )
+            report_at = now + report_every
+    return found
+
+
+_NOTHING = object()
+
+
+def _receive(endpoint: PartyEndpoint, party: str, kind: str, round_: int, wait: float) -> Any:
+    """One receive with the channel's own wait; ``_NOTHING`` if nothing came in time."""
+    asked = time.monotonic()
+    try:
+        return endpoint.receive(party, kind, round=round_, timeout=wait)
+    except MessageConflictError:
+        raise
+    except ChannelError:
+        if wait > 0 and time.monotonic() - asked < wait / 2:  # refused at once, not a timeout
+            time.sleep(min(_UNREACHABLE_PAUSE, wait))
+        return _NOTHING
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The run's logger inside a flow or task run, else this module's (a plain call)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -763,6 +815,7 @@ def drive_session(
     parties: Sequence[str] | None = None,
     run_parties: PartySteps | None = None,
     faults: Faults = NO_FAULTS,
+    absent: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The one driver of a secure-sum session, seen from the coordinator.
 
@@ -774,10 +827,12 @@ def drive_session(
     aborts naming each missing party and why, before anything is unmasked. With each party
     its own process (party mode) their steps run there; in the one-process mode
     ``run_parties`` runs them first. Returns the parties whose unmask shares arrived: the
-    caller's coordinator step reconstructs from exactly those.
+    caller's coordinator step reconstructs from exactly those. ``absent`` names the parties
+    left out of the session beforehand (not waited for) with why, for the error below the
+    threshold.
     """
     endpoint = ctx.endpoint(COORDINATOR)
-    live, gone = list(parties if parties is not None else ctx.parties), {}
+    live, gone = list(parties if parties is not None else ctx.parties), dict(absent or {})
     for stage, kind, coordinator_step in SESSION_STAGES:
         deadline = time.monotonic() + ctx.stage_timeout
         failed = run_parties(stage, live, deadline) if run_parties is not None else {}
@@ -898,19 +953,24 @@ def await_coordinator(
     """Party mode: wait for the coordinator's ``kind`` message of this session; False once
     ``ended()`` says the session is over without it (this party was dropped at a stage).
 
-    A plain function, not a task: waiting is not a step of the protocol. Past the channel's
-    receive timeout the channel's own error names the peer, job, round and kind waited for.
+    A plain function, not a task: waiting is not a step of the protocol. It waits in the
+    channel's receive (returning as soon as the message is stored) and asks ``ended()`` once a
+    second. Past the channel's receive timeout the channel's own error names the peer, job,
+    round and kind waited for.
     """
-    deadline, pause = time.monotonic() + endpoint.channel.timeout, 0.01
+    deadline = time.monotonic() + endpoint.channel.timeout
     while True:
-        if collect(endpoint, ctx.kind(kind), [COORDINATOR], ctx.round, 0):
+        slice_end = min(deadline, time.monotonic() + _ENDED_CHECK)
+        if collect(endpoint, ctx.kind(kind), [COORDINATOR], ctx.round, slice_end, None):
             return True
         if ended():
             return False
         if time.monotonic() >= deadline:
             endpoint.receive(COORDINATOR, ctx.kind(kind), round=ctx.round, timeout=0)
-        time.sleep(pause)
-        pause = min(pause * 2, 0.25)
+
+
+#: How often a waiting party asks whether its session ended without it (seconds).
+_ENDED_CHECK = 1.0
 
 
 def sum_stored_vectors(

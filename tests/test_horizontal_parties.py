@@ -193,7 +193,7 @@ def test_hospital_processes_train_the_plaintext_model_across_a_restart(make_job:
 def test_a_killed_and_a_failing_hospital_leave_the_survivors_model(make_job: Any) -> None:
     hospitals = [f"hospital_{c}" for c in "abcde"]
     job = make_job(hospitals)
-    options = ["--rounds", "3", "--tol", "0", "--threshold", "3", "--stage-timeout", "8"]
+    options = ["--rounds", "4", "--tol", "0", "--threshold", "3", "--stage-timeout", "8"]
     job.start(COORDINATOR, "hlr-dropouts", *options)
     for party in hospitals:
         # the second round (index 1) and the third (index 2)
@@ -210,11 +210,14 @@ def test_a_killed_and_a_failing_hospital_leave_the_survivors_model(make_job: Any
     coordinator = job.result(COORDINATOR)
     survivors = {h: job.result(h) for h in ["hospital_a", "hospital_c", "hospital_e"]}
 
-    assert coordinator["dropped"] == [[], ["hospital_b"], ["hospital_b", "hospital_d"]]
+    gone = ["hospital_b", "hospital_d"]
+    assert coordinator["dropped"] == [[], ["hospital_b"], gone, gone]
+    # dropped stays dropped: no stage of a later round waits for a party that missed one
+    assert coordinator["left_out"] == [[], [], ["hospital_b"], gone]
     per_round = [[h for h in hospitals if h not in gone] for gone in coordinator["dropped"]]
     np.testing.assert_allclose(coordinator["weights"], reference(job, per_round), atol=1e-6)
     for result in survivors.values():
-        assert result["weights"] == coordinator["weights"] and result["rounds_completed"] == 3
+        assert result["weights"] == coordinator["weights"] and result["rounds_completed"] == 4
 
 
 def test_below_the_threshold_the_coordinator_fails_naming_the_missing(make_job: Any) -> None:

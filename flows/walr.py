@@ -319,7 +319,7 @@ def walr(
     steps.check_alignment(job, labels_ref)
     steps.send_plan(job, labels_ref, checked["reused"])
     if checked["reused"]:
-        get_run_logger().info("unchanged inputs: reusing the stored release (nothing charged)")
+        get_run_logger().info("unchanged inputs: reused the stored release (nothing charged)")
     else:
         steps.encrypt_labels(job, labels_ref, key_size, allow_insecure_key_size)
     if steps.receive_plan(job, features_ref):
@@ -444,7 +444,9 @@ def _labels_side(
     checked = steps.check_labels_and_budget(job, ref)  # before any computation
     steps.check_alignment(job, ref)
     steps.send_plan(job, ref, checked["reused"])
-    if not checked["reused"]:
+    if checked["reused"]:  # its key names both tables' fingerprints: the same inputs
+        get_run_logger().info("unchanged inputs: reused the stored release (nothing charged)")
+    else:
         steps.encrypt_labels(job, ref, key_size, allow_insecure)
     steps.release_noisy_sums(job, ref)  # a stored release is kept as it is
     sent = steps.send_release(job, ref)

@@ -15,6 +15,7 @@ from prefect import get_run_logger, task
 from core import psi
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
+from storage.lineage import Lineage, StaleResultError, changed, record
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
@@ -30,12 +31,32 @@ def aligned_table_name(ref: TableRef) -> str:
 
 
 @task(name="psi-lookup", task_run_name="{ref.party}: look up alignment", **PARTY_STEP)
-def stored_alignment(ref: TableRef, job_id: str) -> dict[str, Any] | None:
-    """The alignment stored by an earlier run of this job, if its table still exists."""
+def stored_alignment(
+    ref: TableRef, job_id: str, refuse_changed: bool = True
+) -> dict[str, Any] | None:
+    """The alignment stored by an earlier run of this job, if its table still exists.
+
+    It is reused only while the table it came from is unchanged and no other job has rewritten
+    the aligned copy (:mod:`storage.lineage`). Otherwise a party whose job id was agreed with
+    its peer refuses (:class:`StaleResultError`: a new run is needed), and a caller that runs
+    both sides (``refuse_changed=False``) gets ``{"changed": reason}`` and aligns again under a
+    fresh id: the old rows are never handed back under this id."""
     store = PartyStore.of(ref)
     result = ArtifactStore(store).get(_prefix(job_id) + "result")
     if result is None or not store.has_table(result["table"]):
         return None
+    reason = changed(store, _prefix(job_id), job_id, store.fingerprint(ref))
+    if reason is not None and refuse_changed:
+        raise StaleResultError(
+            f"{ref.party}: {reason}, so its alignment is not reused; start a new run (a new "
+            f"job id, e.g. privreg party pipeline --run <name>) to align the tables as they are"
+        )
+    if reason is not None:
+        get_run_logger().info("%s: %s, so its alignment is not reused", ref.party, reason)
+        return {"changed": reason}
+    get_run_logger().info(
+        "%s: reused alignment of job %s (%s unchanged)", ref.party, job_id, ref.table
+    )
     return result
 
 
@@ -91,10 +112,12 @@ def store_aligned_rows(
         "own_size": result.own_size,
         "peer_size": result.peer_size,
     }
+    lineage = Lineage(ref.table, store.fingerprint(ref), table, job_id)
     with store.transaction() as con:
         store.write_table(table, aligned, con)
         OwnerPolicy(store).record_source(table, ref.table, con)  # the copy shares its budget
         artifacts.put(_prefix(job_id) + "result", summary, "psi-result", con=con)
+        record(store, _prefix(job_id), lineage, con)  # what a re-run may reuse it for
         for secret in ("key", "rows", "peer_double"):
             artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
     get_run_logger().info(

@@ -17,6 +17,7 @@ from core import psi
 from core.psi_ot import protocol as kkrt
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
+from storage.lineage import Lineage, record
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
@@ -56,10 +57,12 @@ def _write(
         "own_size": result.own_size,
         "peer_size": result.peer_size,
     }
+    lineage = Lineage(ref.table, store.fingerprint(ref), table, job_id)
     with store.transaction() as con:
         store.write_table(table, aligned, con)
         OwnerPolicy(store).record_source(table, ref.table, con)  # the copy shares its budget
         artifacts.put(_prefix(job_id) + "result", summary, "psi-result", con=con)
+        record(store, _prefix(job_id), lineage, con)  # what a re-run may reuse it for
         for secret in ("key", "kkrt_state"):
             artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
     get_run_logger().info(

@@ -8,7 +8,10 @@ Usage: python benchmarks/bench_horizontal.py [--quick]
 2. Seconds for one party to mask one round (fixed-point encoding + self mask + 9 pairwise
    masks) with 10 parties, and for the coordinator to unmask with 3 of 10 parties dropped
    (their pairwise masks rebuilt from Shamir shares of their mask keys).
-3. The multi-round protocol (``core.secagg.multiround``: keys once per job, masks per round,
+3. Seconds per round of the horizontal flow on the demo's three hospitals, in one process and
+   with the coordinator and each hospital its own process over mutual TLS
+   (``benchmarks/horizontal_rounds.py``; still the single-session protocol per round).
+4. The multi-round protocol (``core.secagg.multiround``: keys once per job, masks per round,
    SecAgg+ neighbour graph) at 10, 100 and 1,000 simulated parties in this one process, 10%
    of them dropped each round: the chosen degree k and threshold t with their failure bounds,
    the job's set-up (once), a whole round (every party masks and answers, the coordinator
@@ -20,6 +23,7 @@ Timings are medians over repeats; the machine may be shared, so expect noise.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -239,12 +243,47 @@ def multiround_rows(sizes: Sequence[tuple[int, int]], rounds: int) -> list[list[
     return rows
 
 
+def flow_rows(rounds: int) -> None:
+    """The flows' seconds per round, one process and party processes, in one Prefect API."""
+    import tempfile
+
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    from benchmarks.horizontal_rounds import fixed_costs, one_process, party_processes
+
+    if os.environ.get("PREFECT_HOME"):
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=300):
+        api = str(PREFECT_API_URL.value())
+        costs = fixed_costs(Path(tmp))
+        single = one_process(Path(tmp) / "one", rounds)
+        parties = party_processes(Path(tmp) / "parties", rounds, api)
+    load = os.getloadavg()[0]
+    print(f"\n## horizontal_lr, 3 hospitals, {rounds} rounds (load average {load:.1f})\n")
+    rows = [
+        ["one process (file channel)", f"{single['round']:.2f}", f"{single['wall']:.2f}"],
+        [
+            "coordinator + 3 hospital processes, mTLS",
+            f"{parties['round']:.2f}",
+            f"{parties['wall']:.2f}",
+        ],
+    ]
+    print(markdown_table(["mode", "round s (median)", "wall s per round, start-up incl."], rows))
+    print(
+        f"\nfixed costs here: a Prefect task run {costs['task run'] * 1000:.1f} ms, opening a "
+        f"party's DuckDB store {costs['store opening'] * 1000:.1f} ms (medians); a one-process "
+        "round runs 19 task runs (4 stages x 3 hospitals, 3 relays, the update, 3 saves)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, 100k-dim masking")
     parser.add_argument(
         "--core-only", action="store_true", help="only the multi-round secure sum in the core"
     )
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of the flow runs")
     args = parser.parse_args()
 
     print("## Multi-round secure sum in the core (one process, 10% dropped per round)\n")
@@ -262,6 +301,7 @@ def main() -> None:
     print(markdown_table(headers, multiround_rows(MULTIROUND_SIZES, 2 if args.quick else 3)))
     if args.core_only:
         return
+    flow_rows(args.rounds)
 
     print("## Held-out AUC, secure aggregation vs scikit-learn on pooled rows\n")
     headers = [

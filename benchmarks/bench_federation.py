@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.lifetime import descendants
 from demo.orgs import Org, serve_all, start
 from demo.parties import prepare
 from flows.jobs import read_job
@@ -70,27 +71,11 @@ def failure_to_every_peer(orgs: dict[str, Org], run: str, logs: Path) -> float:
     return max(ended.values()) - ended["clinic"]
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
 def kill_to_down(orgs: dict[str, Org], run: str, logs: Path) -> tuple[float, float]:
     running = sides(orgs, run, logs)
     lab = running["lab"]
     try:
-        while len(family := _descendants(lab.pid)) < 2:
+        while len(family := descendants(lab.pid)) < 2:
             if lab.poll() is not None:
                 raise RuntimeError("the lab's side ended before its pool started")
             time.sleep(0.1)

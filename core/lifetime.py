@@ -19,6 +19,7 @@ import select
 import sys
 import threading
 import time
+from pathlib import Path
 
 OWNER_ENV = "PRIVREG_OWNER_PID"
 """Set by a process whose helpers must die with it; read by helpers started without argv."""
@@ -53,6 +54,23 @@ def exit_with_owner() -> None:
 def become_owner() -> None:
     """Make this process the one its helpers (started from now on) die with."""
     os.environ[OWNER_ENV] = str(os.getpid())
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (Linux: read from /proc), to check none outlives it."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
 
 
 def _alive(pid: int) -> bool:

@@ -141,38 +141,30 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
     """Add ``job`` and its actions to the ``privreg`` command; returns its actions."""
     job = commands.add_parser("job", help="one job run across every party: state, abort")
     actions = job.add_subparsers(dest="job_command", required=True)
-    status = actions.add_parser(
-        "status", help="every party's state of a job run and when it was last heard from"
-    )
-    status.add_argument("job", help="the job run's name, e.g. demo or demo-<run>")
-    status.add_argument("--config", required=True, help="this party's party.toml")
-    status.set_defaults(handler=_status)
-    start = actions.add_parser("start", help="propose a job run to every peer and run this side")
-    start.add_argument("job_file", help="the job file, inside this party's folder")
-    start.add_argument("--config", required=True, help="this party's party.toml")
+
+    def action(name: str, help_text: str, handler: Any, target: str) -> argparse.ArgumentParser:
+        parser = actions.add_parser(name, help=help_text)
+        if target == "file":
+            parser.add_argument("job_file", help="the job file, inside this party's folder")
+        else:
+            parser.add_argument("job", help="the job run's name, e.g. demo or demo-<run>")
+        parser.add_argument("--config", required=True, help="this party's party.toml")
+        parser.set_defaults(handler=handler)
+        return parser
+
+    action("status", "every party's state of a job run and when it was last heard from",
+           _status, "run")  # fmt: skip
+    start = action("start", "propose a job run to every peer and run this side", _start, "file")
     start.add_argument("--run", default="", help="the run's name (default: the UTC time)")
-    start.set_defaults(handler=_start)
-    resume = actions.add_parser("resume", help="start the same run again: every side resumes")
-    resume.add_argument("job_file", help="the job file, inside this party's folder")
-    resume.add_argument("--config", required=True, help="this party's party.toml")
+    resume = action("resume", "start the same run again: every side resumes", _start, "file")
     resume.add_argument("--run", required=True, help="the run to resume")
-    resume.set_defaults(handler=_start)
-    schedule = actions.add_parser("schedule", help="propose a fresh run on a cron schedule")
-    schedule.add_argument("job_file", help="the job file, inside this party's folder")
-    schedule.add_argument("--config", required=True, help="this party's party.toml")
+    schedule = action("schedule", "propose a fresh run on a cron schedule", _schedule, "file")
     schedule.add_argument("--cron", required=True, help='e.g. "0 2 * * *" (02:00 every day)')
-    schedule.set_defaults(handler=_schedule)
     for verdict in ("approve", "decline"):
-        answer = actions.add_parser(verdict, help=f"{verdict} a proposed run (manual policy)")
-        answer.add_argument("job", help="the job run's name, e.g. demo-<run>")
-        answer.add_argument("--config", required=True, help="this party's party.toml")
+        answer = action(verdict, f"{verdict} a proposed run (manual policy)", _answer, "run")
         answer.add_argument(
             "--reason", default="", required=verdict == "decline", help="told to the proposer"
         )
-        answer.set_defaults(handler=_answer)
-    abort = actions.add_parser("abort", help="end a job run here and at every peer")
-    abort.add_argument("job", help="the job run's name, e.g. demo or demo-<run>")
-    abort.add_argument("--config", required=True, help="this party's party.toml")
+    abort = action("abort", "end a job run here and at every peer", _abort, "run")
     abort.add_argument("--reason", required=True, help="told to every party")
-    abort.set_defaults(handler=_abort)
     return actions

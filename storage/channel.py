@@ -244,6 +244,10 @@ def _digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+POLL = 0.01
+"""Seconds between a waiting receiver's looks in the shared folder (at most)."""
+
+
 class FileTransport:
     """Every party of one process shares ``root``; ``receive`` polls the folder."""
 
@@ -256,7 +260,9 @@ class FileTransport:
         self.folder.put(key, data)
 
     def get(self, key: MessageKey, timeout: float) -> bytes:
-        deadline, pause = time.monotonic() + timeout, 0.01
+        """Looks for the file every few milliseconds (a stat call: cheap next to a wait), so a
+        message is read within :data:`POLL` of its sending, however long the wait was."""
+        deadline, pause = time.monotonic() + timeout, 0.001
         while (data := self.folder.find(key)) is None:
             watchers.check_peers()
             if time.monotonic() >= deadline:
@@ -264,7 +270,7 @@ class FileTransport:
                     f"gave up after {timeout:g} s waiting for the {key.describe()}"
                 )
             time.sleep(pause)
-            pause = min(pause * 2, 0.5)
+            pause = min(pause * 2, POLL)
         return data
 
     def store(self) -> MessageFolder:

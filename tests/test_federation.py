@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from core.job_terms import differences, digest, job_terms
+from core.lifetime import descendants
 from demo.orgs import Org, env_of, serve_all, start
 from demo.parties import prepare
 from flows.jobs import read_job
@@ -163,6 +164,13 @@ def _status(org: Org, job: str) -> dict[str, object]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _await_state(org: Org, job: str, states: tuple[str, ...], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while _status(org, job).get("state") not in states:
+        assert time.monotonic() < deadline, f"{org.party}: {_status(org, job)}"
+        time.sleep(0.5)
+
+
 def _privreg(org: Org, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     """``privreg ARGS --config <the party's>`` as the party would type it in its folder."""
     command = [sys.executable, "-m", "privreg.cli", *args, "--config", str(org.config)]
@@ -277,11 +285,7 @@ def test_a_proposed_run_starts_at_every_peer_and_waits_for_a_manual_approval(
     _set_policy(orgs["lab"], 'accept_from = ["clinic"]\napproval = "manual"')
     clinic = _job_start(orgs["clinic"], "approved")
     try:
-        deadline = time.monotonic() + 240
-        while _status(orgs["lab"], "demo-approved").get("state") != "approval":
-            assert clinic.poll() is None, clinic.stdout.read() if clinic.stdout else ""
-            assert time.monotonic() < deadline, "the lab's side never asked for approval"
-            time.sleep(0.5)
+        _await_state(orgs["lab"], "demo-approved", ("approval",), 240)
         arbiter = _status(orgs["arbiter"], "demo-approved").get("state")
         assert arbiter in ("queued", "agreeing", "running"), arbiter  # started unattended
         answer = _privreg(orgs["lab"], "job", "approve", "demo-approved", timeout=120)
@@ -302,10 +306,7 @@ def test_a_declined_run_ends_at_every_party_with_the_reason(orgs: dict[str, Org]
     _set_policy(orgs["lab"], 'accept_from = ["clinic"]\napproval = "manual"')
     clinic = _job_start(orgs["clinic"], "declined")
     try:
-        deadline = time.monotonic() + 240
-        while _status(orgs["lab"], "demo-declined").get("state") != "approval":
-            assert time.monotonic() < deadline and clinic.poll() is None
-            time.sleep(0.5)
+        _await_state(orgs["lab"], "demo-declined", ("approval",), 240)
         no = _privreg(orgs["lab"], "job", "decline", "demo-declined", "--reason", "not tonight")
         assert no.returncode == 0, no.stderr
         out, _ = clinic.communicate(timeout=120)
@@ -315,27 +316,7 @@ def test_a_declined_run_ends_at_every_party_with_the_reason(orgs: dict[str, Org]
             clinic.kill()
     assert clinic.returncode != 0
     assert "lab declined the job proposed by clinic: not tonight" in out, out[-3000:]
-    deadline = time.monotonic() + 30
-    while _status(orgs["arbiter"], "demo-declined").get("state") not in ("failed", "aborted"):
-        assert time.monotonic() < deadline, _status(orgs["arbiter"], "demo-declined")
-        time.sleep(0.5)
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
+    _await_state(orgs["arbiter"], "demo-declined", ("failed", "aborted"), 30)
 
 
 def _alive(pid: int) -> bool:
@@ -361,7 +342,7 @@ def test_a_killed_side_leaves_nothing_running_is_marked_crashed_and_resumes(
     lab = sides["lab"]
     try:
         deadline = time.monotonic() + 240
-        while len(family := _descendants(lab.pid)) < 2:  # the pool: forkserver and workers
+        while len(family := descendants(lab.pid)) < 2:  # the pool: forkserver and workers
             assert lab.poll() is None and time.monotonic() < deadline, "no pool started"
             time.sleep(0.2)
         lost = (orgs["lab"].folder / "home/runs/demo-killed/status/lab.flow_run").read_text()

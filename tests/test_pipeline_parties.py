@@ -232,14 +232,19 @@ def test_a_party_refuses_a_table_outside_its_own_folder(
     runs: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A job file naming a database in the lab's folder for the clinic is refused before any
-    table is loaded or message sent."""
+    table is loaded or message sent; only the clinic's state of the run (failed, and why) is
+    written, for its peers to read."""
     clinic: Org = runs["orgs"]["clinic"]
     job = read_job(clinic.folder / "jobs/demo.json")
     job["parties"]["guest"]["table"]["database"] = "../lab/var/parties/lab.duckdb"
     job.pop("subjobs")
     (clinic.folder / "jobs/greedy.json").write_text(json.dumps(job))
     monkeypatch.setenv(ENV_VAR, str(clinic.config))
-    before = sorted(p.name for p in (clinic.folder / "home").rglob("*"))
+    before = set((clinic.folder / "home").rglob("*"))
     with pytest.raises(PipelineRefusalError, match="clinic refuses job demo: guest's database"):
         pipeline_party("jobs/greedy.json", run="greedy")
-    assert sorted(p.name for p in (clinic.folder / "home").rglob("*")) == before
+    status = clinic.folder / "home" / "runs" / "demo-greedy" / "status"
+    written = set((clinic.folder / "home").rglob("*")) - before
+    assert written and all(p in status.parents or p.is_relative_to(status) for p in written)
+    state = json.loads((status / "clinic").read_text())
+    assert state["state"] == "failed" and "guest's database" in state["reason"]

@@ -57,7 +57,12 @@ def logs_to_file(path: Path) -> Iterator[logging.Handler]:
     try:
         yield handler
     finally:
-        for server in set(_temporary_servers()) - servers:  # its "stopping" line: in the file
+        started = set(_temporary_servers()) - servers
+        if started:  # the run's last log lines reach the server before it stops
+            from prefect.logging.handlers import APILogHandler
+
+            APILogHandler().flush()
+        for server in started:  # its "stopping" line: in the file
             server.stop()
         logging.captureWarnings(False)
         for logger, old in swapped:

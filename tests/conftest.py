@@ -22,6 +22,7 @@ SLOW_FIRST = (
     "test_operations.py",
     "test_resume.py",
     "test_federation.py",
+    "test_psi_kkrt_flow.py",
     "test_horizontal_parties.py",
     "test_vertical_parties.py",
     "test_pipeline_parties.py",

@@ -148,8 +148,9 @@ def copy_stores(parties: Parties, folder: Path) -> dict[str, Path]:
     """The parties' databases as they are now, in one folder for the one-process flow."""
     folder.mkdir()
     for party in PEER:
-        for path in (parties.folder / party).glob(f"{party}.duckdb*"):
-            shutil.copy(path, folder / path.name)
+        for path in (parties.folder / party).glob(f"{party}.duckdb*"):  # with its .secrets
+            copy = shutil.copytree if path.is_dir() else shutil.copy
+            copy(path, folder / path.name)
     return {party: folder / f"{party}.duckdb" for party in PEER}
 
 
@@ -219,10 +220,8 @@ def test_walr_parties_as_processes_release_once_and_match_one_process(
     # room for exactly one release: a second charge would be refused and fail the run
     PrivacyLedger(PartyStore.of(tables[LABELS])).set_budget("conversions", 1.0, 1e-4)
     shared = ["--epsilon", "1", "--delta", "1e-4", "--clip-norm", "5", "--l2", "0.01"]
-    options = {
-        LABELS: [*shared, "--key-size", "1024", "--allow-insecure-key-size"],
-        FEATURES: shared,
-    }
+    key = ["--key-size", "1024", "--allow-insecure-key-size"]  # both check the same terms
+    options = {LABELS: [*shared, *key], FEATURES: [*shared, *key]}
     job = "walr-two-processes"
     result = run_killing_the_labels_party(parties, "walr", job, tables, options, "walr_release")
     labels, features = result[LABELS], result[FEATURES]
@@ -257,8 +256,8 @@ def test_walr_parties_hold_out_and_score_the_rows_the_one_process_flow_does(
     PrivacyLedger(PartyStore.of(tables[LABELS])).set_budget("conversions", 5.0, 1e-3)
     shared = ["--epsilon", "1", "--delta", "1e-4", "--clip-norm", "5", "--l2", "0.01",
               "--holdout-fraction", "0.2"]  # fmt: skip
-    options = {LABELS: [*shared, "--key-size", "1024", "--allow-insecure-key-size"],
-               FEATURES: shared}  # fmt: skip
+    key = ["--key-size", "1024", "--allow-insecure-key-size"]  # both check the same terms
+    options = {LABELS: [*shared, *key], FEATURES: [*shared, *key]}
     job = "walr-held-out"
     # no --evaluate: the hold-out alone makes the features party score the held-out rows
     result = finish(parties.run("walr", job, tables, options, dict.fromkeys(PEER, False)))

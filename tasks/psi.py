@@ -2,7 +2,9 @@
 
 Each task opens only its own party's store and its own channel endpoint. The secret scalar
 and the private row order are kept in the party's artifacts for the length of the job, so a
-retried step replays with the same values; they are deleted once the alignment is stored.
+retried step replays with the same values; they are deleted once the alignment is stored. The
+scalar is sealed under the job's key file (:mod:`storage.secrets`), which is shredded then, so
+no copy of the database ever holds it in the clear.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ from storage.descriptor import TableRef
 from storage.lineage import Lineage, StaleResultError, changed, record
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
+from storage.secrets import SealedArtifacts
 from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 
 
 def _prefix(job_id: str) -> str:
     return f"psi/{job_id}/"
+
+
+def _scalar(store: PartyStore, job_id: str) -> SealedArtifacts:
+    """Where the party's secret scalar of this job is kept: sealed, see the module's note."""
+    return SealedArtifacts(store, _prefix(job_id).rstrip("/"))
 
 
 def aligned_table_name(ref: TableRef) -> str:
@@ -66,10 +74,11 @@ def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None =
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     ids = store.read_table(ref, allow_missing=True)[ref.id_column].tolist()
-    key = artifacts.get(_prefix(job_id) + "key")
+    sealed = _scalar(store, job_id)
+    key = sealed.get(_prefix(job_id) + "key")
     if key is None:
         key = psi.new_key()
-        artifacts.put(_prefix(job_id) + "key", key, "secret")
+        sealed.put(_prefix(job_id) + "key", key)
     blinded = psi.prepare(ids, key)
     artifacts.put(_prefix(job_id) + "rows", blinded.rows, "psi-state")
     channel_for(job_id, workspace).endpoint(ref.party).send(peer, "psi_blinded", blinded.blinded)
@@ -80,10 +89,12 @@ def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None =
 @task(name="psi-reblind", task_run_name="{ref.party}: blind peer's ids", **PARTY_STEP)
 def blind_peer_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> int:
     """Step 2: blind the peer's values again, return them, keep the set for step 3."""
-    artifacts = ArtifactStore(PartyStore.of(ref))
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     peer_blinded = endpoint.receive(peer, "psi_blinded")
-    doubled = psi.reblind(peer_blinded, artifacts.get(_prefix(job_id) + "key"), peer=peer)
+    key = _scalar(store, job_id).get(_prefix(job_id) + "key")
+    doubled = psi.reblind(peer_blinded, key, peer=peer)
     artifacts.put(_prefix(job_id) + "peer_double", doubled, "psi-state")
     endpoint.send(peer, "psi_double", doubled)
     return len(doubled)
@@ -120,6 +131,7 @@ def store_aligned_rows(
         record(store, _prefix(job_id), lineage, con)  # what a re-run may reuse it for
         for secret in ("key", "rows", "peer_double"):
             artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
+    _scalar(store, job_id).destroy()  # after the commit: a failed write keeps the job resumable
     get_run_logger().info(
         "%s aligned %d of %d rows into %s", ref.party, result.size, result.own_size, table
     )

@@ -52,6 +52,7 @@ from storage.channel import ChannelError, MessageConflictError, PartyEndpoint
 from storage.descriptor import TableRef
 from storage.ledger import BudgetError
 from storage.party_store import PartyStore
+from storage.secrets import JobSecrets, SecretGoneError
 from storage.workspace import channel_for, workspace_root
 from tasks.policy import PARTY_STEP
 
@@ -121,14 +122,29 @@ class SessionRecords:
 
     :meth:`once` stores a step's new state with its outgoing message, and commits, before
     anything is sent; a retry gets the stored message back instead of a fresh computation.
+    A state holds the session's private keys, seeds and the shares it holds, so it is stored
+    sealed under the (protocol, job)'s key file (:mod:`storage.secrets`), which
+    :meth:`forget_older_sessions` shreds with the records: no copy of the database holds them
+    in the clear. The outgoing messages are what was sent anyway.
     """
 
     def __init__(self, store: PartyStore, con: Any, ctx: SumContext, who: str) -> None:
         self.artifacts, self.con, self.ctx, self.who = ArtifactStore(store), con, ctx, who
+        self.secrets = JobSecrets.of(store, ctx.prefix.rstrip("/"))
+
+    def _label(self, step: str) -> str:
+        return f"{self.ctx.prefix}{step}/{self.ctx.session_id}"
 
     def _record(self, step: str) -> dict[str, Any] | None:
+        """This session's record of ``step`` (its state unsealed), or None: none stored, another
+        session's, or sealed under a key already shredded (an interrupted clean-up)."""
         record = self.artifacts.get(self.ctx.prefix + step, con=self.con)
-        return record if record and record["session_id"] == self.ctx.session_id else None
+        if not record or record["session_id"] != self.ctx.session_id:
+            return None
+        try:
+            return {**record, "state": self.secrets.open(record["state"], self._label(step))}
+        except SecretGoneError:
+            return None
 
     def state(self, step: str) -> Any:
         record = self._record(step)
@@ -143,7 +159,8 @@ class SessionRecords:
         record = self._record(step)
         if record is None:
             state, outbox = compute()
-            record = {"session_id": self.ctx.session_id, "state": state, "outbox": outbox}
+            sealed = self.secrets.seal(state, self._label(step))
+            record = {"session_id": self.ctx.session_id, "state": sealed, "outbox": outbox}
             self.artifacts.put(self.ctx.prefix + step, record, "secagg-state", con=self.con)
         return record["outbox"]
 
@@ -152,8 +169,11 @@ class SessionRecords:
         return self._record(step)
 
     def forget_older_sessions(self) -> None:
-        """Drop what an aborted attempt left behind (or this session's secrets, once done)."""
+        """Drop what an aborted attempt left behind (or this session's secrets, once done):
+        the records, and the key their states are sealed under (a new one is made for the
+        next state sealed)."""
         self.artifacts.delete_prefix(self.ctx.prefix, con=self.con)
+        self.secrets.destroy()
 
 
 @contextmanager

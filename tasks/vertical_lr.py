@@ -68,6 +68,7 @@ from storage.channel import PartyEndpoint
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
+from storage.secrets import SealedArtifacts, SecretGoneError
 from storage.workspace import channel_for
 from tasks.feature_cache import party_features
 from tasks.policy import PARTY_STEP
@@ -134,6 +135,12 @@ def _artifacts(database: str) -> ArtifactStore:
 
 def _key(job: VerticalJob, *parts: object) -> str:
     return "/".join([PROTOCOL, job.job_id, *map(str, parts)])
+
+
+def job_secrets(job: VerticalJob) -> SealedArtifacts:
+    """The key holder's p, q for this job: sealed under a key file that :func:`retire_key`
+    shreds, so they never sit in its database in the clear (see :mod:`storage.secrets`)."""
+    return SealedArtifacts(PartyStore(job.key_holder_database), _key(job))
 
 
 def _deliver(
@@ -389,14 +396,16 @@ def prepare_key(job: VerticalJob, key_size: int, allow_insecure_key_size: bool =
         )
     artifacts = _artifacts(job.key_holder_database)
     stored = artifacts.get(_key(job, "keypair"))
-    if stored is not None and "p" not in stored:
+    if stored is not None and key_retired(job):
         get_run_logger().info("job %s has ended: its private key is deleted", job.job_id)
     if stored is None:
         public, private = generate_keypair(
             key_size, allow_insecure_key_size=allow_insecure_key_size
         )
-        stored = {"n": public.n, "p": private.p, "q": private.q}
-        artifacts.put(_key(job, "keypair"), stored, "secret")
+        stored = {"n": public.n}
+        with artifacts.store.transaction() as con:  # n in the clear, p and q sealed: together
+            artifacts.put(_key(job, "keypair"), stored, "public-key", con=con)
+            job_secrets(job).put(_key(job, "factors"), {"p": private.p, "q": private.q}, con)
     if int(stored["n"]).bit_length() != key_size:
         raise VerticalSetupError(
             f"job {job.job_id} already has a {int(stored['n']).bit_length()}-bit key, not "
@@ -682,29 +691,38 @@ def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> f
 
 def _private_key(job: VerticalJob) -> paillier.PaillierPrivateKey:
     stored = _artifacts(job.key_holder_database).get(_key(job, "keypair"))
-    if stored is None or "p" not in stored:
+    try:
+        factors = job_secrets(job).get(_key(job, "factors"))
+    except SecretGoneError:
+        factors = None
+    if stored is None or factors is None:
         raise KeyHolderRefusalError(
             f"job {job.job_id} has ended and {job.key_holder} deleted its private key; "
             "training cannot continue in this job: start a new job (another job_id)"
         )
     public = paillier.PaillierPublicKey(int(stored["n"]))
-    return paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
+    return paillier.PaillierPrivateKey(public, int(factors["p"]), int(factors["q"]))
 
 
 @task(name="vertical-retire-key", task_run_name="{job.key_holder}: delete p, q", **PARTY_STEP)
 def retire_key(job: VerticalJob) -> None:
-    """The job is over: the key holder keeps only ``n`` (to recognise the job), not p, q."""
+    """The job is over: the key holder keeps only ``n`` (to recognise the job), not p, q.
+
+    The sealed factors and the decryption records leave the database, then the job's key
+    file is shredded: whatever the database's pages still hold of them is ciphertext under a
+    key that no longer exists. Shredding again (a re-run after a crash in between) is a no-op.
+    """
     artifacts = _artifacts(job.key_holder_database)
-    with artifacts.store.transaction() as con:  # read and rewrite the key pair in one
-        stored = artifacts.get(_key(job, "keypair"), con=con)
-        if stored is not None and "p" in stored:
-            artifacts.put(_key(job, "keypair"), {"n": stored["n"]}, "public-key", con=con)
-            artifacts.delete_prefix(_key(job, "decrypted"), con=con)
+    with artifacts.store.transaction() as con:
+        artifacts.delete_prefix(_key(job, "factors"), con=con)
+        artifacts.delete_prefix(_key(job, "decrypted"), con=con)
+    job_secrets(job).destroy()
 
 
 def key_retired(job: VerticalJob) -> bool:
+    """The job's key pair was created and its p, q are destroyed."""
     stored = _artifacts(job.key_holder_database).get(_key(job, "keypair"))
-    return stored is not None and "p" not in stored
+    return stored is not None and not job_secrets(job).secrets.exists()
 
 
 @task(

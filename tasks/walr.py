@@ -79,6 +79,7 @@ from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
+from storage.secrets import SealedArtifacts, SecretGoneError
 from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 from tasks.summaries import classifier_figures, holdout_scope, holdout_split, log_figures
@@ -128,6 +129,11 @@ class WalrJob:
 
     def key(self, *parts: object) -> str:
         return "/".join([PROTOCOL, self.job_id, *map(str, parts)])
+
+    def secrets(self, ref: TableRef) -> SealedArtifacts:
+        """The labels party's p, q for this job, sealed under a key file shredded when the
+        release is sent (see :mod:`storage.secrets`)."""
+        return SealedArtifacts(PartyStore.of(ref), self.key())
 
     @property
     def release_key(self) -> str:
@@ -377,13 +383,15 @@ def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: b
     stored = artifacts.get(job.key("keypair"))
     if stored is None:
         public, private = generate_keypair(key_size, allow_insecure_key_size=allow_insecure)
-        stored = {"n": public.n, "p": private.p, "q": private.q}
-        artifacts.put(job.key("keypair"), stored, "secret")
+        stored = {"n": public.n}
+        with artifacts.store.transaction() as con:  # n in the clear, p and q sealed: together
+            artifacts.put(job.key("keypair"), stored, "public-key", con=con)
+            job.secrets(ref).put(job.key("factors"), {"p": private.p, "q": private.q}, con)
     _, labels = _labels(ref)
     labels = labels[job.split(labels.size)[0]]  # held-out rows stay out of the sum
-    public = paillier.PaillierPublicKey(int(stored["n"]))
     # Its own key: the same obfuscators, computed modulo p^2 and q^2 (CRT).
-    private = paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
+    private = _private_key(job, ref)
+    public = private.public_key
     endpoint = job.endpoint(ref.party)
     endpoint.send(job.features_party, "walr_public_key", stored["n"])  # stored: same bytes
     # fresh obfuscators each time: a re-run keeps the ciphertexts already sent
@@ -430,6 +438,31 @@ def masked_sums(job: WalrJob, ref: TableRef) -> int:
 
     endpoint.send_once(job.labels_party, "walr_masked_sums", masked)
     return len(features.column_names) + 1
+
+
+def _private_key(job: WalrJob, ref: TableRef) -> paillier.PaillierPrivateKey:
+    """The labels party's own key pair of this job; refused once the job retired it."""
+    stored = ArtifactStore(PartyStore.of(ref)).get(job.key("keypair"))
+    try:
+        factors = job.secrets(ref).get(job.key("factors"))
+    except SecretGoneError:
+        factors = None
+    if stored is None or factors is None:
+        raise ReleaseRefusalError(
+            f"{ref.party} has no private key for job {job.job_id} (never created, or deleted "
+            "when the job's release was sent): start a new job"
+        )
+    public = paillier.PaillierPublicKey(int(stored["n"]))
+    return paillier.PaillierPrivateKey(public, int(factors["p"]), int(factors["q"]))
+
+
+def retire_key(job: WalrJob, ref: TableRef) -> None:
+    """Drop the key pair and shred the job's key file: p, q are unreadable from now on."""
+    artifacts = ArtifactStore(PartyStore.of(ref))
+    with artifacts.store.transaction() as con:
+        for part in ("keypair", "factors"):
+            artifacts.delete_prefix(job.key(part), con=con)
+    job.secrets(ref).destroy()
 
 
 def _noise_units(job: WalrJob, sigma: float, granularity: float, size: int) -> list[int]:
@@ -486,9 +519,7 @@ def _decrypt_once(job: WalrJob, ref: TableRef, message: Any) -> list[int]:
             f"{ref.party} refuses a second, different set of masked sums from {sender}: it "
             "decrypts one per job"
         )
-    stored = artifacts.get(job.key("keypair"))
-    public = paillier.PaillierPublicKey(int(stored["n"]))
-    private = paillier.PaillierPrivateKey(public, int(stored["p"]), int(stored["q"]))
+    private = _private_key(job, ref)
     artifacts.put(job.key("decrypted"), digest, "decryption-record")
     try:
         return cipher.decrypt(private, sums)
@@ -556,7 +587,7 @@ def send_release(job: WalrJob, ref: TableRef) -> dict[str, Any]:
         raise WalrSetupError(f"no release is stored under {job.release_key}")
     payload = {k: release[k] for k in ("job_id", "mask_id", "values")}
     job.endpoint(ref.party).send(job.features_party, "walr_release", payload)
-    ArtifactStore(store).delete_prefix(job.key("keypair"))  # decryption is over for this job
+    retire_key(job, ref)  # decryption is over for this job
     public = {k: v for k, v in release.items() if k not in ("values", "mask_id")}
     return {
         **public,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,17 @@ def party_env(folder: Path) -> dict[str, str]:
         GRPC_VERBOSITY="NONE",
     )
     return env
+
+
+_TIMING_FIELD = re.compile(r'"\w*(?:time|duration|seconds)\w*"\s*:\s*-?\d+(?:\.\d+)?(?:e-?\d+)?')
+"""A JSON field Prefect stores about timing (``"total_run_time": 0.089834``): its number is a
+duration, which can coincide with a six-digit feature value, so it is not scanned."""
+
+
+def found_in(folder: Path, values: set[str]) -> set[str]:
+    """Which of ``values`` appear, as whole numbers, in any file under ``folder`` (outside
+    Prefect's timing fields)."""
+    text = "\n".join(f.read_bytes().decode("latin-1") for f in folder.rglob("*") if f.is_file())
+    text = _TIMING_FIELD.sub("", text)
+    numbers = set(re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])", text))
+    return values & numbers

@@ -197,9 +197,8 @@ def _walr(workspace: Path, keypair, noise: bool = True, protected: str = "conver
         noiseless_for_tests=not noise,
         columns=COLUMNS,
     )
-    ArtifactStore(store).put(
-        job.key("keypair"), {"n": public.n, "p": private.p, "q": private.q}, "secret"
-    )
+    ArtifactStore(store).put(job.key("keypair"), {"n": public.n}, "public-key")
+    job.secrets(ref).put(job.key("factors"), {"p": private.p, "q": private.q})
     return job, ref
 
 

@@ -26,6 +26,7 @@ from storage.descriptor import TableRef
 from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy, PolicyError
+from storage.secrets import SealedArtifacts
 from storage.workspace import channel_for
 from tasks import psi as psi_steps
 from tasks import sparse_lda
@@ -222,7 +223,7 @@ def test_psi_refuses_repeated_and_malformed_points_naming_the_peer(tmp_path: Pat
         psi.intersect(np.vstack([honest[:1], honest[:1]]), own.rows, honest, peer="shop")
     # through the real task: the peer's message is refused before anything is stored
     _, ref = owner(tmp_path)
-    ArtifactStore(PartyStore.of(ref)).put("psi/j2/key", key, "secret")
+    SealedArtifacts(PartyStore.of(ref), "psi/j2").put("psi/j2/key", key)  # as blind_own_ids
     channel_for("j2", str(tmp_path)).endpoint("shop").send("clinic", "psi_blinded", repeated)
     with pytest.raises(psi.PsiError, match=r"shop repeats"):
         psi_steps.blind_peer_ids.fn(ref, "shop", "j2", str(tmp_path))

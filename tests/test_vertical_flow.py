@@ -21,6 +21,7 @@ from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
+from storage.secrets import SealedArtifacts
 from storage.workspace import channel_for
 from tasks.vertical_lr import (
     VerticalSetupError,
@@ -126,7 +127,9 @@ def test_encrypted_training_equals_plaintext_protocol(
     if pooled:
         arbiter_store = ArtifactStore(PartyStore(workspace / "parties" / "arbiter.duckdb"))
         pooled_values = prepare_pools(workspace, guest_ref, host_refs)
-        keypair = arbiter_store.get("vertical/pooled/keypair")
+        keypair = arbiter_store.get("vertical/pooled/keypair")  # n; p, q are sealed apart
+        sealed = SealedArtifacts(arbiter_store.store, "vertical/pooled")
+        keypair.update(sealed.get("vertical/pooled/factors"))
     result = vertical_lr(
         guest_ref.to_dict(),
         [h.to_dict() for h in host_refs],

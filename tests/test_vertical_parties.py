@@ -10,7 +10,6 @@ two-party mode (no arbiter) runs the guest and one host.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import found_in
 
 from demo.orgs import Org, make_orgs, start
 from flows.vertical_lr import vertical_lr
@@ -203,20 +203,6 @@ def table_values(ref: TableRef) -> set[str]:
     frame = PartyStore.of(ref).read_table(ref)
     features = frame.drop(columns=[c for c in (ref.id_column, ref.label_column) if c])
     return {repr(float(v)) for v in features.to_numpy().ravel() if abs(float(v)) >= 1e-3}
-
-
-_TIMING_FIELD = re.compile(r'"\w*(?:time|duration|seconds)\w*"\s*:\s*-?\d+(?:\.\d+)?(?:e-?\d+)?')
-"""A JSON field Prefect stores about timing (``"total_run_time": 0.089834``): its number is a
-duration, which can coincide with a six-digit feature value, so it is not scanned."""
-
-
-def found_in(folder: Path, values: set[str]) -> set[str]:
-    """Which of ``values`` appear, as whole numbers, in any file under ``folder`` (outside
-    Prefect's timing fields)."""
-    text = "\n".join(f.read_bytes().decode("latin-1") for f in folder.rglob("*") if f.is_file())
-    text = _TIMING_FIELD.sub("", text)
-    numbers = set(re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])", text))
-    return values & numbers
 
 
 def test_two_party_mode_processes_train_the_same_model(tmp_path: Path, one_process) -> None:

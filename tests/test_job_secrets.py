@@ -1,0 +1,240 @@
+"""Nothing secret outlives its job: after a job ends, no file under the party's folder (its
+DuckDB files after a CHECKPOINT, the messages, Prefect's database and result storage) holds a
+job secret's bytes in any encoding, while the secrets survive an interrupted run until then.
+
+One-process flows and the parties' own tasks, on small tables and small keys (the key size
+does not change where the bytes go).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import found_in
+from prefect.logging import disable_run_logger
+
+from flows.vertical_lr import InjectedFaultError, vertical_lr
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.ledger import PrivacyLedger
+from storage.party_store import PartyStore
+from storage.secrets import JobSecrets, SealedArtifacts, SecretFileError, SecretGoneError
+from tasks import psi as psi_steps
+from tasks import secure_sum
+from tasks import walr as walr_steps
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+ROWS = 140
+KEY_BITS = 512  # tests only
+
+
+def encodings(value: int | bytes) -> dict[str, bytes]:
+    """A secret as a file could hold it: big- and little-endian bytes, hex, decimal."""
+    if isinstance(value, bytes):
+        number, raw = int.from_bytes(value, "little"), value
+    else:
+        number, raw = value, value.to_bytes((value.bit_length() + 7) // 8, "big")
+    return {
+        "big-endian": raw,
+        "little-endian": raw[::-1],
+        "hex": raw.hex().encode(),
+        "HEX": raw.hex().upper().encode(),
+        "reversed hex": raw[::-1].hex().encode(),
+        "decimal": str(number).encode(),
+    }
+
+
+def leaks(folders: list[Path], secrets: dict[str, int | bytes]) -> list[str]:
+    """Each (secret, encoding, file) found under ``folders``; DuckDB databases are
+    checkpointed first, so what the write-ahead log held is in the file's pages."""
+    found = []
+    for folder in folders:
+        for database in folder.rglob("*.duckdb"):
+            with PartyStore(database).connect() as con:
+                con.execute("CHECKPOINT")
+        for file in (f for f in folder.rglob("*") if f.is_file()):
+            data = file.read_bytes()
+            for name, value in secrets.items():
+                found += [
+                    f"{name} {how} in {file}" for how, b in encodings(value).items() if b in data
+                ]
+    return found
+
+
+def prefect_storage() -> list[Path]:
+    """Where this test session's Prefect keeps its database and task results."""
+    from prefect.settings import (
+        PREFECT_API_DATABASE_CONNECTION_URL,
+        PREFECT_RESULTS_LOCAL_STORAGE_PATH,
+    )
+
+    url = str(PREFECT_API_DATABASE_CONNECTION_URL.value() or "")
+    database = Path(url.split("///", 1)[1]).parent if "sqlite" in url and "///" in url else None
+    return [p for p in (database, Path(PREFECT_RESULTS_LOCAL_STORAGE_PATH.value())) if p]
+
+
+def vertical_tables(workspace: Path) -> tuple[TableRef, TableRef]:
+    rng = np.random.default_rng(3)
+    ids = [f"r{i}" for i in range(ROWS)]
+    X = rng.normal(size=(ROWS, 4))
+    y = (X @ [1.0, -1.0, 0.5, 0.5] + rng.normal(size=ROWS) > 0).astype(float)
+    guest = TableRef(str(workspace / "clinic" / "clinic.duckdb"), "t", label_column="y")
+    host = TableRef(str(workspace / "lab" / "lab.duckdb"), "t")
+    PartyStore.of(guest).import_frame(pd.DataFrame({"id": ids, "y": y, "g0": X[:, 0]}), guest)
+    frame = pd.DataFrame({"id": ids, "h0": X[:, 1], "h1": X[:, 2], "h2": X[:, 3]})
+    PartyStore.of(host).import_frame(frame, host)
+    return guest, host
+
+
+def test_the_scan_finds_what_a_rewritten_row_leaves_in_a_duckdb_file(tmp_path: Path) -> None:
+    """The control: the old ``retire_key`` rewrote the key row to ``{"n": n}``, and p stayed
+    in the file's pages; the scan must find it there."""
+    p = (1 << (KEY_BITS // 2 - 1)) | int.from_bytes(os.urandom(KEY_BITS // 16)) | 1
+    artifacts = ArtifactStore(PartyStore(tmp_path / "old.duckdb"))
+    artifacts.put("vertical/j/keypair", {"n": 15, "p": p, "q": 3}, "secret")
+    artifacts.put("vertical/j/keypair", {"n": 15}, "public-key")
+    assert artifacts.get("vertical/j/keypair") == {"n": 15}
+    assert any(" big-endian " in leak for leak in leaks([tmp_path], {"p": p}))
+
+
+def test_vertical_key_survives_an_interrupted_run_and_is_gone_after_the_job(
+    workspace: Path,
+) -> None:
+    guest, host = vertical_tables(workspace)
+    arbiter = workspace / "arbiter" / "arbiter.duckdb"
+    options = {
+        "batch_size": ROWS,
+        "holdout_fraction": 0.0,
+        "epochs": 2,
+        "tol": 0.0,
+        "key_size": KEY_BITS,
+        "allow_insecure_key_size": True,
+        "workspace": str(workspace),
+        "arbiter_database": str(arbiter),
+        "job_id": "secrets",
+    }
+    with pytest.raises(InjectedFaultError):
+        vertical_lr(guest.to_dict(), [host.to_dict()], fail_at_round=1, **options)
+    sealed = SealedArtifacts(PartyStore(arbiter), "vertical/secrets")
+    factors = sealed.get("vertical/secrets/factors")  # alive while the job is
+    key_file = sealed.secrets.path
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
+    assert leaks([workspace], factors) == []  # sealed in the database, not in the clear
+
+    result = vertical_lr(guest.to_dict(), [host.to_dict()], **options)  # resumes, finishes
+    assert result["resumed_from"] == 0 and result["rounds_run"] == 1
+    assert not key_file.exists() and sealed.get("vertical/secrets/factors") is None
+    prefect = prefect_storage()
+    assert any(any(folder.glob("*.db")) for folder in prefect)  # its database is scanned too
+    assert leaks([workspace, *prefect], factors) == []
+    for folder in prefect:  # the scan the other privacy tests use, on Prefect's files
+        assert found_in(folder, {str(v) for v in factors.values()}) == set()
+
+
+def test_walr_key_is_gone_after_the_release(workspace: Path) -> None:
+    rng = np.random.default_rng(4)
+    ids = [f"u{i}" for i in range(80)]
+    labels = TableRef(str(workspace / "shop" / "shop.duckdb"), "conversions", label_column="y")
+    features = TableRef(str(workspace / "pub" / "pub.duckdb"), "impressions")
+    y = (rng.random(80) < 0.4).astype(float)
+    PartyStore.of(labels).import_frame(pd.DataFrame({"id": ids, "y": y}), labels)
+    X = pd.DataFrame(rng.normal(size=(80, 3)), columns=["a", "b", "c"])
+    PartyStore.of(features).import_frame(X.assign(id=ids)[["id", "a", "b", "c"]], features)
+    PrivacyLedger(PartyStore.of(labels)).set_budget("conversions", 1.0, 1e-4)
+    job = walr_steps.WalrJob(
+        job_id="walr-secrets", workspace=str(workspace), features_party="pub",
+        labels_party="shop", epsilon=1.0, delta=1e-4, mode="clipped", clip_norm=3.0,
+        protected_table="conversions", labels_fingerprint="l", features_fingerprint="f",
+        columns=3, key_size=KEY_BITS, allow_insecure_key_size=True,
+    )  # fmt: skip
+    with disable_run_logger():
+        walr_steps.encrypt_labels.fn(job, labels, KEY_BITS, True)
+        walr_steps.masked_sums.fn(job, features)
+        factors = job.secrets(labels).get(job.key("factors"))
+        walr_steps.release_noisy_sums.fn(job, labels)
+        walr_steps.send_release.fn(job, labels)
+        walr_steps.train.fn(job, features, 1.0)
+    assert set(factors) == {"p", "q"}
+    assert not job.secrets(labels).secrets.exists()
+    assert leaks([workspace], factors) == []
+
+
+def test_psi_scalars_are_gone_once_the_rows_are_aligned(workspace: Path) -> None:
+    ids = [f"c{i}" for i in range(150)]
+    refs = {}
+    for party, rows in (("bank", ids[:130]), ("shop", ids[20:])):
+        refs[party] = TableRef(str(workspace / party / f"{party}.duckdb"), "t")
+        frame = pd.DataFrame({"id": rows, "v": np.arange(len(rows), dtype=float)})
+        PartyStore.of(refs[party]).import_frame(frame, refs[party])
+    peer = {"bank": "shop", "shop": "bank"}
+    scalars = {}
+    with disable_run_logger():
+        for party, ref in refs.items():
+            psi_steps.blind_own_ids.fn(ref, peer[party], "psi-secrets", str(workspace))
+            sealed = SealedArtifacts(PartyStore.of(ref), "psi/psi-secrets")
+            scalars[party] = sealed.get("psi/psi-secrets/key")
+        for party, ref in refs.items():
+            psi_steps.blind_peer_ids.fn(ref, peer[party], "psi-secrets", str(workspace))
+        for party, ref in refs.items():
+            summary = psi_steps.store_aligned_rows.fn(
+                ref, peer[party], "psi-secrets", 100, str(workspace)
+            )
+            assert summary["size"] == 110
+    assert all(len(s) == 32 for s in scalars.values())
+    assert leaks([workspace], scalars) == []
+
+
+def test_secure_aggregation_keys_and_seeds_are_gone_after_the_sum(workspace: Path) -> None:
+    parties = ("a", "b", "c")
+    stores = {p: PartyStore(workspace / p / f"{p}.duckdb") for p in parties}
+    ctx = secure_sum.SumContext(
+        protocol="test", job_id="sum-secrets", round=0, session_id="s1", parties=parties,
+        threshold=2, dimension=4, workspace=str(workspace), stage_timeout=5.0,
+    )  # fmt: skip
+    coordinator = secure_sum.coordinator_store(str(workspace))
+    vectors = {p: np.arange(4, dtype=float) * (i + 1) for i, p in enumerate(parties)}
+    for p in parties:
+        secure_sum.party_advertise(stores[p], ctx, p)
+    secure_sum.coordinator_directory(coordinator, ctx)
+    for p in parties:
+        secure_sum.party_share(stores[p], ctx, p)
+    secure_sum.coordinator_route(coordinator, ctx)
+    held: dict[str, int | bytes] = {}
+    for p in parties:
+        with secure_sum.session(stores[p], ctx, p) as records:
+            state = records.state("share")
+        held[f"{p} self-mask seed"] = state["self_mask_seed"]
+        held[f"{p} mask key"] = state["mask_private_key"]
+        held[f"{p} encryption key"] = state["encryption_private_key"]
+        secure_sum.party_mask(stores[p], ctx, p, vectors[p])
+    secure_sum.coordinator_collect(coordinator, ctx)
+    for p in parties:
+        secure_sum.party_reveal(stores[p], ctx, p)
+    total, senders = secure_sum.coordinator_reconstruct(coordinator, ctx)
+    np.testing.assert_allclose(total, sum(vectors.values()), atol=1e-6)
+    for p in parties:
+        secure_sum.forget_session(stores[p], ctx, p)
+    secure_sum.forget_session(coordinator, ctx, secure_sum.COORDINATOR)
+    assert sorted(senders) == list(parties)
+    assert not any(JobSecrets.of(s, "test/sum-secrets/secagg").exists() for s in stores.values())
+    assert leaks([workspace], held) == []
+
+
+def test_a_key_file_others_may_read_is_refused(tmp_path: Path) -> None:
+    secrets = JobSecrets(tmp_path / "p.duckdb", "job")
+    sealed = secrets.seal({"k": 1}, "label")
+    assert secrets.open(sealed, "label") == {"k": 1}
+    with pytest.raises(SecretGoneError, match="another key"):
+        secrets.open(sealed, "other label")  # bound to where it is stored
+    os.chmod(secrets.path, 0o644)
+    with pytest.raises(SecretFileError, match="not a private file"):
+        secrets.open(sealed, "label")
+    assert secrets.destroy() and not secrets.path.exists()
+    with pytest.raises(SecretGoneError, match="destroyed"):
+        secrets.open(sealed, "label")

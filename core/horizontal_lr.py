@@ -59,9 +59,13 @@ class InvalidFeatureError(PartyTableError):
 
 
 def validate_party_tables(
-    tables: Mapping[str, pd.DataFrame], label: str = "y", id_column: str | None = "id"
+    tables: Mapping[str, pd.DataFrame],
+    label: str = "y",
+    id_column: str | None = "id",
+    allow_missing: bool = False,
 ) -> list[str]:
-    """Check every party's table and return the shared feature columns (first party's order)."""
+    """Check every party's table and return the shared feature columns (first party's order).
+    ``allow_missing`` lets null cells through (a job that imputes them before training)."""
     if not tables:
         raise PartyTableError("no party tables were given", party=None)
     reference_party, reference = next(iter(tables.items()))
@@ -76,7 +80,7 @@ def validate_party_tables(
         if len(table) == 0:
             raise EmptyPartyError(f"party {party!r}: the table has no rows", party=party)
         for column in features:
-            _check_feature_column(party, table, column, id_column)
+            _check_feature_column(party, table, column, id_column, allow_missing)
         _check_labels(party, table, label, id_column)
     return features
 
@@ -129,11 +133,11 @@ def _check_schema(
 
 
 def _check_feature_column(
-    party: str, table: pd.DataFrame, column: str, id_column: str | None
+    party: str, table: pd.DataFrame, column: str, id_column: str | None, allow_missing: bool
 ) -> None:
     raw = table[column]
     numeric = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = ~np.isfinite(numeric)
+    bad = ~np.isfinite(numeric) & ~(allow_missing & raw.isna().to_numpy())
     if bad.any():
         row = int(np.argmax(bad))
         raise InvalidFeatureError(

@@ -40,13 +40,17 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed, State
 
 from core import secagg
+from core.outcomes import BELOW_BASELINE, check_loss, rising
+from core.preprocessing import PreprocessingSpec
 from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.party_config import active_config
 from storage.workspace import derive_job_id
 from tasks import horizontal_lr as steps
+from tasks import preprocessing as pre
 from tasks import secure_sum
 from tasks.horizontal_lr import COORDINATOR, predict_proba
 from tasks.loading import load_table
@@ -179,7 +183,8 @@ def horizontal_lr(
     inject_faults: dict[str, dict[str, str]] | None = None,
     inject_crash_after: str | None = None,
     holdout_fraction: float = 0.0,
-) -> dict[str, Any]:
+    preprocessing: dict[str, Any] | None = None,
+) -> dict[str, Any] | State:
     """Train logistic regression on the parties' rows; the coordinator sees only masked sums.
 
     ``local_epochs=0`` averages gradients (the same model as centralised full-batch GD);
@@ -213,7 +218,14 @@ def horizontal_lr(
         inject_crash_after: "<round>:<point>" where the run dies (tests only).
         holdout_fraction: Share of each party's rows (< 0.5) kept out of training; each party
             scores its own for the summary (0: none, the figures are then in-sample).
+        preprocessing: The job's preprocessing (default: standardise with pooled statistics
+            from one secure sum; see tasks/preprocessing.py for what the coordinator learns).
+
+    A round whose loss is non-finite or far above the first round's stops the run with
+    ``DivergenceError``; a model no better than the class prior on held-out rows ends in the
+    COMPLETED state named "Below baseline" (its result is the same dictionary).
     """
+    spec = _spec(preprocessing)
     refs = _party_refs(parties)
     names = [ref.party for ref in refs]
     threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
@@ -228,6 +240,7 @@ def horizontal_lr(
             for ref, digest in zip(refs, digests, strict=True)
         ]
         shaping = {"local_epochs": local_epochs, "learning_rate": learning_rate, "l2": l2}
+        shaping["preprocessing"] = spec.to_dict()
         if holdout_fraction:
             shaping["holdout_fraction"] = holdout_fraction
         job_id = derive_job_id(
@@ -237,6 +250,17 @@ def horizontal_lr(
     status = {ref.party: steps.join_job(ref, job_id, workspace) for ref in refs}
     status[COORDINATOR] = steps.open_job(names, job_id, workspace)
     n_features = len(status[COORDINATOR]["features"])
+    by_name = dict(zip(names, refs, strict=True))
+    pre.pooled_statistics(  # before any round: every party trains on the same scaled columns
+        by_name,
+        job_id,
+        status[COORDINATOR]["features"],
+        spec,
+        threshold,
+        workspace,
+        stage_timeout,
+        holdout_fraction,
+    )
     start, change = _resume(refs, status, job_id, workspace)
     converged = change is not None and change < tol
     if start > 0:
@@ -244,8 +268,8 @@ def horizontal_lr(
     progress = Progress(rounds, f"horizontal_lr {job_id}: rounds finished")
     progress.update(rounds if converged else start)
     options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol, holdout_fraction)
-    by_name = dict(zip(names, refs, strict=True))
     ran = 0
+    watch = _LossWatch(job_id, workspace, start)
     for round_ in range(start, rounds):
         if converged:
             break
@@ -254,14 +278,15 @@ def horizontal_lr(
             job_id, round_, session, tuple(names), threshold, n_features, workspace, stage_timeout
         )
         entry = _run_round(by_name, ctx, options, faults, rounds - 1)
+        watch.check(round_, entry["loss"])
         ran += 1
         converged = entry["change"] < tol
         progress.update(rounds if converged else round_ + 1)
 
     model = steps.coordinator_model(job_id, workspace)  # parties saved theirs in the last round
     _publish(job_id, model, workspace)
-    horizontal_summary(job_id, refs, model, ran, workspace, holdout_fraction)
-    return {
+    summary = horizontal_summary(job_id, refs, model, ran, workspace, holdout_fraction)
+    result = {
         "job_id": job_id,
         "features": model["features"],
         "coefficients": model["coefficients"],
@@ -274,7 +299,52 @@ def horizontal_lr(
         "converged": converged,
         "threshold": threshold,
         "model_key": steps.model_key(job_id),
+        "outcome": summary["outcome"],
+        "preprocessing": model.get("preprocessing"),  # the pooled statistics, as scoring uses
     }
+    return _ended(result)
+
+
+def _ended(result: dict[str, Any]) -> dict[str, Any] | State:
+    """The result, or the COMPLETED state named "Below baseline" carrying it."""
+    if not str(result.get("outcome", "")).startswith(BELOW_BASELINE):
+        return result
+    get_run_logger().warning("horizontal_lr %s: %s", result["job_id"], result["outcome"])
+    return Completed(name=BELOW_BASELINE, message=result["outcome"], data=result)
+
+
+def _spec(preprocessing: dict[str, Any] | None) -> PreprocessingSpec:
+    spec = PreprocessingSpec.from_dict(preprocessing)
+    if spec.missing_indicator:  # the agreed column list would differ by party
+        raise ValueError(
+            "horizontal_lr: preprocessing.missing_indicator is not supported for rows split "
+            "across parties; impute without it"
+        )
+    return spec
+
+
+class _LossWatch:
+    """The coordinator's view of the securely aggregated loss: it stops a diverging run
+    (DivergenceError naming the round) and warns while the loss keeps rising."""
+
+    def __init__(self, job_id: str, workspace: str | None, start: int) -> None:
+        self.job_id, self.losses, self.warned = job_id, [], False
+        if start > 0:  # resumed: the first round's loss is in the coordinator's checkpoint
+            saved = steps.checkpoints(steps.coordinator_store(workspace), job_id).load(start - 1)
+            self.losses = [float(e["loss"]) for e in saved["history"]]
+
+    def check(self, round_: int, loss: float) -> None:
+        first = self.losses[0] if self.losses else None
+        check_loss("horizontal_lr", self.job_id, round_, loss, first)
+        self.losses.append(loss)
+        if rising(self.losses) and not self.warned:
+            self.warned = True
+            get_run_logger().warning(
+                "horizontal_lr %s: the aggregated loss rose in each of the last 3 rounds "
+                "(%s); the learning rate may be too large for these features",
+                self.job_id,
+                ", ".join(f"{v:.4g}" for v in self.losses[-4:]),
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,6 +379,7 @@ def horizontal_lr_coordinator(
     stage_timeout: float = 60.0,
     join_timeout: float = 600.0,
     workspace: str | None = None,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The coordinator's side: call each round, run its secure-sum stages, update the model.
 
@@ -330,7 +401,10 @@ def horizontal_lr_coordinator(
         stage_timeout: Seconds each stage waits before silent parties count as dropped.
         join_timeout: Seconds to wait for the parties to announce their columns (start-up).
         workspace: Folder of the coordinator's store (default: its party folder).
+        preprocessing: The job's preprocessing (every hospital passes the same); pooled
+            statistics come from secure sums before the first round.
     """
+    spec = _spec(preprocessing)
     names = _party_names(parties)
     threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
     _check_options(rounds, local_epochs, learning_rate, l2, tol, stage_timeout)
@@ -339,6 +413,9 @@ def horizontal_lr_coordinator(
     options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol)
     opened = steps.open_job(names, job_id, workspace, threshold, join_timeout)
     n_features, start = len(opened["features"]), opened["last_round"] + 1
+    pre.coordinator_statistics(
+        job_id, opened["features"], spec, names, threshold, workspace, stage_timeout
+    )
 
     def round_ctx(round_: int, session: str) -> steps.RoundContext:
         return steps.round_context(
@@ -357,6 +434,7 @@ def horizontal_lr_coordinator(
         get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
         steps.update_model(round_ctx(start - 1, call(start - 1) or ""), options, time.time())
     ran = 0
+    watch = _LossWatch(job_id, workspace, start)
     # dropped stays dropped: party -> why it is out, until it asks to rejoin
     out = {p: "never announced its columns" for p in names if p not in opened["announced"]}
     left_out: list[list[str]] = []  # per round run, who was not waited for
@@ -372,6 +450,7 @@ def horizontal_lr_coordinator(
         left_out.append(sorted(out, key=names.index))
         entry = steps.update_model(ctx, options, started, responders)
         out.update(_newly_out(job_id, round_, live, responders))
+        watch.check(round_, entry["loss"])
         ran, converged = ran + 1, entry["change"] < tol
         progress.update(rounds if converged else round_ + 1)
     model = steps.coordinator_model(job_id, workspace)
@@ -386,6 +465,7 @@ def horizontal_lr_coordinator(
         "history": model["history"],
         "dropped": [[p for p in names if p not in e["survivors"]] for e in model["history"]],
         "left_out": left_out,
+        "preprocessing": model.get("preprocessing"),
         "rounds_completed": model["rounds"],
         "rounds_run": ran,
         "resumed_from": start,
@@ -430,6 +510,7 @@ def horizontal_lr_party(
     l2: float = 1e-3,
     inject_fault: str | None = None,
     holdout_fraction: float = 0.0,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One hospital's side: join, then per round contribute its masked update and check and
     save the coordinator's model, until the coordinator's stop.
@@ -449,7 +530,9 @@ def horizontal_lr_party(
         inject_fault: "<round>:<stage>:kill|raise" (tests only).
         holdout_fraction: Share of this hospital's rows (< 0.5) kept out of training and
             scored for its summary (its own choice; 0: none, the figures are then in-sample).
+        preprocessing: The job's preprocessing (the coordinator's call must ask for the same).
     """
+    spec = _spec(preprocessing)
     if not 0.0 <= holdout_fraction < 0.5:
         raise ValueError(f"holdout_fraction must be in [0, 0.5), got {holdout_fraction}")
     ref = TableRef.from_dict(own)
@@ -462,6 +545,8 @@ def horizontal_lr_party(
     options = steps.TrainingOptions(local_epochs, learning_rate, l2, 0.0, holdout_fraction)
     steps.check_table(ref)
     round_ = steps.join_job(ref, job_id)["last_round"] + 1
+    features = steps.agreed_features(ref, job_id)
+    pre.party_statistics(ref, job_id, features, spec, names, holdout_fraction)
     while (ctx := steps.await_round(ref, job_id, round_, names, options)) is not None:
         if steps.left_out(ref, ctx):  # dropped earlier: ask back, only take this model
             steps.ask_to_rejoin(ref, ctx)
@@ -495,11 +580,16 @@ def horizontal_job(
     """Import each party's source file into its store, then train (the demo entry point)."""
     job = read_job(job_file)
     descriptors = []
+    spec = PreprocessingSpec.from_dict(job.get("preprocessing"))
     for party in job["parties"].values():
         ref = TableRef.from_dict(party["table"])
-        load_table(party["source"], ref)
+        own = spec.with_party(party.get("preprocessing"))  # its missing values, categories
+        load_table(party["source"], ref, preprocessing=own.to_dict())
         descriptors.append(ref.to_dict())
-    result = horizontal_lr(descriptors, workspace=workspace, **job.get("horizontal_lr", {}))
+    options = job.get("horizontal_lr", {})
+    result = horizontal_lr(
+        descriptors, workspace=workspace, preprocessing=spec.to_dict(), **options
+    )
     last = result["history"][-1]
     print(
         f"job {result['job_id']}: {result['rounds_completed']} rounds "

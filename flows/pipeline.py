@@ -16,6 +16,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, tags
 
+from core.preprocessing import PreprocessingSpec
 from flows.align import psi_align
 from flows.horizontal_lr import horizontal_job
 from flows.jobs import load_job_tree, read_job
@@ -124,8 +125,10 @@ def _stages(job: dict[str, Any], job_file: str, workspace: str | None) -> dict[s
 
     timer = _Timer(stages, "load", workspace)
     refs = {role: TableRef.from_dict(party["table"]) for role, party in job["parties"].items()}
+    spec = PreprocessingSpec.from_dict(job.get("preprocessing"))  # the job's, every table
     for role, party in job["parties"].items():  # a privacy_budget applies only if none is set
-        load_table(party["source"], refs[role], party.get("privacy_budget"))
+        own = spec.with_party(party.get("preprocessing"))  # its missing values, categories
+        load_table(party["source"], refs[role], party.get("privacy_budget"), own.to_dict())
     timer.done(", ".join(f"{r.party}.{r.table}" for r in refs.values()))
 
     timer = _Timer(stages, "psi", workspace)
@@ -147,7 +150,11 @@ def _stages(job: dict[str, Any], job_file: str, workspace: str | None) -> dict[s
     if "vertical" in job:
         timer = _Timer(stages, "vertical_lr", workspace)
         model = vertical_lr(
-            aligned[0].to_dict(), [aligned[1].to_dict()], workspace=workspace, **job["vertical"]
+            aligned[0].to_dict(),
+            [aligned[1].to_dict()],
+            workspace=workspace,
+            preprocessing=spec.to_dict(),
+            **job["vertical"],
         )
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in model["metrics"].items() if "auc" in k)
         timer.done(f"{model['rounds_run']} rounds run, {metrics}", model["job_id"])

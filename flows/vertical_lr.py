@@ -18,8 +18,11 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
+from prefect.states import Completed, State
 
+from core.outcomes import BELOW_BASELINE, check_loss, classifier_verdict
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
+from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.schedule import Schedule
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id, workspace_root
@@ -97,7 +100,8 @@ def vertical_lr(
     clip_features: float | None = None,
     allow_insecure_key_size: bool = False,
     fail_at_round: int | None = None,
-) -> dict[str, Any]:
+    preprocessing: dict[str, Any] | None = None,
+) -> dict[str, Any] | State:
     """Train; returns the guest's slice (its coefficients, metrics, scores table) and the
     round history. Each host's coefficients stay in its own store (``models/vertical/...``).
 
@@ -132,9 +136,16 @@ def vertical_lr(
         clip_features: Clip every party's features to [-c, c] locally; None keeps them.
         allow_insecure_key_size: Allow keys under 2048 bits (tests only).
         fail_at_round: Inject a failure in this round on the first try (tests only).
+        preprocessing: The job's preprocessing (scaling, imputation; default: standardise):
+            each party fits it on its own columns, nothing leaves it.
+
+    A loss that becomes non-finite or rises far above the first round's stops the run with
+    ``DivergenceError``; a model no better than the class prior on held-out rows ends in the
+    COMPLETED state named "Below baseline" (its result is the same dictionary).
     """
     logger = get_run_logger()
     randomizer_mode(randomizer)  # an unknown name fails here, before any key is made
+    spec = PreprocessingSpec.from_dict(preprocessing)
     guest_ref = TableRef.from_dict(guest)
     host_refs = [TableRef.from_dict(h) for h in hosts]
     if not host_refs:
@@ -156,6 +167,7 @@ def vertical_lr(
         "arbiter": arbiter,
         "randomizer": randomizer,
         "clip_features": clip_features,
+        "preprocessing": spec.to_dict(),
     }
     if job_id is None:
         job_id = derive_job_id(
@@ -183,6 +195,7 @@ def vertical_lr(
         l2=l2,
         randomizer=randomizer,
         clip_features=clip_features,
+        preprocessing=spec,
         key_size=key_size,
         allow_insecure_key_size=allow_insecure_key_size,
     )
@@ -214,8 +227,11 @@ def vertical_lr(
     history: list[dict[str, Any]] = []
     progress = Progress(total_rounds, f"vertical_lr {job_id}")
     last_done = resume_from
+    first_loss = steps.stored_losses(job, job.key_holder_database).get(0)
     for round_ in range(resume_from + 1, total_rounds if stopped is None else 0):
         result = train_round(job, guest_ref, host_refs, round_, fail_at_round)
+        first_loss = result["loss"] if first_loss is None else first_loss
+        check_loss("vertical_lr", job_id, round_, result["loss"], first_loss)
         epoch, index = schedule.position(round_)
         history.append({"round": round_, "epoch": epoch, "batch": index, **result})
         progress.update(round_ + 1)
@@ -243,12 +259,21 @@ def vertical_lr(
     publish_model_link(
         artifact_key("vertical-lr", job_id, "model"), guest_ref.database, guest_model["key"]
     )
+    verdict = classifier_verdict(prediction["metrics"])
+    outcome_line = f"{BELOW_BASELINE}: {verdict.line}" if verdict.below_baseline else "trained"
     vertical_summary(
-        job, guest_ref, host_refs, prediction["metrics"], len(history), workspace, history_rows
+        job,
+        guest_ref,
+        host_refs,
+        prediction["metrics"],
+        len(history),
+        workspace,
+        history_rows,
+        outcome=outcome_line,
     )
     guest_coefficients = dict(guest_model["coefficients"])
     # The guest's slice only: hosts' coefficients stay in their stores (models/vertical/...).
-    return {
+    outcome = {
         "job_id": job_id,
         "rounds_run": len(history),
         "resumed_from": resume_from,
@@ -262,4 +287,9 @@ def vertical_lr(
         "losses": [v for _, v in sorted(steps.stored_losses(job, job.key_holder_database).items())],
         "model_key": guest_model["key"],
         "database": str(Path(guest_ref.database)),
+        "outcome": outcome_line,
     }
+    if verdict.below_baseline:  # still COMPLETED, visibly not a usable model
+        logger.warning("vertical_lr %s: %s", job_id, outcome_line)
+        return Completed(name=BELOW_BASELINE, message=outcome_line, data=outcome)
+    return outcome

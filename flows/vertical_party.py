@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.states import Completed, State
 
+from core.outcomes import BELOW_BASELINE, check_loss, classifier_verdict
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
+from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.schedule import Schedule
 from storage.descriptor import TableRef
 from storage.party_config import active_config
@@ -68,7 +71,8 @@ def vertical_lr_party(
     clip_features: float | None = None,
     allow_insecure_key_size: bool = False,
     workspace: str | None = None,
-) -> dict[str, Any]:
+    preprocessing: dict[str, Any] | None = None,
+) -> dict[str, Any] | State:
     """Run one party's steps of a vertical LR job; the result names only this party's slice.
 
     Args:
@@ -93,6 +97,8 @@ def vertical_lr_party(
         clip_features: Clip this party's features to [-c, c] locally; None keeps them.
         allow_insecure_key_size: Allow keys under 2048 bits (tests only).
         workspace: The shared message folder when every party runs in one process (embedded).
+        preprocessing: The job's preprocessing (default: standardise); this party fits it on
+            its own columns only, nothing leaves it. Every party passes the job's same object.
     """
     randomizer_mode(randomizer)  # an unknown name fails here, before any key is made
     ref = _own_table(role, own, guest, hosts, arbiter)
@@ -110,6 +116,7 @@ def vertical_lr_party(
         l2=l2,
         randomizer=randomizer,
         clip_features=clip_features,
+        preprocessing=PreprocessingSpec.from_dict(preprocessing),
         key_size=key_size,
         allow_insecure_key_size=allow_insecure_key_size,
     )
@@ -128,7 +135,10 @@ def vertical_lr_party(
         if not job.with_arbiter:
             steps.create_keys(job, **key)
         result = _guest(job, ref, epochs, tol)
-    return {**result, "started_at": started, "finished_at": time.time()}
+    result = {**result, "started_at": started, "finished_at": time.time()}
+    if str(result.get("outcome", "")).startswith(BELOW_BASELINE):  # COMPLETED, named so
+        return Completed(name=BELOW_BASELINE, message=result["outcome"], data=result)
+    return result
 
 
 def _own_table(
@@ -220,6 +230,8 @@ def _arbiter(job: steps.VerticalJob, epochs: int, tol: float) -> dict[str, Any]:
             job, last, epochs, lambda r: _key_holder_epoch_end(job, r, tol)
         ):
             _decrypt_round(job, round_)
+            losses = steps.stored_losses(job, job.key_holder_database)
+            check_loss("vertical_lr", job.job_id, round_, losses[round_], losses.get(0))
             rounds += 1
         steps.retire_key(job)  # no decryption is left to do in this job
     return {
@@ -319,8 +331,11 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
         record = history[-1] if history and history[-1]["round"] == round_ else {}
         return _guest_epoch_end(job, ref, round_, tol, record)
 
+    first = steps.stored_losses(job, ref.database).get(0)
     for round_ in _train_rounds(job, last, 0 if ended else epochs, epoch_end):
         history.append(_guest_round(job, ref, round_))
+        first = history[-1]["loss"] if first is None else first
+        check_loss("vertical_lr", job.job_id, round_, history[-1]["loss"], first)
     final = steps.last_round(job, ref)
     # the guest's own record of the rounds: losses the key holder sent it, its own metrics
     own_record = replace(job, key_holder_database=ref.database)
@@ -335,8 +350,17 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
     if not job.with_arbiter:
         steps.retire_key(job)
     publish_model_link(artifact_key("vertical-lr", job.job_id, "model"), ref.database, model["key"])
+    verdict = classifier_verdict(prediction["metrics"])
+    outcome = f"{BELOW_BASELINE}: {verdict.line}" if verdict.below_baseline else "trained"
     vertical_summary(
-        own_record, ref, [], prediction["metrics"], len(history), job.workspace, history_rows
+        own_record,
+        ref,
+        [],
+        prediction["metrics"],
+        len(history),
+        job.workspace,
+        history_rows,
+        outcome=outcome,
     )
     coefficients = dict(model["coefficients"])
     return {
@@ -354,4 +378,5 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
         "losses": [v for _, v in sorted(steps.stored_losses(job, ref.database).items())],
         "model_key": model["key"],
         "database": ref.database,
+        "outcome": outcome,
     }

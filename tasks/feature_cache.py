@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from prefect.runtime import flow_run
 
+from core.preprocessing import FittedPreprocessing, PreprocessingSpec, fit_local
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 
@@ -27,29 +28,38 @@ _MAX_ENTRIES = 4  # a process plays at most a few parties in one run (guest, hos
 
 @dataclass(frozen=True)
 class PartyFeatures:
-    """A party's features (read-only, clipped when asked), their names, its labels and ids."""
+    """A party's features (read-only, preprocessed and clipped when asked), their names, its
+    labels and ids, and the fitted preprocessing (None: the stored values as they are)."""
 
     X: np.ndarray
     names: tuple[str, ...]
     labels: np.ndarray | None
     ids: np.ndarray
+    preprocessing: FittedPreprocessing | None = None
 
 
-_CacheKey = tuple[str, str, str, str | None, tuple[str, ...] | None, float | None, str]
+_CacheKey = tuple[
+    str, str, str, str | None, tuple[str, ...] | None, float | None, PreprocessingSpec | None, str
+]
 _cache: OrderedDict[_CacheKey, PartyFeatures] = OrderedDict()
 _lock = threading.Lock()
 
 
 def party_features(
-    ref: TableRef, clip: float | None, frame: pd.DataFrame | None = None
+    ref: TableRef,
+    clip: float | None,
+    frame: pd.DataFrame | None = None,
+    preprocessing: PreprocessingSpec | None = None,
 ) -> PartyFeatures:
-    """``ref``'s features clipped to [-clip, clip] (None: as stored), cached for the flow run.
+    """``ref``'s features, preprocessed with statistics of its own columns when
+    ``preprocessing`` is given (imputed, scaled: nothing leaves the party) and then clipped to
+    [-clip, clip] (None: as stored), cached for the flow run.
 
     ``frame`` is the validated table the caller has just read in this run (the set-up check),
     which then fills the cache instead of a second read."""
     run = flow_run.get_id()
     if run is None:
-        return _read(ref, clip, frame)
+        return _read(ref, clip, frame, preprocessing)
     key = (
         str(ref.path.resolve()),
         ref.table,
@@ -57,13 +67,14 @@ def party_features(
         ref.label_column,
         ref.feature_columns,
         clip,
+        preprocessing,
         str(run),
     )
     with _lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    features = _read(ref, clip, frame)
+    features = _read(ref, clip, frame, preprocessing)
     with _lock:
         _cache[key] = features
         while len(_cache) > _MAX_ENTRIES:
@@ -77,12 +88,22 @@ def clear() -> None:
         _cache.clear()
 
 
-def _read(ref: TableRef, clip: float | None, frame: pd.DataFrame | None) -> PartyFeatures:
+def _read(
+    ref: TableRef,
+    clip: float | None,
+    frame: pd.DataFrame | None,
+    preprocessing: PreprocessingSpec | None = None,
+) -> PartyFeatures:
     if frame is None:
-        frame = PartyStore.of(ref).read_table(ref)
+        frame = PartyStore.of(ref).read_table(ref, allow_missing=preprocessing is not None)
     names = tuple(c for c in frame.columns if c not in (ref.id_column, ref.label_column))
     labels = frame[ref.label_column].to_numpy() if ref.label_column else None
     X = frame[list(names)].to_numpy(dtype=float)
+    fitted = None
+    if preprocessing is not None:
+        fitted = fit_local(X, names, preprocessing)
+        X = fitted.transform(X, f"party {ref.party}, table {ref.table!r}")
+        names = tuple(fitted.output_names)
     if clip is not None:
         X = np.clip(X, -clip, clip)
     ids = frame[ref.id_column].to_numpy(copy=True)
@@ -90,4 +111,4 @@ def _read(ref: TableRef, clip: float | None, frame: pd.DataFrame | None) -> Part
     for column in (labels, ids):
         if column is not None:
             column.flags.writeable = False
-    return PartyFeatures(X, names, labels, ids)
+    return PartyFeatures(X, names, labels, ids, fitted)

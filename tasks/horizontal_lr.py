@@ -36,6 +36,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 
 from core import horizontal_lr as hlr
+from core.preprocessing import FittedPreprocessing
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.secagg.weighted import packed_dimension, unpack_weighted
 from storage.artifacts import ArtifactStore
@@ -46,6 +47,7 @@ from storage.party_store import PartyStore
 from storage.workspace import channel_for
 from tasks import secure_sum
 from tasks.policy import PARTY_STEP
+from tasks.preprocessing import stored_fitted
 from tasks.secure_sum import COORDINATOR, RoundStateError, SumContext, coordinator_store
 from tasks.summaries import holdout_split
 
@@ -127,11 +129,16 @@ def model_point(weights: np.ndarray) -> str:
 
 
 def model_record(
-    job_id: str, features: list[str], weights: np.ndarray, rounds: int
+    job_id: str,
+    features: list[str],
+    weights: np.ndarray,
+    rounds: int,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The saved model: plain values only, so it goes through the safe codec."""
+    """The saved model: plain values only, so it goes through the safe codec. With
+    ``preprocessing`` (the pooled statistics it was trained with) scoring applies them."""
     weights = np.asarray(weights, dtype=np.float64)
-    return {
+    record = {
         "job_id": job_id,
         "features": list(features),
         "weights": weights,
@@ -139,6 +146,9 @@ def model_record(
         "intercept": float(weights[-1]),
         "rounds": rounds,
     }
+    if preprocessing is not None:
+        record["preprocessing"] = preprocessing
+    return record
 
 
 def model_weights(model: dict[str, Any]) -> np.ndarray:
@@ -148,9 +158,12 @@ def model_weights(model: dict[str, Any]) -> np.ndarray:
 
 
 def predict_proba(model: dict[str, Any], X: pd.DataFrame | np.ndarray) -> np.ndarray:
-    """P(label = 1) for rows of ``X`` (a DataFrame by column name, or an array in model order)."""
+    """P(label = 1) for rows of ``X`` (a DataFrame of raw values by column name, transformed
+    with the model's preprocessing, or an array already in model order and units)."""
     if isinstance(X, pd.DataFrame):
         X = X.loc[:, model["features"]]
+        if model.get("preprocessing") is not None:
+            X = FittedPreprocessing.from_dict(model["preprocessing"]).transform(X.to_numpy(float))
     return hlr.predict_proba(model_weights(model), np.asarray(X, dtype=np.float64))
 
 
@@ -178,8 +191,10 @@ def check_table(ref: TableRef) -> str:
         if salt is None:
             salt = secrets.token_bytes(32)
             artifacts.put(f"{PROTOCOL}/fingerprint-salt", salt, "secret", con=con)
-    frame = store.read_table(ref)  # validated against the descriptor
-    hlr.validate_party_tables({ref.party: frame}, ref.label_column or "", ref.id_column)
+    # validated against the descriptor; missing cells are imputed or refused before training
+    frame = store.read_table(ref, allow_missing=True)
+    label = ref.label_column or ""
+    hlr.validate_party_tables({ref.party: frame}, label, ref.id_column, allow_missing=True)
     digest = hashlib.sha256(salt)
     digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
     digest.update(",".join(map(str, frame.columns)).encode())
@@ -201,8 +216,9 @@ def join_job(ref: TableRef, job_id: str, workspace: str | None = None) -> dict[s
     Returns the party's last finished round of this job, so a re-run can resume.
     """
     store = PartyStore.of(ref)
-    frame = store.read_table(ref)
-    features = hlr.validate_party_tables({ref.party: frame}, ref.label_column or "", ref.id_column)
+    frame = store.read_table(ref, allow_missing=True)  # imputed or refused before training
+    label = ref.label_column or ""
+    features = hlr.validate_party_tables({ref.party: frame}, label, ref.id_column, True)
     schema = {"label_column": ref.label_column, "feature_columns": features}
     channel_for(job_id, workspace).endpoint(ref.party).send(COORDINATOR, "schema", schema)
     return _status(store, job_id)
@@ -269,6 +285,11 @@ def _agreed_features(endpoint: PartyEndpoint) -> list[str]:
     return list(endpoint.receive(COORDINATOR, "schema_agreed")["feature_columns"])
 
 
+def agreed_features(ref: TableRef, job_id: str) -> list[str]:
+    """Party mode: the feature order the coordinator agreed (after :func:`join_job`)."""
+    return _agreed_features(channel_for(job_id).endpoint(ref.party))
+
+
 @task(name="hlr-rollback", task_run_name="{who}: roll back to round {round_}", **PARTY_STEP)
 def rollback(who: str, database: str, job_id: str, round_: int) -> dict[str, Any]:
     """Forget rounds after ``round_`` (finished here but not everywhere)."""
@@ -294,7 +315,11 @@ def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> N
     store, endpoint = PartyStore.of(ref), ctx.endpoint(ref.party)
     features = _agreed_features(endpoint)
     weights = _weights_before(store, ctx, len(features), ref.party)
-    X, y = hlr.party_arrays(store.read_table(ref), features, ref.label_column or "")
+    fitted = stored_fitted(ref.database, ctx.job_id)  # the pooled statistics, if the job has any
+    frame = store.read_table(ref, allow_missing=fitted is not None)
+    X, y = hlr.party_arrays(frame, features, ref.label_column or "")
+    if fitted is not None:
+        X = fitted.transform(X, f"party {ref.party}, table {ref.table!r}")
     train = holdout_split(len(y), options.holdout_fraction, ctx.job_id)[0]
     X, y = X[train], y[train]  # held-out rows never reach an update
     if options.local_epochs == 0:
@@ -371,7 +396,10 @@ def finish_round(
     with secure_sum.session(store, ctx, ref.party) as records:
         records.forget_older_sessions()  # the revealed-senders record stays for the job's life
         if final:
-            model = model_record(ctx.job_id, features, weights, ctx.round + 1)
+            fitted = stored_fitted(ref.database, ctx.job_id)
+            model = model_record(
+                ctx.job_id, features, weights, ctx.round + 1, fitted and fitted.to_dict()
+            )
             records.artifacts.put(model_key(ctx.job_id), model, "model", con=records.con)
     if final:
         cps.prune(keep_last=2)
@@ -461,7 +489,8 @@ def coordinator_model(job_id: str, workspace: str | None = None) -> dict[str, An
     last = cps.last_round()
     saved = cps.load(last)
     features = _agreed_schema(artifacts, job_id)["feature_columns"]
-    model = model_record(job_id, features, saved["weights"], last + 1)
+    fitted = stored_fitted(str(store.path), job_id)
+    model = model_record(job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict())
     artifacts.put(model_key(job_id), model, "model")
     cps.prune(keep_last=2)
     return {**model, "weights": model["weights"].tolist(), "history": saved["history"]}
@@ -637,7 +666,8 @@ def keep_model(ref: TableRef, job_id: str) -> dict[str, Any]:
         raise RoundStateError(f"{ref.party}: job {job_id} stopped before any round finished")
     saved = cps.load(last)
     features = _agreed_features(channel_for(job_id).endpoint(ref.party))
-    model = model_record(job_id, features, saved["weights"], last + 1)
+    fitted = stored_fitted(ref.database, job_id)
+    model = model_record(job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict())
     ArtifactStore(store).put(model_key(job_id), model, "model")
     cps.prune(keep_last=2)
     return {**model, "weights": model["weights"].tolist()}

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from prefect import get_run_logger, task
 
+from core.preprocessing import FittedPreprocessing, PreprocessingError
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -38,26 +39,54 @@ class ScoringJob:
         return channel_for(self.job_id, self.workspace).endpoint(party)
 
 
-def _slice(ref: TableRef, key: str) -> tuple[list[str], np.ndarray, float]:
+@dataclass(frozen=True)
+class ModelSlice:
+    """What scoring needs of a stored model (or a party's slice of one)."""
+
+    features: list[str]
+    weights: np.ndarray
+    intercept: float
+    preprocessing: FittedPreprocessing | None  # None: a model trained on the stored values
+    clip: float | None = None
+
+
+def _slice(ref: TableRef, key: str) -> ModelSlice:
     record = ArtifactStore(PartyStore.of(ref)).get(key)
     if record is None:
         raise ScoringError(f"party {ref.party}: no model {key!r} in {ref.path.name}")
     rows, intercept = model_table(record)
-    return (
+    fitted = record.get("preprocessing")
+    return ModelSlice(
         [r["feature"] for r in rows],
         np.array([r["coefficient"] for r in rows]),
         intercept or 0.0,
+        None if fitted is None else FittedPreprocessing.from_dict(fitted),
+        record.get("clip_features"),
     )
 
 
-def _matrix(ref: TableRef, features: list[str]) -> tuple[Any, np.ndarray]:
-    frame = PartyStore.of(ref).read_table(ref)
-    missing = [f for f in features if f not in frame.columns]
+def _matrix(ref: TableRef, model: ModelSlice) -> tuple[Any, np.ndarray]:
+    """The new rows' features as the model was trained on them: the model's own imputation
+    and scaling statistics (fitted on the training rows) applied, then its clipping."""
+    fitted = model.preprocessing
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None)
+    raw = model.features if fitted is None else fitted.input_names
+    missing = [f for f in raw if f not in frame.columns]
     if missing:
         raise ScoringError(
             f"party {ref.party}: table {ref.table!r} lacks the model's columns {missing}"
         )
-    return frame, frame.loc[:, features].to_numpy(dtype=float)
+    X = frame.loc[:, raw].to_numpy(dtype=float)
+    if fitted is None:
+        return frame, X
+    try:
+        X = fitted.transform(X, f"party {ref.party}, table {ref.table!r}")
+    except PreprocessingError as error:
+        raise ScoringError(str(error)) from None
+    if model.clip is not None:
+        X = np.clip(X, -model.clip, model.clip)
+    columns = fitted.output_names
+    return frame, X[:, [columns.index(f) for f in model.features]]
 
 
 def latest_model(ref: TableRef, prefix: str, suffix: str = "") -> str:
@@ -80,18 +109,18 @@ def latest_vertical_job(ref: TableRef) -> str:
 @task(name="score-host-share", task_run_name="{ref.party}: score share of new rows", **PARTY_STEP)
 def host_score_share(job: ScoringJob, ref: TableRef) -> int:
     """A host's share ``X_h w_h`` of the aligned new rows, sent to the guest."""
-    features, weights, _ = _slice(ref, f"models/vertical/{job.model_job_id}/{ref.party}")
-    _, X = _matrix(ref, features)
-    job.endpoint(ref.party).send(job.guest, "score_share", X @ weights, round=0)
+    model = _slice(ref, f"models/vertical/{job.model_job_id}/{ref.party}")
+    _, X = _matrix(ref, model)
+    job.endpoint(ref.party).send(job.guest, "score_share", X @ model.weights, round=0)
     return len(X)
 
 
 @task(name="score-guest", task_run_name="{ref.party}: scores of new rows", **PARTY_STEP)
 def guest_scores(job: ScoringJob, ref: TableRef, hosts: list[str]) -> dict[str, Any]:
     """The guest adds its share, the intercept and the hosts' shares; stores the scores."""
-    features, weights, intercept = _slice(ref, f"models/vertical/{job.model_job_id}/{ref.party}")
-    frame, X = _matrix(ref, features)
-    scores = X @ weights + intercept
+    model = _slice(ref, f"models/vertical/{job.model_job_id}/{ref.party}")
+    frame, X = _matrix(ref, model)
+    scores = X @ model.weights + model.intercept
     for host in hosts:
         share = np.asarray(job.endpoint(ref.party).receive(host, "score_share", round=0))
         if share.shape != scores.shape:
@@ -105,9 +134,9 @@ def guest_scores(job: ScoringJob, ref: TableRef, hosts: list[str]) -> dict[str, 
 )
 def local_scores(ref: TableRef, model_key: str) -> dict[str, Any]:
     """A model the party holds whole, applied to its own new rows."""
-    features, weights, intercept = _slice(ref, model_key)
-    frame, X = _matrix(ref, features)
-    return _store_scores(ref, frame, X @ weights + intercept)
+    model = _slice(ref, model_key)
+    frame, X = _matrix(ref, model)
+    return _store_scores(ref, frame, X @ model.weights + model.intercept)
 
 
 def _store_scores(ref: TableRef, frame: Any, scores: np.ndarray) -> dict[str, Any]:

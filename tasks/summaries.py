@@ -14,6 +14,8 @@ import numpy as np
 from prefect import get_run_logger, task
 
 from core.horizontal_lr import decision_function, predict_proba
+from core.outcomes import BELOW_BASELINE
+from core.preprocessing import FittedPreprocessing
 from core.sparse_lda.model import LinearDiscriminant
 from core.vertical_lr.schedule import Schedule
 from storage.artifacts import ArtifactStore
@@ -50,7 +52,8 @@ def _training_mean(
 ) -> tuple[float, np.ndarray]:
     """The labels party's plain predictor, the training rows' mean label, and the labels it is
     evaluated on (every row when there is no split)."""
-    labels = PartyStore.of(ref).read_table(ref)[ref.label_column].to_numpy(dtype=float)
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=True)  # the labels only
+    labels = frame[ref.label_column].to_numpy(dtype=float)
     mean = float(np.mean(labels[train_rows])) if len(train_rows) else float(np.mean(labels))
     return mean, labels[eval_rows] if len(eval_rows) else labels
 
@@ -109,15 +112,22 @@ def evaluate_own_rows(
     intercept: float,
     holdout_fraction: float = 0.0,
     job_id: str = "",
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A party scores its own held-out rows (all its rows, in-sample, when none are held out)
-    with a model it holds whole; returns aggregates only."""
-    frame = PartyStore.of(ref).read_table(ref)
+    with a model it holds whole; returns aggregates only. ``preprocessing`` is the model's
+    fitted transform (``core.preprocessing``), applied to the stored values first."""
+    fitted = None if preprocessing is None else FittedPreprocessing.from_dict(preprocessing)
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None)
     labels = frame[ref.label_column].to_numpy(dtype=float)
     train, held_out = holdout_split(len(labels), holdout_fraction, job_id)
     evaluated = held_out if held_out.size else train
     packed = np.asarray([*weights, intercept], dtype=float)
-    X = frame.loc[:, features].to_numpy(dtype=float)[evaluated]
+    if fitted is None:
+        X = frame.loc[:, features].to_numpy(dtype=float)[evaluated]
+    else:
+        X = fitted.transform(frame.loc[:, fitted.input_names].to_numpy(dtype=float)[evaluated])
+        X = X[:, [fitted.output_names.index(f) for f in features]]
     figures = classifier_figures(
         labels[evaluated],
         predict_proba(packed, X),
@@ -206,9 +216,11 @@ def vertical_summary(
     rounds_run: int,
     workspace: str | None,
     history: list[dict[str, Any]],
+    outcome: str | None = None,
 ) -> dict[str, Any]:
     """The run's summary; ``history`` is :func:`vertical_round_history`'s table, which the
-    flow has just read and published (not read again here)."""
+    flow has just read and published (not read again here); ``outcome`` is the run's verdict
+    (e.g. "Below baseline: ...")."""
     schedule = job.schedule
     holdout = [int(r) for r in schedule.holdout_rows]
     scope = "held-out rows" if holdout else "training rows (in-sample)"
@@ -228,7 +240,11 @@ def vertical_summary(
             bytes_sent=bytes_sent([job.job_id], workspace),
             rounds=len(history),
             rounds_table=history,
-            details=[("rounds run in this attempt", rounds_run), ("key holder", job.key_holder)],
+            details=[
+                *([("outcome", outcome)] if outcome else []),
+                ("rounds run in this attempt", rounds_run),
+                ("key holder", job.key_holder),
+            ],
         )
     )
 
@@ -351,11 +367,19 @@ def horizontal_summary(
     weights = [float(model["coefficients"][f]) for f in model["features"]]
     evaluations = {
         ref.party: evaluate_own_rows(
-            ref, list(model["features"]), weights, model["intercept"], holdout_fraction, job_id
+            ref,
+            list(model["features"]),
+            weights,
+            model["intercept"],
+            holdout_fraction,
+            job_id,
+            model.get("preprocessing"),
         )
         for ref in refs
     }
     traffic = _round_bytes(job_id, workspace)
+    quality = horizontal_quality(evaluations)
+    outcome = _outcome([q for q in quality if q.metric.startswith("log-loss")])
     history = [
         {
             "round": e["round"],
@@ -372,12 +396,25 @@ def horizontal_summary(
         RunSummary(
             job_id,
             {party: e["rows"] for party, e in evaluations.items()},
-            quality=horizontal_quality(evaluations),
+            quality=quality,
             bytes_sent=bytes_sent([job_id], workspace),
             rounds=len(history),
             rounds_table=history,
-            details=[("rounds run in this attempt", rounds_run)],
+            details=[("outcome", outcome), ("rounds run in this attempt", rounds_run)],
         )
+    ) | {"outcome": outcome}
+
+
+def _outcome(log_losses: list[Quality]) -> str:
+    """'Below baseline: ...' when the (pooled) held-out log-loss is no better than the class
+    prior's; the flow ends in the COMPLETED state of that name."""
+    pooled = [q for q in log_losses if "pooled" in q.metric] or log_losses
+    worse = [q for q in pooled if q.model is not None and q.baseline is not None]
+    worse = [q for q in worse if q.model >= q.baseline]
+    if not worse:
+        return "trained"
+    return f"{BELOW_BASELINE}: " + "; ".join(
+        f"{q.metric} {q.model:.4f} >= the class prior's {q.baseline:.4f}" for q in worse
     )
 
 
@@ -388,7 +425,13 @@ def horizontal_party_summary(
     hospital's), its own traffic, the rounds of the model it kept."""
     weights = [float(model["coefficients"][f]) for f in model["features"]]
     evaluation = evaluate_own_rows(
-        ref, list(model["features"]), weights, model["intercept"], holdout_fraction, job_id
+        ref,
+        list(model["features"]),
+        weights,
+        model["intercept"],
+        holdout_fraction,
+        job_id,
+        model.get("preprocessing"),
     )
     return publish_summary(
         RunSummary(

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -52,6 +52,7 @@ from core.paillier.keys import (
     generate_keypair,
 )
 from core.paillier.randomness import ObfuscatorFile, discard_pool, pool_path
+from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.fixed_point import decode_gradient, encode_features
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import (
@@ -104,6 +105,8 @@ class VerticalJob:
     l2: float
     randomizer: str = cipher.DEFAULT_RANDOMIZER
     clip_features: float | None = None
+    # each party's own columns are imputed and scaled with their own statistics
+    preprocessing: PreprocessingSpec = field(default_factory=PreprocessingSpec)
     # (party, length of its gradient) agreed at set-up: the guest's features + intercept,
     # each host's features. The key holder decrypts nothing of another length.
     widths: tuple[tuple[str, int], ...] = ()
@@ -342,15 +345,16 @@ def _public_key(
     return paillier.PaillierPublicKey(int(n))
 
 
-def _features(ref: TableRef, clip: float | None) -> tuple[np.ndarray, list[str], np.ndarray | None]:
-    """The party's features, clipped to [-clip, clip] when asked (a purely local step that
+def _features(ref: TableRef, job: VerticalJob) -> tuple[np.ndarray, list[str], np.ndarray | None]:
+    """The party's features, imputed and scaled with its own columns' statistics (nothing
+    leaves the party) and clipped to [-clip, clip] when asked (a purely local step that
     tames outliers, which the Taylor approximation handles badly), read once per flow run."""
-    cached = party_features(ref, clip)
+    cached = party_features(ref, job.clip_features, preprocessing=job.preprocessing)
     return cached.X, list(cached.names), cached.labels
 
 
-def _guest_matrix(ref: TableRef, clip: float | None) -> tuple[np.ndarray, list[str], np.ndarray]:
-    X, names, labels = _features(ref, clip)
+def _guest_matrix(ref: TableRef, job: VerticalJob) -> tuple[np.ndarray, list[str], np.ndarray]:
+    X, names, labels = _features(ref, job)
     return np.hstack([np.ones((len(X), 1)), X]), ["intercept", *names], labels
 
 
@@ -475,7 +479,7 @@ def prepare_pool(job: VerticalJob, ref: TableRef, count: int) -> int:
 @task(name="vertical-check", task_run_name="{ref.party}: check table", **PARTY_STEP)
 def check_party(job: VerticalJob, ref: TableRef, role: str) -> dict[str, Any]:
     """Refuse bad inputs before any round; send the guest a digest of the aligned id order."""
-    frame = PartyStore.of(ref).read_table(ref)
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=True)  # imputed or refused below
     if role == "host" and ref.label_column is not None:
         raise VerticalSetupError(
             f"host {ref.party} declares label column {ref.label_column!r}: only the guest may "
@@ -490,14 +494,15 @@ def check_party(job: VerticalJob, ref: TableRef, role: str) -> dict[str, Any]:
                 f"table {ref.table!r}, column {ref.label_column!r}: labels must be binary "
                 f"0/1 with both classes present, found {sorted(labels)[:5]}"
             )
-    X = frame.drop(columns=[c for c in (ref.id_column, ref.label_column) if c]).to_numpy(float)
-    encode_features(X, [c for c in frame.columns if c not in (ref.id_column, ref.label_column)])
+    # the run's steps reuse this one read, preprocessed with the party's own statistics
+    features = party_features(ref, job.clip_features, frame, job.preprocessing)
+    X = features.X
+    encode_features(X, list(features.names))
     digest = id_order_digest(job.job_id, frame[ref.id_column])
     if ref.party != job.guest:
         job.endpoint(ref.party).send(job.guest, "id_order_digest", digest)
     else:
         _artifacts(ref.database).put(_key(job, "id_order_digest"), digest, "digest")
-    party_features(ref, job.clip_features, frame)  # the run's steps reuse this one read
     return {"party": ref.party, "rows": len(frame), "features": X.shape[1]}
 
 
@@ -522,7 +527,7 @@ def check_alignment(job: VerticalJob, ref: TableRef) -> None:
 def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "train") -> None:
     """A host encrypts its score share for the batch and sends it to the guest (and to later
     hosts, which need it for the loss's cross terms)."""
-    X, _, _ = _features(ref, job.clip_features)
+    X, _, _ = _features(ref, job)
     stored = _read_step(job, ref, round_, _weights_round(round_, phase), X.shape[1])
     rows = _rows(job, round_, phase)
     public = stored.public
@@ -581,7 +586,7 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
     """The guest adds its plaintext part to the hosts' encrypted shares, sends each host a
     re-randomised ``[[d]]``, folds the encrypted Taylor loss for the key holder and, in a
     training round, masks its own encrypted gradient for decryption."""
-    X, _, labels = _guest_matrix(ref, job.clip_features)
+    X, _, labels = _guest_matrix(ref, job)
     kinds = (f"loss_{phase}", "masked_gradient") if phase == "train" else (f"loss_{phase}",)
     stored = _read_step(job, ref, round_, _weights_round(round_, phase), X.shape[1], kinds)
     weights = stored.weights
@@ -651,7 +656,7 @@ def _mask_and_send(
     **PARTY_STEP,
 )
 def host_gradient(job: VerticalJob, ref: TableRef, round_: int) -> None:
-    X, _, _ = _features(ref, job.clip_features)
+    X, _, _ = _features(ref, job)
     rows = _rows(job, round_, "train")
     residual = job.endpoint(ref.party).receive(job.guest, "residual", round=round_)
     stored = _read_step(job, ref, round_, sent=("masked_gradient",))
@@ -732,10 +737,10 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
     """Remove the mask, take the optimizer step, checkpoint the round. Returns the squared
     norm of this party's gradient (for the round table)."""
     if role == "guest":
-        X, _, _ = _guest_matrix(ref, job.clip_features)
+        X, _, _ = _guest_matrix(ref, job)
         penalised = np.r_[0.0, np.ones(X.shape[1] - 1)]
     else:
-        X, _, _ = _features(ref, job.clip_features)
+        X, _, _ = _features(ref, job)
         penalised = np.ones(X.shape[1])
     masked = _collect(job, ref.party, ref.database, job.key_holder, "masked_gradient_plain", round_)
     store = PartyStore.of(ref)
@@ -773,16 +778,16 @@ def rollback(job: VerticalJob, ref: TableRef, round_: int) -> int:
 @task(name="vertical-save-model", task_run_name="{ref.party}: save model slice", **PARTY_STEP)
 def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[str, Any]:
     """Store this party's slice of the model (by feature name) in its own database."""
-    X, names, _ = (
-        _guest_matrix(ref, job.clip_features)
-        if role == "guest"
-        else _features(ref, job.clip_features)
-    )
+    X, names, _ = _guest_matrix(ref, job) if role == "guest" else _features(ref, job)
     artifacts = _artifacts(ref.database)
     key = f"models/vertical/{job.job_id}/{ref.party}"
     with artifacts.store.session():
         weights = _state(job, ref, round_, X.shape[1])["weights"]
         model = {"features": names, "weights": weights, "round": round_, "job_id": job.job_id}
+        fitted = party_features(ref, job.clip_features, preprocessing=job.preprocessing)
+        if fitted.preprocessing is not None:  # scoring applies the same transform
+            model["preprocessing"] = fitted.preprocessing.to_dict()
+        model["clip_features"] = job.clip_features
         with artifacts.store.transaction() as con:
             artifacts.put(key, model, "model", con=con)
             artifacts.delete_prefix(_key(job, "sent"), con=con)  # masks are no longer needed
@@ -797,7 +802,7 @@ def host_scores(job: VerticalJob, ref: TableRef) -> None:
     """Scoring: a host sends the guest its plaintext score share ``X_h w_h`` (as FATE's
     predict does); the guest learns these sums, never the host's features or weights."""
     model = _artifacts(ref.database).get(f"models/vertical/{job.job_id}/{ref.party}")
-    X, _, _ = _features(ref, job.clip_features)
+    X, _, _ = _features(ref, job)
     job.endpoint(ref.party).send(job.guest, "scores", X @ model["weights"], round=0)
 
 
@@ -809,19 +814,22 @@ def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     from sklearn.metrics import log_loss, roc_auc_score
 
     model = _artifacts(ref.database).get(f"models/vertical/{job.job_id}/{ref.party}")
-    X, _, labels = _guest_matrix(ref, job.clip_features)
+    X, _, labels = _guest_matrix(ref, job)
     scores = X @ model["weights"]
     for host in job.hosts:
         scores = scores + job.endpoint(ref.party).receive(host, "scores", round=0)
     probabilities = 1.0 / (1.0 + np.exp(-scores))
-    ids = party_features(ref, job.clip_features).ids  # read once per run, at the check
+    ids = party_features(ref, job.clip_features, preprocessing=job.preprocessing).ids
     frame = pd.DataFrame({ref.id_column: ids, "probability": probabilities})
     PartyStore.of(ref).write_table(f"{ref.table}_scores", frame)
     metrics = {}
+    rate = float(np.clip(labels[job.schedule.train_rows].mean(), 1e-6, 1 - 1e-6))  # the prior
     for name, rows in (("train", job.schedule.train_rows), ("holdout", job.schedule.holdout_rows)):
         if len(rows) and len(set(labels[rows])) == 2:
             metrics[f"{name}_auc"] = float(roc_auc_score(labels[rows], probabilities[rows]))
             metrics[f"{name}_log_loss"] = float(log_loss(labels[rows], probabilities[rows]))
+            prior = np.full(len(rows), rate)
+            metrics[f"{name}_prior_log_loss"] = float(log_loss(labels[rows], prior, labels=[0, 1]))
     return {
         "metrics": metrics,
         "scores_table": f"{ref.table}_scores",

@@ -17,6 +17,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from core import horizontal_lr as hlr
 from core import secagg
+from core.preprocessing import FittedPreprocessing
 from flows.horizontal_lr import SimulatedCrashError, horizontal_lr, predict_proba
 from storage import codec
 from storage.artifacts import ArtifactStore
@@ -85,9 +86,14 @@ def hospitals() -> Iterator[Loader]:
     handles.clear()  # tracebacks kept by pytest.raises still reach the loader's list
 
 
-def arrays(refs: list[TableRef]) -> list[tuple[np.ndarray, np.ndarray]]:
+def arrays(refs: list[TableRef], result: dict[str, Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each party's rows as it trains on them: scaled with the run's pooled statistics."""
     features = [c for c in PartyStore.of(refs[0]).read_table(refs[0]).columns[2:]]
-    return [hlr.party_arrays(PartyStore.of(r).read_table(r), features, "diagnosis") for r in refs]
+    parts = [hlr.party_arrays(PartyStore.of(r).read_table(r), features, "diagnosis") for r in refs]
+    if result["preprocessing"] is None:  # the job asked for no scaling
+        return parts
+    fitted = FittedPreprocessing.from_dict(result["preprocessing"])
+    return [(fitted.transform(X), y) for X, y in parts]
 
 
 def pooled(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -109,9 +115,9 @@ def test_gradient_averaging_equals_centralized_gd_and_coordinator_sees_no_update
     workspace: Path,
 ) -> None:
     refs = hospitals(workspace)
-    parts = arrays(refs)
-    X, y = pooled(parts)
     result = run(refs, workspace, rounds=2, **FAST)
+    parts = arrays(refs, result)
+    X, y = pooled(parts)
 
     reference = hlr.centralized_gd(X, y, L2, LR, 2)
     np.testing.assert_allclose(result["weights"], reference, rtol=0, atol=1e-6)
@@ -170,7 +176,7 @@ def test_held_out_rows_stay_out_of_training_and_each_party_scores_its_own(
 ) -> None:
     refs = hospitals(workspace)
     result = run(refs, workspace, rounds=2, holdout_fraction=0.2, **FAST)
-    parts = arrays(refs)
+    parts = arrays(refs, result)
     splits = [holdout_split(len(y), 0.2, result["job_id"]) for _, y in parts]
     training = [(X[train], y[train]) for (X, y), (train, _) in zip(parts, splits, strict=True)]
     reference = hlr.centralized_gd(*pooled(training), L2, LR, 2)  # the training rows only
@@ -197,13 +203,13 @@ def test_a_failing_and_a_hanging_party_leave_the_survivors_model(
     hospitals: Loader, workspace: Path
 ) -> None:
     refs = hospitals(workspace)
-    parts = dict(zip(HOSPITALS, arrays(refs), strict=True))
     # c's step raises in round 0; b's step hangs past the deadline in round 1 (in this
     # one-process mode, the stand-in for a killed process)
     faults = {"0:mask_input": {"hospital_c": "raise"}, "1:reveal_shares": {"hospital_b": "hang"}}
     result = run(
         refs, workspace, rounds=2, threshold=2, stage_timeout=4, inject_faults=faults, **FAST
     )
+    parts = dict(zip(HOSPITALS, arrays(refs, result), strict=True))
 
     # round 0 sums a and b (c shared keys, then failed: its masks were rebuilt);
     # round 1 sums all three (b sent its masked input and only missed the unmasking)
@@ -315,7 +321,7 @@ def test_killed_run_resumes_and_ends_with_the_uninterrupted_model(
     straight = run(hospitals(other), other, **options)
     assert straight["rounds_run"] == 2
     assert np.array_equal(resumed["weights"], straight["weights"])  # bit for bit
-    fit = hlr.train_federated(arrays(refs), 2, LR, L2, epochs_per_round=2)  # FedAvg in-process
+    fit = hlr.train_federated(arrays(refs, resumed), 2, LR, L2, epochs_per_round=2)  # in-process
     assert np.array_equal(resumed["weights"], fit.weights)
 
 
@@ -353,10 +359,11 @@ def test_a_transient_fault_is_retried_without_masking_again(
 
     monkeypatch.setattr(secagg, "mask_input", counting_mask)
     monkeypatch.setattr(Channel, "_write", flaky_write)
-    result = run(refs, workspace, rounds=1, **FAST)
+    # unscaled: the pooled statistics' own secure sum would mask (and be counted) first
+    result = run(refs, workspace, rounds=1, preprocessing={"scaling": "none"}, **FAST)
     # the parties mask concurrently; a masked once although its first send failed
     assert sorted(masked) == ["failed", "hospital_a", "hospital_b", "hospital_c"]
-    X, y = pooled(arrays(refs))
+    X, y = pooled(arrays(refs, result))
     np.testing.assert_allclose(result["weights"], hlr.centralized_gd(X, y, L2, LR, 1), atol=1e-6)
 
 

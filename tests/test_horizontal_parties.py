@@ -23,6 +23,7 @@ import pytest
 from sklearn.metrics import log_loss
 
 from core import horizontal_lr as hlr
+from core.preprocessing import FittedPreprocessing
 from demo.orgs import free_port
 from storage import certs
 from storage.descriptor import TableRef
@@ -137,12 +138,21 @@ def make_job(tmp_path: Path) -> Iterator[Any]:
         job.close()
 
 
-def reference(job: Job, survivors_per_round: list[list[str]]) -> np.ndarray:
+def scaled(job: Job, coordinator: dict[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each hospital's rows as it trains on them: the job's pooled statistics applied."""
+    fitted = FittedPreprocessing.from_dict(coordinator["preprocessing"])
+    return {h: (fitted.transform(X), y) for h, (X, y) in job.arrays.items()}
+
+
+def reference(
+    job: Job, survivors_per_round: list[list[str]], coordinator: dict[str, Any]
+) -> np.ndarray:
     """Plaintext full-batch GD on the pooled rows of each round's survivors."""
     weights = hlr.init_model(4)
+    arrays = scaled(job, coordinator)
     for survivors in survivors_per_round:
-        X = np.vstack([job.arrays[p][0] for p in survivors])
-        y = np.concatenate([job.arrays[p][1] for p in survivors])
+        X = np.vstack([arrays[p][0] for p in survivors])
+        y = np.concatenate([arrays[p][1] for p in survivors])
         weights = hlr.apply_mean_gradient(weights, hlr.gradient(weights, X, y, L2), LR)
     return weights
 
@@ -164,8 +174,9 @@ def test_hospital_processes_train_the_plaintext_model_across_a_restart(make_job:
     parties = {h: job.result(h) for h in hospitals}
 
     splits = {h: holdout_split(len(job.arrays[h][1]), 0.25, "hlr-three") for h in hospitals}
-    X = np.vstack([job.arrays[h][0][splits[h][0]] for h in hospitals])  # training rows only
-    y = np.concatenate([job.arrays[h][1][splits[h][0]] for h in hospitals])
+    arrays = scaled(job, coordinator)
+    X = np.vstack([arrays[h][0][splits[h][0]] for h in hospitals])  # training rows only
+    y = np.concatenate([arrays[h][1][splits[h][0]] for h in hospitals])
     reference = hlr.centralized_gd(X, y, L2, LR, 2)
     np.testing.assert_allclose(coordinator["weights"], reference, rtol=0, atol=1e-6)
     # the uninterrupted model: every round summed all three hospitals
@@ -174,7 +185,7 @@ def test_hospital_processes_train_the_plaintext_model_across_a_restart(make_job:
         assert result["weights"] == coordinator["weights"] and result["rounds_completed"] == 2
     # each hospital's summary: its own held-out figures, as the one-process summary gives them
     for h, result in parties.items():
-        X_h, y_h = job.arrays[h]
+        X_h, y_h = arrays[h]
         train, held = splits[h]
         scores = hlr.predict_proba(reference, X_h[held])
         figures = {q["metric"]: q for q in result["quality"]}
@@ -215,7 +226,8 @@ def test_a_killed_and_a_failing_hospital_leave_the_survivors_model(make_job: Any
     # dropped stays dropped: no stage of a later round waits for a party that missed one
     assert coordinator["left_out"] == [[], [], ["hospital_b"], gone]
     per_round = [[h for h in hospitals if h not in gone] for gone in coordinator["dropped"]]
-    np.testing.assert_allclose(coordinator["weights"], reference(job, per_round), atol=1e-6)
+    expected = reference(job, per_round, coordinator)
+    np.testing.assert_allclose(coordinator["weights"], expected, atol=1e-6)
     for result in survivors.values():
         assert result["weights"] == coordinator["weights"] and result["rounds_completed"] == 4
 

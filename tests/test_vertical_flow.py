@@ -13,6 +13,7 @@ from prefect.artifacts import Artifact
 
 from core.paillier import cipher
 from core.paillier.randomness import pool_path
+from core.preprocessing import PreprocessingSpec, fit_local
 from core.vertical_lr.reference import train_reference
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import Optimizer
@@ -69,8 +70,15 @@ def breast(workspace: Path, host_splits: int = 1):
     return guest_ref, host_refs, guest_X, host_X, guest["y"].to_numpy()
 
 
+def standardised(X: np.ndarray) -> np.ndarray:
+    """What every party does to its own columns by default (the job's preprocessing)."""
+    names = [f"x{j}" for j in range(X.shape[1])]
+    return fit_local(X, names, PreprocessingSpec()).transform(X)
+
+
 def reference(guest_X, host_X, y):
     schedule = Schedule(len(y), BATCH, SEED, 0.1)
+    guest_X, host_X = standardised(guest_X), [standardised(X) for X in host_X]
     return train_reference(guest_X, host_X, y, schedule, EPOCHS, Optimizer(0.15, 0.9, 0.0, 0.01))
 
 

@@ -1,0 +1,349 @@
+"""Pooled preprocessing statistics for parties holding different rows, one party's step each.
+
+Horizontal parties must scale and impute with the same statistics, and no party's own are
+the pooled ones. Each party sums its training rows' observed count, sum and sum of squares
+per column (:func:`core.preprocessing.moments`), and the vectors are added by secure
+aggregation (``tasks.secure_sum``, the sessions the training rounds use): the coordinator
+sees only the totals. Medians and quartiles (``impute="median"``, ``scaling="robust"``) take
+a second sum: each party's counts per bin of a public grid (the pooled mean +- 8 pooled
+standard deviations, 1024 bins), from which the coordinator reads them. It sends every party
+the fitted statistics, which each checks against the job's spec and keeps.
+
+What the coordinator (and every party, which receives the result) learns, exactly and without
+noise, like the model itself: the pooled row count, and per column the pooled count of
+observed cells, mean and variance, and with medians or quartiles the pooled histogram on that
+grid. No party's own statistics or row count.
+
+Sums of squares of raw values can exceed the secure sum's fixed-point range (about 5e11 over
+all parties at 2^-24), so every moment is sent as two exact parts, ``v = hi * 2^32 + lo``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from prefect import task
+
+from core import preprocessing as pp
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from storage.workspace import channel_for
+from tasks import secure_sum
+from tasks.policy import PARTY_STEP
+from tasks.secure_sum import COORDINATOR, SumContext, coordinator_store
+from tasks.summaries import holdout_split
+
+PROTOCOL = "preprocessing"
+_SPLIT = 2.0**32
+
+
+class PreprocessingRefusalError(ValueError):
+    """A party refuses statistics fitted for another spec or other columns (names both)."""
+
+
+def _key(job_id: str, name: str) -> str:
+    return f"{PROTOCOL}/{job_id}/{name}"
+
+
+def channel_job(job_id: str) -> str:
+    """The statistics' own message job, so their sessions never share a round number (and a
+    message key) with the training job's rounds."""
+    return f"{job_id}.pre"
+
+
+def wide(values: np.ndarray) -> np.ndarray:
+    """``values`` as exact (hi, lo) parts with ``v = hi * 2^32 + lo``, ``0 <= lo < 2^32``."""
+    values = np.asarray(values, dtype=float)
+    hi = np.floor(values / _SPLIT)
+    return np.concatenate([hi, values - hi * _SPLIT])
+
+
+def narrow(parts: np.ndarray) -> np.ndarray:
+    half = len(parts) // 2
+    return parts[:half] * _SPLIT + parts[half:]
+
+
+def needs_statistics(spec: pp.PreprocessingSpec) -> bool:
+    return spec.scaling != "none" or spec.impute != "none"
+
+
+def _context(
+    job_id: str,
+    stage: int,
+    session: str | None,
+    parties: Sequence[str],
+    threshold: int,
+    dimension: int,
+    **kw: Any,
+) -> SumContext:
+    session = session or f"{job_id}/preprocessing-{stage}/{secrets.token_hex(8)}"
+    job = channel_job(job_id)
+    return SumContext(PROTOCOL, job, stage, session, tuple(parties), threshold, dimension, **kw)
+
+
+def _training_matrix(ref: TableRef, job_id: str, features: list[str], holdout: float) -> np.ndarray:
+    """The party's training rows (its held-out share, if any, stays out as in training)."""
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=True)
+    train = holdout_split(len(frame), holdout, job_id)[0]
+    return frame.loc[:, features].to_numpy(dtype=float)[train]
+
+
+@task(name="pre-party-moments", task_run_name="{ref.party}: column moments", **PARTY_STEP)
+def store_moments(ref: TableRef, job_id: str, features: list[str], holdout: float) -> None:
+    """This party's [count | sum | sum of squares] per column and its row count, for the sum."""
+    X = _training_matrix(ref, job_id, features, holdout)
+    vector = wide(np.append(pp.moments(X), len(X)))
+    ArtifactStore(PartyStore.of(ref)).put(_key(job_id, "moments"), vector, "secure-sum-input")
+
+
+@task(name="pre-party-histogram", task_run_name="{ref.party}: column histogram", **PARTY_STEP)
+def store_histogram(
+    ref: TableRef, job_id: str, features: list[str], holdout: float, edges: np.ndarray
+) -> None:
+    """This party's counts per bin of the public grid, per column, for the sum."""
+    X = _training_matrix(ref, job_id, features, holdout)
+    vector = pp.histogram(X, edges)
+    ArtifactStore(PartyStore.of(ref)).put(_key(job_id, "histogram"), vector, "secure-sum-input")
+
+
+@task(name="pre-coordinator-fit", task_run_name="coordinator: fit pooled statistics", **PARTY_STEP)
+def fit_and_send(
+    job_id: str,
+    features: list[str],
+    spec: pp.PreprocessingSpec,
+    moments_sum: np.ndarray,
+    histogram_sum: np.ndarray | None,
+    edges: np.ndarray | None,
+    parties: Sequence[str],
+    workspace: str | None,
+) -> dict[str, Any]:
+    """Fit the pooled statistics, keep them in the coordinator's store, send every party."""
+    total = narrow(np.asarray(moments_sum, dtype=float))
+    rows = int(np.rint(total[-1]))
+    fitted = pp.fit_pooled(total[:-1], features, rows, spec, histogram_sum, edges)
+    gaps = [c for c in fitted.columns if c.missing and c.fill is None]
+    if gaps:  # refused before any round, every column at once (pooled counts only)
+        listed = "; ".join(f"column {c.name!r}: {c.missing} of {rows} rows" for c in gaps)
+        raise pp.PreprocessingError(
+            f"job {job_id}: missing (null/NaN) values over the parties in {len(gaps)} "
+            f"column(s): {listed}. Set preprocessing.impute (mean, median or constant) in the "
+            "job to fill them"
+        )
+    ArtifactStore(coordinator_store(workspace)).put(
+        _key(job_id, "fitted"), fitted.to_dict(), "statistics"
+    )
+    return send_fitted(job_id, parties, workspace)
+
+
+def send_fitted(job_id: str, parties: Sequence[str], workspace: str | None) -> dict[str, Any]:
+    """(Re-)send the stored statistics (a resumed coordinator sends the same bytes)."""
+    fitted = ArtifactStore(coordinator_store(workspace)).get(_key(job_id, "fitted"))
+    endpoint = channel_for(channel_job(job_id), workspace).endpoint(COORDINATOR)
+    for party in parties:
+        endpoint.send(party, PROTOCOL, fitted)
+    return fitted
+
+
+def stored_fitted(database: str, job_id: str) -> pp.FittedPreprocessing | None:
+    """The statistics a holder (party or coordinator) kept for the job, if any."""
+    data = ArtifactStore(PartyStore(database)).get(_key(job_id, "fitted"))
+    return None if data is None else pp.FittedPreprocessing.from_dict(data)
+
+
+@task(name="pre-party-keep", task_run_name="{ref.party}: keep pooled statistics", **PARTY_STEP)
+def keep_fitted(
+    ref: TableRef,
+    job_id: str,
+    features: list[str],
+    spec: pp.PreprocessingSpec,
+    workspace: str | None = None,
+) -> dict[str, Any]:
+    """Receive the coordinator's statistics, refuse them unless they are for this job's spec
+    and columns, and keep them for training and scoring."""
+    endpoint = channel_for(channel_job(job_id), workspace).endpoint(ref.party)
+    data = endpoint.receive(COORDINATOR, PROTOCOL)
+    fitted = pp.FittedPreprocessing.from_dict(data)
+    if fitted.spec != spec or fitted.input_names != list(features):
+        raise PreprocessingRefusalError(
+            f"{ref.party}: the coordinator's statistics of job {job_id} are for "
+            f"{fitted.spec.to_dict()} on {fitted.input_names}, not the agreed "
+            f"{spec.to_dict()} on {list(features)}"
+        )
+    ArtifactStore(PartyStore.of(ref)).put(_key(job_id, "fitted"), data, "statistics")
+    return data
+
+
+def sessions(
+    job_id: str,
+    features: list[str],
+    spec: pp.PreprocessingSpec,
+    parties: Sequence[str],
+    threshold: int,
+    workspace: str | None,
+    stage_timeout: float,
+    session_ids: Sequence[str | None] = (None, None),
+) -> tuple[SumContext, SumContext | None]:
+    """The secure-sum sessions of a job's statistics (the second only for quartiles), fresh
+    or with the ids the coordinator announced; their dimensions need no data."""
+    columns, options = len(features), {"workspace": workspace, "stage_timeout": stage_timeout}
+    moments = 2 * (3 * columns + 1)
+    first = _context(job_id, 0, session_ids[0], parties, threshold, moments, **options)
+    if not pp.needs_quartiles(spec):
+        return first, None
+    bins = columns * (pp.HISTOGRAM_BINS + 2)
+    return first, _context(job_id, 1, session_ids[1], parties, threshold, bins, **options)
+
+
+def input_key(job_id: str, ctx: SumContext) -> str:
+    """Where a party stores the vector it contributes to session ``ctx``."""
+    return _key(job_id, "moments" if ctx.round == 0 else "histogram")
+
+
+def edges_from(moments_sum: np.ndarray, columns: int) -> np.ndarray:
+    """The public histogram grid read from the first session's sum."""
+    total = narrow(np.asarray(moments_sum, dtype=float))[:-1]
+    return pp.histogram_edges(pp.PooledMoments.from_sum(total, columns))
+
+
+def pooled_statistics(
+    refs: dict[str, TableRef],
+    job_id: str,
+    features: list[str],
+    spec: pp.PreprocessingSpec,
+    threshold: int,
+    workspace: str | None,
+    stage_timeout: float,
+    holdout: float = 0.0,
+) -> dict[str, Any] | None:
+    """One process plays every holder: the whole exchange, or a stored result re-sent.
+    ``holdout`` is the parties' held-out share (their held-out rows stay out of the sums)."""
+    if not needs_statistics(spec):
+        return None
+    names = list(refs)
+    if ArtifactStore(coordinator_store(workspace)).get(_key(job_id, "fitted")) is None:
+        first, second = sessions(job_id, features, spec, names, threshold, workspace, stage_timeout)
+        done = secure_sum.each_party(store_moments, refs, names, job_id, features, holdout)
+        secure_sum.sum_stored_vectors(refs, first, input_key(job_id, first), list(done))
+        moments_sum, _ = secure_sum.stored_sum(first)
+        histogram_sum, edges = None, None
+        if second is not None:
+            edges = edges_from(moments_sum, len(features))
+            done = secure_sum.each_party(
+                store_histogram, refs, names, job_id, features, holdout, edges
+            )
+            secure_sum.sum_stored_vectors(refs, second, input_key(job_id, second), list(done))
+            histogram_sum, _ = secure_sum.stored_sum(second)
+        fit_and_send(job_id, features, spec, moments_sum, histogram_sum, edges, names, workspace)
+    else:
+        send_fitted(job_id, names, workspace)
+    fitted: dict[str, Any] = {}
+    for ref in refs.values():
+        fitted = keep_fitted(ref, job_id, features, spec, workspace)
+    return fitted
+
+
+# ---- party mode: the coordinator and each party in their own processes ------------------------
+CALL = "preprocessing_call"
+EDGES = "preprocessing_edges"
+
+
+def coordinator_statistics(
+    job_id: str,
+    features: list[str],
+    spec: pp.PreprocessingSpec,
+    parties: Sequence[str],
+    threshold: int,
+    workspace: str | None,
+    stage_timeout: float,
+) -> dict[str, Any] | None:
+    """The coordinator's side: announce the sessions (once; a restart re-sends the same call),
+    drive them, send the grid between them, fit and send the statistics."""
+    if not needs_statistics(spec):
+        return None
+    if ArtifactStore(coordinator_store(workspace)).get(_key(job_id, "fitted")) is not None:
+        return send_fitted(job_id, parties, workspace)
+    endpoint = channel_for(channel_job(job_id), workspace).endpoint(COORDINATOR)
+    call = endpoint.sent(parties[0], CALL)
+    if call is None:
+        first, second = sessions(job_id, features, spec, parties, threshold, workspace, 0.0)
+        ids = [first.session_id, None if second is None else second.session_id]
+        call = {
+            "sessions": ids,
+            "spec": spec.to_dict(),
+            "features": list(features),
+            "threshold": threshold,
+            "stage_timeout": stage_timeout,
+        }
+    for party in parties:
+        endpoint.send(party, CALL, call)
+    first, second = sessions(
+        job_id, features, spec, parties, threshold, workspace, stage_timeout, call["sessions"]
+    )
+    secure_sum.unmask_sum(first, secure_sum.drive_session(first))
+    moments_sum, _ = secure_sum.stored_sum(first)
+    histogram_sum, edges = None, None
+    if second is not None:
+        edges = edges_from(moments_sum, len(features))
+        for party in parties:
+            endpoint.send(party, EDGES, edges)
+        secure_sum.unmask_sum(second, secure_sum.drive_session(second))
+        histogram_sum, _ = secure_sum.stored_sum(second)
+    return fit_and_send(
+        job_id, features, spec, moments_sum, histogram_sum, edges, parties, workspace
+    )
+
+
+def party_statistics(
+    ref: TableRef,
+    job_id: str,
+    features: list[str],
+    spec: pp.PreprocessingSpec,
+    parties: Sequence[str],
+    holdout: float,
+) -> dict[str, Any] | None:
+    """A party's side: check the coordinator's call against its own spec and columns, add its
+    vectors to the sessions, keep the fitted statistics (a restarted party that kept them
+    already skips all of it)."""
+    if not needs_statistics(spec):
+        return None
+    kept = ArtifactStore(PartyStore.of(ref)).get(_key(job_id, "fitted"))
+    if kept is not None:
+        return kept
+    endpoint = channel_for(channel_job(job_id)).endpoint(ref.party)
+    call = endpoint.receive(COORDINATOR, CALL)
+    if call["spec"] != spec.to_dict() or list(call["features"]) != list(features):
+        raise PreprocessingRefusalError(
+            f"{ref.party}: the coordinator's call for the statistics of job {job_id} is for "
+            f"{call['spec']} on {call['features']}, not the agreed {spec.to_dict()} on "
+            f"{list(features)}"
+        )
+    threshold, timeout = int(call["threshold"]), float(call["stage_timeout"])
+    first, second = sessions(
+        job_id, features, spec, parties, threshold, None, timeout, call["sessions"]
+    )
+
+    def over(kind: str) -> bool:  # the coordinator went on without this party
+        return bool(secure_sum.collect(endpoint, kind, [COORDINATOR], 0, 0))
+
+    store_moments(ref, job_id, features, holdout)
+    after_first = EDGES if second is not None else PROTOCOL
+    secure_sum.contribute(
+        ref,
+        first,
+        lambda: secure_sum.mask_stored_input(ref, first, input_key(job_id, first)),
+        lambda: over(after_first),
+    )
+    if second is not None:
+        edges = np.asarray(endpoint.receive(COORDINATOR, EDGES), dtype=float)
+        store_histogram(ref, job_id, features, holdout, edges)
+        secure_sum.contribute(
+            ref,
+            second,
+            lambda: secure_sum.mask_stored_input(ref, second, input_key(job_id, second)),
+            lambda: over(PROTOCOL),
+        )
+    return keep_fitted(ref, job_id, features, spec)

@@ -52,7 +52,13 @@ def _as_party(config_path: str) -> Any:
 
     config = PartyConfig.load(config_path)
     os.environ[ENV_VAR] = str(Path(config_path).resolve())
+    # SIGTERM ends a side the way Ctrl-C does: its peers are told why before it exits
+    signal.signal(signal.SIGTERM, _interrupted)
     return config
+
+
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -61,6 +67,7 @@ def _serve(args: argparse.Namespace) -> None:
     import logging
     import sys
 
+    from privreg.party_service import PartyService
     from storage.identity import EXPIRY_WARNING_DAYS, IdentityError, check_own
     from storage.transport_grpc import serve
 
@@ -72,7 +79,8 @@ def _serve(args: argparse.Namespace) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logging.getLogger("privreg.endpoint").addHandler(handler)
-    server, port = serve(config)
+    service = PartyService(config, Path(args.config))  # proposals start this party's sides
+    server, port = serve(config, on_proposal=service)
     host = config.listen.rsplit(":", 1)[0]
     print(f"party {config.party} serving its messages on {host}:{port}; {own.summary()}")
     if own.days_left() < EXPIRY_WARNING_DAYS:
@@ -82,15 +90,17 @@ def _serve(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     sys.stdout.flush()
-    if args.flows:
-        _serve_flows(config.party)
+    try:
+        if args.flows:
+            _serve_flows(config.party)
+        else:
+            stop = threading.Event()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, lambda *_: stop.set())
+            stop.wait()
+    finally:
+        service.stop()
         server.stop(grace=2).wait()
-        return
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
-    server.stop(grace=2).wait()
 
 
 def _serve_flows(party: str) -> None:
@@ -104,6 +114,7 @@ def _serve_flows(party: str) -> None:
 
     from flows.align import psi_align_party
     from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
+    from flows.job_start import start_job
     from flows.label_dp import label_dp_party
     from flows.pipeline_party import pipeline_party
     from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
@@ -120,6 +131,7 @@ def _serve_flows(party: str) -> None:
         sparse_lda_party,
         sparse_lda_coordinator,
         pipeline_party,
+        start_job,  # a run of this party's: proposes it to every peer (schedule it in the UI)
     ]
     serve(*(f.to_deployment(name=party, tags=["privreg", party]) for f in flows))
 
@@ -247,7 +259,7 @@ def _pipeline(args: argparse.Namespace) -> None:
     job_file, folder = Path(args.job_file).resolve(), Path(args.config).resolve().parent
     if job_file.is_relative_to(folder):  # the flow reads relative paths from the party's folder
         job_file = job_file.relative_to(folder)
-    result = pipeline_party(str(job_file), args.run)
+    result = pipeline_party(str(job_file), args.run, proposed_by=args.proposed_by)
     for stage in result.stages:
         print(stage.line(config.party), flush=True)
     print(json.dumps(asdict(result), default=float))
@@ -379,6 +391,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     pipeline.add_argument("--config", required=True, help=CONFIG_HELP)
     pipeline.add_argument("--job-file", required=True, help="the job file every party holds")
     pipeline.add_argument("--run", default="", help="job-id suffix of a scheduled re-run")
+    pipeline.add_argument(
+        "--proposed-by", default="", help="the peer that proposed this run (set by the service)"
+    )
     pipeline.set_defaults(handler=_pipeline)
     lda = actions.add_parser("sparse-lda", help="a site's or the coordinator's side")
     lda.add_argument("--config", required=True, help=CONFIG_HELP)

@@ -9,6 +9,10 @@ the registry and the clinic again (label DP), three hospitals and the coordinato
 and then ``privreg party pipeline --job-file jobs/demo.json`` in its own folder: it runs the
 stages that name it, in the job's order, and prints one line per stage. A party's log is
 ``var/orgs/<party>/pipeline.log``.
+
+Budgets: a job file never grants one to a party service, so each owner names its tables'
+budgets in its own ``party.toml`` (``[budgets.<table>]``); for the demo, each owner takes the
+figures the job files suggest (:func:`owner_budgets_toml`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from demo.orgs import Org, make_orgs, serve_all, start
 from flows.jobs import read_job
 from flows.pipeline_party import organisations
+from storage.descriptor import TableRef
 
 ROOT = Path(__file__).resolve().parents[1]
 ORGS = ROOT / "var" / "orgs"
@@ -42,11 +47,29 @@ def prepare(
     holds = organisations(job_file, source)
     orgs = make_orgs(root, sorted(holds), receive_timeout)
     job_files = [job_file, *read_job(source / job_file).get("subjobs", {}).values()]
+    budgets = owner_budgets_toml([source / path for path in job_files])
     for party, org in orgs.items():
         for path in [*job_files, *holds[party]]:
             (org.folder / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source / path, org.folder / path)
+        with org.config.open("a") as config:  # the owner's own decision, in its own file
+            config.write(budgets.get(party, ""))
     return orgs
+
+
+def owner_budgets_toml(job_files: list[Path]) -> dict[str, str]:
+    """Each owner's ``[budgets.<table>]`` entries, with the figures the job files suggest."""
+    entries: dict[str, str] = {}
+    for job_file in job_files:
+        for entry in read_job(job_file)["parties"].values():
+            budget = entry.get("privacy_budget")
+            if budget:
+                ref = TableRef.from_dict(entry["table"])
+                entries[ref.party] = entries.get(ref.party, "") + (
+                    f"\n[budgets.{ref.table}]\nepsilon = {float(budget['epsilon'])!r}\n"
+                    f"delta = {float(budget.get('delta', 0.0))!r}\n"
+                )
+    return entries
 
 
 def run_job(

@@ -542,8 +542,8 @@ def _check_peers(job: PartyJob) -> None:
 
 
 def _load(job: PartyJob) -> Generator[StageResult, None, dict[str, TableRef]]:
-    """This party's own sources into its own databases (a job file's budget applies only
-    where the owner set none); returns its tables by role."""
+    """This party's own sources into its own databases (a budget only from the owner's own
+    party.toml, never from the job file: see tasks.loading); returns its tables by role."""
     own = job.own()
     if not own:
         return {}

@@ -3,8 +3,8 @@
 Composition is basic: the epsilons and deltas of all releases charged to a table add up.
 A release from an aligned copy is charged to the copy's source table (see
 :mod:`storage.policy`), so copies share one budget. Budgets are the data owner's: only
-:meth:`PrivacyLedger.set_budget` (the CLI) changes one; a job may at most fill in an absent
-one when its owner loads the table (:meth:`PrivacyLedger.set_initial_budget`).
+:meth:`PrivacyLedger.set_budget` (the CLI) changes one; a load may at most fill in an absent
+one from the owner's own file (:meth:`PrivacyLedger.set_initial_budget`, ``tasks.loading``).
 Each release is charged in the same transaction that stores it, under a release key derived
 from the data and the parameters, so a retry or a re-run finds the stored release and is not
 charged again.
@@ -149,8 +149,10 @@ class PrivacyLedger:
         if budget is None:
             raise BudgetError(
                 f"no privacy budget is set for table {protected_table!r} in "
-                f"{self.store.path.name}; its owner must set one first "
-                f"(privreg budget set --database ... --table {protected_table} --epsilon ...)"
+                f"{self.store.path.name}; its owner must set one first: privreg budget set "
+                f"--database {self.store.path} --table {protected_table} --epsilon E "
+                f"[--delta D] (a party service may instead name it in its party.toml, "
+                f"[budgets.{protected_table}]); a job file never grants a budget"
             )
         spent = con.execute(
             "SELECT coalesce(sum(epsilon), 0), coalesce(sum(delta), 0) FROM privreg_spend "

@@ -12,6 +12,8 @@ from core.preprocessing import PreprocessingSpec
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
+from storage.owner_budgets import owner_budgets
+from storage.party_config import active_config
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
 
@@ -25,18 +27,43 @@ def load_table(
 ) -> int:
     """Validate and import ``source`` into ``ref``; replacing the table keeps re-runs idempotent.
 
-    ``initial_budget`` (a demo job file's ``privacy_budget``) applies only when the owner's
-    store has no budget for the table yet: it never raises, resets or tops up a budget, which
-    only the owner changes, with ``privreg budget set``. ``preprocessing`` (the job's, with
+    A budget is its table owner's to grant, and a load only fills in one the owner's store
+    does not have yet (it never raises, resets or tops one up; ``privreg budget set`` does).
+    In party mode (the process runs as one organisation) the job file is shared and its author
+    may be a partner, so its ``privacy_budget`` (``initial_budget``) is not applied: the budget
+    comes from the owner's own party.toml (``[budgets.<table>]``, :mod:`storage.owner_budgets`)
+    or ``privreg budget set``, else releases are refused. In the embedded mode (one process,
+    ``make demo``) one operator owns every table and wrote the job file, so its
+    ``privacy_budget`` is that owner's own, and the log says so. ``preprocessing`` (the job's, with
     the party's own ``missing_values`` and ``categorical``) says which values mean missing,
     which columns are one-hot encoded, and whether missing cells may be stored (imputed later).
     """
     store = PartyStore.of(ref)
     rows = store.import_file(source, ref, PreprocessingSpec.from_dict(preprocessing))
     get_run_logger().info("%s: %d rows from %s into %s", ref.party, rows, source, ref.table)
-    if initial_budget and PrivacyLedger(store).set_initial_budget(ref.table, **initial_budget):
-        get_run_logger().info("%s: initial budget %s for %s", ref.party, initial_budget, ref.table)
+    budget, origin = _owners_budget(ref, initial_budget)
+    if budget and PrivacyLedger(store).set_initial_budget(ref.table, **budget):
+        get_run_logger().info(
+            "%s: initial budget %s for %s, from %s", ref.party, budget, ref.table, origin
+        )
     return rows
+
+
+def _owners_budget(
+    ref: TableRef, job_file_budget: dict[str, float] | None
+) -> tuple[dict[str, float] | None, str]:
+    """The budget the table's owner grants at load time, and where it comes from."""
+    if active_config() is None:
+        return job_file_budget, "the job file, the embedded operator's own (it owns every table)"
+    if job_file_budget:
+        get_run_logger().warning(
+            "%s: the job file's privacy_budget for %s is not applied: a job file never grants "
+            "a budget; its owner sets one with privreg budget set --database %s --table %s "
+            "--epsilon ..., or [budgets.%s] in its party.toml",
+            ref.party, ref.table, ref.database, ref.table, ref.table,
+        )  # fmt: skip
+    owned = owner_budgets().get(ref.table)
+    return (owned.as_dict() if owned is not None else None), "its owner's party.toml"
 
 
 @task(name="fingerprint", task_run_name="{ref.party}: fingerprint {ref.table}", **PARTY_STEP)

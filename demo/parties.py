@@ -28,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from demo.orgs import Org, make_orgs, serve_all, start
+from demo.orgs import CLI, Org, env_of, make_orgs, serve_all, start
 from flows.jobs import read_job
-from flows.pipeline_party import organisations
+from flows.pipeline_party import organisations, participants
 from storage.descriptor import TableRef
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,14 +125,94 @@ def _finish(
     return results
 
 
+INITIATORS = ("clinic", "coordinator")
+"""Who proposes in the demo: the clinic the main job and label DP (its jobs), the coordinator
+the hospitals' sub-jobs; every other organisation's service starts its side on its own."""
+
+
+def accept_proposals(orgs: dict[str, Org], initiators: tuple[str, ...] = INITIATORS) -> None:
+    """Each other organisation's standing policy: take part when an initiator proposes."""
+    for party, org in orgs.items():
+        if party not in initiators:
+            with org.config.open("a") as config:
+                config.write(f"\n[policy]\naccept_from = {json.dumps(list(initiators))}\n")
+
+
+def propose_job(
+    orgs: dict[str, Org],
+    run: str,
+    job_file: str = JOB_FILE,
+    initiators: tuple[str, ...] = INITIATORS,
+    extra: dict[str, str] | None = None,
+    timeout: float = 1800,
+) -> None:
+    """Every party's endpoint and service; the initiators run ``privreg job start``, the
+    others start when proposed to. Prints every party's stage lines once every job is done."""
+    servers = serve_all(orgs.values(), extra)
+    starts: dict[str, subprocess.Popen] = {}
+    try:
+        for party in initiators:
+            org = orgs[party]
+            command = [*CLI[:-1], "job", "start", job_file, "--config", str(org.config)]
+            with (org.folder / "pipeline.log").open("a") as log:
+                starts[party] = subprocess.Popen(
+                    [*command, "--run", run], cwd=org.folder, env=env_of(org, extra),
+                    stdout=log, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        for party, process in starts.items():
+            if process.wait(timeout=max(deadline - time.monotonic(), 1)):
+                tail = (orgs[party].folder / "pipeline.log").read_text().splitlines()[-15:]
+                raise RuntimeError(f"{party}'s job start failed:\n" + "\n".join(tail))
+        sides = _sides(job_file, run)
+        ended = ("done", "failed", "aborted")
+        while unfinished := [s for s in sides if _state(orgs, *s) not in ended]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"still running after {timeout:.0f} s: {unfinished}")
+            time.sleep(0.5)
+        if failed := [s for s in sides if _state(orgs, *s) != "done"]:
+            raise RuntimeError(f"failed: {failed}")
+        for party, org in orgs.items():
+            for log in [org.folder / "pipeline.log", *org.folder.glob("home/runs/*/pipeline.log")]:
+                lines = log.read_text().splitlines() if log.exists() else []
+                print("\n".join(line for line in lines if line.startswith(f"{party} ")))
+    finally:
+        for process in starts.values():
+            if process.poll() is None:
+                process.kill()
+        for server in servers:  # each service ends any side it started
+            server.terminate()
+            server.wait(timeout=60)
+
+
+def _sides(job_file: str, run: str) -> list[tuple[str, str]]:
+    """(party, job run) for every job of the file and every party of it."""
+    main = read_job(ROOT / job_file)
+    files = [("main", job_file), *main.get("subjobs", {}).items()]
+    jobs = [(kind, read_job(ROOT / path), Path(path).stem) for kind, path in files]
+    return [
+        (party, f"{spec.get('job') or stem}-{run}")
+        for kind, spec, stem in jobs
+        for party in sorted(participants(kind, spec))
+    ]
+
+
+def _state(orgs: dict[str, Org], party: str, job: str) -> str:
+    record = orgs[party].folder / "home" / "runs" / job / "status" / party
+    return json.loads(record.read_text())["state"] if record.exists() else "not started"
+
+
 def main() -> None:
     shutil.rmtree(ORGS, ignore_errors=True)  # a fresh demo: new keys, new jobs
     started = time.perf_counter()
     orgs = prepare(ORGS)
+    accept_proposals(orgs)
     print(f"{len(orgs)} organisations under {ORGS}: {', '.join(orgs)}", flush=True)
+    run = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    print(f"{' and '.join(INITIATORS)} propose run {run}; the others start on their own")
     # every party's process starts its own temporary Prefect API, all at once: give them time
     patience = max(float(os.environ.get(STARTUP, 0)), 900.0)
-    run_job(orgs, extra={STARTUP: str(patience)})
+    propose_job(orgs, run, extra={STARTUP: str(patience)})
     print(f"every party finished its stages in {time.perf_counter() - started:.0f} s")
 
 

@@ -417,6 +417,7 @@ def agree(jobs: list[PartyJob], sides: dict[str, Federation]) -> None:
                     + "; ".join(d.describe(job.party, peer) for d in found)
                 )
         side.digest = digest(mine[job.name])
+        side.set_state("queued", f"terms agreed ({side.digest[:12]}); runs in the job's order")
         get_run_logger().info(
             "%s agreed job %s with %s (terms %s)", job.party, job.run_key(),
             ", ".join(side.peers), side.digest[:12],

@@ -51,6 +51,7 @@ from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
 from flows.sparse_lda import summary_line as sparse_lda_summary
 from flows.vertical_party import vertical_lr_party
 from flows.walr import walr_party
+from storage import watchers
 from storage.channel import MessageConflictError, check_name
 from storage.descriptor import TableRef
 from storage.federation import (
@@ -349,7 +350,7 @@ def federated(jobs: list[PartyJob]) -> Iterator[dict[str, Federation]]:
             sides[job.name] = Federation(
                 transport, job.run_key(), job.party, tuple(parties),
                 restart_grace=float(job.spec.get("restart_grace", RESTART_GRACE)),
-                on_change=_show_status, log=get_run_logger(),
+                log=get_run_logger(),
             ).start("queued")  # fmt: skip
             beside_status(transport, job.run_key(), job.party, "flow_run").write_text(
                 str(flow_run.id)
@@ -360,9 +361,11 @@ def federated(jobs: list[PartyJob]) -> Iterator[dict[str, Federation]]:
         reason, state = describe_exit(error)
         for side in sides.values():
             side.fail(reason, state)
+            _show_status(side)
         raise
     for side in sides.values():
         side.finish()
+        _show_status(side)
 
 
 def _mark_vanished_attempt_crashed(transport: Any, job: str, party: str) -> None:
@@ -503,9 +506,10 @@ def _terms_summary(job: PartyJob) -> str:
     return "\n".join(lines)
 
 
-def _show_status(side: Federation) -> None:
-    """The job's state at every party, as an artifact of this party's run (a new version
-    whenever a party's state changes)."""
+def _show_status(side: Any) -> None:
+    """The job's state at every party, as an artifact of this party's run (a new version at
+    each stage and at the end). Written from the flow's own thread only: Prefect's client is
+    not to be shared with the federation's listening thread."""
     key = re.sub(r"[^a-z0-9-]+", "-", f"job-status-{side.job}".lower())[:100]
     create_table_artifact(side.table(), key=key, description=f"Job {side.job}: every party's state")
 
@@ -558,7 +562,14 @@ def _load(job: PartyJob) -> Generator[StageResult, None, dict[str, TableRef]]:
 def _stage(
     job: PartyJob, stage: str, role: str, party_flow: Any, *args: Any, **kwargs: Any
 ) -> Generator[StageResult, None, dict[str, Any]]:
-    """Run one party flow; yields its stage result and returns the flow's own result."""
+    """Run one party flow; yields its stage result and returns the flow's own result.
+
+    Between stages the job's state at every party is checked (a peer that failed while this
+    party computed ends the job here before the next stage starts) and shown as an artifact.
+    """
+    watchers.check_peers()
+    for side in watchers.active():
+        _show_status(side)
     started = time.perf_counter()
     result = party_flow(*args, **kwargs)
     yield _finish(job, stage, role, started, summary_line(stage, role, result), result)

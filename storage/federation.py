@@ -34,7 +34,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -151,7 +151,6 @@ class Federation:
     interval: float = INTERVAL
     down_after: float = DOWN_AFTER
     restart_grace: float = RESTART_GRACE
-    on_change: Callable[[Federation], None] | None = None
     log: logging.Logger | logging.LoggerAdapter = logger  # the flow run's logger, in a flow
     state: str = "queued"
     detail: str = ""
@@ -174,7 +173,7 @@ class Federation:
         """Publish this side's record, start hearing peers, and let the channel consult us."""
         self._clear_stale_abort()
         self.set_state(state)
-        context = contextvars.copy_context()  # Prefect's run context, for artifacts and logs
+        context = contextvars.copy_context()  # the flow run's context, for its logger
         self._thread = threading.Thread(
             target=context.run, args=(self._loop,), name=f"federation-{self.job}", daemon=True
         )
@@ -264,20 +263,15 @@ class Federation:
         with self._lock:
             if self.state in LIVE:
                 self._publish("")
-        changed = False
         for view in self.peers.values():
-            changed |= self._observe(view)
+            self._observe(view)
         if (request := self._abort_request()) is not None and self.failure is None:
             self.failure = AbortedHereError(
                 self.job, self.party, f"aborted by an operator: {request}"
             )
-            changed = True
-        if changed and self.on_change is not None:
-            self.on_change(self)
 
-    def _observe(self, view: PeerView) -> bool:
+    def _observe(self, view: PeerView) -> None:
         now = time.time()
-        before = (view.status, view.down_since is None, view.error)
         try:
             data = self.transport.peer_status(self.job, view.party)
             status = None if data is None else PartyStatus.from_bytes(data)
@@ -291,7 +285,6 @@ class Federation:
             view.heard = now  # a new record: the peer is alive (or just restarted)
         view.status = status
         self._judge(view, now)
-        return before != (view.status, view.down_since is None, view.error)
 
     def _judge(self, view: PeerView, now: float) -> None:
         status = view.status

@@ -136,4 +136,3 @@ def epsilon_spent_since(spends: Iterable[dict[str, Any]], hours: float = 24) -> 
         if created is None or created >= since:
             total += float(row.get("epsilon", 0.0))
     return total
-

@@ -37,6 +37,12 @@ def unregister(watcher: Watcher) -> None:
             _ACTIVE.remove(watcher)
 
 
+def active() -> list[Watcher]:
+    """The jobs this process takes part in right now."""
+    with _LOCK:
+        return list(_ACTIVE)
+
+
 def check_peers() -> None:
     """Called between a wait's polls: raises the first active job's failure."""
     for watcher in list(_ACTIVE):

@@ -38,7 +38,7 @@ def exit_with(pid: int) -> None:
         if fd is not None:
             select.select([fd], [], [])
         else:
-            while _alive(pid):
+            while alive(pid):
                 time.sleep(1.0)
         os._exit(70)
 
@@ -73,7 +73,8 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts as alive until reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

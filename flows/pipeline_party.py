@@ -43,6 +43,7 @@ from prefect.runtime import flow_run
 from prefect.states import Crashed
 
 from core.job_terms import differences, digest, job_terms
+from core.lifetime import alive
 from flows.align import psi_align_party
 from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
 from flows.jobs import read_job
@@ -57,7 +58,6 @@ from storage.descriptor import TableRef
 from storage.federation import (
     LIVE,
     RESTART_GRACE,
-    STALE_AFTER,
     Federation,
     PartyStatus,
     beside_status,
@@ -353,7 +353,7 @@ def federated(jobs: list[PartyJob]) -> Iterator[dict[str, Federation]]:
                 log=get_run_logger(),
             ).start("queued")  # fmt: skip
             beside_status(transport, job.run_key(), job.party, "flow_run").write_text(
-                str(flow_run.id)
+                f"{flow_run.id} {os.getpid()}"
             )
     try:
         yield sides
@@ -376,9 +376,11 @@ def _mark_vanished_attempt_crashed(transport: Any, job: str, party: str) -> None
         return
     old = PartyStatus.from_bytes(data)
     where = beside_status(transport, job, party, "flow_run")
-    if old.state not in LIVE or time.time() - old.heartbeat < STALE_AFTER or not where.exists():
-        return  # ended cleanly, or another live process of this party runs it
-    previous = where.read_text().strip()
+    if old.state not in LIVE or not where.exists():
+        return  # ended cleanly (its state says so), or never started a run
+    previous, _, pid = where.read_text().partition(" ")
+    if pid.strip().isdigit() and alive(int(pid)):
+        return  # its process is alive: another side of this party runs the job
     if previous and previous != str(flow_run.id):
         message = (
             f"the process running {party}'s side of job {job} vanished (last heartbeat "

@@ -107,7 +107,7 @@ def _answer(args: argparse.Namespace) -> None:
     if not where.exists():
         raise SystemExit(f"privreg: no run of job {args.job} awaits approval at {config.party}")
     approve = args.job_command == "approve"
-    flow_run_id = where.read_text().strip()
+    flow_run_id = where.read_text().split()[0]
     _wait_until_paused(flow_run_id, args.job)
     resume_flow_run(flow_run_id, run_input={"approve": approve, "reason": args.reason})
     print(f"job {args.job}: {'approved' if approve else 'declined'} at {config.party}")

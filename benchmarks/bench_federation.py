@@ -75,10 +75,13 @@ def kill_to_down(orgs: dict[str, Org], run: str, logs: Path) -> tuple[float, flo
     running = sides(orgs, run, logs)
     lab = running["lab"]
     try:
-        while len(family := descendants(lab.pid)) < 2:
+        state = orgs["lab"].folder / "home" / "runs" / f"demo-{run}" / "status" / "lab"
+        # its side is in vertical LR (its temporary Prefect server is a child from the start)
+        while "demo-vertical" not in (state.read_text() if state.exists() else ""):
             if lab.poll() is not None:
-                raise RuntimeError("the lab's side ended before its pool started")
+                raise RuntimeError("the lab's side ended before vertical LR")
             time.sleep(0.1)
+        family = descendants(lab.pid)
         lab.kill()
         killed = time.monotonic()
         gone = down = None

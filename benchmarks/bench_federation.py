@@ -16,7 +16,6 @@ Rounds with a dropped hospital against none: ``make bench-horizontal``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -28,21 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.lifetime import descendants
 from demo.orgs import Org, serve_all, start
-from demo.parties import prepare
-from flows.jobs import read_job
+from demo.parties import prepare, small_main_job
 
 ROOT = Path(__file__).resolve().parents[1]
 PATIENCE = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
-
-
-def small_job(source: Path) -> None:
-    job = read_job(ROOT / "jobs/demo.json")
-    job.pop("subjobs")
-    job.pop("walr")
-    job["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
-    (source / "jobs").mkdir(parents=True)
-    (source / "jobs/demo.json").write_text(json.dumps(job))
-    (source / "demo").symlink_to(ROOT / "demo")
 
 
 def sides(orgs: dict[str, Org], run: str, logs: Path) -> dict[str, subprocess.Popen]:
@@ -112,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="privreg-bench-federation-") as folder:
         root = Path(folder)
-        small_job(root / "source")
+        small_main_job(root / "source")
         orgs = prepare(root / "orgs", source=root / "source", receive_timeout=300)
         logs = root / "logs"
         logs.mkdir()

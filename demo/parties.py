@@ -57,6 +57,18 @@ def prepare(
     return orgs
 
 
+def small_main_job(source: Path) -> None:
+    """The demo's main job shrunk for tests and benchmarks, under ``source/jobs/demo.json``:
+    no sub-jobs, no WALR, one vertical epoch, 1024-bit keys (``source/demo`` links the data)."""
+    job = read_job(ROOT / JOB_FILE)
+    job.pop("subjobs")
+    job.pop("walr")
+    job["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
+    (source / "jobs").mkdir(parents=True)
+    (source / JOB_FILE).write_text(json.dumps(job))
+    (source / "demo").symlink_to(ROOT / "demo")
+
+
 def owner_budgets_toml(job_files: list[Path]) -> dict[str, str]:
     """Each owner's ``[budgets.<table>]`` entries, with the figures the job files suggest."""
     entries: dict[str, str] = {}

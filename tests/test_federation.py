@@ -22,7 +22,7 @@ import pytest
 from core.job_terms import differences, digest, job_terms
 from core.lifetime import descendants
 from demo.orgs import Org, env_of, serve_all, start
-from demo.parties import prepare
+from demo.parties import prepare, small_main_job
 from flows.jobs import read_job
 from storage.channel import Channel, FileTransport, MessageTimeoutError
 from storage.federation import Federation, PeerFailedError, request_abort
@@ -99,7 +99,6 @@ def test_an_earlier_attempts_failure_waits_for_the_restart(tmp_path: Path) -> No
     old = Federation(transport, "job1", "guest", ("guest", "host"), interval=0.1)
     old.start()
     old.fail("killed")
-    old.started = old.started  # the failure record is now the guest's earlier attempt
     time.sleep(0.1)
     host = Federation(transport, "job1", "host", ("guest", "host"), interval=0.1)
     host.started = time.time() + 10  # host starts "much later" than the guest's failure
@@ -120,24 +119,13 @@ def test_an_earlier_attempts_failure_waits_for_the_restart(tmp_path: Path) -> No
 
 
 # ---- organisations as processes ---------------------------------------------------------------
-def _small_job(source: Path) -> None:
-    """The demo's main job without sub-jobs or WALR, one epoch, small keys."""
-    job = read_job(ROOT / "jobs/demo.json")
-    job.pop("subjobs")
-    job.pop("walr")
-    job["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
-    (source / "jobs").mkdir(parents=True)
-    (source / "jobs/demo.json").write_text(json.dumps(job))
-    (source / "demo").symlink_to(ROOT / "demo")
-
-
 @pytest.fixture(scope="module")
 def orgs(
     tmp_path_factory: pytest.TempPathFactory, prefect_server: None
 ) -> Iterator[dict[str, Org]]:
     """clinic (guest), lab (host) and the arbiter, each serving its endpoint."""
     source = tmp_path_factory.mktemp("source")
-    _small_job(source)
+    small_main_job(source)
     made = prepare(tmp_path_factory.mktemp("orgs"), source=source, receive_timeout=120)
     for party in ("lab", "arbiter"):  # their services take the clinic's proposals
         _set_policy(made[party], 'accept_from = ["clinic"]')

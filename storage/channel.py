@@ -49,6 +49,10 @@ class MessageTimeoutError(ChannelError):
     """A message did not arrive in time (the peer is late, down, or gone)."""
 
 
+class TermsBindingError(ChannelError):
+    """A message bound to other terms than this party agreed for the job (or to none)."""
+
+
 class PeerUnreachableError(ChannelError):
     """A peer's endpoint did not answer (down, not started, or the network is cut)."""
 
@@ -314,7 +318,7 @@ class Channel:
     ) -> MessageRecord:
         """Encode and hand to the transport: the one place a message is written."""
         key = self.key(round_, sender, receiver, kind)
-        data = codec.dumps(payload)
+        data = codec.dumps(payload, terms=watchers.terms_of(self.run))
         self.transport.put(key, data)
         digest = hashlib.sha256(data).hexdigest()
         return MessageRecord(key.run, key.round, sender, receiver, kind, len(data), digest)
@@ -337,6 +341,20 @@ class Channel:
         return totals
 
 
+def _check_terms(key: MessageKey, data: bytes) -> None:
+    """Refuse a message of an agreed job that is not bound to the terms this party agreed."""
+    expected = watchers.terms_of(key.run)
+    if expected is None:
+        return
+    found = codec.bound_terms(data)
+    if found != expected:
+        carried = f"terms {found[:12]}" if found else "no terms"
+        raise TermsBindingError(
+            f"refused the {key.describe()}: it is bound to {carried}, but this party agreed to "
+            f"terms {expected[:12]} for the job ({key.sender} runs the job under other terms)"
+        )
+
+
 @dataclass(frozen=True)
 class PartyEndpoint:
     """One party's view of the channel: it sends as itself and reads what is addressed to it."""
@@ -356,6 +374,7 @@ class PartyEndpoint:
         with watchers.waiting_for(key):
             data = self.channel.transport.get(key, wait)
         try:
+            _check_terms(key, data)
             return codec.loads(data)
         except codec.CodecError as error:
             raise ChannelError(f"refused the {key.describe()}: {error}") from error

@@ -23,6 +23,11 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"PRV1"
+BOUND_MAGIC = b"PRB1"
+"""A message bound to a job's agreed terms: this magic, the terms' SHA-256 (32 bytes), then
+the value as after :data:`MAGIC`. The digest is part of the bytes the sender signs and the
+receiver hashes, so it cannot be swapped without the message being refused."""
+_TERMS_BYTES = 32
 
 # one-byte tags
 _NONE, _TRUE, _FALSE = b"N", b"T", b"F"
@@ -158,9 +163,18 @@ def _write_array(value: np.ndarray, out: list[Any], limits: Limits) -> None:
     out.append(np.ascontiguousarray(value, dtype=dtype).reshape(-1).view(np.uint8))
 
 
-def dumps(value: Any, limits: Limits = MESSAGE) -> bytes:
-    """Serialise ``value``; raises :class:`CodecError` for what a reader would refuse."""
-    parts: list[Any] = [MAGIC]
+def dumps(value: Any, limits: Limits = MESSAGE, terms: str | None = None) -> bytes:
+    """Serialise ``value``; raises :class:`CodecError` for what a reader would refuse.
+
+    ``terms`` (a SHA-256 hex digest) binds the message to a job's agreed terms
+    (:func:`bound_terms` reads it back)."""
+    if terms is None:
+        parts: list[Any] = [MAGIC]
+    else:
+        binding = bytes.fromhex(terms)
+        if len(binding) != _TERMS_BYTES:
+            raise CodecError(f"terms digest must be {_TERMS_BYTES} bytes, got {len(binding)}")
+        parts = [BOUND_MAGIC, binding]
     _write(value, parts, limits, 0)
     data = b"".join(parts)
     if len(data) > limits.max_bytes:
@@ -304,14 +318,28 @@ def loads(data: bytes | memoryview, limits: Limits = MESSAGE) -> Any:
     """Inverse of :func:`dumps`; never runs code from ``data``, refuses what it cannot read."""
     if len(data) > limits.max_bytes:
         raise CodecError(f"message of {len(data)} bytes exceeds the cap of {limits.max_bytes}")
-    if bytes(data[: len(MAGIC)]) != MAGIC:
-        raise CodecError(
-            "not a privreg message (bad magic); values stored before the binary format "
-            "(privreg's JSON codec) are not read: re-create them, e.g. re-run the job"
-        )
     reader = _Reader(data, limits)
-    reader.pos = len(MAGIC)
+    reader.pos = _body_start(data)
     value = reader.value(0)
     if reader.pos != len(reader.data):
         raise CodecError(f"{len(reader.data) - reader.pos} trailing bytes after the value")
     return value
+
+
+def bound_terms(data: bytes | memoryview) -> str | None:
+    """The terms digest a message is bound to (hex), ``None`` for an unbound message."""
+    if _body_start(data) == len(MAGIC):
+        return None
+    return bytes(data[len(BOUND_MAGIC) : len(BOUND_MAGIC) + _TERMS_BYTES]).hex()
+
+
+def _body_start(data: bytes | memoryview) -> int:
+    head = bytes(data[: len(MAGIC)])
+    if head == MAGIC:
+        return len(MAGIC)
+    if head == BOUND_MAGIC and len(data) >= len(BOUND_MAGIC) + _TERMS_BYTES:
+        return len(BOUND_MAGIC) + _TERMS_BYTES
+    raise CodecError(
+        "not a privreg message (bad magic); values stored before the binary format "
+        "(privreg's JSON codec) are not read: re-create them, e.g. re-run the job"
+    )

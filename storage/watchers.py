@@ -1,9 +1,13 @@
-"""The jobs this process is taking part in right now, as the channel's waits consult them.
+"""The jobs this process is taking part in right now, as the channel consults them.
 
 A wait for a peer's message is the moment a party would otherwise learn nothing for minutes:
 while it waits, the channel asks every active watcher (``storage.federation.Federation``)
 whether the job has failed elsewhere, and tells them what it is waiting for. Kept apart from
 the federation itself so that the channel depends on this small registry only.
+
+The registry also holds each agreed job's terms digest by the message job ids its stages use
+(:func:`bound`): the channel binds every message it writes under such an id to the digest and
+refuses one bound to other terms, so no message of a job run under other terms is ever read.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class Watcher(Protocol):
 
 
 _ACTIVE: list[Watcher] = []
+_TERMS: dict[str, str] = {}  # message job id ─▶ the agreed terms' digest
 _LOCK = threading.Lock()
 
 
@@ -55,3 +60,29 @@ def waiting_for(key: Any) -> Iterator[None]:
         for watcher in list(_ACTIVE):
             stack.enter_context(watcher.waiting(key))
         yield
+
+
+@contextlib.contextmanager
+def bound(job_ids: list[str], terms: str) -> Iterator[None]:
+    """While the block runs, messages under ``job_ids`` (and ids derived from them with a
+    ``-`` or ``.`` suffix) are bound to ``terms``."""
+    with _LOCK:
+        _TERMS.update(dict.fromkeys(job_ids, terms))
+    try:
+        yield
+    finally:
+        with _LOCK:
+            for job_id in job_ids:
+                if _TERMS.get(job_id) == terms:
+                    del _TERMS[job_id]
+
+
+def terms_of(job_id: str) -> str | None:
+    """The terms digest messages of ``job_id`` are bound to, ``None`` if unbound (the longest
+    registered id that is ``job_id`` or a prefix of it followed by ``-`` or ``.``)."""
+    with _LOCK:
+        matches = [
+            known for known in _TERMS
+            if job_id == known or (job_id.startswith(known) and job_id[len(known)] in "-.")
+        ]  # fmt: skip
+        return _TERMS[max(matches, key=len)] if matches else None

@@ -129,6 +129,19 @@ class PartyJob:
         """The job run every party of this job names alike (its state is kept under it)."""
         return check_name(self.name + (f"-{self.run}" if self.run else ""), "job id")
 
+    def droppable(self) -> tuple[str, ...]:
+        """Parties whose failure the job's protocol survives as a dropout (its hospitals, while
+        the threshold holds): their failure is not the job's."""
+        if self.kind not in ("horizontal_lr", "sparse_lda"):
+            return ()
+        return tuple(p for p in self.participants() if p != COORDINATOR)
+
+    def stages(self) -> tuple[str, ...]:
+        """The stages whose message job ids this job uses (see :meth:`job_id`)."""
+        return {"main": ("psi", "vertical", "walr"), "label_dp": ("psi", "label_dp")}.get(
+            self.kind, (self.kind,)
+        )
+
     def job_id(self, stage: str) -> str:
         """The id every party of this job derives alike for ``stage``."""
         return check_name(f"{self.name}-{stage}" + (f"-{self.run}" if self.run else ""), "job id")
@@ -240,7 +253,7 @@ def pipeline_party(
             await_approval(jobs, sides, proposed_by)
         for job in jobs:
             side = sides.get(job.name)
-            with tags(f"job:{job.name}"):
+            with tags(f"job:{job.name}"), _bound_to_terms(job, side):
                 if side is not None:
                     side.set_state("running")
                 results.extend(STAGES[job.kind](job))
@@ -350,7 +363,7 @@ def federated(jobs: list[PartyJob]) -> Iterator[dict[str, Federation]]:
             sides[job.name] = Federation(
                 transport, job.run_key(), job.party, tuple(parties),
                 restart_grace=float(job.spec.get("restart_grace", RESTART_GRACE)),
-                log=get_run_logger(),
+                log=get_run_logger(), show=_show_status, tolerated=job.droppable(),
             ).start("queued")  # fmt: skip
             beside_status(transport, job.run_key(), job.party, "flow_run").write_text(
                 f"{flow_run.id} {os.getpid()}"
@@ -427,6 +440,15 @@ def agree(jobs: list[PartyJob], sides: dict[str, Federation]) -> None:
             "%s agreed job %s with %s (terms %s)", job.party, job.run_key(),
             ", ".join(side.peers), side.digest[:12],
         )  # fmt: skip
+
+
+def _bound_to_terms(job: PartyJob, side: Federation | None) -> contextlib.AbstractContextManager:
+    """Every message of the job's stages is bound to the agreed terms' digest: one sent under
+    other terms (an organisation whose job file changed after agreeing, a stray earlier run) is
+    refused by its receiver, naming the sender."""
+    if side is None or not side.digest:
+        return contextlib.nullcontext()
+    return watchers.bound([job.job_id(stage) for stage in job.stages()], side.digest)
 
 
 class PolicyRefusalError(PipelineRefusalError):
@@ -510,8 +532,9 @@ def _terms_summary(job: PartyJob) -> str:
 
 def _show_status(side: Any) -> None:
     """The job's state at every party, as an artifact of this party's run (a new version at
-    each stage and at the end). Written from the flow's own thread only: Prefect's client is
-    not to be shared with the federation's listening thread."""
+    each stage, every few seconds while this party waits, and at the end). Written from the
+    run's own threads only: Prefect's client is not to be shared with the federation's
+    listening thread."""
     key = re.sub(r"[^a-z0-9-]+", "-", f"job-status-{side.job}".lower())[:100]
     create_table_artifact(side.table(), key=key, description=f"Job {side.job}: every party's state")
 

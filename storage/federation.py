@@ -17,6 +17,11 @@ A :class:`Federation` runs beside one party's side of a job and, once a second:
   ``down_after`` seconds; its peers keep waiting for its restart (restart-and-resume from
   checkpoints keeps working) until ``restart_grace`` seconds, then end the job naming it.
   A record whose terms digest differs from this party's ends the job too.
+* A protocol that tolerates dropouts (horizontal LR, sparse LDA: any hospital may drop while
+  at least the threshold remain) names its droppable parties ``tolerated``: their failure or
+  absence is logged and shown but ends nobody's side; the protocol's own stage deadlines drop
+  them, and its threshold decides whether the job goes on (a coordinator below threshold
+  fails, and that failure, naming the missing parties, ends every survivor's side).
 
 A failure record written more than :data:`STALE_AFTER` seconds before this side started is an
 earlier attempt's: the peer counts as down until it restarts (it is not a new failure).
@@ -34,7 +39,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -121,6 +126,7 @@ class PeerView:
     heard: float | None = None
     down_since: float | None = None
     error: str = ""
+    dropped: str = ""  # a tolerated peer's failure, as logged (once)
 
     def line(self, now: float) -> str:
         if self.status is None:
@@ -152,6 +158,9 @@ class Federation:
     down_after: float = DOWN_AFTER
     restart_grace: float = RESTART_GRACE
     log: logging.Logger | logging.LoggerAdapter = logger  # the flow run's logger, in a flow
+    show: Callable[[Federation], None] | None = None  # e.g. the job-status artifact
+    show_every: float = 10.0
+    tolerated: tuple[str, ...] = ()  # peers whose failure is a dropout the protocol survives
     state: str = "queued"
     detail: str = ""
     peers: dict[str, PeerView] = field(default_factory=dict)
@@ -167,6 +176,7 @@ class Federation:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._shown = time.monotonic()
 
     # ---- this party's own record ------------------------------------------------------------
     def start(self, state: str = "running") -> Federation:
@@ -248,8 +258,19 @@ class Federation:
 
     # ---- peers ------------------------------------------------------------------------------
     def check(self) -> None:
+        """Raise the job's failure, if any. Called by the waiting thread between its polls,
+        which also refreshes :attr:`show` (at most every :attr:`show_every` seconds) while a
+        wait lasts: the waiting thread is the run's own, unlike the listening thread."""
         if self.failure is not None:
             raise self.failure
+        if self.show is not None and self._waits:
+            now = time.monotonic()
+            if now - self._shown >= self.show_every:
+                self._shown = now
+                try:
+                    self.show(self)
+                except Exception as error:  # a view, never a reason to end the side
+                    self.log.debug("job %s: status not shown: %s", self.job, error)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -318,6 +339,15 @@ class Federation:
             view.down_since = None
 
     def _fail_for(self, party: str, reason: str) -> None:
+        if party in self.tolerated and not reason.startswith("holds other terms"):
+            view = self.peers[party]
+            if not view.dropped:
+                view.dropped = reason
+                self.log.warning(
+                    "job %s: party %s %s; the job goes on without it while the protocol's "
+                    "threshold holds", self.job, party, reason,
+                )  # fmt: skip
+            return
         if self.failure is None:
             self.failure = PeerFailedError(self.job, party, reason)
             self.log.error("%s", self.failure)
@@ -341,7 +371,8 @@ class Federation:
             rows.append({
                 "party": view.party,
                 "state": ("DOWN " if view.down_since else "")
-                + (status.state if status else "not started"),
+                + (status.state if status else "not started")
+                + (" (dropped: the job goes on)" if view.dropped else ""),
                 "detail": (status.reason or status.detail) if status else view.error,
                 "heard": "never" if view.heard is None else f"{now - view.heard:.0f} s ago",
             })  # fmt: skip

@@ -13,8 +13,10 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,8 @@ from core.lifetime import descendants
 from demo.orgs import Org, env_of, serve_all, start
 from demo.parties import prepare, small_main_job
 from flows.jobs import read_job
-from storage.channel import Channel, FileTransport, MessageTimeoutError
+from storage import codec, watchers
+from storage.channel import Channel, FileTransport, MessageTimeoutError, TermsBindingError
 from storage.federation import Federation, PeerFailedError, request_abort
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,6 +119,89 @@ def test_an_earlier_attempts_failure_waits_for_the_restart(tmp_path: Path) -> No
         host.finish()
     with pytest.raises(MessageTimeoutError):  # with no federation active, timeouts decide
         channel.endpoint("host").receive("guest", "nothing", timeout=0.2)
+
+
+def test_a_hospitals_failure_is_a_dropout_but_the_coordinators_ends_every_survivor(
+    tmp_path: Path,
+) -> None:
+    """Horizontal LR tolerates dropouts: a failed hospital ends nobody's side (the protocol's
+    threshold decides), while the coordinator's failure below threshold ends the survivors'."""
+    transport = FileTransport(tmp_path)
+    parties = ("coordinator", "hospital_a", "hospital_b")
+    sides = {
+        p: Federation(transport, "hlr", p, parties, interval=0.05, tolerated=parties[1:])
+        for p in parties
+    }
+    for side in sides.values():
+        side.start()
+    try:
+        sides["hospital_a"].fail("injected failure before mask_input in round 2")
+        time.sleep(0.5)
+        for party in ("coordinator", "hospital_b"):
+            sides[party].check()  # goes on
+            shown = {row["party"]: row["state"] for row in sides[party].table()}
+            assert shown["hospital_a"] == "failed (dropped: the job goes on)", shown
+        sides["coordinator"].fail("round 3, stage mask_input: missing: hospital_a (failed)")
+        time.sleep(0.5)
+        with pytest.raises(PeerFailedError, match=r"party coordinator failed: round 3.*hospital_a"):
+            sides["hospital_b"].check()
+    finally:
+        for side in sides.values():
+            side.finish()
+
+
+def test_a_long_wait_refreshes_the_shown_state_from_the_waiting_thread(tmp_path: Path) -> None:
+    transport = FileTransport(tmp_path)
+    shown: list[tuple[str, str]] = []
+
+    def show(side: Federation) -> None:
+        shown.append((threading.current_thread().name, side.table()[0]["detail"]))
+
+    host = Federation(
+        transport, "job1", "host", ("guest", "host"), interval=0.1, show_every=0.2, show=show
+    )
+    guest = Federation(transport, "job1", "guest", ("guest", "host"), interval=0.1)
+    guest.start()
+    host.start()
+    try:
+        channel = Channel(tmp_path, "job1-stage", transport)
+        with pytest.raises(MessageTimeoutError):
+            channel.endpoint("host").receive("guest", "gradient", timeout=1.0)
+    finally:
+        host.finish()
+        guest.finish()
+    assert 2 <= len(shown) <= 6, shown  # every 0.2 s of a 1 s wait, not every poll
+    assert {thread for thread, _ in shown} == {threading.current_thread().name}
+    assert all("waiting for the 'gradient' message from guest" in doing for _, doing in shown)
+
+
+def test_every_message_of_an_agreed_job_is_bound_to_its_terms(tmp_path: Path) -> None:
+    """A message carries the digest of the terms its sender agreed; a receiver that agreed to
+    other terms (or a sender outside the agreement) is refused, naming the sender."""
+    channel = Channel(tmp_path, "demo-vertical-nightly", FileTransport(tmp_path))
+    agreed, other = digest({"epochs": 4}), digest({"epochs": 5})
+    with watchers.bound(["demo-vertical-nightly"], agreed):
+        record = channel.endpoint("guest").send("host", "gradient", [1, 2])
+        assert channel.endpoint("host").receive("guest", "gradient") == [1, 2]
+        channel.endpoint("guest").send("host", "gradient", [1, 2])  # a retry: the same bytes
+    assert codec.bound_terms(channel.read_raw(record)) == agreed
+    with watchers.bound(["demo-vertical-nightly"], other):
+        channel.endpoint("guest").send("host", "update", [3])
+        derived = Channel(tmp_path, "demo-vertical-nightly.pre", FileTransport(tmp_path))
+        derived.endpoint("guest").send("host", "stats", [4])  # a stage's own derived job id
+    with watchers.bound(["demo-vertical-nightly"], agreed):
+        with pytest.raises(TermsBindingError, match=r"from guest to host .* bound to terms "):
+            channel.endpoint("host").receive("guest", "update", timeout=1)
+        with pytest.raises(TermsBindingError, match="guest runs the job under other terms"):
+            derived.endpoint("host").receive("guest", "stats", timeout=1)
+    channel.endpoint("guest").send("host", "unbound", [5])
+    with (
+        watchers.bound(["demo-vertical-nightly"], agreed),
+        pytest.raises(TermsBindingError, match="bound to no terms"),
+    ):
+        channel.endpoint("host").receive("guest", "unbound", timeout=1)
+    assert watchers.terms_of("demo-vertical-nightly") is None  # nothing outlives the block
+    assert channel.endpoint("host").receive("guest", "update") == [3]  # unbound reader: as is
 
 
 # ---- organisations as processes ---------------------------------------------------------------
@@ -288,6 +374,55 @@ def test_a_proposed_run_starts_at_every_peer_and_waits_for_a_manual_approval(
         assert _status(orgs[party], "demo-approved")["state"] == "done", party
     shown = _privreg(orgs["lab"], "job", "status", "demo-approved", timeout=60)
     assert shown.returncode == 0 and shown.stdout.count("done") == 3, shown.stdout
+
+
+def test_a_scheduled_run_of_the_clinic_runs_at_every_party_with_no_action_there(
+    orgs: dict[str, Org],
+) -> None:
+    """``privreg job schedule`` at the clinic serves a cron deployment of ``start_job``; one of
+    its scheduled runs (made due now rather than at 02:00) proposes itself to the lab and the
+    arbiter, whose services start their sides unattended, and the job is done everywhere."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Scheduled
+
+    clinic = orgs["clinic"]
+    command = [sys.executable, "-m", "privreg.cli", "job", "schedule", "jobs/demo.json",
+               "--config", str(clinic.config), "--cron", "0 2 * * *"]  # fmt: skip
+    env = env_of(clinic, {**_api(), "PREFECT_RUNNER_POLL_FREQUENCY": "1"})
+    serving = subprocess.Popen(
+        command, cwd=clinic.folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        with get_client(sync_client=True) as client:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    deployment = client.read_deployment_by_name("start_job/clinic-demo")
+                    break
+                except Exception:  # not served yet
+                    assert serving.poll() is None and time.monotonic() < deadline, "not served"
+                    time.sleep(0.5)
+            assert [s.schedule.cron for s in deployment.schedules] == ["0 2 * * *"]
+            due = datetime.now(UTC).replace(microsecond=0)
+            made = client.create_flow_run_from_deployment(
+                deployment.id, state=Scheduled(scheduled_time=due)
+            )
+        job = f"demo-{due.strftime('%Y%m%dT%H%M%S')}"  # the run is named for its schedule
+        for party in ("clinic", "lab", "arbiter"):
+            _await_state(orgs[party], job, ("done",), 300)
+        with get_client(sync_client=True) as client:
+            deadline = time.monotonic() + 60
+            while (ran := client.read_flow_run(made.id)).state_type != StateType.COMPLETED:
+                assert not ran.state.is_final() and time.monotonic() < deadline, ran.state
+                time.sleep(0.5)
+        for party in ("lab", "arbiter"):  # started by their services, on the clinic's word
+            assert _status(orgs[party], job)["state"] == "done"
+            started = orgs[party].folder / "home/runs" / job / "status" / f"{party}.flow_run"
+            assert started.exists(), party
+    finally:
+        serving.terminate()
+        serving.wait(timeout=60)
 
 
 def test_a_declined_run_ends_at_every_party_with_the_reason(orgs: dict[str, Org]) -> None:

@@ -182,14 +182,19 @@ def intersect(
 
 def check_release(result: Intersection, min_rows: int) -> None:
     """Refuse empty and small intersections: tiny ones single out individuals."""
-    if result.size == 0:
+    check_release_size(result.size, result.own_size, result.peer_size, min_rows)
+
+
+def check_release_size(size: int, own_size: int, peer_size: int, min_rows: int) -> None:
+    """:func:`check_release` from the counts alone (the rows may not be in memory)."""
+    if size == 0:
         raise PsiError(
-            f"the intersection is empty ({result.own_size} ids here, {result.peer_size} at the "
-            "peer): nothing to align"
+            f"the intersection is empty ({own_size} ids here, {peer_size} at the peer): "
+            "nothing to align"
         )
-    if result.size < min_rows:
+    if size < min_rows:
         raise PsiError(
-            f"the intersection has {result.size} rows, below min_rows={min_rows}; refusing "
+            f"the intersection has {size} rows, below min_rows={min_rows}; refusing "
             "to release it because small intersections leak membership"
         )
 

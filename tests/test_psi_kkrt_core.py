@@ -1,5 +1,6 @@
 """KKRT16 PSI, layer by layer: the bit transpose, the base OTs, the OPRF's correlation, cuckoo
-hashing, and the whole protocol against the plaintext intersection and the ECDH protocol."""
+hashing, buckets, and the whole protocol against the plaintext intersection and the ECDH
+protocol."""
 
 from __future__ import annotations
 
@@ -11,30 +12,59 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from core import psi
 from core.ids import canonical_id
-from core.psi_ot import base_ot, cuckoo, kkrt
+from core.psi_ot import base_ot, buckets, cuckoo, kkrt
 from core.psi_ot import protocol as kkrt_psi
 from core.psi_ot.bitmatrix import transpose
 from core.psi_ot.primitives import aes_blocks, prg, random_key, row_hash
 from storage import codec
 
 
-def run_kkrt(a: list[object], b: list[object], min_rows: int = 1):
-    """Both sides in memory, a as receiver: (a's result, b's result, the messages)."""
-    key_a, key_b = kkrt_psi.new_party_key(), kkrt_psi.new_party_key()
-    da, db = kkrt_psi.item_digests(a, "a"), kkrt_psi.item_digests(b, "b")
-    hello = kkrt_psi.hello(key_a, len(a))
-    reply = kkrt_psi.reply(key_b, len(b), hello, "a")
-    matrix, state = kkrt_psi.matrix(key_a, da, reply, "b")
-    values = kkrt_psi.values(key_b, db, hello, matrix, "a")
-    found = kkrt_psi.match(state, values, "b")
-    result = kkrt_psi.result_message(found, min_rows)
-    theirs = kkrt_psi.sender_result(key_b, len(b), len(a), result, "a")
-    messages = {"hello": hello, "reply": reply, "matrix": matrix, "values": values}
-    return found.result, theirs, messages
+def run_kkrt(
+    a: list[object], b: list[object], min_rows: int = 1, bucket_ids: int = buckets.BUCKET_IDS
+):
+    """Both sides in memory, bucket by bucket, as the tasks run them: (a's result, b's result,
+    the messages). The smaller set is the receiver."""
+    keys = {"a": random_key(), "b": random_key()}
+    digests = {"a": kkrt_psi.item_digests(a, "a"), "b": kkrt_psi.item_digests(b, "b")}
+    sizes = {"a": kkrt_psi.size_message(len(a), bucket_ids)}
+    sizes["b"] = kkrt_psi.size_message(len(b), bucket_ids)
+    plans = {
+        "a": kkrt_psi.plan("a", "b", len(a), bucket_ids, sizes["b"]),
+        "b": kkrt_psi.plan("b", "a", len(b), bucket_ids, sizes["a"]),
+    }
+    r, s = ("a", "b") if plans["a"].receiver else ("b", "a")
+    assert not plans[s].receiver and plans[r].buckets == plans[s].buckets
+    hello = kkrt_psi.hello(keys[r])
+    reply = kkrt_psi.reply(keys[s], hello, r)
+    messages = {"size": sizes, "hello": hello, "reply": reply, "matrix": [], "values": []}
+    count = plans[r].buckets
+    where = {p: buckets.bucket_of(digests[p], count) for p in (r, s)}
+    found = []
+    for k in range(count):
+        mine, theirs = np.flatnonzero(where[r] == k), np.flatnonzero(where[s] == k)
+        matrix, state = kkrt_psi.matrix(keys[r], digests[r][mine], reply, plans[r], k, s)
+        values = kkrt_psi.values(keys[s], digests[s][theirs], hello, matrix, plans[s], k, r)
+        match = kkrt_psi.match(state, values, s)
+        found.append((mine[match.result.rows], match.positions, theirs))
+        messages["matrix"].append(matrix)
+        messages["values"].append(values)
+    size = sum(len(rows) for rows, _, _ in found)
+    messages["result"] = kkrt_psi.result_message(size, min_rows)
+    assert kkrt_psi.released_size(messages["result"], r) == size
+    rows_r, rows_s = [], []
+    for k, (rows, positions, theirs) in enumerate(found):
+        answer = kkrt_psi.positions_message(positions)
+        rows_s.append(theirs[kkrt_psi.sender_rows(keys[s], len(theirs), plans[s], k, answer, r)])
+        rows_r.append(rows)
+    results = {
+        r: psi.Intersection(np.concatenate(rows_r), plans[r].own_size, plans[r].peer_size),
+        s: psi.Intersection(np.concatenate(rows_s), plans[s].own_size, plans[s].peer_size),
+    }
+    return results["a"], results["b"], messages
 
 
-def assert_aligned(a: list[object], b: list[object]):
-    mine, theirs, _ = run_kkrt(a, b)
+def assert_aligned(a: list[object], b: list[object], bucket_ids: int = buckets.BUCKET_IDS):
+    mine, theirs, _ = run_kkrt(a, b, bucket_ids=bucket_ids)
     expected = psi.plaintext_intersection(a, b)
     left = [canonical_id(a[i]) for i in mine.rows]
     assert left == [canonical_id(b[j]) for j in theirs.rows]  # one order on both sides
@@ -122,6 +152,14 @@ def test_oprf_outputs_match_only_on_the_chosen_inputs() -> None:
     q = kkrt.sender_rows(choice.keys, bits, u, 300)
     mask = kkrt.choice_mask(bits)
     assert np.array_equal(q, t ^ (codes & mask))  # the correlation q_i = t_i ^ (C(x_i) & s)
+    # another bucket: the same base OTs, a fresh stretch of G, the same correlation
+    u2, t2 = kkrt.receiver_matrices(pairs, codes, stream=7)
+    q2 = kkrt.sender_rows(choice.keys, bits, u2, 300, stream=7)
+    assert np.array_equal(q2, t2 ^ (codes & mask))
+    assert not np.array_equal(u ^ u2, np.zeros_like(u))  # no column reused across buckets
+    assert (t != t2).any(axis=1).all()
+    wrong = kkrt.sender_rows(choice.keys, bits, u2, 300, stream=6)  # a stream S did not use
+    assert not (wrong == t2 ^ (codes & mask)).all(axis=1).any()
     mine = kkrt.receiver_outputs(t, 16)
     same = kkrt.sender_outputs(q, mask, np.arange(300), codes, 16)
     assert np.array_equal(mine, same)
@@ -162,10 +200,51 @@ def test_small_cases_match_plaintext(a: list[object], b: list[object]) -> None:
 
 
 def test_empty_side_gives_an_empty_intersection() -> None:
-    mine, _, _ = run_kkrt([], list(range(10)))
-    assert mine.size == 0
+    mine, theirs, _ = run_kkrt([], list(range(10)))
+    assert mine.size == theirs.size == 0
     with pytest.raises(psi.PsiError, match="empty"):
         psi.check_release(mine, 1)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "shared"),
+    [
+        (list(range(0, 900)), list(range(900, 1500)), 0),  # disjoint
+        ([f"p{i}" for i in range(700)], ["p5"], 1),  # one id
+        ([f"p{i}" for i in range(700)], [f"p{i}" for i in reversed(range(700))], 700),  # all
+        ([f"p{i}" for i in range(30)], [f"p{i}" for i in range(0, 4000, 2)], 15),  # small, large
+    ],
+    ids=["disjoint", "one-id", "all-ids", "small-vs-large"],
+)
+def test_many_buckets_match_plaintext(a: list[object], b: list[object], shared: int) -> None:
+    mine, _ = assert_aligned(a, b, bucket_ids=64)
+    assert mine.size == shared
+
+
+def test_buckets_are_padded_so_their_sizes_tell_nothing() -> None:
+    rng = np.random.default_rng(4)
+    ids = [int(x) for x in rng.choice(10**12, 3000, replace=False)]
+    a, b = ids[:1000], ids[500:]
+    _, _, messages = run_kkrt(a, b, bucket_ids=128)
+    assert len(messages["matrix"]) == 20  # the larger set (2500) over buckets of 128
+    assert len({m["bins"] for m in messages["matrix"]}) == 1  # one padded size per party
+    assert len({v["values"].shape for v in messages["values"]}) == 1
+    padded = buckets.padded_size(1000, 20)
+    assert messages["matrix"][0]["bins"] == cuckoo.table_size(padded) and padded < 1000
+    counts = np.bincount(buckets.bucket_of(kkrt_psi.item_digests(a, "a"), 20), minlength=20)
+    assert counts.max() <= padded and len(set(counts.tolist())) > 1  # true sizes vary
+
+
+def test_the_smaller_set_receives_and_both_must_agree_on_buckets() -> None:
+    small, large = kkrt_psi.size_message(10), kkrt_psi.size_message(5_000_000)
+    assert kkrt_psi.plan("zeta", "alpha", 10, buckets.BUCKET_IDS, large).receiver
+    plan = kkrt_psi.plan("alpha", "zeta", 5_000_000, buckets.BUCKET_IDS, small)
+    assert not plan.receiver and plan.buckets == 5 and plan.peer_padded == 10
+    assert kkrt_psi.plan("alpha", "zeta", 10, buckets.BUCKET_IDS, small).receiver  # tie: name
+    with pytest.raises(psi.PsiError, match="size message from zeta asks for buckets of 64"):
+        kkrt_psi.plan("alpha", "zeta", 10, buckets.BUCKET_IDS, kkrt_psi.size_message(10, 64))
+    with pytest.raises(psi.PsiError, match="size message from zeta gives the invalid set size"):
+        kkrt_psi.plan("alpha", "zeta", 10, buckets.BUCKET_IDS, {"size": -1, "bucket_ids": 1})
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -174,7 +253,7 @@ def test_random_sets_with_known_intersections(seed: int) -> None:
     pool = rng.choice(10**12, size=4000, replace=False)
     a = [int(x) for x in rng.choice(pool, 1500, replace=False)]
     b = [int(x) for x in rng.choice(pool, 2500, replace=False)]
-    assert_aligned(a, b)
+    assert_aligned(a, b, bucket_ids=[buckets.BUCKET_IDS, 300][seed])
 
 
 def test_one_thousand_against_one_hundred_thousand() -> None:
@@ -221,6 +300,7 @@ def test_both_protocols_give_the_same_intersection() -> None:
         ([1, 2, None], "shop: id at row 3: id is null"),
         (["a", "b", "a"], "shop: id at row 3 duplicates row 1"),
         ([7, "7"], "shop: id at row 2 duplicates row 1"),
+        (["x", "a", "b", "a", "x", "a"], "shop: id at row 4 duplicates row 2"),
         ([1, 2.5], "shop: id at row 2: float id 2.5 is not an integer"),
     ],
 )
@@ -233,21 +313,30 @@ def _tampered(message: dict, **changes) -> dict:
     return {**message, **changes}
 
 
-def test_malformed_and_truncated_messages_are_refused_naming_the_peer() -> None:
-    a, b = list(range(200)), list(range(100, 300))
+def _bank_and_shop(a: list[object], b: list[object]):
+    """Keys, digests, plans, hello and reply of a one-bucket run, bank receiving."""
     key_a, key_b = random_key(), random_key()
     da, db = kkrt_psi.item_digests(a, "bank"), kkrt_psi.item_digests(b, "shop")
-    hello = kkrt_psi.hello(key_a, len(a))
-    reply = kkrt_psi.reply(key_b, len(b), hello, "bank")
+    plan_a = kkrt_psi.plan("bank", "shop", len(a), 1 << 20, kkrt_psi.size_message(len(b)))
+    plan_b = kkrt_psi.plan("shop", "bank", len(b), 1 << 20, kkrt_psi.size_message(len(a)))
+    hello = kkrt_psi.hello(key_a)
+    reply = kkrt_psi.reply(key_b, hello, "bank")
+    return (key_a, da, plan_a), (key_b, db, plan_b), hello, reply
+
+
+def test_malformed_and_truncated_messages_are_refused_naming_the_peer() -> None:
+    b = list(range(100, 300))
+    (key_a, da, plan_a), (key_b, db, plan_b), hello, reply = _bank_and_shop(list(range(200)), b)
     with pytest.raises(psi.PsiError, match="reply message from shop is malformed: base_ot"):
-        kkrt_psi.matrix(key_a, da, _tampered(reply, base_ot=reply["base_ot"][:-1]), "shop")
-    matrix, state = kkrt_psi.matrix(key_a, da, reply, "shop")
+        bad = _tampered(reply, base_ot=reply["base_ot"][:-1])
+        kkrt_psi.matrix(key_a, da, bad, plan_a, 0, "shop")
+    matrix, state = kkrt_psi.matrix(key_a, da, reply, plan_a, 0, "shop")
     truncated = _tampered(matrix, u=matrix["u"][:, :-1])
     with pytest.raises(psi.PsiError, match="matrix message from bank is malformed or truncated"):
-        kkrt_psi.values(key_b, db, hello, truncated, "bank")
+        kkrt_psi.values(key_b, db, hello, truncated, plan_b, 0, "bank")
     with pytest.raises(psi.PsiError, match="has 7 bins"):
-        kkrt_psi.values(key_b, db, hello, _tampered(matrix, bins=7), "bank")
-    values = kkrt_psi.values(key_b, db, hello, matrix, "bank")
+        kkrt_psi.values(key_b, db, hello, _tampered(matrix, bins=7), plan_b, 0, "bank")
+    values = kkrt_psi.values(key_b, db, hello, matrix, plan_b, 0, "bank")
     short = _tampered(values, values=values["values"][:, :-1])
     with pytest.raises(psi.PsiError, match="values message from shop is malformed or truncated"):
         kkrt_psi.match(state, short, "shop")
@@ -256,52 +345,48 @@ def test_malformed_and_truncated_messages_are_refused_naming_the_peer() -> None:
     with pytest.raises(psi.PsiError, match="repeats a value at position 5 of hash function 1"):
         kkrt_psi.match(state, _tampered(values, values=repeated), "shop")
     found = kkrt_psi.match(state, values, "shop")
-    result = kkrt_psi.result_message(found, 1)
     for positions in (found.positions[::-1].copy(), found.positions + len(b)):
         with pytest.raises(psi.PsiError, match="out of range or not strictly ascending"):
-            kkrt_psi.sender_result(
-                key_b, len(b), len(a), {**result, "positions": positions}, "bank"
-            )
+            answer = kkrt_psi.positions_message(positions)
+            kkrt_psi.sender_rows(key_b, len(b), plan_b, 0, answer, "bank")
 
 
 def test_min_rows_withholds_the_positions() -> None:
     mine, _, _ = run_kkrt(list(range(150)), list(range(60, 400)))
     assert mine.size == 90
-    found = kkrt_psi.ReceiverMatch(mine, np.arange(90, dtype=np.int64))
-    message = kkrt_psi.result_message(found, 100)
-    assert not message["released"] and len(message["positions"]) == 0
+    message = kkrt_psi.result_message(90, 100)
+    assert message == {"size": 90, "released": False}
     with pytest.raises(psi.PsiError, match="refused to release the intersection of 90 rows"):
-        kkrt_psi.sender_result(random_key(), 340, 150, message, "bank")
+        kkrt_psi.released_size(message, "bank")
 
 
 def test_messages_carry_no_id_hash_and_sizes_only() -> None:
     a, b = [f"person-{i}" for i in range(500)], [f"person-{i}" for i in range(250, 900)]
-    _, _, messages = run_kkrt(a, b)
+    _, _, messages = run_kkrt(a, b, bucket_ids=256)
+    parts = [messages["hello"], messages["reply"], *messages["matrix"], *messages["values"]]
     wire = b"".join(
         v.tobytes() if isinstance(v, np.ndarray) else v if isinstance(v, bytes) else b""
-        for m in messages.values()
+        for m in parts
         for v in m.values()
     )
     for own in (kkrt_psi.item_digests(a, "a"), kkrt_psi.item_digests(b, "b")):
         assert not any(row[:15].tobytes() in wire for row in own[:50])
     assert not any(x.encode() in wire for x in a[:50])
-    assert messages["hello"]["size"] == 500 and messages["reply"]["size"] == 650
+    assert [m["size"] for m in messages["size"].values()] == [500, 650]
 
 
 def test_a_retried_step_resends_the_same_bytes() -> None:
     a, b = [f"r{i}" for i in range(400)], [f"r{i}" for i in range(200, 700)]
-    key_a, key_b = random_key(), random_key()
-    da, db = kkrt_psi.item_digests(a, "bank"), kkrt_psi.item_digests(b, "shop")
-    hello = kkrt_psi.hello(key_a, len(a))
-    assert codec.dumps(hello) == codec.dumps(kkrt_psi.hello(key_a, len(a)))
-    reply = kkrt_psi.reply(key_b, len(b), hello, "bank")
-    assert codec.dumps(reply) == codec.dumps(kkrt_psi.reply(key_b, len(b), hello, "bank"))
-    matrix, _ = kkrt_psi.matrix(key_a, da, reply, "shop")
-    assert codec.dumps(matrix) == codec.dumps(kkrt_psi.matrix(key_a, da, reply, "shop")[0])
-    values = kkrt_psi.values(key_b, db, hello, matrix, "bank")
-    again = kkrt_psi.values(key_b, db, hello, matrix, "bank")
+    (key_a, da, plan_a), (key_b, db, plan_b), hello, reply = _bank_and_shop(a, b)
+    assert codec.dumps(hello) == codec.dumps(kkrt_psi.hello(key_a))
+    assert codec.dumps(reply) == codec.dumps(kkrt_psi.reply(key_b, hello, "bank"))
+    matrix, _ = kkrt_psi.matrix(key_a, da, reply, plan_a, 0, "shop")
+    again = kkrt_psi.matrix(key_a, da, reply, plan_a, 0, "shop")[0]
+    assert codec.dumps(matrix) == codec.dumps(again)
+    values = kkrt_psi.values(key_b, db, hello, matrix, plan_b, 0, "bank")
+    again = kkrt_psi.values(key_b, db, hello, matrix, plan_b, 0, "bank")
     assert codec.dumps(values) == codec.dumps(again)
-    other = kkrt_psi.values(random_key(), db, hello, matrix, "bank")  # another job key
+    other = kkrt_psi.values(random_key(), db, hello, matrix, plan_b, 0, "bank")  # another key
     assert codec.dumps(values) != codec.dumps(other)
 
 

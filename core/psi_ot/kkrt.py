@@ -55,10 +55,12 @@ def _padded(bins: int) -> int:
 
 
 def receiver_matrices(
-    seed_pairs: Sequence[tuple[bytes, bytes]], codes: np.ndarray
+    seed_pairs: Sequence[tuple[bytes, bytes]], codes: np.ndarray, stream: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Step 2: ``(u, t)``: the ``(k, m/8)`` columns ``u^j`` to send and the ``(m, 64)`` rows
-    ``t_i`` to keep. ``codes`` holds ``C(r_i)`` per bin (zeros for an empty bin)."""
+    ``t_i`` to keep. ``codes`` holds ``C(r_i)`` per bin (zeros for an empty bin). ``stream``
+    picks a fresh stretch of ``G``'s output, so one set of base OTs serves several extensions
+    (one per bucket) without ever reusing a column."""
     bins = len(codes)
     if len(seed_pairs) != WIDTH or codes.shape != (bins, CODE_BYTES):
         raise ValueError("receiver_matrices needs 512 seed pairs and (m, 64) code words")
@@ -67,20 +69,25 @@ def receiver_matrices(
     columns = transpose(padded)  # (512, m/8): d^j
     t_columns = np.empty_like(columns)
     for j, (k0, k1) in enumerate(seed_pairs):
-        t_columns[j] = prg_array(k0, (columns.shape[1],))
-        columns[j] ^= t_columns[j] ^ prg_array(k1, (columns.shape[1],))
+        t_columns[j] = prg_array(k0, (columns.shape[1],), stream)
+        columns[j] ^= t_columns[j] ^ prg_array(k1, (columns.shape[1],), stream)
     return columns, transpose(t_columns)[:bins]
 
 
 def sender_rows(
-    chosen_seeds: Sequence[bytes], choice_bits: np.ndarray, u: np.ndarray, bins: int
+    chosen_seeds: Sequence[bytes],
+    choice_bits: np.ndarray,
+    u: np.ndarray,
+    bins: int,
+    stream: int = 0,
 ) -> np.ndarray:
-    """Step 3: the ``(m, 64)`` rows ``q_i`` from the chosen seeds and the receiver's ``u``."""
+    """Step 3: the ``(m, 64)`` rows ``q_i`` from the chosen seeds and the receiver's ``u``
+    (``stream`` as in :func:`receiver_matrices`)."""
     if u.shape != (WIDTH, _padded(bins)):
         raise ValueError(f"u has shape {u.shape}, expected {(WIDTH, _padded(bins))}")
     q_columns = np.empty_like(u)
     for j, seed in enumerate(chosen_seeds):
-        q_columns[j] = prg_array(seed, (u.shape[1],))
+        q_columns[j] = prg_array(seed, (u.shape[1],), stream)
         if choice_bits[j]:
             q_columns[j] ^= u[j]
     return transpose(q_columns)[:bins]

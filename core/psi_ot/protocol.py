@@ -1,27 +1,35 @@
 """KKRT16 PSI (the paper's PSI application of the BaRK-OPRF, with cuckoo hashing), both
-parties learning the intersection, as steps that exchange plain messages.
+parties learning the intersection, run bucket by bucket, as steps that exchange plain messages.
 
-Roles: the party whose name sorts first is the OPRF *receiver* R, the other the *sender* S
-(both can tell from the two names alone). Messages, each a dict the channel's codec carries:
+Messages, each a dict the channel's codec carries (``round`` is the bucket where one is sent
+per bucket):
 
-1. R -> S ``hello``: R's base-OT setup (it is the base-OT sender) and its set size.
-2. S -> R ``reply``: S's base-OT choice message (choice bits ``s``), the pseudorandom code's
-   key and its set size.
-3. R -> S ``matrix``: R cuckoo-hashes its items into ``m`` bins under a hash key it draws, one
-   OPRF instance per bin with input ``x || c`` (``c`` the hash function that placed ``x``);
-   sends the OT-extension columns ``u``, the hash key and ``m``.
-4. S -> R ``values``: for each of its items ``y`` (in a random order ``pi`` that S keeps) and
-   each ``c`` in 0..2, the OPRF of bin ``h_c(y)`` at ``y || c``, truncated to
-   ``40 + log2(m * 3 n_S)`` bits so that a false match has probability below 2^-40.
-5. R -> S ``result``: R keeps its items whose output S sent under the same ``c``; it sends the
-   matched positions in S's order, ascending. Both parties order their rows by that position
-   (random to both: ``pi`` is S's secret, the positions are S's own items), so row ``k`` of
-   R's aligned table is row ``k`` of S's.
+0. both ways ``size``: the party's set size and the bucket size it runs with. The party with
+   the smaller set (the first name on a tie) is the OPRF *receiver* R, the other the *sender*
+   S: the OT extension then grows with the small set (see :func:`plan`). Both derive the
+   bucket count ``B`` and the padded bucket sizes from the two sizes (:mod:`.buckets`).
+1. R -> S ``hello``: R's base-OT setup (it is the base-OT sender), once per job.
+2. S -> R ``reply``: S's base-OT choice message (choice bits ``s``) and the pseudorandom
+   code's key, once per job.
+3. R -> S ``matrix`` (per bucket): R cuckoo-hashes its bucket (padded with dummies) into ``m``
+   bins under a hash key it draws, one OPRF instance per bin with input ``x || c`` (``c`` the
+   hash function that placed ``x``); sends the OT-extension columns ``u`` (a fresh stretch of
+   the base OTs' PRG per bucket), the hash key and ``m``.
+4. S -> R ``values`` (per bucket): for each of its bucket's items ``y`` (in a random order
+   ``pi`` that S keeps) and each ``c`` in 0..2, the OPRF of bin ``h_c(y)`` at ``y || c``,
+   truncated to ``40 + log2(m * 3 n_S)`` bits so that a false match has probability below
+   2^-40.
+5. R -> S ``result`` once every bucket is matched: the intersection's size and whether R
+   releases it (``min_rows``); then ``positions`` per bucket: the matched positions in S's
+   order, ascending. Both parties order their rows by (bucket, position) (random to both:
+   ``pi`` is S's secret, the positions are S's own items), so row ``k`` of R's aligned table
+   is row ``k`` of S's.
 
 Each learns the other's set size and the intersection (S from R's positions; the semi-honest
-model trusts R to report them), nothing more. A party's randomness is the AES-CTR stream of a
-16-byte key it draws from the OS CSPRNG once per job (:func:`new_party_key`): a retried step
-recomputes the very message it sent, and only that key is kept between steps.
+model trusts R to report them), nothing more: bucket sizes are padded to public bounds. A
+party's randomness is the AES-CTR stream of a 16-byte key it draws from the OS CSPRNG once per
+job (:func:`new_party_key`): a retried step recomputes the very message it sent, and only that
+key is kept between steps.
 """
 
 from __future__ import annotations
@@ -36,19 +44,27 @@ import numpy as np
 
 from core.ids import IdError, canonical_id
 from core.psi import Intersection, PsiError
-from core.psi_ot import base_ot, cuckoo, kkrt
+from core.psi_ot import base_ot, buckets, cuckoo, kkrt
+from core.psi_ot.buckets import Plan
 from core.psi_ot.primitives import prg, random_key, random_permutation
 
 STATISTICAL_BITS = 40
 T = TypeVar("T")
 _DOMAIN = b"privreg/psi-ot/item/v1\x00"
-# disjoint PRG streams of a party's key
-_BASE_OT_SENDER, _BASE_OT_RECEIVER, _CHOICES, _CODE_KEY, _PERMUTATION = 1, 2, 3, 4, 5
-_HASH_KEY_FIRST = 100  # R's hash key for attempt a is stream 100 + a
+# disjoint PRG streams of a party's key: once per job ...
+_BASE_OT_SENDER, _BASE_OT_RECEIVER, _CHOICES, _CODE_KEY = 1, 2, 3, 4
+# ... and per bucket (see _stream)
+_PERMUTATION, _DUMMIES, _HASH_KEY_FIRST = 5, 6, 16  # R's hash key, attempt a: 16 + a
 _HASH_ATTEMPTS = 8
 
-KIND_HELLO, KIND_REPLY, KIND_MATRIX = "psi_kkrt_hello", "psi_kkrt_reply", "psi_kkrt_matrix"
-KIND_VALUES, KIND_RESULT = "psi_kkrt_values", "psi_kkrt_result"
+KIND_SIZE, KIND_HELLO, KIND_REPLY = "psi_kkrt_size", "psi_kkrt_hello", "psi_kkrt_reply"
+KIND_MATRIX, KIND_VALUES = "psi_kkrt_matrix", "psi_kkrt_values"
+KIND_RESULT, KIND_POSITIONS = "psi_kkrt_result", "psi_kkrt_positions"
+
+
+def _stream(purpose: int, bucket: int) -> int:
+    """The PRG stream of one use in one bucket (disjoint from the once-per-job streams)."""
+    return (bucket + 1) << 8 | purpose
 
 
 def new_party_key() -> bytes:
@@ -56,35 +72,69 @@ def new_party_key() -> bytes:
     return random_key()
 
 
-def is_receiver(party: str, peer: str) -> bool:
-    """The party whose name sorts first runs the OPRF receiver's side."""
+def size_message(size: int, bucket_ids: int = buckets.BUCKET_IDS) -> dict[str, Any]:
+    """Step 0 (both): the own set size and the bucket size this party runs with."""
+    return {"size": size, "bucket_ids": bucket_ids}
+
+
+def plan(party: str, peer: str, size: int, bucket_ids: int, peer_message: object) -> Plan:
+    """Step 0 (both): roles, bucket count and padded sizes from the two size messages.
+
+    The smaller set's party is the OPRF receiver (the first name on a tie): the OT extension
+    (64 bytes per cuckoo bin, expanded and transposed by both) then follows the small set,
+    and the large set costs only its truncated OPRF values."""
     if party == peer:
         raise PsiError(f"both sides are party {party!r}; PSI needs two parties")
-    return party < peer
+    peer_size = _size(peer_message, "size", peer)
+    peer_bucket_ids = _field(peer_message, "bucket_ids", "size", peer)
+    if peer_bucket_ids != bucket_ids:
+        raise PsiError(
+            f"the size message from {peer} asks for buckets of {peer_bucket_ids!r} ids, this "
+            f"party runs {bucket_ids}: both must run the same privreg PSI settings"
+        )
+    receiver = (size, party) < (peer_size, peer)
+    return Plan(receiver, buckets.bucket_count(size, peer_size, bucket_ids), size, peer_size)
 
 
-def item_digests(ids: Sequence[object], party: str) -> np.ndarray:
+def item_digests(ids: Sequence[object], party: str, first_row: int = 0) -> np.ndarray:
     """``(n, 16)`` blocks: 15 bytes of SHA-256 of each canonical id, a zero byte for ``c``.
 
-    Refuses nulls, unsupported types and duplicate canonical ids, naming the party and rows.
+    Refuses nulls, unsupported types and duplicate canonical ids, naming the party and rows
+    (1-based, counted from ``first_row`` for a slice of a longer column).
     """
-    seen: dict[bytes, int] = {}
     parts = []
     start = hashlib.sha256(_DOMAIN)  # copied per id: cheaper than hashing the prefix again
-    for row, value in enumerate(ids):
+    for row, value in enumerate(ids, start=first_row):
         try:
             key = canonical_id(value)
         except IdError as error:
             raise PsiError(f"{party}: id at row {row + 1}: {error}") from None
-        if (first := seen.setdefault(key, row)) != row:
-            raise PsiError(f"{party}: id at row {row + 1} duplicates row {first + 1} ({value!r})")
         state = start.copy()
         state.update(key)
         parts.append(state.digest()[:15])
     digests = np.zeros((len(parts), 16), dtype=np.uint8)
     if parts:
         digests[:, :15] = np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(-1, 15)
+    if (repeat := first_duplicate(digests)) is not None:
+        row, first = repeat
+        raise PsiError(
+            f"{party}: id at row {first_row + row + 1} duplicates row {first_row + first + 1} "
+            f"({ids[row]!r})"
+        )
     return digests
+
+
+def first_duplicate(digests: np.ndarray) -> tuple[int, int] | None:
+    """``(row, first)``: the lowest row whose digest an earlier row has, and that earlier row.
+
+    Equal canonical ids have equal digests; unequal ones collide with probability 2^-120.
+    """
+    left, right = _equal_neighbours(digests)
+    if not len(left):
+        return None
+    later, earlier = np.maximum(left, right), np.minimum(left, right)
+    at = int(np.argmin(later))
+    return int(later[at]), int(earlier[at])
 
 
 def output_bytes(bins: int, sender_size: int) -> int:
@@ -141,24 +191,27 @@ def _base_ot(call: Callable[[], T], kind: str, peer: str) -> T:
 # ---- the receiver R ------------------------------------------------------------------------
 
 
-def hello(key: bytes, size: int) -> dict[str, Any]:
-    """Step 1 (R): the base-OT setup and R's set size."""
-    return {"base_ot": base_ot.sender_setup(key, _BASE_OT_SENDER).message(), "size": size}
+def hello(key: bytes) -> dict[str, Any]:
+    """Step 1 (R): the base-OT setup."""
+    return {"base_ot": base_ot.sender_setup(key, _BASE_OT_SENDER).message()}
 
 
 @dataclass(frozen=True)
 class ReceiverState:
-    """What R keeps from step 3 to step 5: its OPRF outputs per item and each item's ``c``."""
+    """What R keeps from step 3 to step 5 of a bucket: its OPRF outputs per real item and each
+    item's ``c``, and the size of S's padded bucket."""
 
     outputs: np.ndarray  # (n_R, out_bytes)
     choice: np.ndarray  # (n_R,) hash function that placed the item
     peer_size: int
 
 
-def _placement(key: bytes, digests: np.ndarray) -> tuple[bytes, int, np.ndarray, np.ndarray]:
+def _placement(
+    key: bytes, digests: np.ndarray, bucket: int
+) -> tuple[bytes, int, np.ndarray, np.ndarray]:
     bins = cuckoo.table_size(len(digests))
     for attempt in range(_HASH_ATTEMPTS):
-        hash_key = prg(key, 16, _HASH_KEY_FIRST + attempt)
+        hash_key = prg(key, 16, _stream(_HASH_KEY_FIRST + attempt, bucket))
         candidates = cuckoo.candidate_bins(hash_key, digests, bins)
         try:
             table, choice = cuckoo.place(candidates, bins)
@@ -169,26 +222,29 @@ def _placement(key: bytes, digests: np.ndarray) -> tuple[bytes, int, np.ndarray,
 
 
 def matrix(
-    key: bytes, digests: np.ndarray, reply: object, peer: str
+    key: bytes, digests: np.ndarray, reply: object, plan: Plan, bucket: int, peer: str
 ) -> tuple[dict[str, Any], ReceiverState]:
-    """Step 3 (R): the OT-extension matrix for R's cuckoo table, and R's own outputs."""
-    peer_size = _size(reply, "reply", peer)
+    """Step 3 (R): the OT-extension matrix for one bucket's cuckoo table (R's ``digests`` of
+    the bucket, padded with dummies), and R's outputs for its real items."""
     code_key = _bytes(reply, "code_key", 16, "reply", peer)
     choice_message = _bytes(reply, "base_ot", kkrt.WIDTH * base_ot.POINT_BYTES, "reply", peer)
     secret = base_ot.sender_setup(key, _BASE_OT_SENDER)
     pairs = _base_ot(lambda: base_ot.sender_keys(secret, choice_message, kkrt.WIDTH), "reply", peer)
-    hash_key, bins, table, choice = _placement(key, digests)
+    real = len(digests)
+    where = f"bucket {bucket}"
+    digests = buckets.pad(digests, plan.own_padded, key, _stream(_DUMMIES, bucket), where)
+    hash_key, bins, table, choice = _placement(key, digests, bucket)
     occupied = np.flatnonzero(table >= 0)
     items = table[occupied]
     inputs = digests[items].copy()
     inputs[:, 15] = choice[items]
     codes = np.zeros((bins, kkrt.CODE_BYTES), dtype=np.uint8)
     codes[occupied] = kkrt.pseudorandom_code(kkrt.code_keys(code_key), inputs)
-    u, t_rows = kkrt.receiver_matrices(pairs, codes)
-    outputs = np.empty((len(digests), output_bytes(bins, peer_size)), dtype=np.uint8)
+    u, t_rows = kkrt.receiver_matrices(pairs, codes, stream=bucket)
+    outputs = np.empty((len(digests), output_bytes(bins, plan.peer_padded)), dtype=np.uint8)
     outputs[items] = kkrt.receiver_outputs(t_rows[occupied], outputs.shape[1])
     message = {"u": u, "hash_key": hash_key, "bins": bins}
-    return message, ReceiverState(outputs, choice, peer_size)
+    return message, ReceiverState(outputs[:real], choice[:real], plan.peer_padded)
 
 
 def _prefix_keys(values: np.ndarray) -> np.ndarray:
@@ -233,12 +289,13 @@ def _matches(mine: np.ndarray, theirs: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 @dataclass(frozen=True)
 class ReceiverMatch:
-    result: Intersection
+    result: Intersection  # R's rows (of the bucket's real items), in position order
     positions: np.ndarray  # ascending positions in S's order: what R tells S
 
 
 def match(state: ReceiverState, values_message: object, peer: str) -> ReceiverMatch:
-    """Step 5 (R): own items whose output S sent under the same ``c``, ordered by position."""
+    """Step 5 (R): own items of one bucket whose output S sent under the same ``c``, ordered
+    by position."""
     n_s, width = state.peer_size, state.outputs.shape[1]
     values = _array(values_message, "values", (cuckoo.HASHES, n_s, width), "values", peer)
     rows, positions = [], []
@@ -258,13 +315,16 @@ def match(state: ReceiverState, values_message: object, peer: str) -> ReceiverMa
     return ReceiverMatch(result, all_positions[order].astype(np.int64))
 
 
-def result_message(found: ReceiverMatch, min_rows: int) -> dict[str, Any]:
-    """Step 5 (R): the positions, or only the count when R's ``min_rows`` refuses release
-    (an empty intersection is "released": S then refuses it as empty, as R does)."""
-    size = found.result.size
-    released = size == 0 or size >= min_rows
-    positions = found.positions if released else np.zeros(0, dtype=np.int64)
-    return {"size": size, "released": released, "positions": positions}
+def result_message(size: int, min_rows: int) -> dict[str, Any]:
+    """Step 5 (R), once every bucket is matched: the intersection's size and whether R
+    releases the positions (not below its ``min_rows``; an empty intersection is "released":
+    S then refuses it as empty, as R does)."""
+    return {"size": size, "released": size == 0 or size >= min_rows}
+
+
+def positions_message(positions: np.ndarray) -> dict[str, Any]:
+    """Step 5 (R), per bucket after a release: the matched positions in S's order."""
+    return {"positions": np.asarray(positions, dtype=np.int64)}
 
 
 # ---- the sender S --------------------------------------------------------------------------
@@ -282,34 +342,42 @@ def _base_ot_choice(key: bytes, hello_message: object, peer: str) -> base_ot.Rec
     )
 
 
-def reply(key: bytes, size: int, hello_message: object, peer: str) -> dict[str, Any]:
-    """Step 2 (S): the base-OT choices, the code key and S's set size."""
-    _size(hello_message, "hello", peer)
+def reply(key: bytes, hello_message: object, peer: str) -> dict[str, Any]:
+    """Step 2 (S): the base-OT choices and the code key."""
     return {
         "base_ot": _base_ot_choice(key, hello_message, peer).message,
         "code_key": prg(key, 16, _CODE_KEY),
-        "size": size,
     }
 
 
 def values(
-    key: bytes, digests: np.ndarray, hello_message: object, matrix_message: object, peer: str
+    key: bytes,
+    digests: np.ndarray,
+    hello_message: object,
+    matrix_message: object,
+    plan: Plan,
+    bucket: int,
+    peer: str,
 ) -> dict[str, Any]:
-    """Step 4 (S): the OPRF of each own item under each hash function, in S's secret order."""
-    peer_size = _size(hello_message, "hello", peer)
+    """Step 4 (S): the OPRF of each own item of one bucket (padded with dummies) under each
+    hash function, in S's secret order."""
+    expected = cuckoo.table_size(plan.peer_padded)
     bins = _field(matrix_message, "bins", "matrix", peer)
-    if bins != cuckoo.table_size(peer_size):
+    if bins != expected:
         raise PsiError(
-            f"the matrix message from {peer} has {bins!r} bins, not the "
-            f"{cuckoo.table_size(peer_size)} of its {peer_size} ids"
+            f"the matrix message from {peer} for bucket {bucket} has {bins!r} bins, not the "
+            f"{expected} of its {plan.peer_padded} ids per bucket"
         )
     hash_key = _bytes(matrix_message, "hash_key", 16, "matrix", peer)
     u = _array(matrix_message, "u", (kkrt.WIDTH, -(-bins // 8)), "matrix", peer)
     chosen = _base_ot_choice(key, hello_message, peer)
     bits = _choice_bits(key)
-    q_rows = kkrt.sender_rows(chosen.keys, bits, u, bins)
+    q_rows = kkrt.sender_rows(chosen.keys, bits, u, bins, stream=bucket)
     mask = kkrt.choice_mask(bits)
-    order = random_permutation(key, len(digests), _PERMUTATION)
+    digests = buckets.pad(
+        digests, plan.own_padded, key, _stream(_DUMMIES, bucket), f"bucket {bucket}"
+    )
+    order = random_permutation(key, len(digests), _stream(_PERMUTATION, bucket))
     ordered = digests[order]
     candidates = cuckoo.candidate_bins(hash_key, ordered, bins)
     code = kkrt.code_keys(prg(key, 16, _CODE_KEY))
@@ -323,23 +391,35 @@ def values(
     return {"values": out}
 
 
-def sender_result(key: bytes, size: int, peer_size: int, result: object, peer: str) -> Intersection:
-    """Step 6 (S): own rows at R's positions, in position order; refuses bad positions."""
+def released_size(result: object, peer: str) -> int:
+    """Step 6 (S): the intersection's size when R released it; refuses otherwise."""
     if not isinstance(result, dict) or not result.get("released", False):
         count = result.get("size") if isinstance(result, dict) else None
         raise PsiError(
             f"{peer} refused to release the intersection of {count!r} rows (below its min_rows "
             "or empty)"
         )
-    positions = np.asarray(_field(result, "positions", "result", peer))
+    return _size(result, "result", peer)
+
+
+def sender_rows(
+    key: bytes, real: int, plan: Plan, bucket: int, positions_message: object, peer: str
+) -> np.ndarray:
+    """Step 6 (S): the indices (among its ``real`` items of the bucket) at R's positions, in
+    position order; refuses positions out of range, not ascending, or on a dummy."""
+    positions = np.asarray(_field(positions_message, "positions", "positions", peer))
+    size = plan.own_padded
     if positions.dtype != np.int64 or positions.ndim != 1:
-        raise PsiError(f"the result message from {peer} is malformed: positions must be int64")
+        raise PsiError(f"the positions message from {peer} is malformed: they must be int64")
     if len(positions) and (
         positions[0] < 0 or positions[-1] >= size or (np.diff(positions) <= 0).any()
     ):
         raise PsiError(
-            f"the result message from {peer} has positions out of range or not strictly "
-            f"ascending (own set size {size})"
+            f"the positions message from {peer} for bucket {bucket} has positions out of range "
+            f"or not strictly ascending (padded bucket size {size})"
         )
-    order = random_permutation(key, size, _PERMUTATION)
-    return Intersection(order[positions], size, peer_size)
+    order = random_permutation(key, size, _stream(_PERMUTATION, bucket))
+    rows = order[positions]
+    if (rows >= real).any():  # probability 2^-120 per pair for an honest receiver
+        raise PsiError(f"the positions message from {peer} for bucket {bucket} names a dummy")
+    return rows

@@ -1,0 +1,90 @@
+"""Buckets: the PSI runs on one slice of the ids at a time, so memory follows the slice.
+
+Both parties put an id in bucket ``H(id) mod B`` (``H`` the first 8 bytes of the id's digest,
+:func:`bucket_of`), with ``B`` from the larger of the two announced set sizes
+(:func:`bucket_count`); equal ids land in the same bucket, so the intersection is the union of
+the buckets' intersections. Each bucket is run as its own KKRT16 instance on fresh OT-extension
+columns.
+
+A bucket's true size would tell the peer a little about which digests a party holds, so each
+party pads every bucket with random dummy digests to :func:`padded_size`, a bound that depends
+only on the party's set size and ``B`` (exceeded with probability below 2^-40: Bernstein's
+inequality for a sum of Bernoulli variables, union bound over the buckets). The peer therefore
+sees the set size, which PSI discloses anyway, and nothing per bucket. Dummies match nothing
+except with probability 2^-120 per pair (they are random 120-bit digests).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.psi_ot.primitives import prg
+
+#: Target ids per bucket (of the larger set). At 2^20 ids a party's peak memory in one
+#: bucket is a few hundred MiB; the tests lower it to exercise many buckets on small sets.
+BUCKET_IDS = 1 << 20
+MIN_BUCKET_IDS = 16
+_FAILURE_BITS = 40
+
+
+class BucketError(ValueError):
+    """A bucket holds more ids than its padded size (probability below 2^-40)."""
+
+
+def bucket_count(own_size: int, peer_size: int, bucket_ids: int) -> int:
+    """``B``: the larger set in slices of about ``bucket_ids`` ids (one bucket when it fits)."""
+    return max(1, math.ceil(max(own_size, peer_size) / bucket_ids))
+
+
+def bucket_of(digests: np.ndarray, buckets: int) -> np.ndarray:
+    """The bucket of each ``(n, 16)`` digest: its first 8 bytes (little endian) mod ``B``."""
+    words = np.ascontiguousarray(digests[:, :8]).view("<u8").ravel()
+    return (words % np.uint64(buckets)).astype(np.int64)
+
+
+def padded_size(size: int, buckets: int) -> int:
+    """Ids per bucket after padding: the mean plus Bernstein's deviation at 2^-40 over ``B``
+    buckets, never more than ``size`` (a bucket cannot hold more than the whole set)."""
+    if buckets == 1:
+        return size
+    mean = size / buckets
+    log_term = _FAILURE_BITS * math.log(2) + math.log(buckets)
+    deviation = log_term / 3 + math.sqrt(log_term**2 / 9 + 2 * log_term * mean)
+    return min(size, math.ceil(mean + deviation))
+
+
+def pad(digests: np.ndarray, size: int, key: bytes, stream: int, where: str) -> np.ndarray:
+    """``digests`` followed by random dummy digests (the PRG of the party's key) up to
+    ``size`` rows; the dummies have a zero last byte like real digests."""
+    real = len(digests)
+    if real > size:
+        raise BucketError(
+            f"{where}: a bucket holds {real} ids, above its padded size {size} (probability "
+            "below 2^-40; run again under a new job id)"
+        )
+    out = np.zeros((size, 16), dtype=np.uint8)
+    out[:real] = digests
+    dummies = np.frombuffer(prg(key, 15 * (size - real), stream), dtype=np.uint8)
+    out[real:, :15] = dummies.reshape(-1, 15)
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What both parties derive from the two announced sizes: roles, buckets, padded sizes."""
+
+    receiver: bool  # this party runs the OPRF receiver's side
+    buckets: int
+    own_size: int
+    peer_size: int
+
+    @property
+    def own_padded(self) -> int:
+        return padded_size(self.own_size, self.buckets)
+
+    @property
+    def peer_padded(self) -> int:
+        return padded_size(self.peer_size, self.buckets)

@@ -1,18 +1,25 @@
 """Flow ``psi_align``: align two parties' tables on their id columns by private set intersection.
 
-party A                              party B
-blind own ids  ── H(a)^x ──────────▶
-               ◀────────── H(b)^y ──  blind own ids
-blind peer ids ── H(b)^yx ─────────▶
-               ◀───────── H(a)^xy ──  blind peer ids
-aligned rows                          aligned rows     (same order on both sides)
+The default protocol is KKRT16 (OT extension, :mod:`tasks.psi_kkrt`), run bucket by bucket;
+R is the party with the smaller set:
+
+party R (receiver)                          party S (sender)
+hash own ids into buckets  ◀── sizes ──▶  hash own ids into buckets
+base-OT setup              ── hello ───▶
+                           ◀── reply ───  base-OT choices, code key
+per bucket k:  OT-extension columns ── matrix_k ──▶
+                                    ◀── values_k ──  OPRF of S's bucket k
+               match, keep
+the size (min_rows), then positions per bucket ───▶
+aligned rows                                         aligned rows   (same order on both sides)
+
+``protocol="ecdh"`` runs X25519 Diffie-Hellman PSI (:mod:`tasks.psi`: each side blinds its
+ids, then the peer's; equal ids meet as equal doubly-blinded points), with the same
+guarantees and the same intersection.
 
 ``psi_align`` runs both sides in one process (the embedded mode). ``psi_align_party`` is one
 side, run by a party service at its own organisation: both parties run it with the same job id,
 each on its own table, and each executes only its own column of the diagram above.
-
-``protocol="kkrt"`` runs the OT-extension PSI of KKRT16 instead (:mod:`tasks.psi_kkrt`: five
-messages, the same guarantees, both sides' rows in one shared order).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ def psi_align(
     party_b: dict[str, Any],
     min_rows: int = 100,
     workspace: str | None = None,
-    protocol: str = "ecdh",
+    protocol: str = "kkrt",
 ) -> dict[str, Any]:
     """Align two tables; returns the intersection size and each party's aligned descriptor.
 
@@ -56,7 +63,7 @@ def psi_align(
         party_b: Descriptor of the second party's table.
         min_rows: Refuse an intersection smaller than this many rows.
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
-        protocol: ``"ecdh"`` (X25519) or ``"kkrt"`` (OT extension, KKRT16).
+        protocol: ``"kkrt"`` (OT extension, KKRT16; the default) or ``"ecdh"`` (X25519).
     """
     a, b = TableRef.from_dict(party_a), TableRef.from_dict(party_b)
     if a.party == b.party:
@@ -105,7 +112,7 @@ def psi_align(
 
 @flow(name="psi_align_party", flow_run_name="psi_align {job_id}: {own[party]} with {peer}")
 def psi_align_party(
-    own: dict[str, Any], peer: str, job_id: str, min_rows: int = 100, protocol: str = "ecdh"
+    own: dict[str, Any], peer: str, job_id: str, min_rows: int = 100, protocol: str = "kkrt"
 ) -> dict[str, Any]:
     """One party's side of the alignment; its result names only its own aligned table.
 
@@ -117,7 +124,7 @@ def psi_align_party(
         peer: Name of the other party (as its certificate names it).
         job_id: Job name agreed between the two parties.
         min_rows: Smallest intersection either party accepts.
-        protocol: ``"ecdh"`` or ``"kkrt"``; both parties must pass the same.
+        protocol: ``"kkrt"`` (the default) or ``"ecdh"``; both parties must pass the same.
     """
     _check_protocol(protocol)
     ref = TableRef.from_dict(own)

@@ -128,7 +128,7 @@ class PsiOptions(_Strict):
     """``psi_align`` / ``psi_align_party``."""
 
     min_rows: int = Field(100, ge=1, description="smallest intersection either party accepts")
-    protocol: Literal["ecdh", "kkrt"] = Field("ecdh", description="X25519 or OT extension (KKRT16)")
+    protocol: Literal["kkrt", "ecdh"] = Field("kkrt", description="OT extension (KKRT16) or X25519")
 
 
 class VerticalOptions(_Strict):

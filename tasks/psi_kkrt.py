@@ -1,180 +1,430 @@
-"""KKRT16 PSI alignment (``protocol="kkrt"``), one task per party step; maths in
+"""KKRT16 PSI alignment (the default protocol), one task per party step and bucket; maths in
 :mod:`core.psi_ot.protocol`.
 
-The party's 16-byte job key is the only secret kept between its steps (every random value is
-derived from it, so a retried step resends the same bytes); R also keeps its OPRF outputs from
-step 3 to step 5. Both are deleted in the transaction that writes the aligned table.
+Memory follows the bucket, not the table: the ids stream from DuckDB into the party's own
+digest table (``privreg_psi_ids_<job>``), each bucket is read back from it alone, the matched
+rows go to ``privreg_psi_matches_<job>``, and the aligned table is written by one ordered
+``CREATE TABLE ... AS SELECT`` that DuckDB streams. A finished bucket is recorded in the same
+transaction as its rows, so a run that stops mid-way resumes at the first unfinished bucket.
+
+The party's 16-byte job key is the only secret kept for the whole job (every random value is
+derived from it, so a retried step resends the same bytes); the receiver also keeps a bucket's
+OPRF outputs between its matrix and its match. Both are sealed under the job's key file
+(:mod:`storage.secrets`), shredded once the aligned table is written.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from typing import Any
 
+import duckdb
 import numpy as np
+import pandas as pd
 from prefect import get_run_logger, task
 
 from core import psi
+from core.psi_ot import buckets
 from core.psi_ot import protocol as kkrt
+from core.psi_ot.buckets import Plan
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.lineage import Lineage, record
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
+from storage.secrets import SealedArtifacts
 from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 from tasks.psi import aligned_table_name
+
+#: Ids canonicalised and hashed per read from the table.
+CHUNK_ROWS = 1 << 18
 
 
 def _prefix(job_id: str) -> str:
     return f"psi/{job_id}/"
 
 
-def _key(artifacts: ArtifactStore, job_id: str) -> bytes:
-    key = artifacts.get(_prefix(job_id) + "key")
+def _tables(job_id: str) -> tuple[str, str]:
+    """This job's digest and match tables in the party's store."""
+    tag = hashlib.sha256(job_id.encode()).hexdigest()[:16]
+    return f"privreg_psi_ids_{tag}", f"privreg_psi_matches_{tag}"
+
+
+def _sealed(store: PartyStore, job_id: str) -> SealedArtifacts:
+    return SealedArtifacts(store, _prefix(job_id).rstrip("/"))
+
+
+def _key(store: PartyStore, job_id: str) -> bytes:
+    sealed = _sealed(store, job_id)
+    key = sealed.get(_prefix(job_id) + "key")
     if key is None:
         key = kkrt.new_party_key()
-        artifacts.put(_prefix(job_id) + "key", key, "secret")
+        sealed.put(_prefix(job_id) + "key", key)
     return key
 
 
-def _digests(store: PartyStore, ref: TableRef) -> np.ndarray:
-    """Own ids as protocol inputs; a bad id is refused naming party, table, column and row."""
-    where = f"{ref.party} ({ref.table}.{ref.id_column})"
-    return kkrt.item_digests(store.read_table(ref)[ref.id_column].tolist(), where)
+def _where(ref: TableRef) -> str:
+    return f"{ref.party} ({ref.table}.{ref.id_column})"
 
 
-def _write(
-    store: PartyStore, ref: TableRef, job_id: str, result: psi.Intersection, min_rows: int
-) -> dict[str, Any]:
-    """Refuse small results, then write the aligned table and drop the job's secrets at once."""
-    psi.check_release(result, min_rows)
+# ---- step 0: own ids into the digest table, sizes --------------------------------------------
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFrame) -> None:
+    con.register("_privreg_psi_rows", frame)
+    try:
+        con.execute(f'INSERT INTO "{table}" SELECT * FROM _privreg_psi_rows')
+    finally:
+        con.unregister("_privreg_psi_rows")
+
+
+def _digest_rows(con: duckdb.DuckDBPyConnection, ref: TableRef, table: str) -> int:
+    """Stream the id column, chunk by chunk, into ``table`` (row, d0, d1); refuses a bad or
+    duplicate id naming party, table, column and rows. Returns the row count."""
+    source, column = ref.table, ref.id_column
+    last = con.execute(f'SELECT max(rowid), count(*) FROM "{source}"').fetchone()
+    top, count = (-1 if last[0] is None else int(last[0])), int(last[1])
+    con.execute(f'CREATE OR REPLACE TABLE "{table}" (row BIGINT, d0 UBIGINT, d1 UBIGINT)')
+    for low in range(0, top + 1, CHUNK_ROWS):
+        chunk = con.execute(
+            f'SELECT rowid AS row, "{column}" AS id FROM "{source}" '
+            "WHERE rowid >= ? AND rowid < ? ORDER BY rowid",
+            [low, low + CHUNK_ROWS],
+        ).df()
+        digests = kkrt.item_digests(chunk["id"].tolist(), _where(ref), first_row=low)
+        words = digests.view("<u8")
+        frame = pd.DataFrame({"row": chunk["row"].to_numpy(np.int64)})
+        frame["d0"], frame["d1"] = words[:, 0], words[:, 1]
+        _insert(con, table, frame)
+    repeat = con.execute(
+        f'SELECT row, first FROM (SELECT row, min(row) OVER (PARTITION BY d0, d1) AS first FROM "{table}") '  # noqa: E501
+        "WHERE row <> first ORDER BY row LIMIT 1"
+    ).fetchone()
+    if repeat is not None:
+        value = con.execute(f'SELECT "{column}" FROM "{source}" WHERE rowid = ?', [repeat[0]])
+        raise psi.PsiError(
+            f"{_where(ref)}: id at row {repeat[0] + 1} duplicates row {repeat[1] + 1} "
+            f"({value.fetchone()[0]!r})"
+        )
+    return count
+
+
+@task(name="psi-kkrt-ids", task_run_name="{ref.party}: hash own ids", **PARTY_STEP)
+def prepare_ids(ref: TableRef, job_id: str) -> int:
+    """Own ids as protocol inputs, in the party's digest table; returns the set size.
+
+    Refusals (a null, unsupported or duplicate id) come before anything is sent or kept."""
+    store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
-    aligned = store.read_table(ref).iloc[result.rows].reset_index(drop=True)
-    table = aligned_table_name(ref)
-    summary = {
-        "table": table,
-        "size": result.size,
-        "own_size": result.own_size,
-        "peer_size": result.peer_size,
-    }
-    lineage = Lineage(ref.table, store.fingerprint(ref), table, job_id)
+    done = artifacts.get(_prefix(job_id) + "ids")
+    if done is not None:
+        return int(done["size"])
+    if not store.has_table(ref.table):
+        raise psi.PsiError(f"{ref.party}: no table {ref.table!r} in {store.path.name}")
     with store.transaction() as con:
-        store.write_table(table, aligned, con)
-        OwnerPolicy(store).record_source(table, ref.table, con)  # the copy shares its budget
-        artifacts.put(_prefix(job_id) + "result", summary, "psi-result", con=con)
-        record(store, _prefix(job_id), lineage, con)  # what a re-run may reuse it for
-        for secret in ("key", "kkrt_state"):
-            artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
-    get_run_logger().info(
-        "%s aligned %d of %d rows into %s (KKRT16)", ref.party, result.size, result.own_size, table
+        size = _digest_rows(con, ref, _tables(job_id)[0])
+        artifacts.put(_prefix(job_id) + "ids", {"size": size}, "psi-state", con=con)
+    return size
+
+
+@task(name="psi-kkrt-size", task_run_name="{ref.party}: announce set size", **PARTY_STEP)
+def send_size(
+    ref: TableRef, peer: str, job_id: str, size: int, workspace: str | None = None
+) -> None:
+    """Step 0: the own set size and bucket size."""
+    channel_for(job_id, workspace).endpoint(ref.party).send(
+        peer, kkrt.KIND_SIZE, kkrt.size_message(size, buckets.BUCKET_IDS)
     )
-    return summary
+
+
+def plan_for(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> Plan:
+    """Roles and buckets, from the own size and the peer's size message (waits for it)."""
+    size = ArtifactStore(PartyStore.of(ref)).get(_prefix(job_id) + "ids")["size"]
+    message = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, kkrt.KIND_SIZE)
+    return kkrt.plan(ref.party, peer, int(size), buckets.BUCKET_IDS, message)
+
+
+def _bucket(
+    store: PartyStore, job_id: str, plan: Plan, bucket: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, digests)`` of one bucket, in row order (so a retry computes the same)."""
+    with store.connect() as con:
+        found = con.execute(
+            f'SELECT row, d0, d1 FROM "{_tables(job_id)[0]}" WHERE d0 % ? = ? ORDER BY row',
+            [plan.buckets, bucket],
+        ).fetchnumpy()
+    rows = np.asarray(found["row"], dtype=np.int64)
+    words = np.empty((len(rows), 2), dtype="<u8")
+    words[:, 0], words[:, 1] = found["d0"], found["d1"]
+    return rows, words.view(np.uint8)
+
+
+# ---- the base OTs, once per job --------------------------------------------------------------
 
 
 @task(name="psi-kkrt-hello", task_run_name="{ref.party}: base-OT setup", **PARTY_STEP)
 def send_hello(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> None:
-    """Step 1 (receiver): base-OT setup and own set size."""
-    store = PartyStore.of(ref)
-    key = _key(ArtifactStore(store), job_id)
-    size = len(store.read_table(ref)[ref.id_column])
-    channel_for(job_id, workspace).endpoint(ref.party).send(
-        peer, kkrt.KIND_HELLO, kkrt.hello(key, size)
-    )
+    """Step 1 (receiver): base-OT setup."""
+    key = _key(PartyStore.of(ref), job_id)
+    channel_for(job_id, workspace).endpoint(ref.party).send(peer, kkrt.KIND_HELLO, kkrt.hello(key))
 
 
 @task(name="psi-kkrt-reply", task_run_name="{ref.party}: base-OT choices", **PARTY_STEP)
 def send_reply(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> None:
-    """Step 2 (sender): base-OT choices, code key, own set size."""
-    store = PartyStore.of(ref)
-    key = _key(ArtifactStore(store), job_id)
-    size = len(_digests(store, ref))  # refuses bad ids before anything is sent
+    """Step 2 (sender): base-OT choices and the code key."""
+    key = _key(PartyStore.of(ref), job_id)
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
-    endpoint.send(peer, kkrt.KIND_REPLY, kkrt.reply(key, size, hello, peer))
+    endpoint.send(peer, kkrt.KIND_REPLY, kkrt.reply(key, hello, peer))
 
 
-@task(name="psi-kkrt-matrix", task_run_name="{ref.party}: OT-extension matrix", **PARTY_STEP)
-def send_matrix(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> None:
-    """Step 3 (receiver): cuckoo table, OT-extension columns; keeps its own OPRF outputs."""
+# ---- per bucket ------------------------------------------------------------------------------
+
+
+def _done(job_id: str, bucket: int) -> str:
+    return f"{_prefix(job_id)}bucket/{bucket:06d}"
+
+
+@task(name="psi-kkrt-matrix", task_run_name="{ref.party}: matrix, bucket {bucket}", **PARTY_STEP)
+def send_matrix(
+    ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None = None
+) -> None:
+    """Step 3 (receiver): one bucket's OT-extension columns; keeps its OPRF outputs."""
     store = PartyStore.of(ref)
-    artifacts = ArtifactStore(store)
-    key = _key(artifacts, job_id)
+    if ArtifactStore(store).has(_done(job_id, bucket)):
+        return  # matched by an earlier attempt: not redone
+    key = _key(store, job_id)
+    plan = plan_for(ref, peer, job_id, workspace)
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     reply = endpoint.receive(peer, kkrt.KIND_REPLY)
-    message, state = kkrt.matrix(key, _digests(store, ref), reply, peer)
-    artifacts.put(
-        _prefix(job_id) + "kkrt_state",
-        {"outputs": state.outputs, "choice": state.choice, "peer_size": state.peer_size},
-        "psi-state",
-    )
-    endpoint.send(peer, kkrt.KIND_MATRIX, message)
+    rows, digests = _bucket(store, job_id, plan, bucket)
+    message, state = kkrt.matrix(key, digests, reply, plan, bucket, peer)
+    saved = {"rows": rows, "outputs": state.outputs, "choice": state.choice}
+    _sealed(store, job_id).put(f"{_prefix(job_id)}kkrt_state/{bucket:06d}", saved)
+    endpoint.send(peer, kkrt.KIND_MATRIX, message, round=bucket)
 
 
-@task(name="psi-kkrt-values", task_run_name="{ref.party}: OPRF values", **PARTY_STEP)
-def send_values(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> None:
-    """Step 4 (sender): the OPRF of its items under each hash function, in a secret order."""
+@task(name="psi-kkrt-values", task_run_name="{ref.party}: values, bucket {bucket}", **PARTY_STEP)
+def send_values(
+    ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None = None
+) -> None:
+    """Step 4 (sender): the OPRF of one bucket's items under each hash function."""
     store = PartyStore.of(ref)
-    key = _key(ArtifactStore(store), job_id)
+    artifacts = ArtifactStore(store)
+    if artifacts.has(_done(job_id, bucket)):
+        return  # sent by an earlier attempt: not redone
+    key = _key(store, job_id)
+    plan = plan_for(ref, peer, job_id, workspace)
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
-    matrix = endpoint.receive(peer, kkrt.KIND_MATRIX)
-    endpoint.send(
-        peer, kkrt.KIND_VALUES, kkrt.values(key, _digests(store, ref), hello, matrix, peer)
+    matrix = endpoint.receive(peer, kkrt.KIND_MATRIX, round=bucket)
+    _, digests = _bucket(store, job_id, plan, bucket)
+    message = kkrt.values(key, digests, hello, matrix, plan, bucket, peer)
+    endpoint.send(peer, kkrt.KIND_VALUES, message, round=bucket)
+    artifacts.put(_done(job_id, bucket), {"sent": True}, "psi-state")
+
+
+@task(name="psi-kkrt-match", task_run_name="{ref.party}: match, bucket {bucket}", **PARTY_STEP)
+def match_bucket(
+    ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None = None
+) -> None:
+    """Step 5 (receiver): one bucket's matches, kept with the bucket's "done" mark."""
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    if artifacts.has(_done(job_id, bucket)):
+        return
+    state_key = f"{_prefix(job_id)}kkrt_state/{bucket:06d}"
+    saved = _sealed(store, job_id).get(state_key)
+    plan = plan_for(ref, peer, job_id, workspace)
+    state = kkrt.ReceiverState(
+        np.asarray(saved["outputs"]), np.asarray(saved["choice"]), plan.peer_padded
+    )
+    values = (
+        channel_for(job_id, workspace)
+        .endpoint(ref.party)
+        .receive(peer, kkrt.KIND_VALUES, round=bucket)
+    )
+    found = kkrt.match(state, values, peer)
+    frame = pd.DataFrame({"bucket": np.full(found.result.size, bucket, dtype=np.int64)})
+    frame["pos"] = found.positions
+    frame["row"] = np.asarray(saved["rows"])[found.result.rows]
+    with store.transaction() as con:
+        _matches_table(con, job_id)
+        _insert(con, _tables(job_id)[1], frame)
+        artifacts.put(_done(job_id, bucket), {"matched": found.result.size}, "psi-state", con=con)
+        artifacts.delete_prefix(state_key, con=con)
+
+
+def _matches_table(con: duckdb.DuckDBPyConnection, job_id: str) -> None:
+    con.execute(
+        f'CREATE TABLE IF NOT EXISTS "{_tables(job_id)[1]}" (bucket BIGINT, pos BIGINT, row BIGINT)'
     )
 
 
-@task(name="psi-kkrt-match", task_run_name="{ref.party}: match and store", **PARTY_STEP)
-def match_and_store(
+# ---- release and write -----------------------------------------------------------------------
+
+
+def _write(
+    store: PartyStore,
+    ref: TableRef,
+    job_id: str,
+    con: duckdb.DuckDBPyConnection,
+    sizes: tuple[int, int, int],
+    source_digest: str,
+) -> dict[str, Any]:
+    """The aligned table in (bucket, position) order, in the caller's transaction, with its
+    lineage; the job's working tables and secrets go in the same transaction."""
+    size, own_size, peer_size = sizes
+    table = aligned_table_name(ref)
+    ids, matches = _tables(job_id)
+    con.execute(
+        f'CREATE OR REPLACE TABLE "{table}" AS SELECT s.* FROM "{ref.table}" s '
+        f'JOIN "{matches}" m ON s.rowid = m.row ORDER BY m.bucket, m.pos'
+    )
+    summary = {"table": table, "size": size, "own_size": own_size, "peer_size": peer_size}
+    artifacts = ArtifactStore(store)
+    OwnerPolicy(store).record_source(table, ref.table, con)  # the copy shares its budget
+    artifacts.delete_prefix(_prefix(job_id), con=con)  # key, states, marks
+    artifacts.put(_prefix(job_id) + "result", summary, "psi-result", con=con)
+    lineage = Lineage(ref.table, source_digest, table, job_id)
+    record(store, _prefix(job_id), lineage, con)  # what a re-run may reuse it for
+    con.execute(f'DROP TABLE IF EXISTS "{ids}"')
+    con.execute(f'DROP TABLE IF EXISTS "{matches}"')
+    return summary
+
+
+def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
+    _sealed(store, job_id).destroy()  # after the commit: a failed write keeps the job resumable
+    get_run_logger().info(
+        "%s aligned %d of %d rows into %s (KKRT16)",
+        ref.party,
+        summary["size"],
+        summary["own_size"],
+        summary["table"],
+    )
+
+
+@task(name="psi-kkrt-release", task_run_name="{ref.party}: release and store", **PARTY_STEP)
+def release_and_store(
     ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
 ) -> dict[str, Any]:
-    """Step 5 (receiver): find the intersection, tell the sender, write the aligned table."""
+    """Step 5 (receiver), every bucket matched: the size, then (when released) the positions
+    per bucket; then the aligned table. Refuses an empty or small intersection."""
     store = PartyStore.of(ref)
-    saved = ArtifactStore(store).get(_prefix(job_id) + "kkrt_state")
-    state = kkrt.ReceiverState(
-        np.asarray(saved["outputs"]), np.asarray(saved["choice"]), int(saved["peer_size"])
-    )
+    plan = plan_for(ref, peer, job_id, workspace)
+    artifacts = ArtifactStore(store)
+    size = sum(int(artifacts.get(_done(job_id, b))["matched"]) for b in range(plan.buckets))
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
-    found = kkrt.match(state, endpoint.receive(peer, kkrt.KIND_VALUES), peer)
-    endpoint.send(peer, kkrt.KIND_RESULT, kkrt.result_message(found, min_rows))
-    return _write(store, ref, job_id, found.result, min_rows)
+    answer = kkrt.result_message(size, min_rows)
+    endpoint.send(peer, kkrt.KIND_RESULT, answer)
+    psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
+    source_digest = store.fingerprint(ref)
+    with store.transaction() as con:
+        _matches_table(con, job_id)
+        for bucket in range(plan.buckets):
+            positions = con.execute(
+                f'SELECT pos FROM "{_tables(job_id)[1]}" WHERE bucket = ? ORDER BY pos', [bucket]
+            ).fetchnumpy()["pos"]
+            endpoint.send(peer, kkrt.KIND_POSITIONS, kkrt.positions_message(positions), bucket)
+        sizes = (size, plan.own_size, plan.peer_size)
+        summary = _write(store, ref, job_id, con, sizes, source_digest)
+    _finish(store, ref, job_id, summary)
+    return summary
 
 
 @task(name="psi-kkrt-finish", task_run_name="{ref.party}: store aligned rows", **PARTY_STEP)
 def finish_and_store(
     ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
 ) -> dict[str, Any]:
-    """Step 6 (sender): own rows at the receiver's positions, written in the same order."""
+    """Step 6 (sender): own rows at the receiver's positions, bucket by bucket, written in the
+    same order. Refuses a withheld, empty or small intersection and bad positions."""
     store = PartyStore.of(ref)
-    key = _key(ArtifactStore(store), job_id)
+    key = _key(store, job_id)
+    plan = plan_for(ref, peer, job_id, workspace)
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
-    size = len(store.read_table(ref)[ref.id_column])
-    peer_size = int(endpoint.receive(peer, kkrt.KIND_HELLO)["size"])
-    result = kkrt.sender_result(
-        key, size, peer_size, endpoint.receive(peer, kkrt.KIND_RESULT), peer
-    )
-    return _write(store, ref, job_id, result, min_rows)
+    size = kkrt.released_size(endpoint.receive(peer, kkrt.KIND_RESULT), peer)
+    psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
+    placed, source_digest = 0, store.fingerprint(ref)
+    with store.transaction() as con:
+        con.execute(f'DROP TABLE IF EXISTS "{_tables(job_id)[1]}"')  # an earlier attempt's
+        _matches_table(con, job_id)
+        for bucket in range(plan.buckets):
+            message = endpoint.receive(peer, kkrt.KIND_POSITIONS, round=bucket)
+            rows, _ = _bucket(store, job_id, plan, bucket)
+            at = kkrt.sender_rows(key, len(rows), plan, bucket, message, peer)
+            frame = pd.DataFrame({"bucket": np.full(len(at), bucket, dtype=np.int64)})
+            frame["pos"] = message["positions"]
+            frame["row"] = rows[at]
+            _insert(con, _tables(job_id)[1], frame)
+            placed += len(at)
+        if placed != size:
+            raise psi.PsiError(
+                f"{peer} announced {size} shared rows but sent {placed} positions: refused"
+            )
+        sizes = (size, plan.own_size, plan.peer_size)
+        summary = _write(store, ref, job_id, con, sizes, source_digest)
+    _finish(store, ref, job_id, summary)
+    return summary
+
+
+# ---- whole sides -----------------------------------------------------------------------------
+
+Step = Callable[..., Any]
+
+
+def _call(step: Any, *args: Any) -> Any:
+    return step(*args)
+
+
+def party_side(
+    ref: TableRef,
+    peer: str,
+    job_id: str,
+    min_rows: int,
+    workspace: str | None = None,
+    call: Step = _call,
+) -> dict[str, Any]:
+    """One party's whole side in its role's order. ``call(task, *args)`` runs each step (as a
+    Prefect task by default; a benchmark passes one that calls ``task.fn``)."""
+    size = call(prepare_ids, ref, job_id)
+    call(send_size, ref, peer, job_id, size, workspace)
+    plan = plan_for(ref, peer, job_id, workspace)
+    if plan.receiver:
+        call(send_hello, ref, peer, job_id, workspace)
+        call(send_matrix, ref, peer, job_id, 0, workspace)
+        for bucket in range(plan.buckets):  # the next matrix goes out before this match
+            if bucket + 1 < plan.buckets:
+                call(send_matrix, ref, peer, job_id, bucket + 1, workspace)
+            call(match_bucket, ref, peer, job_id, bucket, workspace)
+        return call(release_and_store, ref, peer, job_id, min_rows, workspace)
+    call(send_reply, ref, peer, job_id, workspace)
+    for bucket in range(plan.buckets):
+        call(send_values, ref, peer, job_id, bucket, workspace)
+    return call(finish_and_store, ref, peer, job_id, min_rows, workspace)
 
 
 def run_party(ref: TableRef, peer: str, job_id: str, min_rows: int) -> dict[str, Any]:
-    """One party's whole side, in its role's order (for ``psi_align_party``)."""
-    if kkrt.is_receiver(ref.party, peer):
-        send_hello(ref, peer, job_id)
-        send_matrix(ref, peer, job_id)
-        return match_and_store(ref, peer, job_id, min_rows)
-    send_reply(ref, peer, job_id)
-    send_values(ref, peer, job_id)
-    return finish_and_store(ref, peer, job_id, min_rows)
+    """One party's whole side (for ``psi_align_party``)."""
+    return party_side(ref, peer, job_id, min_rows)
 
 
 def run_both(
     a: TableRef, b: TableRef, job_id: str, min_rows: int, workspace: str | None
 ) -> list[dict[str, Any]]:
     """Both parties in one process (for ``psi_align``); results in the order ``a, b``."""
-    receiver, sender = (a, b) if kkrt.is_receiver(a.party, b.party) else (b, a)
+    sizes = [prepare_ids(ref, job_id) for ref in (a, b)]  # both refuse bad ids first
+    send_size(a, b.party, job_id, sizes[0], workspace)
+    send_size(b, a.party, job_id, sizes[1], workspace)
+    plan = plan_for(a, b.party, job_id, workspace)
+    receiver, sender = (a, b) if plan.receiver else (b, a)
     send_hello(receiver, sender.party, job_id, workspace)
     send_reply(sender, receiver.party, job_id, workspace)
-    send_matrix(receiver, sender.party, job_id, workspace)
-    send_values(sender, receiver.party, job_id, workspace)
-    done = {receiver.party: match_and_store(receiver, sender.party, job_id, min_rows, workspace)}
+    for bucket in range(plan.buckets):
+        send_matrix(receiver, sender.party, job_id, bucket, workspace)
+        send_values(sender, receiver.party, job_id, bucket, workspace)
+        match_bucket(receiver, sender.party, job_id, bucket, workspace)
+    done = {receiver.party: release_and_store(receiver, sender.party, job_id, min_rows, workspace)}
     done[sender.party] = finish_and_store(sender, receiver.party, job_id, min_rows, workspace)
     return [done[a.party], done[b.party]]

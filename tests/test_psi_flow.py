@@ -1,4 +1,5 @@
-"""The ``psi_align`` flow and the pipeline under a Prefect test server."""
+"""The ``psi_align`` flow under a Prefect test server (the ECDH protocol's messages; the default
+KKRT16 protocol has its own module)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def make_parties(workspace: Path, shared: int = 150, only_a: int = 40, only_b: i
 
 def test_flow_aligns_both_sides_and_leaks_no_id(workspace: Path) -> None:
     a, b, expected = make_parties(workspace)
-    result = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
+    result = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="ecdh")
     assert result["intersection_size"] == len(expected) == 150
     assert result["set_sizes"] == [190, 210]
     aligned_a = PartyStore.of(a).read_table(TableRef.from_dict(result["aligned"][0]))

@@ -1,5 +1,6 @@
-"""``psi_align(protocol="kkrt")`` under Prefect: one process, and two party processes over
-mutual TLS; refusals (replayed, truncated, too small) leave no aligned table behind."""
+"""``psi_align`` with KKRT16 (the default) under Prefect: one process, many buckets and a resume
+after a failure mid-way, and two party processes over mutual TLS; refusals (replayed,
+truncated, duplicates, too small) leave no aligned table behind."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from test_party_processes import PARTIES, make_tables, write_config
 from test_psi_flow import make_parties
 
 from core import psi
+from core.psi_ot import buckets
 from core.psi_ot import protocol as kkrt
 from demo.orgs import free_port
 from flows.align import psi_align
@@ -38,7 +40,7 @@ def _ids(ref: TableRef, result: dict, index: int) -> list[str]:
 
 def test_kkrt_flow_aligns_like_ecdh_and_leaks_no_id(workspace: Path) -> None:
     a, b, expected = make_parties(workspace)
-    result = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
+    result = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
     assert result["intersection_size"] == len(expected) == 150
     assert result["set_sizes"] == [190, 210]
     kkrt_a, kkrt_b = _ids(a, result, 0), _ids(b, result, 1)
@@ -46,22 +48,25 @@ def test_kkrt_flow_aligns_like_ecdh_and_leaks_no_id(workspace: Path) -> None:
 
     channel = channel_for(result["job_id"], str(workspace))
     records = channel.log()
-    assert [(r.sender, r.receiver, r.kind) for r in records] == [
-        ("bank", "shop", kkrt.KIND_HELLO),
-        ("bank", "shop", kkrt.KIND_MATRIX),
-        ("bank", "shop", kkrt.KIND_RESULT),
-        ("shop", "bank", kkrt.KIND_REPLY),
-        ("shop", "bank", kkrt.KIND_VALUES),
-    ]  # "bank" < "shop": bank is the OPRF receiver
+    assert sorted((r.sender, r.kind, r.round) for r in records) == [
+        ("bank", kkrt.KIND_HELLO, 0),
+        ("bank", kkrt.KIND_MATRIX, 0),
+        ("bank", kkrt.KIND_POSITIONS, 0),
+        ("bank", kkrt.KIND_RESULT, 0),
+        ("bank", kkrt.KIND_SIZE, 0),
+        ("shop", kkrt.KIND_REPLY, 0),
+        ("shop", kkrt.KIND_SIZE, 0),
+        ("shop", kkrt.KIND_VALUES, 0),
+    ]  # bank has the smaller set (190 < 210): it is the OPRF receiver
     raw = b"".join(channel.read_raw(r) for r in records)
     everyone = set(PartyStore.of(a).read_table(a)["id"]) | set(PartyStore.of(b).read_table(b)["id"])
     assert not any(i.encode() in raw for i in everyone)
     digests = kkrt.item_digests(sorted(everyone), "test")
     assert not any(d[:15].tobytes() in raw for d in digests)
 
-    again = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
+    again = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
     assert again["reused"] and again["job_id"] == result["job_id"]
-    ecdh = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
+    ecdh = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="ecdh")
     assert ecdh["job_id"] != result["job_id"]  # one job per protocol
     assert set(_ids(a, ecdh, 0)) == set(kkrt_a) and _ids(a, ecdh, 0) == _ids(b, ecdh, 1)
 
@@ -69,7 +74,7 @@ def test_kkrt_flow_aligns_like_ecdh_and_leaks_no_id(workspace: Path) -> None:
 def test_small_intersection_is_refused_and_nothing_written(workspace: Path) -> None:
     a, b, _ = make_parties(workspace, shared=30)
     with pytest.raises(psi.PsiError, match="below min_rows=100"):
-        psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
+        psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
     assert not PartyStore.of(a).has_table("accounts_aligned")
     assert not PartyStore.of(b).has_table("orders_aligned")
 
@@ -110,18 +115,80 @@ def test_truncated_messages_are_refused(workspace: Path) -> None:
     key = channel.key(0, "bank", "shop", kkrt.KIND_HELLO)
     path = channel.transport.store().path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(codec.dumps(kkrt.hello(kkrt.new_party_key(), 190))[:-7])  # cut on the wire
+    path.write_bytes(codec.dumps(kkrt.hello(kkrt.new_party_key()))[:-7])  # cut on the wire
     with pytest.raises(ChannelError, match="refused the 'psi_kkrt_hello' message from bank"):
         _shop_reply(b.to_dict(), "kkrt-cut", str(workspace))
     assert channel.endpoint("shop").sent("bank", kkrt.KIND_REPLY) is None  # nothing answered
 
     channel = channel_for("kkrt-short", str(workspace))
-    hello = kkrt.hello(kkrt.new_party_key(), 190)
+    hello = kkrt.hello(kkrt.new_party_key())
     channel.endpoint("bank").send("shop", kkrt.KIND_HELLO, {**hello, "base_ot": b"\x04" * 65})
     with pytest.raises(psi.PsiError, match="hello message from bank is malformed: base_ot"):
         _shop_reply(b.to_dict(), "kkrt-short", str(workspace))
     assert channel.endpoint("shop").sent("bank", kkrt.KIND_REPLY) is None
     _nothing_aligned(a, b)
+
+
+class KilledError(ValueError):
+    """The party's process ending mid-way (a ValueError: the step is not retried)."""
+
+
+def test_many_buckets_and_a_resume_that_skips_finished_buckets(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, expected = make_parties(workspace, shared=300, only_a=100, only_b=200)
+    monkeypatch.setattr(buckets, "BUCKET_IDS", 64)  # 500 ids at the larger side: 8 buckets
+    calls: dict[str, list[int]] = {"matrix": [], "values": [], "match": []}
+    real = {name: getattr(kkrt, name) for name in calls}
+
+    def counted(name: str, fail_at: int | None):
+        def step(*args):
+            if name != "match":
+                calls[name].append(args[4] if name == "matrix" else args[5])
+            elif len(calls["match"]) == fail_at:
+                raise KilledError("killed while matching")
+            else:
+                calls["match"].append(len(calls["match"]))
+            return real[name](*args)
+
+        return step
+
+    for name in calls:
+        monkeypatch.setattr(kkrt, name, counted(name, 3))
+    with pytest.raises(KilledError):  # buckets 0, 1, 2 matched, then the receiver stops
+        _both(a.to_dict(), b.to_dict(), "kkrt-resume", str(workspace))
+    _nothing_aligned(a, b)
+    assert calls["matrix"] == [0, 1, 2, 3] and calls["values"] == [0, 1, 2, 3]
+    for name in calls:
+        calls[name].clear()
+        monkeypatch.setattr(kkrt, name, counted(name, None))
+    results = _both(a.to_dict(), b.to_dict(), "kkrt-resume", str(workspace))
+    assert calls["matrix"] == [3, 4, 5, 6, 7] and calls["values"] == [4, 5, 6, 7]  # not redone
+    assert len(calls["match"]) == 5
+    ids_a = PartyStore.of(a).read_table(a.with_table(results[0]["table"]))["id"].tolist()
+    ids_b = PartyStore.of(b).read_table(b.with_table(results[1]["table"]))["id"].tolist()
+    assert ids_a == ids_b and set(ids_a) == expected and len(ids_a) == 300
+    for ref in (a, b):  # the job's working tables and secrets are gone with the alignment
+        with PartyStore.of(ref).connect() as con:
+            query = "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE ?"
+            left = con.execute(query, ["privreg_psi%"]).fetchone()[0]
+        assert left == 0
+
+
+def test_duplicate_ids_are_refused_before_anything_is_sent(workspace: Path) -> None:
+    a, b, _ = make_parties(workspace)
+    store = PartyStore.of(b)
+    with store.connect() as con:
+        frame = con.execute('SELECT * FROM "orders" ORDER BY rowid').df()
+    frame.loc[7, "id"] = " " + frame.loc[2, "id"]  # the same id once white space is stripped
+    store.write_table("orders", frame)  # as a table written around the importer's checks
+    with pytest.raises(psi.PsiError, match=r"shop \(orders.id\): id at row 8 duplicates row 3"):
+        _both(a.to_dict(), b.to_dict(), "kkrt-dup", str(workspace))  # the flow's own check aside
+    _nothing_aligned(a, b)
+    with store.connect() as con:
+        tables = con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    assert not any(name.startswith("privreg_psi") for (name,) in tables)
+    assert not list(workspace.glob("runs/*/messages/*/*"))  # neither party sent a thing
 
 
 _DRIVER = """
@@ -130,7 +197,7 @@ from storage.party_config import ENV_VAR, PartyConfig
 os.environ[ENV_VAR] = os.path.abspath(sys.argv[1])
 own = PartyConfig.load(sys.argv[1]).own_table(json.loads(sys.argv[2]))
 from flows.align import psi_align_party
-print(json.dumps(psi_align_party(own, sys.argv[3], "kkrt-two", protocol="kkrt")))
+print(json.dumps(psi_align_party(own, sys.argv[3], "kkrt-two")))
 """
 
 

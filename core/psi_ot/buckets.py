@@ -17,6 +17,7 @@ except with probability 2^-120 per pair (they are random 120-bit digests).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,9 +25,9 @@ import numpy as np
 from core.psi_ot.primitives import prg
 
 #: Target ids per bucket (of the larger set). At 2^20 ids a party's peak memory in one
-#: bucket is a few hundred MiB; the tests lower it to exercise many buckets on small sets.
-BUCKET_IDS = 1 << 20
-MIN_BUCKET_IDS = 16
+#: bucket is a few hundred MiB. ``PRIVREG_PSI_BUCKET_IDS`` changes it (both parties must run
+#: the same: the size messages carry it); the tests lower it to run many buckets on small sets.
+BUCKET_IDS = max(int(os.environ.get("PRIVREG_PSI_BUCKET_IDS", 1 << 20)), 16)
 _FAILURE_BITS = 40
 
 

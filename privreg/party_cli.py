@@ -146,7 +146,9 @@ def _psi(args: argparse.Namespace) -> None:
     own = _own_table(config, args.table)
     from flows.align import psi_align_party
 
-    result = psi_align_party(own, args.peer, args.job, min_rows=args.min_rows)
+    result = psi_align_party(
+        own, args.peer, args.job, min_rows=args.min_rows, protocol=args.protocol
+    )
     print(json.dumps(result))
 
 
@@ -317,6 +319,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     psi.add_argument("--peer", required=True, help="the other party's name")
     psi.add_argument("--job", required=True, help="the job id both parties agreed on")
     psi.add_argument("--min-rows", type=int, default=100, help="smallest intersection accepted")
+    psi.add_argument(
+        "--protocol", choices=["kkrt", "ecdh"], default="kkrt", help="both parties pass the same"
+    )
     psi.set_defaults(handler=_psi)
     walr = _one_release_parser(actions, "walr", "this party's side of walr")
     walr.add_argument("--epsilon", type=float, required=True, help="of the one release, > 0")

@@ -1,17 +1,20 @@
 """Flow ``horizontal_lr``: logistic regression on rows spread over parties, by masked sums.
 
 check own table ──▶ column names ──▶ coordinator compares        (once, before any round)
+party: job key ──▶ coordinator admits                            (once per job, or a re-key)
 then per round r (every task's run name starts with "round r:"):
-party:        advertise keys ─▶ share keys ─▶ mask update ─▶ reveal shares ─▶ save model
-coordinator:    publish keys ─▶ route shares ─▶ add masked ─▶ unmask sum, update, checkpoint
-(the key, share, routing and reveal steps are the shared tasks of ``tasks.secure_sum``)
+coordinator:  call (active parties, their keys) ─▶ add masked ─▶ unmask sum, update, commit
+party:                      mask update ─▶ answer unmask ─▶ check and save model
+(the masking is ``core.secagg.multiround``: keys agreed once per job, masks per round,
+wired by ``tasks.secure_rounds``)
 Every arrow crosses the channel; the coordinator sees only the row-weighted mean update, the
 mean loss and the total row count. Each stage runs every party's step at once and waits up to
-``stage_timeout`` seconds (``tasks.secure_sum.run_session``): a party that has not answered by
-then, whatever the reason, has dropped out, and the round goes on while at least ``threshold``
-remain. Each party checks that the model it is sent is the update of the previous one by the
-round's mean update, which it unmasks itself too, and never contributes twice at one model.
-A re-run of the same job resumes after the last round that every party finished.
+``stage_timeout`` seconds: a party that has not answered by then, whatever the reason, has
+dropped out, and the round goes on while at least ``threshold`` remain. A party that dropped
+re-keys and asks to rejoin before it contributes again. Each party checks that the model it
+is sent is the update of the previous one by the round's mean update, which it unmasks itself
+too, and never contributes twice at one model. A re-run of the same job resumes after the
+coordinator's last commit (a party that had not saved it catches up from its result).
 
 Hold-out (``holdout_fraction``): each party keeps that share of its own rows out of every
 update (split seeded by the job id) and, at the end, scores them with the final model; only
@@ -21,20 +24,20 @@ hospital's summary gives its own, and the coordinator learns none of them.
 
 Party mode (each hospital and the coordinator its own process, over the network channel):
 ``horizontal_lr_party`` is one hospital's column of the diagram and
-``horizontal_lr_coordinator`` the coordinator's; they run the same steps, with the same job
-id agreed beforehand, and meet only through messages. The coordinator calls each round (a
-fresh session id, the parties, threshold and options) and ends with a stop. A hospital that
-missed a stage is out of the session: the following calls list it as left out and no stage
-waits for it, until it asks to rejoin (it does on the first call that leaves it out, so a live
-one is back a round or two later and one that is gone costs ``stage_timeout`` once). A
-hospital left out, or restarted, still checks and saves every round's model from the
-coordinator's result. (In the one-process flow every party is asked again each round.)
+``horizontal_lr_coordinator`` the coordinator's, each round one task run per process; they
+run the same steps, with the same job id agreed beforehand, and meet only through messages.
+The coordinator calls each round (the parties, threshold, options, the round's active
+parties and keys) and ends with a stop. A hospital that missed a stage is out of the session:
+the following calls list it as left out and no stage waits for it, until it re-keys and asks
+to rejoin (it does on the first call that leaves it out, so a live one is back the next round
+and one that is gone costs ``stage_timeout`` once). A hospital left out, or restarted, still
+checks and saves every round's model from the coordinator's result. (In the one-process flow
+every dropped party re-keys at once and is asked again the next round.)
 """
 
 from __future__ import annotations
 
 import math
-import secrets
 import sys
 import time
 from typing import Any
@@ -51,7 +54,7 @@ from storage.party_config import active_config
 from storage.workspace import derive_job_id
 from tasks import horizontal_lr as steps
 from tasks import preprocessing as pre
-from tasks import secure_sum
+from tasks import secure_rounds, secure_sum
 from tasks.horizontal_lr import COORDINATOR, predict_proba
 from tasks.loading import load_table
 from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
@@ -67,9 +70,11 @@ __all__ = [
     "predict_proba",
 ]
 
-#: Where ``inject_crash_after`` can stop a run: after a secagg stage, or after the
-#: coordinator's commit but before the parties saved the round.
-CRASH_POINTS = (*secagg.DROPOUT_STAGES, "commit")
+#: The stages of a round at which a party can drop (``inject_faults``).
+STAGES = ("mask_input", "reveal_shares")
+#: Where ``inject_crash_after`` can stop a run: after a stage, or after the coordinator's
+#: commit but before the parties saved the round.
+CRASH_POINTS = (*STAGES, "commit")
 
 
 def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
@@ -108,20 +113,65 @@ def _check_options(
         raise ValueError(f"l2 and tol must be non-negative, got {l2}, {tol}")
 
 
-def _resume(
-    refs: list[TableRef], status: dict[str, dict[str, Any]], job_id: str, workspace: str | None
-) -> tuple[int, float | None]:
-    """First round to run (after the last one *every* party finished) and its weight change.
+def _catch_up(
+    by_name: dict[str, TableRef],
+    status: dict[str, dict[str, Any]],
+    job_id: str,
+    threshold: int,
+    n_features: int,
+    options: steps.TrainingOptions,
+    workspace: str | None,
+    stage_timeout: float,
+    last_round: int,
+) -> int:
+    """First round to run: after the coordinator's last commit. A party that had not saved a
+    committed round (the run stopped in between) checks and saves it now from the
+    coordinator's result, as if uninterrupted."""
+    committed = status[COORDINATOR]["last_round"]
+    names = list(by_name)
+    for party, ref in by_name.items():
+        for round_ in range(status[party]["last_round"] + 1, committed + 1):
+            ctx = steps.round_context(
+                job_id, round_, names, threshold, n_features, workspace, stage_timeout
+            )
+            steps.finish_round(ref, ctx, options, round_ == last_round)
+    return committed + 1
 
-    Parties (or the coordinator) that finished a later round roll back to that one.
-    """
-    databases = {ref.party: ref.database for ref in refs}
-    databases[COORDINATOR] = str(steps.coordinator_store(workspace).path)
-    last = min(s["last_round"] for s in status.values())
-    for who, state in status.items():
-        if state["last_round"] > last:
-            status[who] = steps.rollback(who, databases[who], job_id, last)
-    return last + 1, status[COORDINATOR]["change"]
+
+def _stage(
+    stage: str,
+    step: Any,
+    refs: dict[str, TableRef],
+    live: list[str],
+    ctx: steps.RoundContext,
+    args: tuple[Any, ...],
+    kind: str,
+    faults: Faults,
+    gone: dict[str, str],
+) -> list[str]:
+    """Run the live parties' step of a stage at once (one task run each) and take the
+    messages that arrived by the stage's deadline; the others have dropped (why in ``gone``).
+    Below the threshold the round aborts, naming them, before anything is unmasked."""
+    deadline = time.monotonic() + ctx.stage_timeout
+    _, failed = secure_sum.run_party_steps(stage, step, refs, live, ctx, args, faults, deadline)
+    heard = [p for p in live if p not in failed]
+    found = secure_sum.collect(ctx.endpoint(COORDINATOR), kind, heard, ctx.round, deadline)
+    late = f"no answer within {ctx.stage_timeout:g} s"
+    missing = {p: failed.get(p, late) for p in live if p not in found}
+    for party, why in missing.items():
+        get_run_logger().warning(
+            "round %d of job %s: %s dropped out at %s (%s)",
+            ctx.round,
+            ctx.job_id,
+            party,
+            stage,
+            why,
+        )
+    gone.update(missing)
+    answered = [p for p in live if p in found]
+    secure_rounds.require_senders(ctx.job, ctx.round, stage, answered, gone)
+    faults.crash_point(ctx.round, stage)
+    return answered
 
 
 def _run_round(
@@ -131,14 +181,45 @@ def _run_round(
     faults: Faults,
     last_round: int,
 ) -> dict[str, Any]:
-    """One secure-aggregation session; the parties that answered in time are the survivors."""
+    """One round: call, masked inputs, unmasking, model. Keys were agreed once for the job;
+    a party that dropped re-keys and asks to rejoin for the next round (in this one-process
+    mode every party is asked again each round)."""
     started = time.time()
-    responders = secure_sum.run_session(refs, ctx, steps.mask_update, (options,), faults=faults)
-    entry = steps.update_model(ctx, options, started, responders)
+    call = steps.call_round(ctx, options)
+    active = list(call.protocol["active"]) if call.protocol else []
+    gone = {p: "left out: re-keying to rejoin" for p in call.out}
+    masked = _stage(
+        "mask_input",
+        steps.mask_update,
+        refs,
+        active,
+        ctx,
+        (options,),
+        secure_rounds.MASKED,
+        faults,
+        gone,
+    )
+    senders = steps.collect_masked(ctx, masked)
+    responders = _stage(
+        "reveal_shares",
+        steps.answer_unmask,
+        refs,
+        senders,
+        ctx,
+        (),
+        secure_rounds.RESPONSE,
+        faults,
+        gone,
+    )
+    final = ctx.round == last_round
+    entry = steps.update_model(ctx, options, started, responders, final)
     faults.crash_point(ctx.round, "commit")
-    final = ctx.round == last_round or entry["change"] < options.tol
+    final = final or entry["change"] < options.tol
     # every party, dropped ones too, verifies and saves the model; one failing here lags behind
     secure_sum.run_stage("save_model", steps.finish_round, refs, list(refs), ctx, options, final)
+    if not final:  # the dropped re-key now and are admitted again for the next round
+        back = [p for p in refs if p not in responders]
+        secure_sum.run_stage("rejoin", steps.ask_to_rejoin, refs, back, ctx)
     return entry
 
 
@@ -231,7 +312,7 @@ def horizontal_lr(
     threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
     _check_options(rounds, local_epochs, learning_rate, l2, tol, stage_timeout, holdout_fraction)
     secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
-    faults = Faults.parse(inject_faults, inject_crash_after, names)
+    faults = Faults.parse(inject_faults, inject_crash_after, names, STAGES)
 
     digests = [steps.check_table(ref) for ref in refs]
     if job_id is None:
@@ -261,21 +342,30 @@ def horizontal_lr(
         stage_timeout,
         holdout_fraction,
     )
-    start, change = _resume(refs, status, job_id, workspace)
+    options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol, holdout_fraction)
+    start = _catch_up(
+        by_name, status, job_id, threshold, n_features, options, workspace, stage_timeout,
+        rounds - 1,
+    )  # fmt: skip
+    change = status[COORDINATOR]["change"]
     converged = change is not None and change < tol
     if start > 0:
         get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
     progress = Progress(rounds, f"horizontal_lr {job_id}: rounds finished")
     progress.update(rounds if converged else start)
-    options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol, holdout_fraction)
     ran = 0
     watch = _LossWatch(job_id, workspace, start)
+    if start < rounds and not converged:  # keys once per job: every party's, then admitted
+        first = steps.round_context(
+            job_id, start, names, threshold, n_features, workspace, stage_timeout
+        )
+        secure_sum.run_stage("join", steps.join_rounds, by_name, names, first)
+        steps.admit_keys(first.job, start, names, stage_timeout)
     for round_ in range(start, rounds):
         if converged:
             break
-        session = f"{job_id}/round-{round_}/{secrets.token_hex(8)}"
         ctx = steps.round_context(
-            job_id, round_, session, tuple(names), threshold, n_features, workspace, stage_timeout
+            job_id, round_, names, threshold, n_features, workspace, stage_timeout
         )
         entry = _run_round(by_name, ctx, options, faults, rounds - 1)
         watch.check(round_, entry["loss"])
@@ -417,14 +507,9 @@ def horizontal_lr_coordinator(
         job_id, opened["features"], spec, names, threshold, workspace, stage_timeout
     )
 
-    def round_ctx(round_: int, session: str) -> steps.RoundContext:
+    def round_ctx(round_: int) -> steps.RoundContext:
         return steps.round_context(
-            job_id, round_, session, tuple(names), threshold, n_features, workspace, stage_timeout
-        )
-
-    def call(round_: int, stop: bool = False, out: list[str] | None = None) -> str | None:
-        return steps.call_round(
-            job_id, round_, names, threshold, options, stage_timeout, stop, workspace, out
+            job_id, round_, names, threshold, n_features, workspace, stage_timeout
         )
 
     converged = opened["change"] is not None and opened["change"] < tol
@@ -432,29 +517,24 @@ def horizontal_lr_coordinator(
     progress.update(rounds if converged else start)
     if start > 0:  # re-send the committed round's result: a party may not have it yet
         get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
-        steps.update_model(round_ctx(start - 1, call(start - 1) or ""), options, time.time())
+        steps.update_model(round_ctx(start - 1), options, time.time())
+    if start < rounds and not converged:  # the parties' keys, once per job
+        steps.admit_keys(round_ctx(start).job, start, opened["announced"], stage_timeout)
     ran = 0
     watch = _LossWatch(job_id, workspace, start)
-    # dropped stays dropped: party -> why it is out, until it asks to rejoin
-    out = {p: "never announced its columns" for p in names if p not in opened["announced"]}
     left_out: list[list[str]] = []  # per round run, who was not waited for
     for round_ in range(start, rounds):
-        out = _still_out(job_id, round_, out, workspace)
-        if converged or (session := call(round_, out=sorted(out))) is None:  # None: stopped
+        if converged:
             break
-        ctx, started = round_ctx(round_, session), time.time()
-        live = [p for p in names if p not in out]
-        absent = {p: f"{why}; left out until it asks to rejoin" for p, why in out.items()}
-        # the live parties run their steps themselves; no stage waits for those left out
-        responders = secure_sum.drive_session(ctx, live, absent=absent)
-        left_out.append(sorted(out, key=names.index))
-        entry = steps.update_model(ctx, options, started, responders)
-        out.update(_newly_out(job_id, round_, live, responders))
+        # one task run per round: call, masked inputs, unmasking, model
+        done = steps.coordinator_round(round_ctx(round_), options)
+        left_out.append(done["left_out"])
+        entry = done["entry"]
         watch.check(round_, entry["loss"])
         ran, converged = ran + 1, entry["change"] < tol
         progress.update(rounds if converged else round_ + 1)
     model = steps.coordinator_model(job_id, workspace)
-    call(model["rounds"], stop=True)
+    steps.stop_parties(round_ctx(model["rounds"]), options)
     _publish(job_id, model, workspace)
     return {
         "job_id": job_id,
@@ -472,32 +552,6 @@ def horizontal_lr_coordinator(
         "converged": converged,
         "threshold": threshold,
     }
-
-
-def _still_out(
-    job_id: str, round_: int, out: dict[str, str], workspace: str | None
-) -> dict[str, str]:
-    """Those left out that did not ask to rejoin on the previous round's call."""
-    back = steps.rejoin_requests(job_id, round_ - 1, sorted(out), workspace)
-    if back:
-        get_run_logger().info(
-            "job %s: %s asked to rejoin; called again from round %d", job_id, back, round_
-        )
-    return {p: why for p, why in out.items() if p not in back}
-
-
-def _newly_out(job_id: str, round_: int, live: list[str], responders: list[str]) -> dict[str, str]:
-    """The live parties that missed a stage of ``round_``: out until they ask to rejoin."""
-    missed = [p for p in live if p not in responders]
-    if missed:
-        get_run_logger().info(
-            "job %s: %s missed a stage of round %d; later rounds do not wait for them until "
-            "they ask to rejoin",
-            job_id,
-            missed,
-            round_,
-        )
-    return {p: f"dropped in round {round_}" for p in missed}
 
 
 @flow(name="horizontal_lr_party", flow_run_name="horizontal_lr {job_id}: {own[party]}")
@@ -547,20 +601,14 @@ def horizontal_lr_party(
     round_ = steps.join_job(ref, job_id)["last_round"] + 1
     features = steps.agreed_features(ref, job_id)
     pre.party_statistics(ref, job_id, features, spec, names, holdout_fraction)
-    while (ctx := steps.await_round(ref, job_id, round_, names, options)) is not None:
-        if steps.left_out(ref, ctx):  # dropped earlier: ask back, only take this model
-            steps.ask_to_rejoin(ref, ctx)
-        elif steps.round_open(ref, ctx):  # contribute to it
-            secure_sum.contribute(
-                ref,
-                ctx,
-                lambda: steps.mask_update(ref, ctx, options),
-                lambda: not steps.round_open(ref, ctx),
-                inject_fault,
-            )
-        steps.finish_round(ref, ctx, options)
+    # keys once per job (kept across a restart); then one task run per round
+    provisional = secagg.default_threshold(len(names))  # the call states the job's own
+    first = steps.round_context(job_id, round_, names, provisional, len(features))
+    steps.join_rounds(ref, first)
+    while steps.party_round(ref, job_id, round_, names, options, inject_fault):
         round_ += 1
     model = steps.keep_model(ref, job_id)
+    steps.forget_rounds(ref, job_id, names)
     summary = horizontal_party_summary(job_id, ref, model, holdout_fraction)
     return {
         "job_id": job_id,

@@ -46,8 +46,13 @@ KIND_CAPS: dict[str, int] = {
     "secagg_directory": 16 * MiB,
     "secagg_keys": 16 * MiB,
     "secagg_shares": 16 * MiB,
+    "secagg_commitment": _CONTROL,  # a peer's copy of one self-mask commitment
     "secagg_unmask_request": 16 * MiB,
     "secagg_unmask_response": 16 * MiB,
+    # multi-round secure aggregation (tasks/secure_rounds.py): one X25519 key a party, once
+    # per job or per re-key; the call ("round") lists the active parties' keys
+    "secagg_job_keys": _CONTROL,
+    "rejoin": _CONTROL,
     # one value per feature
     "masked_gradient": _VECTOR,
     "model": _VECTOR,

@@ -1,18 +1,21 @@
 """Horizontal logistic regression with secure aggregation, one task per party step.
 
-The maths is in :mod:`core.horizontal_lr` (the model) and :mod:`core.secagg` (the masking);
-the secure-aggregation steps and their driver (``run_session``) are the shared ones of
-:mod:`tasks.secure_sum`. This module adds what is horizontal-specific: checking tables, the
+The maths is in :mod:`core.horizontal_lr` (the model) and :mod:`core.secagg.multiround` (the
+masking, keys agreed once per job), wired to the stores and the channel by
+:mod:`tasks.secure_rounds`. This module adds what is horizontal-specific: checking tables, the
 masked local update, the coordinator's model update, the parties' check of it and the round
-checkpoints. Each party task opens only that party's store and channel
-endpoint; the coordinator is a logical party with its own store.
+checkpoints. Each party step opens only that party's store and channel endpoint; the
+coordinator is a logical party with its own store. In the one-process flow each stage is a
+task run per party; in party mode a process's whole round is one task run (a round's fixed
+cost is what the protocol's messages cost, not Prefect's), and a step holds its database
+open for its burst of reads and writes only, never while it waits for a message.
 
 Across rounds (a coordinator unmasking one party by broadcasting the same model twice, then
 claiming that party dropped): each party checks that the model it is sent is exactly the
 previous model moved by the mean update sent along, and, if it helped unmask the round, that
 this mean is the one of the sum it unmasked itself from its peers' direct copies
-(:func:`verified_model`); and it contributes at one model in one round only (``point`` of
-:func:`tasks.secure_sum.party_mask`). What is left for an honest-but-curious coordinator: two
+(:func:`verified_model`); and it contributes at one model in one round only (:func:`_mask`).
+What is left for an honest-but-curious coordinator: two
 consecutive sums with senders S and S - {C} differ by C's weighted update plus
 ``sum over S - {C} of n_j (g_j(w_r) - g_j(w_r+1))``, at most ``N L |w_r+1 - w_r|`` with
 ``L <= max |(x, 1)|^2 / 4 + l2`` in gradient mode: not C's update while the model moves, an
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from prefect import get_run_logger, task
+from prefect.runtime import flow_run
 
 from core import horizontal_lr as hlr
 from core.preprocessing import FittedPreprocessing
@@ -45,43 +50,71 @@ from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
-from tasks import secure_sum
+from tasks import secure_rounds, secure_sum
 from tasks.policy import PARTY_STEP
 from tasks.preprocessing import stored_fitted
-from tasks.secure_sum import COORDINATOR, RoundStateError, SumContext, coordinator_store
+from tasks.secure_sum import COORDINATOR, RoundStateError, coordinator_store
 from tasks.summaries import holdout_split
 
 PROTOCOL = "horizontal"
 
-RoundContext = SumContext
-"""What every step of one round agrees on (job, round, fresh session id, parties, threshold,
-packed dimension); small and non-secret, a task parameter. Build it with :func:`round_context`."""
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What every step of one round agrees on (the job's secure-aggregation terms, the round,
+    the stage deadline); small and non-secret, a task parameter. Build it with
+    :func:`round_context`."""
+
+    job: secure_rounds.RoundsJob
+    round: int
+    stage_timeout: float = 60.0
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def parties(self) -> tuple[str, ...]:
+        return self.job.parties
+
+    @property
+    def threshold(self) -> int:
+        return self.job.threshold
+
+    @property
+    def workspace(self) -> str | None:
+        return self.job.workspace
+
+    def endpoint(self, party: str) -> PartyEndpoint:
+        return self.job.endpoint(party)
+
+
+def rounds_job(
+    job_id: str,
+    parties: tuple[str, ...] | list[str],
+    threshold: int,
+    n_features: int,
+    workspace: str | None = None,
+) -> secure_rounds.RoundsJob:
+    """The job's secure-aggregation terms: packed vector = [rows * update (n_features + 1),
+    rows * loss, rows]; keys agreed once for all its rounds."""
+    dimension = packed_dimension(n_features + 1)
+    return secure_rounds.RoundsJob(
+        PROTOCOL, job_id, tuple(parties), threshold, dimension, workspace
+    )
 
 
 def round_context(
     job_id: str,
     round_: int,
-    session_id: str,
-    parties: tuple[str, ...],
+    parties: tuple[str, ...] | list[str],
     threshold: int,
     n_features: int,
     workspace: str | None = None,
     stage_timeout: float = 60.0,
-) -> SumContext:
-    """The session of one round: packed vector = [rows * update (n_features + 1), rows * loss,
-    rows]."""
-    dimension = packed_dimension(n_features + 1)
-    return SumContext(
-        PROTOCOL,
-        job_id,
-        round_,
-        session_id,
-        tuple(parties),
-        threshold,
-        dimension,
-        workspace,
-        stage_timeout=stage_timeout,
-        peer_copies=True,  # every sender checks the mean update the coordinator announces
+) -> RoundContext:
+    return RoundContext(
+        rounds_job(job_id, parties, threshold, n_features, workspace), round_, stage_timeout
     )
 
 
@@ -290,45 +323,132 @@ def agreed_features(ref: TableRef, job_id: str) -> list[str]:
     return _agreed_features(channel_for(job_id).endpoint(ref.party))
 
 
-@task(name="hlr-rollback", task_run_name="{who}: roll back to round {round_}", **PARTY_STEP)
-def rollback(who: str, database: str, job_id: str, round_: int) -> dict[str, Any]:
-    """Forget rounds after ``round_`` (finished here but not everywhere)."""
-    store = PartyStore(database)
-    dropped = checkpoints(store, job_id).rollback_to(round_)
-    get_run_logger().info("%s: rolled back %d round(s) to round %d", who, dropped, round_)
-    return _status(store, job_id)
-
-
 # ---------------------------------------------------------------------------------------------
-# One round, party side
+# One round, party side (plain steps: a one-process task or the party's round task calls them)
+
+_ROWS: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+_ROWS_LOCK = threading.Lock()
+
+
+def _training_rows(
+    ref: TableRef, store: PartyStore, job_id: str, features: list[str], holdout: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The party's training rows (scaled, hold-out removed), read once per flow run.
+
+    Why: reading and validating the table from DuckDB every round cost more than the round's
+    own work; within a run the protocol takes the table as fixed (its digest named the job).
+    The copy lives in the party's own process and is keyed by the flow run."""
+    run = flow_run.get_id()
+    key = (run, ref.database, ref.table, job_id, tuple(features), holdout)
+    with _ROWS_LOCK:
+        cached = _ROWS.get(key) if run else None
+    if cached is not None:
+        return cached
+    fitted = stored_fitted(ref.database, job_id)  # the pooled statistics, if the job has any
+    frame = store.read_table(ref, allow_missing=fitted is not None)
+    X, y = hlr.party_arrays(frame, features, ref.label_column or "")
+    if fitted is not None:
+        X = fitted.transform(X, f"party {ref.party}, table {ref.table!r}")
+    train = holdout_split(len(y), holdout, job_id)[0]
+    rows = (X[train], y[train])  # held-out rows never reach an update
+    if run:
+        with _ROWS_LOCK:
+            _ROWS.clear() if len(_ROWS) > 8 else None
+            _ROWS[key] = rows
+    return rows
+
+
+def _features(endpoint: PartyEndpoint) -> list[str]:
+    """The agreed feature order (received once per process and job)."""
+    key = (str(endpoint.channel.folder), endpoint.party)
+    found = _FEATURES.get(key)
+    if found is None:
+        found = _FEATURES[key] = _agreed_features(endpoint)
+    return list(found)
+
+
+_FEATURES: dict[tuple[str, str], list[str]] = {}
+
+
+def _mask(
+    ref: TableRef, store: PartyStore, ctx: RoundContext, call: RoundCall, options: TrainingOptions
+) -> None:
+    """Compute the local update at the round's model and send it masked (once a round).
+
+    The packed vector is ``[rows * update, rows * loss, rows]`` (FedAvg weights by rows), so
+    the coordinator learns only the weighted means and the total row count. A party
+    contributes at one model in one round only: two sums at one model whose senders differ
+    by one party give that party's update, and a coordinator could get them across rounds.
+    """
+    features = _features(ctx.endpoint(ref.party))
+    with store.session():  # one opening of the database for the reads and the stored state
+        weights = _weights_before(store, ctx, len(features), ref.party)
+        X, y = _training_rows(ref, store, ctx.job_id, features, options.holdout_fraction)
+        if options.local_epochs == 0:
+            update = hlr.local_gradient(weights, X, y, options.l2)
+        else:
+            update = hlr.local_epochs(
+                weights, X, y, options.l2, options.learning_rate, options.local_epochs
+            )
+        point_key = f"{PROTOCOL}/{ctx.job_id}/point/{model_point(weights)}"
+
+        def one_round_per_model(con: Any) -> None:
+            seen = ArtifactStore(store).get(point_key, con=con)
+            if seen is not None and seen != ctx.round:
+                raise ProtocolViolationError(
+                    f"party {ref.party!r}: the coordinator asks for round {ctx.round} of job "
+                    f"{ctx.job_id} at the same model as round {seen}; refusing to contribute "
+                    "twice at one model (the difference of two such sums would reveal single "
+                    "updates)"
+                )
+            ArtifactStore(store).put(point_key, ctx.round, "secagg-point", con=con)
+
+        start = secure_rounds.round_start(ctx.job, ctx.round, call.protocol, ref.party)
+        secure_rounds.party_mask(
+            store, ctx.job, ref.party, start, update.packed(), one_round_per_model
+        )
+
+
+def _answer(ref: TableRef, store: PartyStore, ctx: RoundContext) -> None:
+    """Answer the coordinator's unmask request of the round (once)."""
+    endpoint = ctx.endpoint(ref.party)
+    request = endpoint.receive(COORDINATOR, secure_rounds.REQUEST, round=ctx.round)
+    with store.session():
+        secure_rounds.party_answer(store, ctx.job, ref.party, ctx.round, request)
 
 
 @task(
     name="hlr-mask-update", task_run_name="round {ctx.round}: {ref.party} mask update", **PARTY_STEP
 )
 def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> None:
-    """Secagg step 2: compute the local update on own rows and send it masked.
+    """One-process mode: the party's masked update for the round the coordinator called."""
+    store = PartyStore.of(ref)
+    _mask(ref, store, ctx, _received_call(ref.party, ctx), options)
 
-    The packed vector is ``[rows * update, rows * loss, rows]`` (FedAvg weights by rows), so
-    the coordinator learns only the weighted means and the total row count.
-    """
-    store, endpoint = PartyStore.of(ref), ctx.endpoint(ref.party)
-    features = _agreed_features(endpoint)
-    weights = _weights_before(store, ctx, len(features), ref.party)
-    fitted = stored_fitted(ref.database, ctx.job_id)  # the pooled statistics, if the job has any
-    frame = store.read_table(ref, allow_missing=fitted is not None)
-    X, y = hlr.party_arrays(frame, features, ref.label_column or "")
-    if fitted is not None:
-        X = fitted.transform(X, f"party {ref.party}, table {ref.table!r}")
-    train = holdout_split(len(y), options.holdout_fraction, ctx.job_id)[0]
-    X, y = X[train], y[train]  # held-out rows never reach an update
-    if options.local_epochs == 0:
-        update = hlr.local_gradient(weights, X, y, options.l2)
-    else:
-        update = hlr.local_epochs(
-            weights, X, y, options.l2, options.learning_rate, options.local_epochs
-        )
-    secure_sum.party_mask(store, ctx, ref.party, update.packed(), point=model_point(weights))
+
+@task(
+    name="hlr-answer-unmask",
+    task_run_name="round {ctx.round}: {ref.party} answer unmask",
+    **PARTY_STEP,
+)
+def answer_unmask(ref: TableRef, ctx: RoundContext) -> None:
+    """One-process mode: the party's answer to the round's unmask request."""
+    _answer(ref, PartyStore.of(ref), ctx)
+
+
+@task(name="hlr-join-rounds", task_run_name="{ref.party}: job keys", **PARTY_STEP)
+def join_rounds(ref: TableRef, ctx: RoundContext) -> None:
+    """Once per job: this party's key pair; the public key to the coordinator, sent with the
+    first round it joins."""
+    secure_rounds.party_join(PartyStore.of(ref), ctx.job, ref.party, ctx.round)
+
+
+@task(
+    name="hlr-ask-to-rejoin", task_run_name="round {ctx.round}: {ref.party} re-keys", **PARTY_STEP
+)
+def ask_to_rejoin(ref: TableRef, ctx: RoundContext) -> None:
+    """Left out of (or dropped in) the round: fresh keys, sent with a request to rejoin."""
+    secure_rounds.party_rejoin(PartyStore.of(ref), ctx.job, ref.party, ctx.round)
 
 
 def verified_model(
@@ -344,11 +464,11 @@ def verified_model(
     Why: a party must not compute its next update at whatever model the coordinator names.
     With this check the model of round r+1 is the model of round r moved by the mean update
     the coordinator says it unmasked; together with the one-model-one-round rule of
-    :func:`tasks.secure_sum.party_mask`, the coordinator cannot have two rounds summed at the
-    same model (whose difference, with one party claimed dropped, is that party's update).
-    ``own_sum`` is the round's sum as this party unmasked it itself
-    (:func:`tasks.secure_sum.party_unmasked_sum`; None if it did not help unmask): the mean
-    update must be exactly that sum's, so the coordinator cannot make one up.
+    :func:`_mask`, the coordinator cannot have two rounds summed at the same model (whose
+    difference, with one party claimed dropped, is that party's update). ``own_sum`` is the
+    round's sum as this party unmasked it itself (:func:`tasks.secure_rounds.party_sum`; None
+    if it did not help unmask): the mean update must be exactly that sum's, so the
+    coordinator cannot make one up.
     """
     where = f"{who}: coordinator's model of round {round_}"
     mean = np.asarray(message.get("mean_update", ()), dtype=np.float64)
@@ -371,38 +491,62 @@ def verified_model(
     return weights
 
 
+def _finish(
+    ref: TableRef,
+    store: PartyStore,
+    ctx: RoundContext,
+    call: RoundCall,
+    options: TrainingOptions,
+    final: bool,
+) -> None:
+    """Receive the round's model, verify it (against the sum this party unmasked itself, if
+    it helped), and checkpoint the round. After the last round, keep the model and shred the
+    job's secure-aggregation secrets."""
+    endpoint = ctx.endpoint(ref.party)
+    message = endpoint.receive(COORDINATOR, "model", round=ctx.round)
+    if message["round"] != ctx.round:
+        raise RoundStateError(f"{ref.party}: the model message of round {ctx.round} is another's")
+    features = _features(endpoint)
+    with store.session():
+        before = _weights_before(store, ctx, len(features), ref.party)
+        record = secure_rounds.load_record(store, ctx.job, ref.party)
+    own_sum = secure_rounds.party_sum(
+        ctx.job,
+        ref.party,
+        record,
+        call.protocol,
+        ctx.round,
+        message.get("revealers"),
+        ctx.stage_timeout,
+    )
+    weights = verified_model(message, before, options, ref.party, ctx.round, own_sum)
+    cps = checkpoints(store, ctx.job_id)
+    with store.transaction() as con:
+        cps.save(ctx.round, {"weights": weights, "change": message["change"]}, con=con)
+        if final:
+            fitted = stored_fitted(ref.database, ctx.job_id)
+            model = model_record(
+                ctx.job_id, features, weights, ctx.round + 1, fitted and fitted.to_dict()
+            )
+            ArtifactStore(store).put(model_key(ctx.job_id), model, "model", con=con)
+    if final:
+        cps.prune(keep_last=2)
+        secure_rounds.forget_job(store, ctx.job)
+
+
 @task(
     name="hlr-finish-round", task_run_name="round {ctx.round}: {ref.party} save model", **PARTY_STEP
 )
 def finish_round(
     ref: TableRef, ctx: RoundContext, options: TrainingOptions, final: bool = False
 ) -> None:
-    """Receive the new model, verify it, and checkpoint the round; drop this session's secrets.
+    """One-process mode: verify and checkpoint the round's model (every party, dropped ones
+    too); after the last round the party also keeps its own copy of the model."""
+    _finish(ref, PartyStore.of(ref), ctx, _received_call(ref.party, ctx), options, final)
 
-    After the last round, the party also keeps its own copy of the model.
-    """
-    store, endpoint = PartyStore.of(ref), ctx.endpoint(ref.party)
-    message = endpoint.receive(COORDINATOR, ctx.kind("model"), round=ctx.round)
-    if message["session_id"] != ctx.session_id or message["round"] != ctx.round:
-        raise RoundStateError(
-            f"{ref.party}: the model message of round {ctx.round} belongs to another attempt"
-        )
-    features = _agreed_features(endpoint)
-    before = _weights_before(store, ctx, len(features), ref.party)
-    own_sum = secure_sum.party_unmasked_sum(store, ctx, ref.party, message.get("revealers"))
-    weights = verified_model(message, before, options, ref.party, ctx.round, own_sum)
-    cps = checkpoints(store, ctx.job_id)
-    cps.save(ctx.round, {"weights": weights, "change": message["change"]})
-    with secure_sum.session(store, ctx, ref.party) as records:
-        records.forget_older_sessions()  # the revealed-senders record stays for the job's life
-        if final:
-            fitted = stored_fitted(ref.database, ctx.job_id)
-            model = model_record(
-                ctx.job_id, features, weights, ctx.round + 1, fitted and fitted.to_dict()
-            )
-            records.artifacts.put(model_key(ctx.job_id), model, "model", con=records.con)
-    if final:
-        cps.prune(keep_last=2)
+
+def _received_call(party: str, ctx: RoundContext) -> RoundCall:
+    return RoundCall.from_message(ctx.endpoint(party).receive(COORDINATOR, "round", ctx.round))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,6 +560,74 @@ def _agreed_schema(artifacts: ArtifactStore, job_id: str, con: Any = None) -> di
     return schema
 
 
+def _commit_round(
+    ctx: RoundContext,
+    options: TrainingOptions,
+    started: float,
+    responders: list[str] | None,
+    final: bool = False,
+) -> dict[str, Any]:
+    """Unmask the round's sum, update the model, checkpoint, broadcast (coordinator).
+
+    Only the weighted mean update, the mean loss and the total row count are ever in the
+    clear here; they go to the parties with the new model, which each party recomputes from
+    them (:func:`verified_model`). The unmasking's new state and the checkpoint are one
+    transaction, the round's commit; a retry after it only re-sends.
+    """
+    store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
+    cps = checkpoints(store, ctx.job_id)
+    with store.session():
+        if cps.last_round() >= ctx.round:  # committed before a retry: only re-send
+            saved = cps.load(ctx.round)
+        else:
+            answered = list(responders if responders is not None else ctx.parties)
+            responses = secure_sum.collect(endpoint, secure_rounds.RESPONSE, answered, ctx.round, 0)
+            schema = _agreed_schema(ArtifactStore(store), ctx.job_id)
+            previous = cps.load(ctx.round - 1) if ctx.round > 0 else None
+            with store.transaction() as con:
+                summed = secure_rounds.coordinator_unmask(store, ctx.job, ctx.round, responses, con)
+                mean = unpack_weighted(summed.total)
+                if previous is None:
+                    before, history = hlr.init_model(len(schema["feature_columns"])), []
+                else:
+                    before, history = np.asarray(previous["weights"]), previous["history"]
+                weights = hlr.next_model(
+                    before, mean.mean, options.local_epochs, options.learning_rate
+                )
+                entry = {
+                    "round": ctx.round,
+                    "loss": mean.mean_loss,
+                    "seconds": round(time.time() - started, 3),
+                    "started_at": started,  # the round's period is from one start to the next
+                    "survivors": summed.senders,
+                    "change": float(np.max(np.abs(weights - before))),
+                }
+                saved = {
+                    "weights": weights,
+                    "mean_update": mean.mean,
+                    "change": entry["change"],
+                    "history": [*history, entry],
+                    "revealers": summed.responders,
+                }
+                cps.save(ctx.round, saved, con=con)
+            _logger().info(
+                "round %d: loss %.6f from %d parties", ctx.round, entry["loss"], len(summed.senders)
+            )
+    message = {
+        "round": ctx.round,
+        "weights": saved["weights"],
+        "mean_update": saved["mean_update"],
+        "survivors": saved["history"][-1]["survivors"],
+        "revealers": saved.get("revealers"),
+        "change": saved["change"],
+    }
+    for party in ctx.parties:
+        endpoint.send(party, "model", message, round=ctx.round)
+    if final:
+        secure_rounds.forget_job(store, ctx.job)
+    return saved["history"][-1]
+
+
 @task(
     name="hlr-update-model",
     task_run_name="round {ctx.round}: coordinator update model",
@@ -426,59 +638,60 @@ def update_model(
     options: TrainingOptions,
     started: float,
     responders: list[str] | None = None,
+    final: bool = False,
 ) -> dict[str, Any]:
-    """Secagg step 3 (coordinator): unmask the sum, update the model, checkpoint, broadcast.
+    """One-process mode: :func:`_commit_round` as the round's last coordinator task."""
+    return _commit_round(ctx, options, started, responders, final)
 
-    Only the weighted mean update, the mean loss and the total row count are ever in the
-    clear here; they go to the parties with the new model, which each party recomputes from
-    them (:func:`verified_model`). The checkpoint is the round's commit; a retry after it
-    only re-sends.
-    """
+
+@task(
+    name="hlr-collect-masked",
+    task_run_name="round {ctx.round}: coordinator adds masked inputs",
+    **PARTY_STEP,
+)
+def collect_masked(ctx: RoundContext, answered: list[str]) -> list[str]:
+    """Add the masked inputs that arrived in time; ask each sender to help unmask the sum.
+    Returns the senders (those of the stored requests, on a re-run)."""
+    return _collect(ctx, answered)
+
+
+def _collect(ctx: RoundContext, answered: list[str]) -> list[str]:
     store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
-    cps = checkpoints(store, ctx.job_id)
-    if cps.last_round() >= ctx.round:  # committed before a retry: only re-send
-        saved = cps.load(ctx.round)
-    else:
-        schema = _agreed_schema(ArtifactStore(store), ctx.job_id)
-        total, survivors = secure_sum.coordinator_reconstruct(store, ctx, responders)
-        mean = unpack_weighted(total)
-        previous = cps.load(ctx.round - 1) if ctx.round > 0 else None
-        if previous is None:
-            before, history = hlr.init_model(len(schema["feature_columns"])), []
-        else:
-            before, history = np.asarray(previous["weights"]), previous["history"]
-        weights = hlr.next_model(before, mean.mean, options.local_epochs, options.learning_rate)
-        entry = {
-            "round": ctx.round,
-            "loss": mean.mean_loss,
-            "seconds": round(time.time() - started, 3),
-            "survivors": survivors,
-            "change": float(np.max(np.abs(weights - before))),
-        }
-        saved = {
-            "weights": weights,
-            "mean_update": mean.mean,
-            "change": entry["change"],
-            "history": [*history, entry],
-            "revealers": list(responders) if responders is not None else None,
-        }
-        cps.save(ctx.round, saved)
-        get_run_logger().info(
-            "round %d: loss %.6f from %d parties", ctx.round, entry["loss"], len(entry["survivors"])
-        )
-    message = {
-        "session_id": ctx.session_id,
-        "round": ctx.round,
-        "weights": saved["weights"],
-        "mean_update": saved["mean_update"],
-        "survivors": saved["history"][-1]["survivors"],
-        "revealers": saved.get("revealers"),
-        "change": saved["change"],
-    }
-    for party in ctx.parties:
-        endpoint.send(party, ctx.kind("model"), message, round=ctx.round)
-    secure_sum.forget_session(store, ctx, COORDINATOR)
-    return saved["history"][-1]
+    inputs = secure_sum.collect(endpoint, secure_rounds.MASKED, answered, ctx.round, 0)
+    with store.session():
+        senders, _ = secure_rounds.coordinator_collect(store, ctx.job, ctx.round, inputs)
+    return senders
+
+
+@task(name="hlr-admit-keys", task_run_name="coordinator: job keys", **PARTY_STEP)
+def admit_keys(
+    job: secure_rounds.RoundsJob, round_: int, parties: list[str], timeout: float
+) -> list[str]:
+    """Once per job (and after a finished job is continued): the parties' public keys, sent
+    with ``round_`` as the first round they join. Waits for the parties the coordinator has
+    no keys of until one deadline; returns the parties in the session."""
+    store, endpoint = coordinator_store(job.workspace), job.endpoint(COORDINATOR)
+    with store.session():
+        state = secure_rounds.coordinator_admit(store, job, {})
+    wanted = [p for p in parties if p not in state.keys]
+    if wanted:
+        deadline = time.monotonic() + timeout
+        found = secure_sum.collect(endpoint, secure_rounds.JOB_KEYS, wanted, round_, deadline)
+        missing = [p for p in wanted if p not in found]
+        if missing:
+            _logger().warning(
+                "job %s: %s sent no keys within %g s; left out until they ask to rejoin",
+                job.job_id,
+                missing,
+                timeout,
+            )
+        with store.session():
+            state = secure_rounds.coordinator_admit(store, job, found)
+    return list(state.active)
+
+
+def _logger() -> Any:
+    return secure_sum._logger()
 
 
 @task(name="hlr-coordinator-model", task_run_name="coordinator: store model", **PARTY_STEP)
@@ -497,26 +710,28 @@ def coordinator_model(job_id: str, workspace: str | None = None) -> dict[str, An
 
 
 # ---------------------------------------------------------------------------------------------
-# Party mode: each holder is its own process; what a round needs from a peer is a message
+# The round's call, and party mode: each holder is its own process, one task run per round
 
 
 @dataclass(frozen=True)
 class RoundCall:
     """The coordinator's call for one round (or the stop after the last): what every holder
-    must agree on before it contributes. Sent once per round and never changed."""
+    must agree on before it contributes, and the round's active parties with their public
+    keys. Sent once per round and never changed (a restarted coordinator re-sends it)."""
 
-    session_id: str | None  # None: training is over, keep the last model
+    stop: bool  # training is over, keep the last model
     parties: tuple[str, ...]
     threshold: int
     stage_timeout: float
     options: TrainingOptions
-    # dropped in an earlier round and not yet asked back: not waited for in this round; each
-    # asks to rejoin (:func:`ask_to_rejoin`) and is back from a later round
+    # dropped in an earlier round and not yet back with new keys: not waited for in this
+    # round; each asks to rejoin (:func:`tasks.secure_rounds.party_rejoin`)
     out: tuple[str, ...] = ()
+    protocol: dict[str, Any] | None = None  # active parties and their keys (secure_rounds)
 
     def to_message(self) -> dict[str, Any]:
         return {
-            "session_id": self.session_id,
+            "stop": self.stop,
             "parties": list(self.parties),
             "threshold": self.threshold,
             "stage_timeout": self.stage_timeout,
@@ -527,72 +742,77 @@ class RoundCall:
                 self.options.l2,
                 self.options.tol,
             ],
+            "protocol": self.protocol or {"active": [], "keys": {}},
         }
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> RoundCall:
         epochs, rate, l2, tol = message["options"]
         return cls(
-            message["session_id"],
+            bool(message["stop"]),
             tuple(message["parties"]),
             int(message["threshold"]),
             float(message["stage_timeout"]),
             TrainingOptions(int(epochs), float(rate), float(l2), float(tol)),
             tuple(message.get("out", ())),
+            message.get("protocol"),
         )
+
+
+def _call_round(ctx: RoundContext, options: TrainingOptions, stop: bool = False) -> RoundCall:
+    """Send every party the round's call (or the stop); a call already sent is re-sent as it
+    was. Before calling, the coordinator admits the left-out parties that asked to rejoin
+    (with new keys) on the previous round's call."""
+    store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
+    parties = list(ctx.parties)
+    already = endpoint.sent(parties[0], "round", round=ctx.round)
+    if already is None:
+        with store.session():
+            state = secure_rounds.coordinator_admit(store, ctx.job, {})
+        out = [p for p in parties if p not in state.active]
+        if out and ctx.round > 0:
+            back = secure_sum.collect(endpoint, secure_rounds.REJOIN, out, ctx.round - 1, 0, None)
+            if back:
+                _logger().info(
+                    "job %s: %s asked to rejoin with new keys; called again from round %d",
+                    ctx.job_id,
+                    sorted(back),
+                    ctx.round,
+                )
+                with store.session():
+                    state = secure_rounds.coordinator_admit(store, ctx.job, back)
+        out = [p for p in parties if p not in state.active]
+        call = RoundCall(
+            stop,
+            tuple(parties),
+            ctx.threshold,
+            ctx.stage_timeout,
+            options,
+            tuple(out),
+            secure_rounds.call_keys(state),
+        )
+        already = call.to_message()
+    for party in parties:
+        endpoint.send(party, "round", already, round=ctx.round)
+    return RoundCall.from_message(already)
 
 
 @task(
     name="hlr-call-round",
-    task_run_name="round {round_}: coordinator calls the round",
+    task_run_name="round {ctx.round}: coordinator calls the round",
     **PARTY_STEP,
 )
-def call_round(
-    job_id: str,
-    round_: int,
-    parties: list[str],
-    threshold: int,
-    options: TrainingOptions,
-    stage_timeout: float,
-    stop: bool = False,
-    workspace: str | None = None,
-    out: list[str] | None = None,
-) -> str | None:
-    """Send every party the round's call (a fresh session id) or the stop; return the session.
-
-    ``out`` are the parties left out of this round (dropped before, not yet asked back).
-    A coordinator restarted mid-round re-sends the call it already sent (same session), so
-    its own session records and the parties' stay valid; a call is never changed once sent.
-    """
-    endpoint = channel_for(job_id, workspace).endpoint(COORDINATOR)
-    already = endpoint.sent(parties[0], "round", round=round_)
-    if already is None:
-        session_id = None if stop else f"{job_id}/round-{round_}/{secrets.token_hex(8)}"
-        left_out = tuple(p for p in parties if p in set(out or ()))
-        call = RoundCall(session_id, tuple(parties), threshold, stage_timeout, options, left_out)
-        already = call.to_message()
-    for party in parties:
-        endpoint.send(party, "round", already, round=round_)
-    return already["session_id"]
+def call_round(ctx: RoundContext, options: TrainingOptions, stop: bool = False) -> RoundCall:
+    """One-process mode: :func:`_call_round` as a task."""
+    return _call_round(ctx, options, stop)
 
 
-@task(
-    name="hlr-await-round",
-    task_run_name="round {round_}: {ref.party} awaits the call",
-    cache_policy=PARTY_STEP["cache_policy"],
-)
-def await_round(
-    ref: TableRef,
-    job_id: str,
-    round_: int,
-    parties: list[str],
-    options: TrainingOptions,
-) -> RoundContext | None:
-    """The coordinator's call for ``round_`` as this party's round context (None: stop).
-
-    The call must name the parties this party agreed to and its own training options (a
-    coordinator changing the learning rate or the peers is refused, naming what differs).
-    """
+def _checked_call(
+    ref: TableRef, job_id: str, round_: int, parties: list[str], options: TrainingOptions
+) -> RoundCall:
+    """The coordinator's call for ``round_``, if it names the parties this party agreed to and
+    its own training options (a coordinator changing the learning rate or the peers is
+    refused, naming what differs)."""
     endpoint = channel_for(job_id).endpoint(ref.party)
     call = RoundCall.from_message(endpoint.receive(COORDINATOR, "round", round=round_))
     where = f"{ref.party}: the coordinator's call for round {round_} of job {job_id}"
@@ -606,54 +826,130 @@ def await_round(
         raise ProtocolViolationError(
             f"{where} asks for options {call.options}, not the agreed {options}"
         )
-    if call.session_id is None:
-        return None
-    n_features = len(_agreed_features(endpoint))
-    return round_context(
-        job_id,
-        round_,
-        call.session_id,
-        call.parties,
-        call.threshold,
-        n_features,
-        stage_timeout=call.stage_timeout,
+    return call
+
+
+def _wait_for_request(ctx: RoundContext, party: str) -> bool:
+    """Wait for the round's unmask request; False once the round's model came without one
+    (this party was counted as dropped). Waits in the channel's receive, asking about the
+    model once a second, up to the channel's receive timeout."""
+    endpoint = ctx.endpoint(party)
+    deadline = time.monotonic() + endpoint.channel.timeout
+    while True:
+        step = min(deadline, time.monotonic() + 1.0)
+        if secure_sum.collect(
+            endpoint, secure_rounds.REQUEST, [COORDINATOR], ctx.round, step, None
+        ):
+            return True
+        if secure_sum.collect(endpoint, "model", [COORDINATOR], ctx.round, 0, None):
+            return False
+        if time.monotonic() >= deadline:
+            endpoint.receive(COORDINATOR, secure_rounds.REQUEST, round=ctx.round, timeout=0)
+
+
+@task(
+    name="hlr-party-round",
+    task_run_name="round {round_}: {ref.party}",
+    cache_policy=PARTY_STEP["cache_policy"],
+)
+def party_round(
+    ref: TableRef,
+    job_id: str,
+    round_: int,
+    parties: list[str],
+    options: TrainingOptions,
+    fault: str | None = None,
+) -> bool:
+    """Party mode: this party's whole round as one task run; False on the coordinator's stop.
+
+    It takes the call, masks its update (unless the call leaves it out: it then re-keys and
+    asks to rejoin), answers the unmask request, then checks and saves the round's model.
+    A round it already masked (a restarted process) is re-sent from its records; a round
+    whose model is already out (it missed it) is only checked and saved.
+    """
+    call = _checked_call(ref, job_id, round_, parties, options)
+    if call.stop:
+        return False
+    endpoint = channel_for(job_id).endpoint(ref.party)
+    n_features = len(_features(endpoint))
+    ctx = round_context(
+        job_id, round_, call.parties, call.threshold, n_features, None, call.stage_timeout
     )
+    store = PartyStore.of(ref)
+    model_out = bool(secure_sum.collect(endpoint, "model", [COORDINATOR], round_, 0, None))
+    if ref.party in call.out:
+        with store.session():
+            secure_rounds.party_rejoin(store, ctx.job, ref.party, round_)
+    elif not model_out:
+        secure_sum.party_fault(fault, round_, "mask_input")
+        _mask(ref, store, ctx, call, options)
+        if _wait_for_request(ctx, ref.party):
+            secure_sum.party_fault(fault, round_, "reveal_shares")
+            _answer(ref, store, ctx)
+    _finish(ref, store, ctx, call, options, final=False)
+    return True
 
 
-def left_out(ref: TableRef, ctx: RoundContext) -> bool:
-    """Whether the coordinator's call for this round leaves this party out (it was dropped
-    in an earlier round): it then asks to rejoin and only takes the round's model."""
-    call = ctx.endpoint(ref.party).receive(COORDINATOR, "round", round=ctx.round)
-    return ref.party in RoundCall.from_message(call).out
+@task(
+    name="hlr-coordinator-round",
+    task_run_name="round {ctx.round}: coordinator",
+    cache_policy=PARTY_STEP["cache_policy"],
+)
+def coordinator_round(ctx: RoundContext, options: TrainingOptions) -> dict[str, Any]:
+    """Party mode: the coordinator's whole round as one task run.
 
-
-def ask_to_rejoin(ref: TableRef, ctx: RoundContext) -> None:
-    """Tell the coordinator this party is back; it is called again from a later round.
-
-    Each round it is left out of, a live party asks again, so a request that arrives after the
-    coordinator called the next round only delays the return by one round.
+    It calls the round (admitting parties back that asked with new keys), waits for the
+    active parties' masked inputs until one deadline, asks the senders to unmask, waits for
+    their answers until a second deadline, and commits and broadcasts the model. A party
+    that has not answered a stage by its deadline has dropped; below ``threshold`` the round
+    aborts naming each missing party and why, before anything is unmasked. Returns the
+    round's history entry, who was left out and who answered the unmasking.
     """
-    ctx.endpoint(ref.party).send(COORDINATOR, "rejoin", {"party": ref.party}, round=ctx.round)
+    started = time.time()
+    call = _call_round(ctx, options)
+    active = list(call.protocol["active"]) if call.protocol else []
+    gone = {p: "left out until it asks to rejoin with new keys" for p in call.out}
+    senders = _await_stage(ctx, "mask_input", secure_rounds.MASKED, active, gone)
+    senders = _collect(ctx, senders)
+    responders = _await_stage(ctx, "reveal_shares", secure_rounds.RESPONSE, senders, gone)
+    entry = _commit_round(ctx, options, started, responders)
+    return {"entry": entry, "left_out": list(call.out), "responders": responders}
 
 
-def rejoin_requests(
-    job_id: str, round_: int, candidates: list[str], workspace: str | None = None
+def _await_stage(
+    ctx: RoundContext, stage: str, kind: str, live: list[str], gone: dict[str, str]
 ) -> list[str]:
-    """Coordinator: which of ``candidates`` (left out of ``round_``) asked to rejoin in it.
+    """Those of ``live`` whose ``kind`` message arrived by the stage's deadline; the others
+    are added to ``gone``; fewer than the threshold abort the round."""
+    deadline = time.monotonic() + ctx.stage_timeout
+    found = secure_sum.collect(ctx.endpoint(COORDINATOR), kind, live, ctx.round, deadline)
+    late = f"no answer within {ctx.stage_timeout:g} s"
+    for party in live:
+        if party not in found:
+            gone[party] = late
+            _logger().warning(
+                "round %d of job %s: %s dropped out at %s (%s)",
+                ctx.round,
+                ctx.job_id,
+                party,
+                stage,
+                late,
+            )
+    answered = [p for p in live if p in found]
+    secure_rounds.require_senders(ctx.job, ctx.round, stage, answered, gone)
+    return answered
 
-    Only looks at what has arrived; a party that is gone for good costs nothing here.
-    """
-    if not candidates or round_ < 0:
-        return []
-    endpoint = channel_for(job_id, workspace).endpoint(COORDINATOR)
-    return list(secure_sum.collect(endpoint, "rejoin", candidates, round_, 0, None))
+
+def stop_parties(ctx: RoundContext, options: TrainingOptions) -> None:
+    """Party mode, after the last round: the stop, then shred the coordinator's secrets."""
+    _call_round(ctx, options, stop=True)
+    secure_rounds.forget_job(coordinator_store(ctx.workspace), ctx.job)
 
 
-def round_open(ref: TableRef, ctx: RoundContext) -> bool:
-    """Whether the coordinator has not yet sent this round's model (the round is still open
-    for this party: a restarted party catches up, a waiting one is not yet dropped)."""
-    endpoint = ctx.endpoint(ref.party)
-    return not secure_sum.collect(endpoint, ctx.kind("model"), [COORDINATOR], ctx.round, 0)
+def forget_rounds(ref: TableRef, job_id: str, parties: list[str]) -> None:
+    """Party mode, after the stop: shred this party's secure-aggregation secrets of the job."""
+    job = secure_rounds.RoundsJob(PROTOCOL, job_id, tuple(parties), 0, 0)
+    secure_rounds.forget_job(PartyStore.of(ref), job)
 
 
 @task(name="hlr-keep-model", task_run_name="{ref.party}: keep the model", **PARTY_STEP)

@@ -663,14 +663,16 @@ class Faults:
         parties: Mapping[str, Mapping[str, str]] | None,
         crash_after: str | None,
         names: Sequence[str],
+        stages: Sequence[str] = secagg.DROPOUT_STAGES,
     ) -> Faults:
-        """Check a flow's fault options (unknown stages, parties and kinds are refused)."""
+        """Check a flow's fault options (unknown stages, parties and kinds are refused);
+        ``stages`` are the protocol's (default: the single-session ones)."""
+        stages = tuple(stages)
         for key, faults in (parties or {}).items():
             round_, _, stage = key.partition(":")
-            if not (round_ == "*" or round_.isdigit()) or stage not in secagg.DROPOUT_STAGES:
+            if not (round_ == "*" or round_.isdigit()) or stage not in stages:
                 raise ValueError(
-                    f"fault key {key!r} must be '<round or *>:<stage>' with a stage in "
-                    f"{secagg.DROPOUT_STAGES}"
+                    f"fault key {key!r} must be '<round or *>:<stage>' with a stage in {stages}"
                 )
             unknown = sorted(set(faults) - set(names))
             kinds = sorted(set(faults.values()) - {"raise", "hang"})
@@ -678,10 +680,10 @@ class Faults:
                 raise ValueError(f"faults[{key!r}]: unknown parties {unknown} or kinds {kinds}")
         if crash_after is not None:
             round_, _, point = crash_after.partition(":")
-            if not round_.isdigit() or point not in (*secagg.DROPOUT_STAGES, "commit"):
+            if not round_.isdigit() or point not in (*stages, "commit"):
                 raise ValueError(
                     f"crash_after {crash_after!r} must be '<round>:<point>' with a point in "
-                    f"{(*secagg.DROPOUT_STAGES, 'commit')}"
+                    f"{(*stages, 'commit')}"
                 )
         return cls({k: dict(v) for k, v in (parties or {}).items()}, crash_after)
 
@@ -741,7 +743,7 @@ def run_stage(
     stop another's. Used for the steps outside a secure-sum session (a party's saving of the
     round's result); the session's own stages go through :func:`drive_session`.
     """
-    answered, failed = _run_party_steps(stage, step, refs, parties, ctx, args, faults)
+    answered, failed = run_party_steps(stage, step, refs, parties, ctx, args, faults)
     late = f"no answer within {ctx.stage_timeout:g} s"
     missing = {p: failed.get(p, late) for p in parties if p not in answered}
     outcome = StageOutcome(answered, missing)
@@ -749,7 +751,7 @@ def run_stage(
     return outcome
 
 
-def _run_party_steps(
+def run_party_steps(
     stage: str,
     step: Any,
     refs: Mapping[str, TableRef],
@@ -892,7 +894,7 @@ def run_session(
 
     def run_parties(stage: str, live: list[str], deadline: float) -> dict[str, str]:
         step, args = steps[stage]
-        return _run_party_steps(stage, step, refs, live, ctx, args, faults, deadline)[1]
+        return run_party_steps(stage, step, refs, live, ctx, args, faults, deadline)[1]
 
     live = list(parties if parties is not None else refs)
     return drive_session(ctx, live, run_parties, faults)

@@ -18,6 +18,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 from core import horizontal_lr as hlr
 from core import secagg
 from core.preprocessing import FittedPreprocessing
+from core.secagg import multiround as mr
 from flows.horizontal_lr import SimulatedCrashError, horizontal_lr, predict_proba
 from storage import codec
 from storage.artifacts import ArtifactStore
@@ -26,6 +27,7 @@ from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
 from tasks import horizontal_lr as steps
+from tasks.reporting import short_id
 from tasks.summaries import holdout_split
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -34,13 +36,8 @@ HOSPITALS = ("hospital_a", "hospital_b", "hospital_c")
 LR, L2 = 0.5, 1e-3
 FAST: dict[str, Any] = {"learning_rate": LR, "l2": L2, "tol": 0.0}
 Loader = Callable[..., list[TableRef]]
-TO_COORDINATOR = {
-    "schema",
-    "secagg_keys",
-    "secagg_shares",
-    "secagg_masked",
-    "secagg_unmask_response",
-}
+# keys once per job, then per round only masked inputs and unmask answers (no key exchange)
+TO_COORDINATOR = {"schema", "secagg_job_keys", "secagg_masked", "secagg_unmask_response"}
 
 
 def load_hospitals(
@@ -131,10 +128,11 @@ def test_gradient_averaging_equals_centralized_gd_and_coordinator_sees_no_update
     job = result["job_id"]
     for store in [steps.coordinator_store(str(workspace))] + [PartyStore.of(r) for r in refs]:
         saved = ArtifactStore(store).get(steps.model_key(job))
-        assert np.array_equal(saved["weights"], result["weights"]) and saved["rounds"] == 2
+        assert np.array_equal(steps.model_weights(saved), result["weights"])
+        assert saved["rounds"] == 2
         assert steps.checkpoints(store, job).last_round() == 1
 
-    # audit: the coordinator received keys, ciphertexts, masked vectors and shares, never an update
+    # audit: the coordinator received keys, masked vectors and shares, never an update
     channel = channel_for(job, str(workspace))
     received = [r for r in channel.log() if r.receiver == "coordinator"]
     assert {r.base_kind for r in received} == TO_COORDINATOR
@@ -150,7 +148,7 @@ def test_gradient_averaging_equals_centralized_gd_and_coordinator_sees_no_update
                 assert encoded.tobytes() not in array.tobytes()
                 assert update.tobytes() not in array.tobytes()
         if record.base_kind == "secagg_masked":
-            masked = codec.loads(raw)["masked_input"].view(np.int64)
+            masked = codec.loads(raw)["masked"].view(np.int64)
             assert np.mean(np.abs(masked) > 2.0**50) > 0.9  # uniform-looking, not small numbers
 
     # the UI shows the rounds table, a progress bar and a link to the saved model
@@ -182,7 +180,8 @@ def test_held_out_rows_stay_out_of_training_and_each_party_scores_its_own(
     reference = hlr.centralized_gd(*pooled(training), L2, LR, 2)  # the training rows only
     np.testing.assert_allclose(result["weights"], reference, rtol=0, atol=1e-6)
 
-    quality = summary_quality("patients-horizontal-summary")  # read back from Prefect
+    key = f"patients-horizontal-{short_id(result['job_id'])}-summary"  # keyed by its job id
+    quality = summary_quality(key)  # read back from Prefect
     sums = np.zeros(3)
     for name, (X, y), (train, held) in zip(HOSPITALS, parts, splits, strict=True):
         scores, truth = hlr.predict_proba(reference, X[held]), y[held]
@@ -211,8 +210,10 @@ def test_a_failing_and_a_hanging_party_leave_the_survivors_model(
     )
     parts = dict(zip(HOSPITALS, arrays(refs, result), strict=True))
 
-    # round 0 sums a and b (c shared keys, then failed: its masks were rebuilt);
-    # round 1 sums all three (b sent its masked input and only missed the unmasking)
+    # round 0 sums a and b (c had its job keys agreed, then failed: a and b revealed their
+    # round-0 seeds with c); c re-keys and is back in round 1, which sums all three (b sent
+    # its masked input and only missed the unmasking: its self-mask came from a's and c's
+    # shares)
     weights = hlr.init_model(parts["hospital_a"][0].shape[1])
     for senders in (["hospital_a", "hospital_b"], list(HOSPITALS)):
         X, y = pooled([parts[p] for p in senders])
@@ -226,9 +227,17 @@ def test_a_failing_and_a_hanging_party_leave_the_survivors_model(
         (r.round, r.sender, r.base_kind)
         for r in channel_for(result["job_id"], str(workspace)).log()
     }
-    assert (0, "hospital_c", "secagg_shares") in kinds
+    assert (0, "hospital_c", "secagg_job_keys") in kinds
     assert (0, "hospital_c", "secagg_masked") not in kinds
+    assert (0, "hospital_c", "rejoin") in kinds and (1, "hospital_c", "secagg_masked") in kinds
     assert (1, "hospital_b", "secagg_unmask_response") not in kinds
+    # keys are agreed once per job (and once more by the party that re-keyed), not per round
+    assert sorted(p for r, p, k in kinds if k in {"secagg_job_keys", "rejoin"}) == [
+        "hospital_a",
+        "hospital_b",
+        "hospital_c",
+        "hospital_c",
+    ]
 
 
 def test_fewer_survivors_than_threshold_abort_the_round_uncommitted(
@@ -312,9 +321,12 @@ def test_killed_run_resumes_and_ends_with_the_uninterrupted_model(
         "hospital_c": 0,
         "coordinator": 1,
     }
-    resumed = run(refs, workspace, **options)  # the coordinator rolls back; round 1 is redone
-    assert resumed["resumed_from"] == 1 and resumed["rounds_run"] == 1
+    # the coordinator's commit of round 1 stands: the parties check and save it from its
+    # result (each unmasks round 1's sum itself from its peers' copies), nothing is redone
+    resumed = run(refs, workspace, **options)
+    assert resumed["resumed_from"] == 2 and resumed["rounds_run"] == 0
     assert [e["round"] for e in resumed["history"]] == [0, 1]
+    assert set(last_rounds(refs, workspace, "hlr-resume").values()) == {1}
 
     other = tmp_path / "uninterrupted"
     other.mkdir()
@@ -333,10 +345,13 @@ def test_a_rerun_round_is_never_unmasked_for_other_senders(
     with pytest.raises(SimulatedCrashError):
         run(refs, workspace, inject_crash_after="0:reveal_shares", **options)
     # round 0 was unmasked for all three; redoing it without hospital_c would let the
-    # coordinator subtract the two sums and read hospital_c's gradient
-    with pytest.raises(secagg.ProtocolViolationError, match="already unmasked"):
-        run(refs, workspace, inject_faults={"0:mask_input": {"hospital_c": "raise"}}, **options)
-    assert run(refs, workspace, **options)["rounds_run"] == 1  # the same senders may finish it
+    # coordinator subtract the two sums and read hospital_c's gradient. The coordinator's
+    # stored requests stand (the parties answer one request per round), so the re-run can
+    # only finish the round with the senders it had, hospital_c's stored input included
+    rerun = run(refs, workspace, inject_faults={"0:mask_input": {"hospital_c": "raise"}}, **options)
+    assert rerun["history"][0]["survivors"] == list(HOSPITALS)
+    X, y = pooled(arrays(refs, rerun))
+    np.testing.assert_allclose(rerun["weights"], hlr.centralized_gd(X, y, L2, LR, 1), atol=1e-6)
 
 
 def test_a_transient_fault_is_retried_without_masking_again(
@@ -344,20 +359,20 @@ def test_a_transient_fault_is_retried_without_masking_again(
 ) -> None:
     refs = hospitals(workspace)
     masked: list[str] = []
-    real_mask, real_write = secagg.mask_input, Channel._write
+    real_mask, real_write = mr.mask_round, Channel._write
 
-    def counting_mask(state: Any, delivery: Any, values: np.ndarray) -> Any:
-        masked.append(state["party"])
-        return real_mask(state, delivery, values)
+    def counting_mask(state: Any, values: np.ndarray) -> Any:
+        masked.append(state.party)
+        return real_mask(state, values)
 
     def flaky_write(self: Channel, round_: int, sender: str, *rest: Any) -> Any:
-        first_masked = rest[1].startswith("secagg_masked.") and "failed" not in masked
+        first_masked = rest[1] == "secagg_masked" and "failed" not in masked
         if sender == "hospital_a" and first_masked:
             masked.append("failed")
             raise OSError("connection reset while sending")  # after the state was stored
         return real_write(self, round_, sender, *rest)
 
-    monkeypatch.setattr(secagg, "mask_input", counting_mask)
+    monkeypatch.setattr(mr, "mask_round", counting_mask)
     monkeypatch.setattr(Channel, "_write", flaky_write)
     # unscaled: the pooled statistics' own secure sum would mask (and be counted) first
     result = run(refs, workspace, rounds=1, preprocessing={"scaling": "none"}, **FAST)
@@ -384,7 +399,7 @@ def _tamper_model(
     sent: dict[int, Any] = {}
 
     def write(self: Channel, r: int, sender: str, receiver: str, kind: str, payload: Any) -> Any:
-        if sender == "coordinator" and kind.startswith("model."):
+        if sender == "coordinator" and kind == "model":
             sent.setdefault(r, payload)
             if r == round_ and receiver in receivers:
                 payload = {**payload, "weights": sent[r - 1]["weights"]}

@@ -166,8 +166,9 @@ def test_hospital_processes_train_the_plaintext_model_across_a_restart(make_job:
         own = holdout if party != COORDINATOR else []
         job.start(party, "hlr-three", "--rounds", "2", "--tol", "0", "--stage-timeout", "90",
                   *fault, *own)  # fmt: skip
-    # hospital_c's process dies (SIGKILL) mid-round after sharing its keys; restarted with the
-    # same command, it resumes from its own records within the stage deadline
+    # hospital_c's process dies (SIGKILL) before masking round 1 (its job keys were agreed
+    # before round 0); restarted with the same command, it resumes from its own records
+    # (the same keys) within the stage deadline
     assert job.finish("hospital_c")[0] == -9
     job.start("hospital_c", "hlr-three", *holdout)
     coordinator = job.result(COORDINATOR)
@@ -208,16 +209,14 @@ def test_a_killed_and_a_failing_hospital_leave_the_survivors_model(make_job: Any
     job.start(COORDINATOR, "hlr-dropouts", *options)
     for party in hospitals:
         # the second round (index 1) and the third (index 2)
-        fault = {"hospital_b": "1:mask_input:kill", "hospital_d": "2:advertise_keys:raise"}.get(
-            party
-        )
+        fault = {"hospital_b": "1:mask_input:kill", "hospital_d": "2:mask_input:raise"}.get(party)
         job.start(party, "hlr-dropouts", *(["--inject-fault", fault] if fault else []))
 
     code, _, _ = job.finish("hospital_b")  # killed before masking in round 1: gone for good
     assert code == -9
     job.servers.pop("hospital_b").stop(None)  # and its message endpoint with it
     code, _, err = job.finish("hospital_d")
-    assert code != 0 and "injected failure before advertise_keys in round 2" in err
+    assert code != 0 and "injected failure before mask_input in round 2" in err
     coordinator = job.result(COORDINATOR)
     survivors = {h: job.result(h) for h in ["hospital_a", "hospital_c", "hospital_e"]}
 
@@ -237,7 +236,7 @@ def test_below_the_threshold_the_coordinator_fails_naming_the_missing(make_job: 
     job = make_job(hospitals)
     options = ["--rounds", "2", "--tol", "0", "--stage-timeout", "6"]
     job.start(COORDINATOR, "hlr-too-few", *options)
-    faults = {"hospital_b": "0:advertise_keys:raise", "hospital_c": "0:mask_input:kill"}
+    faults = {"hospital_b": "0:mask_input:raise", "hospital_c": "0:mask_input:kill"}
     for party in hospitals:
         job.start(
             party, "hlr-too-few", *(["--inject-fault", faults[party]] if party in faults else [])

@@ -1,5 +1,6 @@
 """Waiting for the parties' messages: no wait past the last arrival, the missing named while
-it lasts, and a dropped hospital's way back in (left out, asks to rejoin, called again)."""
+it lasts, and a dropped hospital's way back in (left out, re-keys, asks to rejoin, called
+again)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from storage.party_store import PartyStore
 from storage.workspace import channel_for
 from tasks import horizontal_lr as steps
+from tasks import secure_rounds
 from tasks.secure_sum import COORDINATOR, collect
 
 
@@ -60,19 +64,45 @@ def test_a_party_that_never_sends_is_named_until_the_deadline(
     assert len(waiting) >= 2 and all("from hospital_c" in line for line in waiting)
 
 
-def test_a_left_out_hospital_asks_to_rejoin_and_the_coordinator_sees_it(tmp_path: Path) -> None:
-    job, parties = "rejoin-job", ("hospital_a", "hospital_b", "hospital_c")
+def test_a_dropped_hospital_rekeys_asks_to_rejoin_and_is_called_again(tmp_path: Path) -> None:
+    """Keys once per job; a round with hospital_b silent sums the other two exactly; the
+    following calls leave b out until it re-keys (a higher epoch, once) and asks back."""
+    parties = ("hospital_a", "hospital_b", "hospital_c")
     options = steps.TrainingOptions(0, 0.2, 1e-3)
-    call = steps.RoundCall("session-5", parties, 2, 30.0, options, ("hospital_b",))
-    assert steps.RoundCall.from_message(call.to_message()) == call
-    assert steps.RoundCall.from_message({**call.to_message(), "out": []}).out == ()
-    coordinator = channel_for(job, str(tmp_path)).endpoint(COORDINATOR)
+    job = steps.rounds_job("rejoin-job", parties, 2, 2, str(tmp_path))  # 5 numbers a party
+    stores = {p: PartyStore(tmp_path / f"{p}.duckdb") for p in (*parties, COORDINATOR)}
+    stores[COORDINATOR] = steps.coordinator_store(str(tmp_path))
     for party in parties:
-        coordinator.send(party, "round", call.to_message(), round=5)
-    ctx = steps.round_context(job, 5, "session-5", parties, 2, 4, str(tmp_path), 30.0)
-    refs = {p: steps.TableRef(database=str(tmp_path / f"{p}.duckdb"), table="t") for p in parties}
-    assert [steps.left_out(refs[p], ctx) for p in parties] == [False, True, False]
-    assert steps.rejoin_requests(job, 5, ["hospital_b"], str(tmp_path)) == []
-    steps.ask_to_rejoin(refs["hospital_b"], ctx)
-    assert steps.rejoin_requests(job, 5, ["hospital_b"], str(tmp_path)) == ["hospital_b"]
-    assert steps.rejoin_requests(job, 4, ["hospital_b"], str(tmp_path)) == []  # that round only
+        secure_rounds.party_join(stores[party], job, party, 0)
+    coordinator = job.endpoint(COORDINATOR)
+    keys = collect(coordinator, secure_rounds.JOB_KEYS, list(parties), 0, time.monotonic() + 5)
+    secure_rounds.coordinator_admit(stores[COORDINATOR], job, keys)
+
+    ctx = steps.RoundContext(job, 0, 30.0)
+    call = steps._call_round(ctx, options)
+    assert call.out == () and call.protocol is not None
+    assert steps.RoundCall.from_message(call.to_message()) == call
+    vectors = {p: np.arange(5.0) * (i + 1) for i, p in enumerate(parties)}
+    for party in ("hospital_a", "hospital_c"):  # b stays silent
+        start = secure_rounds.round_start(job, 0, call.protocol, party)
+        secure_rounds.party_mask(stores[party], job, party, start, vectors[party])
+    masked = collect(coordinator, secure_rounds.MASKED, list(parties), 0, time.monotonic() + 0.2)
+    senders, dropped = secure_rounds.coordinator_collect(stores[COORDINATOR], job, 0, masked)
+    assert (senders, dropped) == (["hospital_a", "hospital_c"], ["hospital_b"])
+    for party in senders:
+        request = job.endpoint(party).receive(COORDINATOR, secure_rounds.REQUEST, round=0)
+        secure_rounds.party_answer(stores[party], job, party, 0, request)
+    answers = collect(coordinator, secure_rounds.RESPONSE, senders, 0, time.monotonic() + 5)
+    with stores[COORDINATOR].transaction() as con:
+        summed = secure_rounds.coordinator_unmask(stores[COORDINATOR], job, 0, answers, con)
+    np.testing.assert_allclose(summed.total, vectors["hospital_a"] + vectors["hospital_c"])
+
+    # dropped stays dropped: round 1 leaves b out; b re-keys once, asking back each call
+    first = steps._call_round(steps.RoundContext(job, 1, 30.0), options)
+    assert first.out == ("hospital_b",) and "hospital_b" not in first.protocol["keys"]
+    secure_rounds.party_rejoin(stores["hospital_b"], job, "hospital_b", 1)
+    secure_rounds.party_rejoin(stores["hospital_b"], job, "hospital_b", 1)  # a retry: same keys
+    back = coordinator.receive("hospital_b", secure_rounds.REJOIN, round=1)
+    assert back["keys"][0] == 1  # epoch 1: fresh keys, the old ones gone
+    second = steps._call_round(steps.RoundContext(job, 2, 30.0), options)
+    assert second.out == () and second.protocol["keys"]["hospital_b"] == back["keys"]

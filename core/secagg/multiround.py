@@ -52,6 +52,17 @@ Why it is as safe as the per-round protocol (the argument, step by step):
    colluders no set of answers gives both. The graph bounds (event A and B of
    :mod:`core.secagg.graph`) make t - 1 colluding neighbours, and a disconnected honest
    remainder (which would reveal partial sums), unlikely below the stated probability.
+5. *Restarts change nothing of this* when each holder stores the state a step returns, with
+   the message it sends, before sending (:mod:`tasks.secure_rounds` does, sealed under the
+   job's key file): a restarted party re-sends the stored masked input or answer instead of
+   masking or answering again, and a restarted coordinator re-sends its stored unmask
+   requests, so a round is never unmasked for a second set of senders.
+
+Why the unmask exchange runs every round, not only after a dropout: a round without self-masks
+would be unmasked by the pair masks cancelling alone, but then a coordinator that declares a
+slow party dropped, collects its neighbours' round seeds and then reads its late input has
+that input in the clear. The self-mask closes this (point 3) at the cost of one short
+exchange per round; the pair masks, the expensive part, are never re-agreed.
 
 Dropout tolerance: any party may drop before masking; a sender may drop before unmasking
 while t of its holders answer, except when it neighbours a party that dropped before

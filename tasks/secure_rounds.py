@@ -1,0 +1,418 @@
+"""Many secure sums of one job at one key agreement (:mod:`core.secagg.multiround`), per holder.
+
+Why a module of its own: :mod:`tasks.secure_sum` runs one four-stage session (fresh keys, share
+exchange) per sum, which is what one-off sums (pooled statistics, sparse LDA) need; a training
+job sums once per round and must not pay key agreement every time. Here each holder keeps one
+record per job in its own store, sealed under the job's key file (:mod:`storage.secrets`):
+its multi-round state (private key, pair secrets, the round it masked and the request it
+answered) and what it sent from it. A step computes, stores the new record, and only then
+sends; a retry (or a process restarted after kill -9) finds the record and re-sends the same
+bytes, so no mask covers two inputs and no second, different unmask request is answered.
+
+Messages (``round`` is the training round; every kind is plain, the same on a re-run):
+
+=========================  ====================================  ===========================
+kind                        sender -> receiver                    when
+=========================  ====================================  ===========================
+``secagg_job_keys``         party -> coordinator                  once per job (round 0)
+``round`` (the call)        coordinator -> every party            each round: active + keys
+``secagg_masked``           party -> coordinator and each peer    each round
+``secagg_unmask_request``   coordinator -> each sender            each round
+``secagg_unmask_response``  sender -> coordinator and each peer   each round
+``rejoin``                  left-out party -> coordinator         with its new keys (re-key)
+=========================  ====================================  ===========================
+
+The peers' copies let every party that answered unmask the round's sum itself and check the
+coordinator's announcement (:func:`party_sum`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from core.secagg import multiround as mr
+from core.secagg import wire
+from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
+from core.secagg.fixed_point import DEFAULT_SCALE_BITS, decode
+from core.secagg.graph import choose_parameters
+from storage.channel import PartyEndpoint
+from storage.party_store import PartyStore
+from storage.secrets import SealedArtifacts
+from storage.workspace import channel_for
+from tasks.secure_sum import collect
+
+COORDINATOR = "coordinator"
+JOB_KEYS, MASKED, REQUEST, RESPONSE, REJOIN = (
+    "secagg_job_keys",
+    "secagg_masked",
+    "secagg_unmask_request",
+    "secagg_unmask_response",
+    "rejoin",
+)
+
+
+@functools.lru_cache(maxsize=16)
+def _config(
+    job_id: str, parties: tuple[str, ...], threshold: int, dimension: int, scale_bits: int
+) -> mr.JobConfig:
+    params = choose_parameters(len(parties))
+    if params.degree >= len(parties) - 1:  # complete graph: the job's own threshold holds
+        params = replace(params, threshold=threshold)
+    return mr.new_job(
+        job_id, parties, dimension, min_senders=threshold, parameters=params, scale_bits=scale_bits
+    )
+
+
+@dataclass(frozen=True)
+class RoundsJob:
+    """What every holder of a job agrees on before its first round (small, non-secret)."""
+
+    protocol: str  # namespaces the holders' records, e.g. "horizontal"
+    job_id: str
+    parties: tuple[str, ...]
+    threshold: int  # fewest senders a sum may have
+    dimension: int
+    workspace: str | None = None
+    scale_bits: int = DEFAULT_SCALE_BITS
+
+    def config(self) -> mr.JobConfig:
+        """The job's SecAgg+ configuration: the same at every holder (graph from the job id);
+        with a complete graph each self-mask needs ``threshold`` of its holders."""
+        return _config(self.job_id, self.parties, self.threshold, self.dimension, self.scale_bits)
+
+    def endpoint(self, party: str) -> PartyEndpoint:
+        return channel_for(self.job_id, self.workspace).endpoint(party)
+
+    @property
+    def scope(self) -> str:
+        """The job key file the records are sealed under (shredded at the job's end)."""
+        return f"{self.protocol}/{self.job_id}/rounds"
+
+    def record_key(self, who: str) -> str:
+        return f"{self.scope}/{who}"
+
+
+def _records(store: PartyStore, job: RoundsJob) -> SealedArtifacts:
+    return SealedArtifacts(store, job.scope)
+
+
+def load_record(store: PartyStore, job: RoundsJob, who: str, con: Any = None) -> dict[str, Any]:
+    """This holder's record of the job ({} before its first step)."""
+    return _records(store, job).get(job.record_key(who), {}, con=con) or {}
+
+
+def save_record(
+    store: PartyStore, job: RoundsJob, who: str, record: dict[str, Any], con: Any
+) -> None:
+    _records(store, job).put(job.record_key(who), record, con=con)
+
+
+def forget_job(store: PartyStore, job: RoundsJob) -> None:
+    """At the job's end: shred the key the records are sealed under (and drop them)."""
+    records = _records(store, job)
+    with store.transaction() as con:
+        records.artifacts.delete_prefix(job.scope + "/", con=con)
+    records.destroy()
+
+
+# ---------------------------------------------------------------------------------------------
+# Party side
+
+
+def party_state(record: dict[str, Any], job: RoundsJob | None = None) -> mr.JobPartyState:
+    """The stored state; with ``job``, under the job's configuration as the coordinator's call
+    states it. Why: a party makes its keys before the first call names the threshold (its
+    keys do not depend on it); once it has masked a round the configuration is fixed, and a
+    call that changes it is refused."""
+    state = wire.party_state_from_plain(record["state"])
+    if job is None or state.config == job.config():
+        return state
+    if state.last_masked >= 0:
+        raise ProtocolViolationError(
+            f"party {state.party!r}: the coordinator's call changes the terms of job "
+            f"{job.job_id} (threshold or dimension) after the first round; refused"
+        )
+    return replace(state, config=job.config())
+
+
+def party_join(store: PartyStore, job: RoundsJob, party: str, round_: int) -> None:
+    """Once per job: fresh keys; the public half to the coordinator, with ``round_`` as the
+    first round this party joins (a retry, or a restart, re-sends the same message)."""
+    with store.transaction() as con:
+        record = load_record(store, job, party, con)
+        if not record:
+            state, ad = mr.join(job.config(), party)
+            keys = wire.advertisement_to_plain(ad)
+            record = {"state": wire.party_state_to_plain(state), "keys": keys}
+            record["first_keys"], record["keys_round"] = keys, round_
+            save_record(store, job, party, record, con)
+    first = record["first_keys"]
+    job.endpoint(party).send_once(COORDINATOR, JOB_KEYS, lambda: first, round=record["keys_round"])
+
+
+def party_rejoin(store: PartyStore, job: RoundsJob, party: str, round_: int) -> None:
+    """Left out of ``round_``: re-key once (old secrets gone), then ask back with the new keys
+    on every call that still leaves it out."""
+    with store.transaction() as con:
+        record = load_record(store, job, party, con)
+        if not record.get("rejoining"):
+            state, ad = mr.rekey(party_state(record))
+            record = {
+                **record,
+                "state": wire.party_state_to_plain(state),
+                "keys": wire.advertisement_to_plain(ad),
+                "masked": None,
+                "rejoining": True,
+            }
+            save_record(store, job, party, record, con)
+    job.endpoint(party).send_once(COORDINATOR, REJOIN, lambda: record["keys"], round=round_)
+
+
+def round_start(job: RoundsJob, round_: int, call: Mapping[str, Any], party: str) -> mr.RoundStart:
+    """The coordinator's call as the core's round start for ``party``."""
+    keys = {p: wire.keys_from_plain(k, f"call of round {round_}") for p, k in call["keys"].items()}
+    holders = set(job.config().holders(party))
+    return mr.RoundStart(
+        job.job_id,
+        round_,
+        tuple(call["active"]),
+        {p: k for p, k in keys.items() if p in holders},
+    )
+
+
+def party_mask(
+    store: PartyStore,
+    job: RoundsJob,
+    party: str,
+    start: mr.RoundStart,
+    vector: np.ndarray,
+    guard: Any = None,
+) -> None:
+    """Mask ``vector`` for the started round, store, then send it to the coordinator and the
+    other active parties; a retry re-sends the stored message (a round is masked once).
+
+    ``guard(con)`` runs in the same transaction before masking (e.g. one contribution per
+    model point) and may refuse.
+    """
+    r = start.round
+    with store.transaction() as con:
+        record = load_record(store, job, party, con)
+        stored = record.get("masked")
+        if stored is None or stored["round"] != r:
+            state = party_state(record, job)
+            if state.last_masked >= r:
+                raise ProtocolViolationError(
+                    f"party {party!r}: round {r} of job {job.job_id} was masked already and its "
+                    "message is gone; refusing to mask it again"
+                )
+            if guard is not None:
+                guard(con)
+            state = mr.start_round(state, start)
+            state, message = mr.mask_round(state, vector)
+            stored = wire.masked_to_plain(message)
+            record = {
+                **record,
+                "state": wire.party_state_to_plain(state),
+                "masked": stored,
+                "rejoining": False,
+            }
+            save_record(store, job, party, record, con)
+    endpoint = job.endpoint(party)
+    endpoint.send(COORDINATOR, MASKED, stored, round=r)
+    for peer in start.active:
+        if peer != party:
+            endpoint.send(peer, MASKED, stored, round=r)
+
+
+def party_answer(
+    store: PartyStore, job: RoundsJob, party: str, round_: int, request_plain: Any
+) -> None:
+    """Answer the round's unmask request (once: an identical retry gets the same answer)."""
+    request = wire.request_from_plain(request_plain)
+    if request.round != round_:
+        raise ProtocolViolationError(
+            f"party {party!r}: an unmask request for round {request.round} came as round {round_}"
+        )
+    with store.transaction() as con:
+        record = load_record(store, job, party, con)
+        before = party_state(record, job)
+        state, response = mr.answer_unmask(before, request)
+        if state is not before:
+            record = {**record, "state": wire.party_state_to_plain(state)}
+            save_record(store, job, party, record, con)
+    plain = wire.response_to_plain(response)
+    endpoint = job.endpoint(party)
+    endpoint.send(COORDINATOR, RESPONSE, plain, round=round_)
+    for peer in before.active:
+        if peer != party:
+            endpoint.send(peer, RESPONSE, plain, round=round_)
+
+
+def party_sum(
+    job: RoundsJob,
+    party: str,
+    record: dict[str, Any],
+    call: Mapping[str, Any],
+    round_: int,
+    revealers: Sequence[str] | None,
+    timeout: float,
+) -> np.ndarray | None:
+    """The round's sum as this party unmasks it itself from its peers' copies (None if it did
+    not answer this round's request: it then has nothing to check).
+
+    Why: otherwise a coordinator could announce any sum (e.g. one that barely moves the
+    model, so that a later round with one party claimed dropped reveals that party's update).
+    It runs the coordinator's own steps on the peers' masked inputs and answers; it learns the
+    sum (the coordinator's view), no more.
+    """
+    if not record:
+        return None
+    state = party_state(record, job)
+    if state.answered is None or state.answered[0].round != round_:
+        return None
+    request, own_response = state.answered
+    own_masked = wire.masked_from_plain(record["masked"], party)
+    where = f"party {party!r}: round {round_} of job {job.job_id}"
+    endpoint = job.endpoint(party)
+    deadline = time.monotonic() + timeout
+    others = [p for p in request.senders if p != party]
+    masked = collect(endpoint, MASKED, others, round_, deadline)
+    missing = sorted(set(others) - set(masked))
+    if missing:
+        raise ProtocolViolationError(
+            f"{where}: the coordinator counts {missing} as senders, but their masked inputs "
+            "never reached this party; refusing its sum"
+        )
+    keys = {p: wire.keys_from_plain(k) for p, k in call["keys"].items()}
+    replica = mr.JobCoordinatorState(
+        job.config(), keys, tuple(call["active"]), round_, "collecting"
+    )
+    inputs = [own_masked, *(wire.masked_from_plain(masked[p], p) for p in others)]
+    replica, _ = mr.collect_inputs(replica, inputs)
+    helpers = [p for p in (request.senders if revealers is None else revealers) if p != party]
+    answers = collect(endpoint, RESPONSE, helpers, round_, deadline)
+    missing = sorted(set(helpers) - set(answers))
+    if missing:
+        raise ProtocolViolationError(
+            f"{where}: the unmask answers of {missing} never reached this party; refusing "
+            "the coordinator's sum"
+        )
+    responses = [own_response, *(wire.response_from_plain(answers[p], p) for p in helpers)]
+    _, result = mr.unmask(replica, responses)
+    return decode(result.ring_sum, job.scale_bits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Coordinator side
+
+
+@dataclass(frozen=True)
+class RoundSum:
+    """A round's decoded sum, who sent, and who answered the unmask request."""
+
+    total: np.ndarray
+    senders: list[str]
+    responders: list[str]
+
+
+def coordinator_state(record: dict[str, Any], job: RoundsJob) -> mr.JobCoordinatorState:
+    if not record:
+        return mr.start_coordinator(job.config())
+    return wire.coordinator_state_from_plain(record["state"])
+
+
+def coordinator_admit(
+    store: PartyStore, job: RoundsJob, advertisements: Mapping[str, Any]
+) -> mr.JobCoordinatorState:
+    """Between rounds: take the first keys of the job or a left-out party's new ones."""
+    with store.transaction() as con:
+        record = load_record(store, job, COORDINATOR, con)
+        state = coordinator_state(record, job)
+        fresh = []
+        for party, plain in advertisements.items():
+            ad = wire.advertisement_from_plain(plain, party)
+            known = state.keys.get(party)
+            if known is None or ad.keys.epoch > known.epoch:  # first keys, or a re-key
+                fresh.append(ad)
+        if fresh or not record:
+            state = mr.admit(state, fresh)
+            record = {**record, "state": wire.coordinator_state_to_plain(state)}
+            save_record(store, job, COORDINATOR, record, con)
+    return state
+
+
+def call_keys(state: mr.JobCoordinatorState) -> dict[str, Any]:
+    """What a round's call carries for the protocol: the active parties and their keys."""
+    return {
+        "active": list(state.active),
+        "keys": {p: wire.keys_to_plain(state.keys[p]) for p in state.active},
+    }
+
+
+def coordinator_collect(
+    store: PartyStore, job: RoundsJob, round_: int, inputs: Mapping[str, Any]
+) -> tuple[list[str], list[str]]:
+    """Add the round's masked inputs and send each sender its unmask request; returns the
+    senders and the dropped. Stored before sending: a restarted coordinator re-sends the
+    same requests (never different ones, which the parties would refuse)."""
+    with store.transaction() as con:
+        record = load_record(store, job, COORDINATOR, con)
+        state = coordinator_state(record, job)
+        if not (state.round == round_ and state.stage == "unmasking"):
+            if state.stage != "idle":  # a round opened but never stored: open it again
+                state = replace(state, stage="idle")
+            state, _ = mr.open_round(state, round_)
+            messages = [wire.masked_from_plain(m, p) for p, m in inputs.items()]
+            state, requests = mr.collect_inputs(state, messages)
+            record = {
+                **record,
+                "state": wire.coordinator_state_to_plain(state),
+                "requests": {p: wire.request_to_plain(q) for p, q in requests.items()},
+            }
+            save_record(store, job, COORDINATOR, record, con)
+    endpoint = job.endpoint(COORDINATOR)
+    for party, request in record["requests"].items():
+        endpoint.send(party, REQUEST, request, round=round_)
+    return list(state.senders), list(state.dropped)
+
+
+def coordinator_unmask(
+    store: PartyStore, job: RoundsJob, round_: int, responses: Mapping[str, Any], con: Any
+) -> RoundSum:
+    """The round's exact sum from the answers; the new state is stored in ``con`` (the
+    caller's transaction, which commits the round)."""
+    record = load_record(store, job, COORDINATOR, con)
+    state = coordinator_state(record, job)
+    if not (state.round == round_ and state.stage == "unmasking"):
+        raise ProtocolViolationError(
+            f"coordinator: round {round_} of job {job.job_id} is not being unmasked "
+            f"(at round {state.round}, {state.stage})"
+        )
+    senders = list(state.senders)
+    answers = [wire.response_from_plain(m, p) for p, m in responses.items()]
+    state, result = mr.unmask(state, answers)
+    record = {**record, "state": wire.coordinator_state_to_plain(state), "requests": {}}
+    save_record(store, job, COORDINATOR, record, con)
+    return RoundSum(decode(result.ring_sum, job.scale_bits), senders, sorted(responses))
+
+
+def require_senders(
+    job: RoundsJob, round_: int, stage: str, live: Sequence[str], why: Mapping[str, str]
+) -> None:
+    """Abort before anything is unmasked when fewer than ``threshold`` answered a stage,
+    naming each missing party and why."""
+    if len(live) >= job.threshold:
+        return
+    missing = "; ".join(f"{p} ({why[p]})" for p in job.parties if p in why)
+    raise InsufficientSurvivorsError(
+        f"round {round_} of job {job.job_id}, stage {stage}: only {len(live)} of "
+        f"{len(job.parties)} parties answered ({list(live)}), fewer than the threshold "
+        f"{job.threshold}; missing: {missing}. The round is aborted: nothing was unmasked "
+        "or committed"
+    )

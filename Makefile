@@ -56,6 +56,14 @@ worker: $(STAMP)
 serve: $(STAMP)
 	PREFECT_API_URL=$(API_URL) $(BIN)/python -m flows.serve
 
+# The training charts as the Prefect UI shows them: trains on the demo hospitals against a local
+# server (UI_CHECK_URL, started if none answers) and saves Chromium screenshots under
+# var/ui-check/. Needs the distribution's chromium package; not part of `make test` or CI.
+.PHONY: ui-check
+ui-check: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python demo/ui_check.py
+
 BENCH_VERTICAL_ARGS ?=
 BENCH_NETWORK_ARGS ?=
 

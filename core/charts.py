@@ -6,8 +6,8 @@ plotting library would be a heavy dependency for three line charts.
 
 What a curve reveals: it is computed by the party holding the labels and only its operating
 points leave it, at most ``max_points`` of them, each a count over a slice of at least
-``rows / (max_points - 1)`` rows (the scores' quantiles), so a chart is an aggregate like the
-AUC it is titled with, not a list of rows.
+``rows / (max_points - 1)`` rows and at least ``min_rows`` (the scores' quantiles), so a chart
+is an aggregate like the AUC it is titled with, not a list of rows.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ __all__ = [
 
 #: Operating points a published curve keeps at most (ends included).
 MAX_POINTS = 21
+#: Rows a published operating point adds at least (a small hold-out gets fewer points).
+MIN_ROWS_PER_POINT = 5
 _FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
 _LINE = "#1f6fb2"
 _GRID = "#d9d9d9"
@@ -93,10 +95,11 @@ def roc_curve(
     labels: Sequence[float] | np.ndarray,
     scores: Sequence[float] | np.ndarray,
     max_points: int = MAX_POINTS,
+    min_rows: int = MIN_ROWS_PER_POINT,
 ) -> RocCurve | None:
     """The ROC curve of 0/1 ``labels`` ranked by ``scores`` (higher means positive), kept to
-    at most ``max_points`` operating points at the scores' quantiles; None unless both classes
-    occur (no curve exists then)."""
+    at most ``max_points`` operating points at the scores' quantiles, each at least ``min_rows``
+    rows past the one before; None unless both classes occur (no curve exists then)."""
     y = np.asarray(labels, dtype=float)
     s = np.asarray(scores, dtype=float)
     if y.shape != s.shape or y.ndim != 1:
@@ -115,14 +118,26 @@ def roc_curve(
     counts = np.r_[0.0, above]
     tpr = np.r_[0.0, true_pos / y.sum()]
     fpr = np.r_[0.0, (above - true_pos) / (y.size - y.sum())]
-    targets = np.linspace(0.0, y.size, max(max_points, 2))
-    kept = np.unique(np.searchsorted(counts, targets, side="right") - 1)
+    kept = _spaced(counts, max(y.size / (max(max_points, 2) - 1), min_rows))
     return RocCurve(
         tuple(float(v) for v in fpr[kept]),
         tuple(float(v) for v in tpr[kept]),
         exact_auc(y, s),
         int(y.size),
     )
+
+
+def _spaced(counts: np.ndarray, step: float) -> list[int]:
+    """Indices of increasing ``counts`` from the first to the last, each at least ``step``
+    above the one before (tied scores make jumps, so a point may be further on, never nearer)."""
+    kept = [0]
+    while (j := int(np.searchsorted(counts, counts[kept[-1]] + step, side="left"))) < counts.size:
+        kept.append(j)
+    if kept[-1] != counts.size - 1:  # end at (1, 1): the last kept point moves there
+        if len(kept) > 1:
+            kept.pop()
+        kept.append(counts.size - 1)
+    return kept
 
 
 def calibration_curve(

@@ -55,6 +55,7 @@ from storage.workspace import derive_job_id
 from tasks import horizontal_lr as steps
 from tasks import preprocessing as pre
 from tasks import secure_rounds, secure_sum
+from tasks.charts import publish_training_charts
 from tasks.horizontal_lr import COORDINATOR, predict_proba
 from tasks.loading import load_table
 from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
@@ -376,6 +377,8 @@ def horizontal_lr(
     model = steps.coordinator_model(job_id, workspace)  # parties saved theirs in the last round
     _publish(job_id, model, workspace)
     summary = horizontal_summary(job_id, refs, model, ran, workspace, holdout_fraction)
+    losses = [e["loss"] for e in model["history"]]
+    publish_training_charts("horizontal-lr", job_id, losses, summary["curves"])
     result = {
         "job_id": job_id,
         "features": model["features"],

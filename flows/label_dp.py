@@ -33,6 +33,7 @@ from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import label_dp as steps
+from tasks.charts import publish_training_charts
 from tasks.loading import fingerprint, load_table
 from tasks.reporting import (
     artifact_key,
@@ -176,6 +177,8 @@ def label_dp_regression(
     if evaluate:
         steps.send_predictions(features_job, features_ref)
         evaluation = steps.evaluate(job, labels_ref)
+        scope = f"{evaluation['test_rows']} rows, {evaluation['evaluated_on']}"
+        publish_training_charts("label-dp", job_id, [], {scope: evaluation.pop("calibration")})
     publish_markdown(
         artifact_key("label-dp", job_id, "release"),
         _summary(job, release, model, evaluation),
@@ -265,6 +268,9 @@ def label_dp_party(
     checked = steps.check_labels(job, ref)
     release = steps.release_noisy_labels(job, ref)
     evaluation = steps.evaluate(job, ref) if evaluate else None
+    if evaluation:
+        scope = f"{evaluation['test_rows']} rows, {evaluation['evaluated_on']}"
+        publish_training_charts("label-dp", job_id, [], {scope: evaluation.pop("calibration")})
     publish_markdown(
         artifact_key("label-dp", job_id, "release"),
         _summary(job, release, None, evaluation),

@@ -27,6 +27,7 @@ from core.vertical_lr.schedule import Schedule
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id, workspace_root
 from tasks import vertical_lr as steps
+from tasks.charts import own_rows_roc, publish_training_charts
 from tasks.loading import fingerprint
 from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
 from tasks.summaries import vertical_round_history, vertical_summary
@@ -271,6 +272,9 @@ def vertical_lr(
         history_rows,
         outcome=outcome_line,
     )
+    rows = (schedule.train_rows, schedule.holdout_rows)
+    roc = own_rows_roc(guest_ref, prediction["probabilities"], *rows)
+    publish_training_charts("vertical-lr", job_id, [r["loss"] for r in history_rows], roc)
     guest_coefficients = dict(guest_model["coefficients"])
     # The guest's slice only: hosts' coefficients stay in their stores (models/vertical/...).
     outcome = {

@@ -45,6 +45,7 @@ from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import walr as steps
+from tasks.charts import publish_training_charts
 from tasks.loading import fingerprint
 from tasks.reporting import (
     artifact_key,
@@ -349,6 +350,8 @@ def walr(
         workspace,
         sent["release_job_id"],
     )
+    if metrics:
+        publish_training_charts("walr", job_id, [], {metrics["scope"]: metrics["roc"]})
     return {
         "job_id": job_id,
         "rows": shape["rows"],

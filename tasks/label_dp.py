@@ -43,6 +43,7 @@ from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.validation import DataValidationError
 from storage.workspace import channel_for
+from tasks.charts import held_out_calibration
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
 
@@ -315,6 +316,7 @@ def evaluate(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
         "evaluated_on": scope,
         "test_rows": int(rows.size),
         "test_mse": float(np.mean((predictions - truth) ** 2)),
+        "calibration": held_out_calibration(truth, predictions),  # bins of >= 1/10 of the rows
     }
     if job.loss != "squared":
         result[f"test_{job.loss}_loss"] = _mean_loss(job, predictions, truth)

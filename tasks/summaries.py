@@ -23,6 +23,7 @@ from storage.channel import Channel
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import workspace_root
+from tasks.charts import held_out_roc
 from tasks.policy import PARTY_STEP
 from tasks.reporting import (
     PUBLISHED,
@@ -101,6 +102,7 @@ def classifier_figures(
         "log_loss": _log_loss(labels, probabilities),
         "baseline_auc": 0.5,
         "baseline_log_loss": _log_loss(labels, np.full(labels.size, training_rate)),
+        "roc": held_out_roc(labels, probabilities if scores is None else scores),
     }
 
 
@@ -402,7 +404,10 @@ def horizontal_summary(
             rounds_table=history,
             details=[("outcome", outcome), ("rounds run in this attempt", rounds_run)],
         )
-    ) | {"outcome": outcome}
+    ) | {
+        "outcome": outcome,
+        "curves": {f"{p}'s {e['scope']}": e["roc"] for p, e in evaluations.items()},
+    }
 
 
 def _outcome(log_losses: list[Quality]) -> str:

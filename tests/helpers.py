@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -94,3 +95,9 @@ def found_in(folder: Path, values: set[str]) -> set[str]:
     text = _TIMING_FIELD.sub("", text)
     numbers = set(re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?(?![\w.])", text))
     return values & numbers
+
+
+def chart_images(markdown: str) -> list[str]:
+    """The SVG documents a charts artifact embeds as ``data:`` images, in order."""
+    encoded = re.findall(r"\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", markdown)
+    return [base64.b64decode(e).decode("utf-8") for e in encoded]

@@ -92,19 +92,22 @@ def test_the_roc_runs_from_0_0_to_1_1_and_its_title_has_sklearn_s_auc(scored) ->
     np.testing.assert_allclose(diagonal, [drawn[0], drawn[-1]], atol=0.01)
 
 
-def test_the_published_roc_is_a_few_operating_points_not_the_rows() -> None:
+@pytest.mark.parametrize("decimals", [None, 1])  # distinct scores; many tied scores
+def test_the_published_roc_is_a_few_operating_points_not_the_rows(decimals: int | None) -> None:
     rng = np.random.default_rng(1)
     labels = rng.integers(0, 2, 1000)
     scores = rng.normal(size=1000) + labels
-    curve = roc_curve(labels, scores)
+    curve = roc_curve(labels, scores if decimals is None else np.round(scores, decimals))
     assert len(curve.fpr) <= MAX_POINTS
     # each point is a threshold with at least 1/20 of the rows more above it than the last
     above = np.asarray(curve.fpr) * (1000 - labels.sum()) + np.asarray(curve.tpr) * labels.sum()
-    assert np.all(np.diff(np.round(above)) >= 1000 / (MAX_POINTS - 1) - 1)
+    assert np.all(np.diff(np.round(above)) >= 1000 / (MAX_POINTS - 1))
     # a perfect ranking passes through (0, 1); its curve survives the trip through JSON
-    perfect = roc_curve([0, 0, 1, 1, 0, 1], [0.1, 0.2, 0.8, 0.9, 0.3, 0.7])
+    perfect = roc_curve([0, 0, 1, 1, 0, 1], [0.1, 0.2, 0.8, 0.9, 0.3, 0.7], min_rows=1)
     assert perfect.auc == 1.0 and (0.0, 1.0) in set(zip(perfect.fpr, perfect.tpr, strict=True))
     assert RocCurve.from_dict(perfect.to_dict()) == perfect
+    few = roc_curve(labels[:20], scores[:20])  # a small hold-out: points of 5 rows at least
+    assert len(few.fpr) <= 5 and few.auc == pytest.approx(roc_auc_score(labels[:20], scores[:20]))
 
 
 def test_bad_curve_inputs_are_refused_and_one_class_has_no_curve() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import relocate_job
+from helpers import chart_images, relocate_job
 from prefect.artifacts import Artifact
 from prefect.logging import disable_run_logger
 
@@ -111,6 +111,10 @@ def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None
     summary = Artifact.get(f"{features.table}-label-dp-summary")  # job named by its table
     assert summary is not None and "epsilon left" in summary.data
     assert Artifact.get(f"{features.table}-label-dp-model") is not None
+    # the held-out calibration is drawn (ten bins, titled with the MSE), not listed as a metric
+    [chart] = chart_images(Artifact.get(f"{features.table}-label-dp-charts").data)
+    assert f"MSE {expected_mse:.4g}" in chart and chart.count("<circle") == 10
+    assert "calibration" not in result["metrics"]
 
     # budget: 1.0 of 3.0 spent, once; a re-run (even with the budget now used up) reuses it
     assert result["budget"]["epsilon_spent"] == pytest.approx(1.0)

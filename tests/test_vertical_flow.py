@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import chart_images
 from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 from prefect.artifacts import Artifact
 
@@ -170,6 +171,12 @@ def test_encrypted_training_equals_plaintext_protocol(
     assert rounds is not None and rounds.type == "table"
     link = Artifact.get(f"{key}model")
     assert link is not None and "models/vertical/" in link.data  # a link to the saved model
+    # the charts: every round's loss and the guest's held-out ROC, as SVG images in markdown
+    charts = Artifact.get(f"{key}charts")
+    assert charts is not None and charts.type == "markdown"
+    loss_svg, roc_svg = chart_images(charts.data)
+    assert loss_svg.count("<circle") == len(result["losses"])
+    assert f"ROC on 20 held-out rows, AUC {result['metrics']['holdout_auc']:.4f}" in roc_svg
     # the encrypted Taylor loss is the real Taylor loss of the weights before each round
     assert result["losses"][0] == pytest.approx(np.log(2))
 

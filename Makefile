@@ -38,7 +38,12 @@ test: lint
 bench-psi: $(STAMP)
 	$(BIN)/python -m pip install --quiet "openmined-psi==2.0.6"
 	$(BIN)/python benchmarks/bench_psi.py --size 100000 --repeats 3
-	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --repeats 1 --no-baseline
+	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --repeats 1
+	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --small 10000 --repeats 1 --no-baseline --no-ecdh
+
+# KKRT16 at 10M x 10M: time and peak memory per party (ten buckets; long on two cores)
+bench-psi-10m: $(STAMP)
+	$(BIN)/python benchmarks/bench_psi.py --size 10000000 --repeats 1 --no-baseline --no-ecdh
 
 API_URL ?= http://127.0.0.1:4200/api
 

@@ -116,7 +116,7 @@ def file_channel(folder: Path, rows: int, options: dict[str, Any]) -> dict[str, 
     return {
         "seconds": seconds,
         "payload": {p: payload_received(channel, p) for p in PARTIES},
-        "model": (result["intercept"], result["coefficients"], model["weights"].tolist()),
+        "model": (result["intercept"], result["coefficients"], model["coefficients"]),
     }
 
 
@@ -168,7 +168,7 @@ def grpc_parties(folder: Path, rows: int, options: dict[str, Any], api: str) -> 
         "payload": {p: received(orgs[p], p) for p in PARTIES},
         "wire": {p: sum(c.down for (who, _), c in counters.items() if who == p) for p in PARTIES},
         "requests": {p: sum(c.up for (who, _), c in counters.items() if who == p) for p in PARTIES},
-        "model": (guest["intercept"], guest["coefficients"], model["weights"].tolist()),
+        "model": (guest["intercept"], guest["coefficients"], model["coefficients"]),
     }
 
 

@@ -26,9 +26,11 @@ from flows.sparse_lda import summary_line as sparse_lda_summary
 from flows.vertical_lr import vertical_lr
 from flows.walr import walr
 from storage.descriptor import TableRef
+from storage.models import model_key
 from storage.workspace import channel_for
 from tasks.loading import load_table
 from tasks.reporting import run_namer
+from tasks.scoring import promote_model
 from tasks.summaries import pipeline_summary
 
 Stage = tuple[str, str]  # (one-line result, job id whose channel holds the stage's messages)
@@ -116,11 +118,23 @@ def pipeline(job_file: str = "jobs/demo.json", workspace: str | None = None) -> 
     """
     load_job_tree(job_file)  # the job and its sub-jobs, validated before anything is loaded
     job = read_job(job_file, "main")
-    with tags(f"job:{job.get('job') or Path(job_file).stem}"):  # names the stages' runs
-        return _stages(job, job_file, workspace)
+    name = job.get("job") or Path(job_file).stem
+    with tags(f"job:{name}"):  # names the stages' runs
+        return _stages(job, job_file, workspace, name)
 
 
-def _stages(job: dict[str, Any], job_file: str, workspace: str | None) -> dict[str, Any]:
+#: The model flow of each sub-job, as model keys name it (``storage.models``).
+SUBJOB_MODELS = {"label_dp": "label_dp", "horizontal_lr": "horizontal", "sparse_lda": "sparse_lda"}
+
+
+def _promote(refs: list[TableRef], flow: str, job_id: str, job: str, share: bool = False) -> None:
+    """What the pipeline trained becomes the model its job's scoring uses, at each party that
+    holds it (each share of a split model at its own party)."""
+    for ref in refs:
+        promote_model(ref, model_key(flow, job_id, ref.party if share else None), job)
+
+
+def _stages(job: dict[str, Any], job_file: str, workspace: str | None, name: str) -> dict[str, Any]:
     stages: dict[str, dict[str, Any]] = {}
 
     timer = _Timer(stages, "load", workspace)
@@ -158,6 +172,7 @@ def _stages(job: dict[str, Any], job_file: str, workspace: str | None) -> dict[s
         )
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in model["metrics"].items() if "auc" in k)
         timer.done(f"{model['rounds_run']} rounds run, {metrics}", model["job_id"])
+        _promote(aligned, "vertical", model["job_id"], name, share=True)
 
     if "walr" in job:  # the host's features, the guest's labels (its own features unused)
         timer = _Timer(stages, "walr", workspace)
@@ -172,10 +187,14 @@ def _stages(job: dict[str, Any], job_file: str, workspace: str | None) -> dict[s
             + (" (release reused)" if release["reused_release"] else ""),
             release["job_id"],
         )
+        _promote([aligned[1]], "walr", release["job_id"], name)
 
-    for name, sub_job in job.get("subjobs", {}).items():
-        timer = _Timer(stages, name, workspace)
-        timer.done(*SUBJOBS[name](sub_job, workspace))
+    for stage, sub_job in job.get("subjobs", {}).items():
+        timer = _Timer(stages, stage, workspace)
+        result, job_id = SUBJOBS[stage](sub_job, workspace)
+        timer.done(result, job_id)
+        holders = [TableRef.from_dict(p["table"]) for p in read_job(sub_job)["parties"].values()]
+        _promote(holders, SUBJOB_MODELS[stage], job_id, name)
 
     summary = _summary_markdown(job.get("job", job_file), stages)
     pipeline_summary(stages, alignment, [s.get("job_id") for s in stages.values()], workspace)

@@ -30,7 +30,7 @@ from tasks import vertical_lr as steps
 from tasks.charts import own_rows_roc, publish_training_charts
 from tasks.loading import fingerprint
 from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
-from tasks.summaries import vertical_round_history, vertical_summary
+from tasks.summaries import current_attempt, vertical_round_history, vertical_summary
 
 
 class InjectedFaultError(RuntimeError):
@@ -44,7 +44,7 @@ def train_round(
     hosts: list[TableRef],
     round_: int,
     fail_at_round: int | None = None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """One mini-batch, every party's steps; re-running it recomputes the round whole."""
     started = time.perf_counter()
     for host in hosts:
@@ -61,7 +61,11 @@ def train_round(
         raise InjectedFaultError(f"injected fault in round {round_} (test-only fail_at_round)")
     squared = steps.update_weights(job, guest, round_, "guest")
     squared += sum(steps.update_weights(job, host, round_, "host") for host in hosts)
-    metrics = {"gradient_norm": squared**0.5, "seconds": time.perf_counter() - started}
+    metrics = {
+        "gradient_norm": squared**0.5,
+        "seconds": time.perf_counter() - started,
+        "attempt": current_attempt(),  # the rounds table says which attempt ran the round
+    }
     steps.record_round(job, job.key_holder_database, round_, loss, metrics)
     return {"loss": loss, **metrics}
 
@@ -133,7 +137,8 @@ def vertical_lr(
         workspace: Folder for run messages and the arbiter (default: var or PRIVREG_HOME).
         job_id: Job to continue; default derived from the tables and options. Give the id
             a key and pools were prepared for ahead of the run (``privreg paillier``).
-        randomizer: Paillier randomizer, "standard" or "djn" (cheaper encryption).
+        randomizer: Paillier obfuscators: "full" (default), "short" (also "djn": about 1.6x
+            cheaper, an extra assumption) or "standard" (textbook, slowest).
         clip_features: Clip every party's features to [-c, c] locally; None keeps them.
         allow_insecure_key_size: Allow keys under 2048 bits (tests only).
         fail_at_round: Inject a failure in this round on the first try (tests only).

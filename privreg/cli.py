@@ -13,7 +13,8 @@ privreg policy set --database D --table T [--allow-noiseless-release | --no-allo
 privreg policy show --database D [--table T] [--json]
 privreg models list --database D         every flow's saved models in a party's database
 privreg models show --database D --key K  one model: coefficients by feature, intercept
-privreg models export --database D --key K --out FILE.json
+privreg models export --database D --key K --out FILE.json   the model in the common format
+privreg models promote --database D --key K [--job J]  the model scoring uses for job J
 privreg paillier prepare-key --job-id J --guest G --hosts H1,H2 --database ARBITER_DB
                  [--key-holder arbiter] [--key-size 2048]
                                           key holder: a vertical job's key pair, ahead of the run
@@ -37,12 +38,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from core.model_format import ModelRecord
 from flows.job_schema import JobFileError
 from privreg import job_check, job_cli, party_cli
 from privreg.run_log import log_path, logs_to_file
-from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
@@ -213,51 +212,53 @@ def _policy(args: argparse.Namespace) -> None:
     print(json.dumps(rows, indent=2) if args.json else _text_table(rows))
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
 def _models(args: argparse.Namespace) -> None:
-    artifacts = ArtifactStore(_existing_store(args.database))
+    from storage.models import ModelStore
+
+    models = ModelStore(_existing_store(args.database))
     if args.action == "list":
-        models = [
-            (k, size, created) for k, kind, size, created in artifacts.list() if kind == "model"
-        ]
-        if not models:
+        listed = models.list()
+        if not listed:
             print(f"no models in {args.database}")
-        for key, size, created in models:
-            print(f"{created:%Y-%m-%d %H:%M:%S}  {size:>8} B  {key}")
+        for m in listed:
+            promoted = f"  promoted for {', '.join(m.promoted_for)}" if m.promoted_for else ""
+            job = f"job {m.job or '-'}"
+            print(f"{m.created or m.saved_at:<25}  {m.flow:<10}  {job}  {m.key}{promoted}")
         return
-    model = artifacts.get(args.key)
-    if model is None:
-        raise KeyError(f"no model {args.key!r} in {args.database} (see privreg models list)")
+    if args.action == "promote":
+        job = models.promote(args.key, args.job)
+        print(f"{args.key} now scores job {job} (its {models.load(args.key).flow} model)")
+        return
+    model = models.load(args.key)
     if args.action == "show":
         _show_model(args.key, model)
         return
-    Path(args.out).write_text(json.dumps(_plain(model), indent=2))
+    Path(args.out).write_text(model.to_json())
     print(f"wrote {args.out}")
 
 
-def _show_model(key: str, model: dict[str, Any]) -> None:
-    from tasks.reporting import model_table
-
-    rows, intercept = model_table(model)
+def _show_model(key: str, model: ModelRecord) -> None:
     print(f"model {key}")
-    for field in ("job_id", "round", "rounds", "table", "fingerprint"):
-        if model.get(field) is not None:
-            print(f"  {field.replace('_', ' ')}: {_plain(model[field])}")
-    if intercept is not None:
-        print(f"  intercept: {intercept:.6g}")
-    width = max((len(r["feature"]) for r in rows), default=7)
+    items = {
+        "flow": model.flow,
+        "job": model.job or "-",
+        "job id": model.job_id,
+        "held by": model.party or "-",
+        "share": "yes: this party's features only" if model.share else "no: the whole model",
+        "link": model.link,
+        "created": model.created,
+        "rows": ", ".join(f"{n:,} {what}" for what, n in model.rows.items()) or "-",
+        "trained on": ", ".join(model.fingerprints) or "-",
+        "preprocessing": "stored" if model.preprocessing else "none",
+    }
+    for name, value in items.items():
+        print(f"  {name}: {value}")
+    if model.intercept is not None:
+        print(f"  intercept: {model.intercept:.6g}")
+    width = max((len(f) for f in model.features), default=7)
     print(f"  {'feature':<{width}}  coefficient")
-    for row in rows:
-        print(f"  {row['feature']:<{width}}  {row['coefficient']:.6g}")
+    for feature, coefficient in zip(model.features, model.coefficients, strict=True):
+        print(f"  {feature:<{width}}  {coefficient:.6g}")
 
 
 def _paillier(args: argparse.Namespace) -> None:
@@ -358,12 +359,17 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--json", action="store_true", help="print JSON instead of a table")
     policy.set_defaults(handler=_policy)
     models = commands.add_parser(
-        "models", help="list, show or export saved models", formatter_class=formatter
+        "models",
+        help="list, show, export saved models; promote the one scoring uses",
+        formatter_class=formatter,
     )
-    models.add_argument("action", choices=["list", "show", "export"], help="what to do")
+    models.add_argument("action", choices=["list", "show", "export", "promote"], help="what to do")
     models.add_argument("--database", required=True, help="the party's DuckDB file")
-    models.add_argument("--key", help="show, export: the model's key (see list)")
+    models.add_argument("--key", help="show, export, promote: the model's key (see list)")
     models.add_argument("--out", help="export: the JSON file to write")
+    models.add_argument(
+        "--job", help="promote: the job whose scoring uses it (default: the model's own job)"
+    )
     models.set_defaults(handler=_models)
     paillier = commands.add_parser(
         "paillier",
@@ -418,8 +424,8 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return "policy set needs --table"
     if args.command == "models" and args.action == "export" and not (args.key and args.out):
         return "models export needs --key and --out"
-    if args.command == "models" and args.action == "show" and not args.key:
-        return "models show needs --key"
+    if args.command == "models" and args.action in ("show", "promote") and not args.key:
+        return f"models {args.action} needs --key"
     return None
 
 

@@ -41,9 +41,11 @@ from prefect import get_run_logger, task
 from prefect.runtime import flow_run
 
 from core import horizontal_lr as hlr
+from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.secagg.weighted import packed_dimension, unpack_weighted
+from storage import models
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.checkpoints import RoundCheckpoints
@@ -53,6 +55,7 @@ from storage.workspace import channel_for
 from tasks import secure_rounds, secure_sum
 from tasks.policy import PARTY_STEP
 from tasks.preprocessing import stored_fitted
+from tasks.reporting import job_name, provenance
 from tasks.secure_sum import COORDINATOR, RoundStateError, coordinator_store
 from tasks.summaries import holdout_split
 
@@ -138,7 +141,7 @@ def checkpoints(store: PartyStore, job_id: str) -> RoundCheckpoints:
 
 
 def model_key(job_id: str) -> str:
-    return f"{PROTOCOL}/{job_id}/model"
+    return models.model_key(PROTOCOL, job_id)
 
 
 def _schema_key(job_id: str) -> str:
@@ -167,21 +170,24 @@ def model_record(
     weights: np.ndarray,
     rounds: int,
     preprocessing: dict[str, Any] | None = None,
+    origin: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The saved model: plain values only, so it goes through the safe codec. With
-    ``preprocessing`` (the pooled statistics it was trained with) scoring applies them."""
+    """The saved model in the common format (``core.model_format``): ``weights`` is the
+    training's vector, coefficients then the intercept. With ``preprocessing`` (the pooled
+    statistics it was trained with) scoring applies them; ``origin`` is the holder's
+    :func:`tasks.reporting.provenance` (its job and the digest of its table)."""
     weights = np.asarray(weights, dtype=np.float64)
-    record = {
-        "job_id": job_id,
-        "features": list(features),
-        "weights": weights,
-        "coefficients": {f: float(w) for f, w in zip(features, weights[:-1], strict=True)},
-        "intercept": float(weights[-1]),
-        "rounds": rounds,
-    }
-    if preprocessing is not None:
-        record["preprocessing"] = preprocessing
-    return record
+    record = ModelRecord.linear(
+        PROTOCOL,
+        job_id,
+        features,
+        weights[:-1],
+        float(weights[-1]),
+        preprocessing=preprocessing,
+        extras={"rounds": rounds},
+        **(origin or {"job": job_name()}),
+    )
+    return record.to_dict()
 
 
 def model_weights(model: dict[str, Any]) -> np.ndarray:
@@ -194,9 +200,12 @@ def predict_proba(model: dict[str, Any], X: pd.DataFrame | np.ndarray) -> np.nda
     """P(label = 1) for rows of ``X`` (a DataFrame of raw values by column name, transformed
     with the model's preprocessing, or an array already in model order and units)."""
     if isinstance(X, pd.DataFrame):
-        X = X.loc[:, model["features"]]
-        if model.get("preprocessing") is not None:
-            X = FittedPreprocessing.from_dict(model["preprocessing"]).transform(X.to_numpy(float))
+        if model.get("preprocessing") is None:
+            X = X.loc[:, model["features"]]
+        else:
+            fitted = FittedPreprocessing.from_dict(model["preprocessing"])
+            X = fitted.transform(X.loc[:, fitted.input_names].to_numpy(float))
+            X = X[:, [fitted.output_names.index(f) for f in model["features"]]]
     return hlr.predict_proba(model_weights(model), np.asarray(X, dtype=np.float64))
 
 
@@ -706,7 +715,7 @@ def coordinator_model(job_id: str, workspace: str | None = None) -> dict[str, An
     model = model_record(job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict())
     artifacts.put(model_key(job_id), model, "model")
     cps.prune(keep_last=2)
-    return {**model, "weights": model["weights"].tolist(), "history": saved["history"]}
+    return {**model, "weights": model_weights(model).tolist(), "history": saved["history"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -963,7 +972,9 @@ def keep_model(ref: TableRef, job_id: str) -> dict[str, Any]:
     saved = cps.load(last)
     features = _agreed_features(channel_for(job_id).endpoint(ref.party))
     fitted = stored_fitted(ref.database, job_id)
-    model = model_record(job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict())
-    ArtifactStore(store).put(model_key(job_id), model, "model")
+    model = model_record(
+        job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict(), provenance(ref)
+    )
+    models.ModelStore(store).save(model_key(job_id), ModelRecord.from_dict(model))
     cps.prune(keep_last=2)
-    return {**model, "weights": model["weights"].tolist()}
+    return {**model, "weights": model_weights(model).tolist()}

@@ -36,6 +36,8 @@ from core.label_dp import (
 from core.label_dp.grid import DEFAULT_GRID_SIZE
 from core.label_dp.losses import check_loss
 from core.label_dp.validation import check_epsilon
+from core.model_format import ModelRecord
+from storage import models
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
@@ -46,6 +48,7 @@ from storage.workspace import channel_for
 from tasks.charts import held_out_calibration
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
+from tasks.reporting import provenance
 
 if TYPE_CHECKING:
     from sklearn.pipeline import Pipeline
@@ -338,7 +341,7 @@ def _read_features(ref: TableRef) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
 
 
 def model_key(job_id: str) -> str:
-    return f"models/{PROTOCOL}/{job_id}"
+    return models.model_key(PROTOCOL, job_id)
 
 
 _TERMS = ("epsilon", "loss", "label_range", "mechanism", "prior_epsilon", "grid_size",
@@ -381,37 +384,45 @@ def linear_form(model: Pipeline) -> tuple[np.ndarray, float]:
 
 def predict(model: dict[str, Any], X: np.ndarray) -> np.ndarray:
     """Predictions of a saved model (log link for Poisson loss)."""
-    score = X @ np.asarray(model["weights"]) + model["intercept"]
-    return np.exp(score) if model["link"] == "log" else score
+    record = ModelRecord.from_dict(model)
+    return record.prediction(record.score(X))
 
 
 @task(name="label-dp-train", task_run_name="{ref.party}: train on noisy labels", **PARTY_STEP)
 def train_model(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Fit on own features and the received noisy labels; save the model in own store."""
-    _, X, names = _read_features(ref)
+    frame, X, names = _read_features(ref)
     noisy = np.asarray(job.endpoint(ref.party).receive(job.labels_party, "noisy_labels"))
     if noisy.shape != (len(X),):
         raise LabelDPSetupError(f"received {noisy.shape} noisy labels for {len(X)} rows")
     train, holdout = job.train_rows(len(X)), job.holdout_rows(len(X))
     weights, intercept = linear_form(train_on_noisy_labels(X[train], noisy[train], job.loss))
     eps1, eps2 = job.split(len(X))
-    model = {
-        "features": names,
-        "weights": weights,
-        "intercept": intercept,
-        "link": "log" if job.loss == "poisson" else "identity",
-        "loss": job.loss,
-        "job_id": job.job_id,
-        "train_rows": int(train.size),
-        "mechanism": {  # public parameters, plus what the noisy labels themselves show
-            **job.release_parameters(),
-            "prior_epsilon": eps1,
-            "label_epsilon": eps2,
-            "grid_points": job.grid().size,
-            "distinct_noisy_values": int(np.unique(noisy).size),
+    record = ModelRecord.linear(
+        PROTOCOL,
+        job.job_id,
+        names,
+        weights,
+        intercept,
+        link="log" if job.loss == "poisson" else "identity",
+        rows={"train": int(train.size), "held_out": int(holdout.size)},
+        extras={
+            "loss": job.loss,
+            "mechanism": {  # public parameters, plus what the noisy labels themselves show
+                **job.release_parameters(),
+                "prior_epsilon": eps1,
+                "label_epsilon": eps2,
+                "grid_points": job.grid().size,
+                "distinct_noisy_values": int(np.unique(noisy).size),
+            },
         },
-    }
-    ArtifactStore(PartyStore.of(ref)).put(model_key(job.job_id), model, "model")
+        **provenance(ref),
+    )
+    ids = frame[ref.id_column].to_numpy(dtype=object)
+    models.ModelStore(PartyStore.of(ref)).save(
+        model_key(job.job_id), record, ids[train], ids[holdout]
+    )
+    model = record.to_dict()
     predictions = predict(model, X)
     metrics = {"train_loss_vs_noisy": _mean_loss(job, predictions[train], noisy[train])}
     if holdout.size:

@@ -1,13 +1,16 @@
 """What the Prefect UI shows: run names, per-round tables, progress, one summary per run, models.
 
-Artifact keys are readable and stable per job and flow (``demo-vertical-summary``): the job
-name comes from the run's ``job:<name>`` tag (deployments and the pipeline set it), so the UI's
-Artifacts page shows a job's history run over run. Summaries also go to the run's log, one
-line per stage, so a log reader sees the same figures.
+Artifact keys are readable and stable per job, flow and job id
+(``demo-vertical-1a2b3c4d-summary``, a derived job id by its first 8 hex digits). The job name
+comes from the job file a run was given, else the run's ``job:<name>`` tag (deployments and
+the pipeline set it), so the UI's Artifacts page shows one job id's history run over run, and
+a run of another job id never overwrites it. Summaries also go to the run's log, one line per
+stage, so a log reader sees the same figures.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -27,7 +30,9 @@ from prefect.context import FlowRunContext, TagsContext
 from prefect.runtime import deployment as runtime_deployment
 from prefect.runtime import flow_run as runtime_flow_run
 
+from core.model_format import ModelRecord
 from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
 
@@ -57,7 +62,7 @@ _TABLE_PARAMETERS = (
     "hosts",
 )
 _JOB_TAG = "job:"
-_DERIVED_ID = re.compile(r"^([a-z-]+-)?[0-9a-f]{16}$")
+_DERIVED_ID = re.compile(r"^([a-z-]+-)?([0-9a-f]{16,})$")
 
 
 def _slug(text: str) -> str:
@@ -74,18 +79,27 @@ def _tables(parameters: dict[str, Any]) -> list[str]:
     return tables
 
 
+def _job_in_file(path: str) -> str:
+    """The ``job`` a job file names (its file name when it names none or cannot be read)."""
+    try:
+        named = json.loads(Path(path).read_text()).get("job")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    return str(named or Path(path).stem)
+
+
 def job_name() -> str:
-    """The readable job a run belongs to: its ``job:<name>`` tag, else its deployment's name,
-    else its job file's name, else (a party's flow) its agreed job id, else its first table's
-    name."""
+    """The readable job a run belongs to: the job its job file names (the job actually run,
+    whatever the deployment's tag says), else its ``job:<name>`` tag, else its deployment's
+    name, else (a party's flow) its agreed job id, else its first table's name."""
+    parameters = runtime_flow_run.parameters or {}
+    if parameters.get("job_file"):
+        return _slug(_job_in_file(str(parameters["job_file"])))
     for tag in [*TagsContext.get().current_tags, *(runtime_flow_run.tags or [])]:
         if tag.startswith(_JOB_TAG):
             return _slug(tag.removeprefix(_JOB_TAG))
     if runtime_deployment.name:
         return _slug(runtime_deployment.name)
-    parameters = runtime_flow_run.parameters or {}
-    if parameters.get("job_file"):
-        return _slug(Path(parameters["job_file"]).stem)
     if _is_party_flow() and parameters.get("job_id"):  # the id every party agreed on
         return _slug(str(parameters["job_id"]))
     tables = _tables(parameters)
@@ -117,11 +131,19 @@ def run_namer(flow: str) -> Callable[[], str]:
 _PART_SHORT = {"vertical-lr": "vertical", "horizontal-lr": "horizontal"}
 
 
+def short_id(part: str) -> str:
+    """A derived job id (``vertical-<16 hex>``) by its first 8 hex digits; others as given."""
+    derived = _DERIVED_ID.match(part.lower())
+    return derived.group(2)[:8] if derived else part
+
+
 def artifact_key(*parts: str) -> str:
-    """A readable key, ``<job>-<flow>-<what>``: derived job-id hashes are left out, and a job
-    named after its flow (the deployment ``demo-vertical``) does not repeat the flow."""
+    """A readable key, ``<job>-<flow>-<job id>-<what>``: a derived job id by its first 8 hex
+    digits, and a job named after its flow (the deployment ``demo-vertical``) does not repeat
+    the flow."""
     job = job_name()
-    kept = [_slug(str(p)) for p in parts if not _DERIVED_ID.match(str(p).lower())]
+    kept = [_slug(short_id(str(p))) for p in parts]
+    kept = [k for k in kept if k != job]  # a party flow's job is its agreed job id
     if kept:
         kept[0] = _PART_SHORT.get(kept[0], kept[0])
         if job == kept[0] or job.endswith(f"-{kept[0]}"):
@@ -166,25 +188,24 @@ def publish_markdown(key: str, markdown: str, description: str) -> None:
 
 
 def model_table(record: dict[str, Any]) -> tuple[list[dict[str, Any]], float | None]:
-    """(feature, coefficient) rows and the intercept of a stored model record, whichever flow
-    saved it (vertical slices keep ``features`` + ``weights``, others a ``coefficients`` map)."""
-    intercept = record.get("intercept")
-    if isinstance(record.get("coefficients"), dict):
-        pairs = list(record["coefficients"].items())
-    elif "features" in record and "weights" in record:
-        weights = [float(w) for w in plain(record["weights"])]
-        pairs = list(zip(record["features"], weights, strict=False))
-    elif "features" in record and "direction" in record:
-        pairs = list(zip(record["features"], plain(record["direction"]), strict=False))
-    else:
-        pairs = []
-    rows = []
-    for feature, value in pairs:
-        if feature == "intercept":
-            intercept = float(value)
-        else:
-            rows.append({"feature": str(feature), "coefficient": float(value)})
-    return rows, None if intercept is None else float(intercept)
+    """(feature, coefficient) rows and the intercept of a stored model record."""
+    model = ModelRecord.from_dict(record)
+    rows = [
+        {"feature": f, "coefficient": c}
+        for f, c in zip(model.features, model.coefficients, strict=True)
+    ]
+    return rows, model.intercept
+
+
+def provenance(*refs: TableRef) -> dict[str, Any]:
+    """What a model record says about where it came from: the readable job of this run and the
+    salted digests of the tables it was trained on (they reveal only "changed or not")."""
+    from tasks.loading import fingerprint
+
+    return {
+        "job": job_name(),
+        "fingerprints": {f"{ref.party}.{ref.table}": fingerprint(ref) for ref in refs},
+    }
 
 
 @task(name="describe-model", task_run_name="{party}: describe model {model_key}", **PARTY_STEP)
@@ -194,17 +215,19 @@ def describe_model(party: str, database: str, model_key: str) -> dict[str, Any]:
     record = ArtifactStore(store).get(model_key)
     if record is None:
         raise KeyError(f"party {party}: no model {model_key!r} in {Path(database).name}")
+    model = ModelRecord.from_dict(record)
     rows, intercept = model_table(record)
-    listed = {k: (kind, size, created) for k, kind, size, created in ArtifactStore(store).list()}
     return {
         "party": party,
         "key": model_key,
         "database": str(Path(database).resolve()),
         "coefficients": rows,
         "intercept": intercept,
-        "trained_on": record.get("table") or record.get("job_id", ""),
-        "fingerprint": record.get("fingerprint") or record.get("job_id", ""),
-        "saved_at": str(listed.get(model_key, ("", "", ""))[2]),
+        "job": f"{model.job} ({model.job_id})" if model.job else model.job_id,
+        "trained_on": ", ".join(model.fingerprints) or "-",
+        "rows": ", ".join(f"{n:,} {what}" for what, n in model.rows.items()) or "-",
+        "fingerprint": ", ".join(d[:16] for d in model.fingerprints.values()) or "-",
+        "saved_at": model.created,
     }
 
 
@@ -213,7 +236,9 @@ def model_markdown(description: dict[str, Any]) -> str:
         ("party", description["party"]),
         ("model key", f"`{description['key']}`"),
         ("stored in", f"`{description['database']}`"),
+        ("job", description["job"]),
         ("trained on", description["trained_on"]),
+        ("rows", description["rows"]),
         ("fingerprint", description["fingerprint"]),
         ("saved at", description["saved_at"]),
         ("intercept", "-" if description["intercept"] is None else description["intercept"]),
@@ -373,6 +398,22 @@ def bytes_sent(job_ids: Iterable[str], workspace: str | None) -> dict[str, int]:
     return totals
 
 
+def human_bytes(count: int) -> str:
+    """A byte count a person reads at a glance: B under 1 KiB, else KiB, MiB or GiB."""
+    if count < 1024:
+        return f"{count} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        count /= 1024
+        if count < 1024 or unit == "GiB":
+            return f"{count:,.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def kib(count: int) -> float:
+    """Bytes as KiB, for a table column whose header carries the unit."""
+    return round(count / 1024, 1)
+
+
 def _number(value: Any) -> str:
     if value is None:
         return "-"
@@ -401,7 +442,8 @@ def _stage_lines(summary: RunSummary, job: str, flow: str) -> list[str]:
         )
     if summary.bytes_sent:
         lines.append(
-            "traffic: " + ", ".join(f"{p} sent {n:,} bytes" for p, n in summary.bytes_sent.items())
+            "traffic: "
+            + ", ".join(f"{p} sent {human_bytes(n)}" for p, n in summary.bytes_sent.items())
         )
     lines.append(f"rounds {summary.rounds}, wall time {summary.seconds or 0.0:.1f} s")
     return lines
@@ -423,7 +465,11 @@ def summary_markdown(summary: RunSummary, job: str, flow: str) -> str:
         "## Parties",
         markdown_table(
             [
-                {"party": p, "rows used": n, "bytes sent": summary.bytes_sent.get(p, 0)}
+                {
+                    "party": p,
+                    "rows used": n,
+                    "bytes sent": human_bytes(summary.bytes_sent.get(p, 0)),
+                }
                 for p in dict.fromkeys([*summary.parties, *summary.bytes_sent])
                 for n in [summary.parties.get(p, "-")]
             ]
@@ -494,7 +540,7 @@ def publish_summary(summary: RunSummary) -> dict[str, Any]:
         logger.info(line)
     for warning in summary.warnings:
         logger.warning(warning)
-    key = artifact_key(flow, "summary")
+    key = artifact_key(flow, summary.job_id, "summary")
     publish_markdown(key, summary_markdown(summary, job, flow), f"{flow} summary of job {job}")
     PUBLISHED[summary.job_id] = {"key": key, **summary.figures()}
     return PUBLISHED[summary.job_id]

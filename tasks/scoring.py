@@ -1,8 +1,10 @@
 """Scoring steps: a stored model applied to a party's new rows, one party's step each.
 
-Vertical models are split by party: each host scores the aligned new rows with its own slice
+Vertical models are split by party: each host scores the aligned new rows with its own share
 and sends the guest only that score share ``X_h w_h`` (as FATE's predict job does); the guest
 adds its own share and the intercept. A model a party holds whole is applied where it lives.
+Which model: the one promoted for the job (``storage.models``), or a training job named
+explicitly; never the newest by date.
 """
 
 from __future__ import annotations
@@ -11,15 +13,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from prefect import get_run_logger, task
 
+from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing, PreprocessingError
-from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
+from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
-from tasks.reporting import model_table
+
+#: The scores table's column saying what the model's training did with a row.
+IN_TRAINING = "in_training"
 
 
 class ScoringError(ValueError):
@@ -40,37 +46,39 @@ class ScoringJob:
 
 
 @dataclass(frozen=True)
-class ModelSlice:
-    """What scoring needs of a stored model (or a party's slice of one)."""
+class ScoredRows:
+    """What a scoring step reports (the scores stay in the party's store)."""
 
-    features: list[str]
-    weights: np.ndarray
-    intercept: float
-    preprocessing: FittedPreprocessing | None  # None: a model trained on the stored values
-    clip: float | None = None
-
-
-def _slice(ref: TableRef, key: str) -> ModelSlice:
-    record = ArtifactStore(PartyStore.of(ref)).get(key)
-    if record is None:
-        raise ScoringError(f"party {ref.party}: no model {key!r} in {ref.path.name}")
-    rows, intercept = model_table(record)
-    fitted = record.get("preprocessing")
-    return ModelSlice(
-        [r["feature"] for r in rows],
-        np.array([r["coefficient"] for r in rows]),
-        intercept or 0.0,
-        None if fitted is None else FittedPreprocessing.from_dict(fitted),
-        record.get("clip_features"),
-    )
+    rows: int
+    scores_table: str
+    model_key: str
+    auc: float | None
+    in_training: dict[str, int]  # rows the model trained on / held out / never saw
 
 
-def _matrix(ref: TableRef, model: ModelSlice) -> tuple[Any, np.ndarray]:
+@task(name="promoted-model", task_run_name="{ref.party}: promoted {flow} model", **PARTY_STEP)
+def promoted_model(ref: TableRef, job: str, flow: str) -> str:
+    """The key of the model the party promoted for ``job`` and ``flow`` (refused if none)."""
+    key, _ = ModelStore(PartyStore.of(ref)).promoted(job, flow)
+    get_run_logger().info("%s: scoring with %s, promoted for job %s", ref.party, key, job)
+    return key
+
+
+def _load(ref: TableRef, key: str) -> ModelRecord:
+    try:
+        return ModelStore(PartyStore.of(ref)).load(key)
+    except KeyError as error:
+        raise ScoringError(f"party {ref.party}: {error.args[0]}") from None
+
+
+def _matrix(ref: TableRef, model: ModelRecord) -> tuple[pd.DataFrame, np.ndarray]:
     """The new rows' features as the model was trained on them: the model's own imputation
     and scaling statistics (fitted on the training rows) applied, then its clipping."""
-    fitted = model.preprocessing
+    fitted = (
+        None if model.preprocessing is None else FittedPreprocessing.from_dict(model.preprocessing)
+    )
     frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None)
-    raw = model.features if fitted is None else fitted.input_names
+    raw = list(model.features) if fitted is None else fitted.input_names
     missing = [f for f in raw if f not in frame.columns]
     if missing:
         raise ScoringError(
@@ -89,68 +97,97 @@ def _matrix(ref: TableRef, model: ModelSlice) -> tuple[Any, np.ndarray]:
     return frame, X[:, [columns.index(f) for f in model.features]]
 
 
-def latest_model(ref: TableRef, prefix: str, suffix: str = "") -> str:
-    """The key of the newest model in the party's store whose key has this prefix/suffix."""
-    listed = [
-        (created, key)
-        for key, kind, _, created in ArtifactStore(PartyStore.of(ref)).list(prefix)
-        if kind == "model" and key.endswith(suffix)
-    ]
-    if not listed:
-        raise ScoringError(f"party {ref.party}: no model under {prefix!r} in {ref.path.name}")
-    return max(listed)[1]
-
-
-def latest_vertical_job(ref: TableRef) -> str:
-    """The job id of the newest vertical model slice in the party's store."""
-    return latest_model(ref, "models/vertical/", f"/{ref.party}").split("/")[2]
-
-
 @task(name="score-host-share", task_run_name="{ref.party}: score share of new rows", **PARTY_STEP)
 def host_score_share(job: ScoringJob, ref: TableRef) -> int:
     """A host's share ``X_h w_h`` of the aligned new rows, sent to the guest."""
-    model = _slice(ref, f"models/vertical/{job.model_job_id}/{ref.party}")
+    model = _load(ref, model_key("vertical", job.model_job_id, ref.party))
     _, X = _matrix(ref, model)
-    job.endpoint(ref.party).send(job.guest, "score_share", X @ model.weights, round=0)
+    job.endpoint(ref.party).send(job.guest, "score_share", model.share_scores(X), round=0)
     return len(X)
 
 
 @task(name="score-guest", task_run_name="{ref.party}: scores of new rows", **PARTY_STEP)
-def guest_scores(job: ScoringJob, ref: TableRef, hosts: list[str]) -> dict[str, Any]:
+def guest_scores(job: ScoringJob, ref: TableRef, hosts: list[str], scores_table: str) -> ScoredRows:
     """The guest adds its share, the intercept and the hosts' shares; stores the scores."""
-    model = _slice(ref, f"models/vertical/{job.model_job_id}/{ref.party}")
+    key = model_key("vertical", job.model_job_id, ref.party)
+    model = _load(ref, key)
     frame, X = _matrix(ref, model)
-    scores = X @ model.weights + model.intercept
+    scores = model.share_scores(X)
     for host in hosts:
         share = np.asarray(job.endpoint(ref.party).receive(host, "score_share", round=0))
         if share.shape != scores.shape:
             raise ScoringError(f"{host} sent {share.shape} score shares for {len(scores)} rows")
         scores = scores + share
-    return _store_scores(ref, frame, scores)
+    return _store_scores(ref, frame, scores, model, key, scores_table)
 
 
 @task(
     name="score-local", task_run_name="{ref.party}: score new rows with {model_key}", **PARTY_STEP
 )
-def local_scores(ref: TableRef, model_key: str) -> dict[str, Any]:
+def local_scores(ref: TableRef, model_key: str) -> ScoredRows:
     """A model the party holds whole, applied to its own new rows."""
-    model = _slice(ref, model_key)
+    model = _load(ref, model_key)
     frame, X = _matrix(ref, model)
-    return _store_scores(ref, frame, X @ model.weights + model.intercept)
+    return _store_scores(ref, frame, model.score(X), model, model_key, f"{ref.table}_scored")
 
 
-def _store_scores(ref: TableRef, frame: Any, scores: np.ndarray) -> dict[str, Any]:
+def _store_scores(
+    ref: TableRef,
+    frame: pd.DataFrame,
+    scores: np.ndarray,
+    model: ModelRecord,
+    key: str,
+    table: str,  # <table>_scored: <table>_scores holds training's own predictions
+) -> ScoredRows:
     from sklearn.metrics import roc_auc_score
 
-    probabilities = 1.0 / (1.0 + np.exp(-scores))
-    table = f"{ref.table}_scored"  # not _scores: training's own predictions live there
-    PartyStore.of(ref).write_table(
-        table, frame[[ref.id_column]].assign(score=scores, probability=probabilities)
+    store = PartyStore.of(ref)
+    ids = frame[ref.id_column]
+    prediction = "probability" if model.link == "logit" else "prediction"
+    roles = ModelStore(store).row_roles(key, ids.tolist())
+    store.write_table(
+        table,
+        pd.DataFrame(
+            {
+                ref.id_column: ids.to_numpy(),
+                "score": scores,
+                prediction: model.prediction(scores),
+                IN_TRAINING: pd.Series(roles, dtype="string"),
+            }
+        ),
     )
-    result: dict[str, Any] = {"rows": len(scores), "scores_table": table, "auc": None}
+    counts = {
+        "train": roles.count("train"),
+        "held out": roles.count("held out"),
+        "unseen": roles.count(None),
+    }
+    auc = None
     if ref.label_column and ref.label_column in frame.columns:
         labels = frame[ref.label_column].to_numpy(dtype=float)
         if len(set(labels.tolist())) == 2:
-            result["auc"] = float(roc_auc_score(labels, scores))
-    get_run_logger().info("%s: %d rows scored into %s", ref.party, len(scores), table)
-    return result
+            auc = float(roc_auc_score(labels, scores))
+    get_run_logger().info(
+        "%s: %d rows scored into %s (%s)",
+        ref.party,
+        len(scores),
+        table,
+        ", ".join(f"{n} {what}" for what, n in counts.items()),
+    )
+    return ScoredRows(len(scores), table, key, auc, counts)
+
+
+@task(name="promote-model", task_run_name="{ref.party}: promote {key}", **PARTY_STEP)
+def promote_model(ref: TableRef, key: str, job: str) -> bool:
+    """The job's pipeline makes the model it has just trained the one its scoring uses, and
+    says so in the log; a party that holds no such model has nothing to promote (False)."""
+    models = ModelStore(PartyStore.of(ref))
+    if not models.artifacts.has(key):
+        return False
+    models.promote(key, job)
+    get_run_logger().info(
+        "%s: promoted %s for scoring of job %s (privreg models promote picks another)",
+        ref.party,
+        key,
+        job,
+    )
+    return True

@@ -41,13 +41,14 @@ import hashlib
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 from prefect import get_run_logger, task
 
 from core.holdout import seeded_holdout_rows
+from core.model_format import ModelRecord
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.sparse_lda import (
     MAX_FEATURES,
@@ -77,6 +78,7 @@ from core.sparse_lda import (
 )
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
 from core.sparse_lda.privacy import add_noise_share, party_level_blocks, release_dimension
+from storage import models
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
@@ -87,6 +89,7 @@ from storage.workspace import channel_for
 from tasks import secure_sum
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
+from tasks.reporting import job_name, provenance
 from tasks.secure_sum import COORDINATOR, SumContext, coordinator_store
 
 PROTOCOL = "sparse_lda"
@@ -278,7 +281,7 @@ def input_key(job_id: str) -> str:
 
 
 def model_key(job_id: str) -> str:
-    return f"models/{PROTOCOL}/{job_id}"
+    return models.model_key(PROTOCOL, job_id)
 
 
 def _schema_key(job_id: str) -> str:
@@ -481,7 +484,9 @@ def keep_model(ref: TableRef, job: SparseLDAJob, ctx: SumContext | None = None) 
     model = job.endpoint(ref.party).receive(COORDINATOR, "model")
     if model["job_id"] != job.job_id:
         raise SparseLDASetupError(f"{ref.party}: the model message belongs to another job")
-    ArtifactStore(store).put(model_key(job.job_id), model, "model")
+    record = replace(ModelRecord.from_dict(model), party=ref.party, **provenance(ref))
+    models.ModelStore(store).save(model_key(job.job_id), record)
+    model = record.to_dict()
     if ctx is not None:
         secure_sum.forget_session(store, ctx, ref.party)
     return model
@@ -537,22 +542,33 @@ def open_job(job: SparseLDAJob, timeout: float | None = None) -> list[str]:
 def _model_record(
     job: SparseLDAJob, features: list[str], model: LinearDiscriminant, **extra: Any
 ) -> dict[str, Any]:
-    """The saved model: plain values only, so it goes through the safe codec."""
+    """The saved model in the common format: the score ``x @ direction + intercept`` is the
+    discriminant's ``(x - (mu1 + mu2)/2) @ direction``, positive for label 1."""
     direction = np.asarray(model.direction, dtype=np.float64)
-    return {
-        "job_id": job.job_id,
-        "method": job.method,
-        "private": job.private,
-        "epsilon": job.epsilon if job.private else None,
-        "delta": job.delta if job.private else None,
-        "privacy_unit": job.privacy_unit if job.private else None,
-        "features": list(features),
-        "direction": direction,
-        "mean_positive": np.asarray(model.mean_positive, dtype=np.float64),
-        "mean_negative": np.asarray(model.mean_negative, dtype=np.float64),
-        "support": [f for f, w in zip(features, direction, strict=True) if w != 0.0],
-        **extra,
-    }
+    midpoint = (np.asarray(model.mean_positive) + np.asarray(model.mean_negative)) / 2.0
+    record = ModelRecord.linear(
+        PROTOCOL,
+        job.job_id,
+        features,
+        direction,
+        -float(midpoint @ direction),
+        link="discriminant",
+        job=job_name(),
+        rows={"train": int(extra.get("total_rows", 0))},
+        extras={
+            "method": job.method,
+            "private": job.private,
+            "epsilon": job.epsilon if job.private else None,
+            "delta": job.delta if job.private else None,
+            "privacy_unit": job.privacy_unit if job.private else None,
+            "direction": direction,
+            "mean_positive": np.asarray(model.mean_positive, dtype=np.float64),
+            "mean_negative": np.asarray(model.mean_negative, dtype=np.float64),
+            "support": [f for f, w in zip(features, direction, strict=True) if w != 0.0],
+            **extra,
+        },
+    )
+    return record.to_dict()
 
 
 def _publish_model(job: SparseLDAJob, record: dict[str, Any]) -> None:

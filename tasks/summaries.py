@@ -31,6 +31,7 @@ from tasks.reporting import (
     Quality,
     RunSummary,
     bytes_sent,
+    kib,
     publish_summary,
 )
 
@@ -183,9 +184,23 @@ def psi_summary(
     )
 
 
+def current_attempt() -> str:
+    """Which attempt of which flow run this is (``1a2b3c4d try 2``: a UI retry of the same run
+    counts up); stored with each round so the rounds table says who ran it."""
+    from prefect.runtime import flow_run
+
+    return f"{str(flow_run.id or '-')[:8]} try {flow_run.run_count}"
+
+
+def _reused(history: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    reused = sum(1 for row in history if row.get("reused"))
+    return [("rounds reused from earlier attempts", reused)] if reused else []
+
+
 def vertical_round_history(job: Any, workspace: str | None) -> list[dict[str, Any]]:
     """Every finished round of a vertical job, from the key holder's store (so rounds finished
-    before a retry are included), with the bytes that crossed in each."""
+    before a retry are included), with the bytes that crossed in each, the attempt that ran
+    it, and whether this attempt reused it."""
     artifacts = ArtifactStore(PartyStore(job.key_holder_database))
     prefix = f"vertical/{job.job_id}/"
     rows: dict[int, dict[str, Any]] = {}
@@ -198,13 +213,16 @@ def vertical_round_history(job: Any, workspace: str | None) -> list[dict[str, An
             entry = rows.setdefault(int(number), {"round": int(number)})
             entry.update({"loss": value} if kind == "loss" else value)
     traffic = _round_bytes(job.job_id, workspace)
+    now = current_attempt()
     return [
         {
             "round": r,
             "loss": rows[r].get("loss"),
             "gradient_norm": rows[r].get("gradient_norm"),
-            "bytes": traffic.get(r, 0),
+            "KiB sent": kib(traffic.get(r, 0)),
             "seconds": rows[r].get("seconds"),
+            "attempt": rows[r].get("attempt", "-"),
+            "reused": "yes" if rows[r].get("attempt") not in (None, now) else "",
         }
         for r in sorted(rows)
     ]
@@ -244,7 +262,10 @@ def vertical_summary(
             rounds_table=history,
             details=[
                 *([("outcome", outcome)] if outcome else []),
+                ("training rows", len(schedule.train_rows)),
+                ("held-out rows", len(holdout)),
                 ("rounds run in this attempt", rounds_run),
+                *_reused(history),
                 ("key holder", job.key_holder),
             ],
         )
@@ -298,8 +319,10 @@ def label_dp_summary(
         baseline = label_mean_baseline(labels, train, holdout)
         scope = str(metrics.get("evaluated_on", "held-out rows"))
         quality = [Quality("MSE", metrics["test_mse"], baseline, False, scope)]
+    held_out = len(job.holdout_rows(rows))
+    split = [("training rows", rows - held_out), ("held-out rows", held_out)]
     return _one_release_summary(
-        job.job_id, features.party, labels, rows, budget, quality, [job.job_id], workspace
+        job.job_id, features.party, labels, rows, budget, quality, [job.job_id], workspace, split
     )
 
 
@@ -389,7 +412,7 @@ def horizontal_summary(
             "gradient_norm": None,
             "max weight change": e["change"],
             "parties": len(e["survivors"]),
-            "bytes": traffic.get(e["round"], 0),
+            "KiB sent": kib(traffic.get(e["round"], 0)),
             "seconds": e["seconds"],
         }
         for e in model["history"]

@@ -43,6 +43,7 @@ from phe import paillier
 from prefect import get_run_logger, task
 
 from core.ids import id_order_digest
+from core.model_format import ModelRecord
 from core.paillier import cipher
 from core.paillier.errors import PaillierError
 from core.paillier.keys import (
@@ -68,11 +69,13 @@ from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
+from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts, SecretGoneError
 from storage.workspace import channel_for
 from tasks.feature_cache import party_features
 from tasks.policy import PARTY_STEP
+from tasks.reporting import provenance
 
 PROTOCOL = "vertical"
 # Rows a mini-batch must have beyond a host's feature count; see check_batches.
@@ -775,21 +778,35 @@ def rollback(job: VerticalJob, ref: TableRef, round_: int) -> int:
     return RoundCheckpoints(PartyStore.of(ref), PROTOCOL, job.job_id).rollback_to(round_)
 
 
-@task(name="vertical-save-model", task_run_name="{ref.party}: save model slice", **PARTY_STEP)
+@task(name="vertical-save-model", task_run_name="{ref.party}: save model share", **PARTY_STEP)
 def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[str, Any]:
-    """Store this party's slice of the model (by feature name) in its own database."""
+    """Store this party's share of the model (its features' coefficients; the intercept at the
+    guest) in its own database, with the ids it trained on and held out."""
     X, names, _ = _guest_matrix(ref, job) if role == "guest" else _features(ref, job)
     artifacts = _artifacts(ref.database)
-    key = f"models/vertical/{job.job_id}/{ref.party}"
+    key = model_key("vertical", job.job_id, ref.party)
     with artifacts.store.session():
-        weights = _state(job, ref, round_, X.shape[1])["weights"]
-        model = {"features": names, "weights": weights, "round": round_, "job_id": job.job_id}
+        weights = np.asarray(_state(job, ref, round_, X.shape[1])["weights"], dtype=np.float64)
         fitted = party_features(ref, job.clip_features, preprocessing=job.preprocessing)
-        if fitted.preprocessing is not None:  # scoring applies the same transform
-            model["preprocessing"] = fitted.preprocessing.to_dict()
-        model["clip_features"] = job.clip_features
+        train, held_out = job.schedule.train_rows, job.schedule.holdout_rows
+        guest = role == "guest"
+        model = ModelRecord.linear(
+            "vertical",
+            job.job_id,
+            names[1:] if guest else names,  # the guest's first column is the intercept's
+            weights[1:] if guest else weights,
+            float(weights[0]) if guest else None,
+            party=ref.party,
+            share=True,
+            preprocessing=None if fitted.preprocessing is None else fitted.preprocessing.to_dict(),
+            clip=job.clip_features,
+            rows={"train": int(train.size), "held_out": int(held_out.size)},
+            extras={"round": round_, "role": role},
+            **provenance(ref),
+        )
+        ids = np.asarray(fitted.ids, dtype=object)
         with artifacts.store.transaction() as con:
-            artifacts.put(key, model, "model", con=con)
+            ModelStore(artifacts.store).save(key, model, ids[train], ids[held_out], con)
             artifacts.delete_prefix(_key(job, "sent"), con=con)  # masks are no longer needed
         n = artifacts.get(_key(job, "public_key"))
     if n is not None:  # the key retires with the job: its leftover obfuscators go too
@@ -797,13 +814,20 @@ def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[
     return {"key": key, "coefficients": dict(zip(names, weights.tolist(), strict=True))}
 
 
+def _share_weights(model: dict[str, Any]) -> np.ndarray:
+    """A saved share as the training's weight vector (the guest's starts with the intercept)."""
+    record = ModelRecord.from_dict(model)
+    head = [] if record.intercept is None else [record.intercept]
+    return np.array([*head, *record.coefficients], dtype=np.float64)
+
+
 @task(name="vertical-host-scores", task_run_name="{ref.party}: scores for the guest", **PARTY_STEP)
 def host_scores(job: VerticalJob, ref: TableRef) -> None:
     """Scoring: a host sends the guest its plaintext score share ``X_h w_h`` (as FATE's
     predict does); the guest learns these sums, never the host's features or weights."""
-    model = _artifacts(ref.database).get(f"models/vertical/{job.job_id}/{ref.party}")
+    model = _artifacts(ref.database).get(model_key("vertical", job.job_id, ref.party))
     X, _, _ = _features(ref, job)
-    job.endpoint(ref.party).send(job.guest, "scores", X @ model["weights"], round=0)
+    job.endpoint(ref.party).send(job.guest, "scores", X @ _share_weights(model), round=0)
 
 
 @task(
@@ -813,9 +837,9 @@ def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     """The guest's probabilities for every aligned row, stored in its database, and metrics."""
     from sklearn.metrics import log_loss, roc_auc_score
 
-    model = _artifacts(ref.database).get(f"models/vertical/{job.job_id}/{ref.party}")
+    model = _artifacts(ref.database).get(model_key("vertical", job.job_id, ref.party))
     X, _, labels = _guest_matrix(ref, job)
-    scores = X @ model["weights"]
+    scores = X @ _share_weights(model)
     for host in job.hosts:
         scores = scores + job.endpoint(ref.party).receive(host, "scores", round=0)
     probabilities = 1.0 / (1.0 + np.exp(-scores))
@@ -981,5 +1005,5 @@ def receive_stop(job: VerticalJob, party: str, round_: int) -> bool:
 
 def model_round(job: VerticalJob, ref: TableRef) -> int | None:
     """The round of the party's saved model slice, or None while the job trains."""
-    model = _artifacts(ref.database).get(f"models/vertical/{job.job_id}/{ref.party}")
+    model = _artifacts(ref.database).get(model_key("vertical", job.job_id, ref.party))
     return None if model is None else int(model["round"])

@@ -53,6 +53,7 @@ from prefect import get_run_logger, task
 from core.dp.errors import PrivacyParameterError
 from core.dp.gaussian import analytic_gaussian_sigma, classic_gaussian_sigma
 from core.ids import id_order_digest
+from core.model_format import ModelRecord
 from core.paillier import cipher
 from core.paillier.errors import PaillierError
 from core.paillier.keys import (
@@ -72,7 +73,7 @@ from core.walr import (
     validate_labels,
     walr_sigma,
 )
-from storage import codec
+from storage import codec, models
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
@@ -82,6 +83,7 @@ from storage.policy import OwnerPolicy
 from storage.secrets import SealedArtifacts, SecretGoneError
 from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
+from tasks.reporting import provenance
 from tasks.summaries import classifier_figures, holdout_scope, holdout_split, log_figures
 
 PROTOCOL = "walr"
@@ -247,7 +249,7 @@ def public_shape(mode: str, rows: int, columns: int, clip_norm: float | None) ->
 
 
 def model_key(job_id: str) -> str:
-    return f"models/walr/{job_id}"
+    return models.model_key("walr", job_id)
 
 
 class ReleaseRefusalError(ValueError):
@@ -608,7 +610,7 @@ def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
             f"the release was masked in job {release['job_id']}, whose mask is not in "
             f"{ref.party}'s store; it cannot be unmasked"
         )
-    _, features = _features(job, ref)
+    ids, features = _features(job, ref)
     width = len(features.column_names) + 1
     if not len(release["values"]) == len(masks) == width:
         raise WalrSetupError(f"the release has {len(release['values'])} sums, expected {width}")
@@ -616,24 +618,32 @@ def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
     if any(abs(u) >= _EXACT_FLOAT_INT for u in units):
         raise WalrSetupError("the unmasked release is not a sum of this table's grid values")
     noisy_sum = np.array(units, dtype=np.float64) * features.granularity
-    train = job.split(features.n_rows)[0]
+    train, held_out = job.split(features.n_rows)
     fit = fit_walr(features.values[train], noisy_sum, len(train), l2, fit_intercept=True)
-    model = {
-        "job_id": job.job_id,
-        "features": list(features.column_names),
-        "coef": fit.coef,
-        "intercept": fit.intercept,
-        "converged": fit.converged,
-        "n_iter": fit.n_iter,
-        "mode": job.mode,
-        "clip_norm": job.clip_norm,
-        "granularity": features.granularity,
-        "l2": l2,
-        "epsilon": job.epsilon,
-        "delta": job.delta,
-        "noisy_sum": noisy_sum,
-    }
-    artifacts.put(model_key(job.job_id), model, "model")
+    model = ModelRecord.linear(
+        "walr",
+        job.job_id,
+        list(features.column_names),
+        fit.coef,
+        fit.intercept,
+        rows={"train": int(train.size), "held_out": int(held_out.size)},
+        extras={
+            "converged": fit.converged,
+            "n_iter": fit.n_iter,
+            "mode": job.mode,
+            "clip_norm": job.clip_norm,
+            "granularity": features.granularity,
+            "l2": l2,
+            "epsilon": job.epsilon,
+            "delta": job.delta,
+            "noisy_sum": noisy_sum,
+        },
+        **provenance(ref),
+    )
+    row_ids = np.asarray(ids, dtype=object)
+    models.ModelStore(artifacts.store).save(
+        model_key(job.job_id), model, row_ids[train], row_ids[held_out]
+    )
     return {
         "model_key": model_key(job.job_id),
         "coefficients": dict(zip(features.column_names, fit.coef.tolist(), strict=True)),
@@ -653,9 +663,8 @@ def send_predictions(job: WalrJob, ref: TableRef) -> int:
     _, features = _features(job, ref)
     train, held_out = job.split(features.n_rows)
     rows = held_out if held_out.size else train
-    fit = WalrFit(
-        np.asarray(model["coef"]), model["intercept"], model["converged"], model["n_iter"]
-    )
+    coefficients = [model["coefficients"][f] for f in model["features"]]
+    fit = WalrFit(np.asarray(coefficients), model["intercept"], model["converged"], model["n_iter"])
     probabilities = fit.predict_proba(features.values[rows])
     job.endpoint(ref.party).send(job.labels_party, "predictions", probabilities)
     return int(rows.size)

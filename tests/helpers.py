@@ -64,7 +64,8 @@ def vertical_slices(job_id: str, *descriptors: dict) -> dict[str, list[float]]:
     for descriptor in descriptors:
         ref = TableRef.from_dict(descriptor)
         model = ArtifactStore(PartyStore.of(ref)).get(f"models/vertical/{job_id}/{ref.party}")
-        slices[ref.party] = [float(w) for w in model["weights"]]
+        head = [] if model["intercept"] is None else [model["intercept"]]  # the guest's
+        slices[ref.party] = [float(w) for w in (*head, *model["coefficients"].values())]
     return slices
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.model_format import ModelRecord
 from privreg.cli import main
 from storage.artifacts import ArtifactStore
 from storage.party_store import PartyStore
@@ -58,13 +59,15 @@ def test_debug_shows_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_models_list_and_show_every_flow_s_models(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A horizontal model (stored under its protocol's key, not ``models/``) is listed, and
-    ``show`` prints its coefficients by feature name and its intercept."""
+    """Models of every flow are listed (not other artifacts), and ``show`` prints the
+    coefficients by feature name and the intercept, a vertical share's at the guest."""
     store = PartyStore(tmp_path / "coordinator.duckdb")
     record = model_record("horizontal-lr-abc", ["age", "bmi"], np.array([0.25, -1.5, 0.125]), 4)
     ArtifactStore(store).put(model_key("horizontal-lr-abc"), record, "model")
-    vertical = {"features": ["intercept", "glucose"], "weights": np.array([0.5, 2.0]), "round": 3}
-    ArtifactStore(store).put("models/vertical/job/clinic", vertical, "model")
+    vertical = ModelRecord.linear(
+        "vertical", "job", ["glucose"], [2.0], 0.5, party="clinic", share=True
+    )
+    ArtifactStore(store).put("models/vertical/job/clinic", vertical.to_dict(), "model")
     ArtifactStore(store).put("vertical/job/round/0000001", {"weights": np.zeros(2)}, "round-state")
 
     assert main(["models", "list", "--database", str(store.path)]) == 0

@@ -152,7 +152,8 @@ def test_gradient_averaging_equals_centralized_gd_and_coordinator_sees_no_update
             assert np.mean(np.abs(masked) > 2.0**50) > 0.9  # uniform-looking, not small numbers
 
     # the UI shows the rounds table, a progress bar and a link to the saved model
-    keys = ["patients-horizontal-rounds", "patients-horizontal-model"]  # job named by its table
+    key = f"patients-horizontal-{short_id(job)}-"  # job named by its table, keyed by its id
+    keys = [f"{key}rounds", f"{key}model"]
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys))

@@ -22,6 +22,7 @@ from storage.party_store import PartyStore
 from storage.validation import DataValidationError
 from storage.workspace import channel_for
 from tasks import label_dp as steps
+from tasks.reporting import short_id
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,11 +109,16 @@ def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None
     assert model["mechanism"]["mechanism"] == "rr_on_bins"
     expected_mse = np.mean((steps.predict(model, X[holdout]) - y[holdout]) ** 2)
     assert result["metrics"]["test_mse"] == pytest.approx(expected_mse)
-    summary = Artifact.get(f"{features.table}-label-dp-summary")  # job named by its table
-    assert summary is not None and "epsilon left" in summary.data
-    assert Artifact.get(f"{features.table}-label-dp-model") is not None
+    key = f"{features.table}-label-dp-{short_id(result['job_id'])}-"  # job named by its table
+    summary = Artifact.get(f"{key}summary")
+    assert (
+        summary is not None
+        and "epsilon left" in summary.data
+        and "| held-out rows |" in summary.data
+    )
+    assert Artifact.get(f"{key}model") is not None
     # the held-out calibration is drawn (ten bins, titled with the MSE), not listed as a metric
-    [chart] = chart_images(Artifact.get(f"{features.table}-label-dp-charts").data)
+    [chart] = chart_images(Artifact.get(f"{key}charts").data)
     assert f"MSE {expected_mse:.4g}" in chart and chart.count("<circle") == 10
     assert "calibration" not in result["metrics"]
 

@@ -150,6 +150,14 @@ def _parameters(entry: dict, demo_root: Path) -> dict:
     return parameters
 
 
+def _latest_like(env: dict[str, str], pattern: str) -> dict:
+    """The newest artifact whose key matches ``pattern`` (SQL LIKE: keys carry a job id)."""
+    found = api(env, "/artifacts/filter", {"artifacts": {"key": {"like_": pattern}},
+                                            "sort": "CREATED_DESC", "limit": 1})  # fmt: skip
+    assert found, f"no artifact like {pattern}"
+    return found[0]
+
+
 def _wait(env: dict[str, str], run_id: str, timeout: float = 600) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -311,21 +319,31 @@ def test_every_deployment_runs_on_a_process_worker(
     )
     rounds = json.loads(_artifact(server, "demo-vertical-retried-rounds")["data"])
     assert [row["round"] for row in rounds] == [0, 1]
+    assert [bool(row["reused"]) for row in rounds] == [True, False]  # round 0: the first try
+    # a run of another job id has its own summary: the pipeline's did not overwrite it
+    retried = _artifact(server, "demo-vertical-retried-summary")
+    assert retried["flow_run_id"] == runs["demo-vertical"]["id"]
+    assert "| held-out rows |" in retried["data"] and " KiB |" in retried["data"]
     # readable names, and one summary per run with the figures of item 2
     assert runs["demo-vertical"]["name"].startswith("demo vertical: clinic.patients_aligned")
-    psi_summary = _artifact(server, "demo-psi-summary")
+    psi_summary = _latest_like(server, "demo-psi-%-summary")
     assert "| shared rows | 470 |" in psi_summary["data"]
     for name in ("vertical", "walr", "label-dp", "horizontal", "sparse-lda", "pipeline",
                  "score-vertical", "score-local"):  # fmt: skip
-        data = _artifact(server, f"demo-{name}-summary")["data"]
+        data = _latest_like(server, f"demo-{name}-%-summary")["data"]
         assert "## Parties" in data and "bytes sent" in data and "wall time" in data, name
         if name != "pipeline":
             assert "## Quality" in data and "baseline" in data, name
     for name in ("walr", "label-dp", "sparse-lda"):
-        data = _artifact(server, f"demo-{name}-summary")["data"]
+        data = _latest_like(server, f"demo-{name}-%-summary")["data"]
         assert "epsilon spent" in data and "delta left" in data, name
-    vertical = _artifact(server, "demo-vertical-summary")["data"]
-    assert "| AUC |" in vertical and "| log-loss |" in vertical
+    assert "| AUC |" in retried["data"] and "| log-loss |" in retried["data"]
+    # scoring used the models the pipeline promoted, and says which rows they trained on
+    scored = _latest_like(server, "demo-score-vertical-%-summary")["data"]
+    assert (
+        f"models/vertical/{pipeline_job}/clinic" in scored
+        and "| rows the model held out |" in scored
+    )
 
 
 def test_served_deployments_run_beside_the_deployed_ones(

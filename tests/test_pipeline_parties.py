@@ -38,6 +38,7 @@ from storage.party_config import ENV_VAR
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from tasks import horizontal_lr, label_dp, secure_sum, sparse_lda, walr
+from tasks.reporting import short_id
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,7 +164,8 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
     again = runs["again"]
     assert again["alignment"]["reused"] and "release reused" in again["stages"]["walr"]["result"]
     assert "KiB" in one["stages"]["psi"]["bytes"]
-    assert "bytes sent" in Artifact.get("demo-pipeline-summary").data
+    pipeline_key = f"demo-pipeline-{short_id(one['alignment']['job_id'])}-summary"
+    assert "KiB" in Artifact.get(pipeline_key).data
 
     # PSI: the same intersection (the row order is each run's own)
     for party, one_side in zip(("clinic", "lab"), one["alignment"]["aligned"], strict=True):
@@ -188,7 +190,9 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
     lab = orgs["lab"].folder / "var/parties/lab.duckdb"
     party_model = _stored(lab, walr.model_key("demo-walr"))
     assert np.array_equal(party_model["noisy_sum"], model["noisy_sum"])
-    assert np.allclose(party_model["coef"], model["coef"], rtol=0, atol=1e-6)
+    assert np.allclose(
+        list(party_model["coefficients"].values()), list(model["coefficients"].values()), atol=1e-6
+    )
     assert party_model["intercept"] == pytest.approx(model["intercept"], abs=1e-6)
     labels = _stage(parties["clinic"], "demo", "walr")
     assert labels["budget"]["epsilon_spent"] == 1.0 and not labels["reused_release"]
@@ -205,7 +209,7 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
     )
     baseline = orgs["clinic"].folder / "var/parties/clinic_baseline.duckdb"
     party_model = _stored(baseline, label_dp.model_key("label_dp_demo-label_dp"))
-    public = ("features", "train_rows", "link", "loss")
+    public = ("features", "rows", "link", "loss")
     assert {k: party_model[k] for k in public} == {k: single_model[k] for k in public}
     drawn = "distinct_noisy_values"  # shows the noise
     assert {k: v for k, v in party_model["mechanism"].items() if k != drawn} == {
@@ -217,7 +221,7 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
     expected = store.get(horizontal_lr.model_key(stages["horizontal_lr"]["job_id"]))
     for party in (*HOSPITALS, "coordinator"):
         result = _stage(parties[party], "horizontal_demo", "horizontal_lr")
-        assert result["weights"] == expected["weights"].tolist(), party
+        assert result["weights"] == horizontal_lr.model_weights(expected).tolist(), party
         assert result["rounds_completed"] == expected["rounds"] == 3
 
     # sparse LDA (noise switched off): the coordinator's and every hospital's model

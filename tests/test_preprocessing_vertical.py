@@ -100,7 +100,8 @@ def test_raw_features_train_as_standardised_ones_and_score_by_hand(workspace: Pa
         stats = model["preprocessing"]["columns"]
         X = frame[[c["name"] for c in stats]].to_numpy(dtype=float)
         X = (X - [c["center"] for c in stats]) / [c["scale"] for c in stats]
-        weights = np.asarray(model["weights"])
+        head = [model["intercept"]] if ref.party == "clinic" else []
+        weights = np.asarray([*head, *model["coefficients"].values()])
         if ref.party == "clinic":  # the intercept first
             X = np.hstack([np.ones((len(X), 1)), X])
         by_hand += X @ weights

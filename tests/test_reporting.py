@@ -5,12 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.model_format import ModelFormatError, ModelRecord
 from tasks.reporting import (
     BudgetLine,
     Quality,
     RunSummary,
+    human_bytes,
     model_table,
     round_warnings,
+    short_id,
     summary_markdown,
 )
 from tasks.summaries import classifier_figures, holdout_scope, holdout_split, horizontal_quality
@@ -48,7 +51,7 @@ def test_the_summary_holds_every_figure() -> None:
     for figure in (
         "| job | demo |",
         "| flow | walr |",
-        "| lab | 470 | 1234 |",
+        "| lab | 470 | 1.2 KiB |",
         "| AUC | 0.91 | 0.5 | held-out rows | higher |",
         "| clinic | patients | 1.0 | 3.0 | 1e-07 | 9e-05 |",
         "| rounds | 1 |",
@@ -57,11 +60,18 @@ def test_the_summary_holds_every_figure() -> None:
         assert figure in text, figure
 
 
-def test_model_tables_read_every_flow_s_record() -> None:
-    vertical = {"features": ["intercept", "age"], "weights": np.array([0.5, -1.0])}
-    assert model_table(vertical) == ([{"feature": "age", "coefficient": -1.0}], 0.5)
-    whole = {"coefficients": {"age": 2.0}, "intercept": -0.25}
-    assert model_table(whole) == ([{"feature": "age", "coefficient": 2.0}], -0.25)
+def test_model_tables_read_the_common_format_and_bytes_carry_a_unit() -> None:
+    guest = ModelRecord.linear("vertical", "v", ["age"], [-1.0], 0.5, party="c", share=True)
+    assert model_table(guest.to_dict()) == ([{"feature": "age", "coefficient": -1.0}], 0.5)
+    whole = ModelRecord.linear("walr", "w", ["age"], np.array([2.0]), -0.25)
+    assert model_table(whole.to_dict()) == ([{"feature": "age", "coefficient": 2.0}], -0.25)
+    with pytest.raises(ModelFormatError):  # an old record is refused, not half read
+        model_table({"coefficients": {"age": 2.0}, "intercept": -0.25})
+    assert [human_bytes(n) for n in (512, 1536, 5 * 2**20, 3 * 2**30)] == [
+        "512 B", "1.5 KiB", "5.0 MiB", "3.0 GiB"
+    ]  # fmt: skip
+    assert short_id("vertical-0123456789abcdef") == "01234567" == short_id("0123456789abcdef")
+    assert short_id("retried") == "retried"  # an explicit job id stays whole
 
 
 def test_held_out_figures_are_labelled_and_pool_by_rows() -> None:

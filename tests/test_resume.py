@@ -129,8 +129,11 @@ def test_flow_run_retry_resumes_from_the_finished_rounds(
     # an explicit job id (not a derived hash) stays in the key
     table = json.loads(_artifact(server, "patients-vertical-ops-job-rounds")["data"])
     assert [row["round"] for row in table] == list(range(ROUNDS))
-    assert all(row["gradient_norm"] > 0 and row["bytes"] > 0 for row in table)
-    summary = _artifact(server, "patients-vertical-summary")
+    assert all(row["gradient_norm"] > 0 and row["KiB sent"] > 0 for row in table)
+    # which attempt ran each round: the first try ran 0-3, the retry the rest, reusing 0-3
+    assert {row["round"] for row in table if row["reused"]} == set(range(4))
+    assert len({row["attempt"] for row in table}) == 2
+    summary = _artifact(server, "patients-vertical-ops-job-summary")
     assert summary["flow_run_id"] == run_id and f"| rounds | {ROUNDS} |" in summary["data"]
 
 
@@ -156,7 +159,7 @@ def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(
     assert outcome["rounds_run"] == ROUNDS - 1 - outcome["resumed_from"]
     assert _slices("ops-job", guest, host) == uninterrupted  # bit-identical model
     # the summary read back through the API holds the figures the flow returned
-    summary = _artifact(server, "patients-vertical-summary")["data"]
+    summary = _artifact(server, "patients-vertical-ops-job-summary")["data"]
     auc, log_loss = outcome["metrics"]["holdout_auc"], outcome["metrics"]["holdout_log_loss"]
     assert f"| AUC | {float(f'{auc:.6g}')} | 0.5 | held-out rows | higher |" in summary
     assert f"| log-loss | {float(f'{log_loss:.6g}')} |" in summary

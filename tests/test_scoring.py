@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows.scoring import score_local, score_vertical
-from storage.artifacts import ArtifactStore
+from core.model_format import ModelRecord
+from flows.scoring import score_vertical
 from storage.descriptor import TableRef
+from storage.models import ModelStore, NoPromotedModelError, model_key
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
-from tasks.horizontal_lr import model_record
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -33,13 +33,19 @@ def _tables(workspace: Path) -> tuple[TableRef, TableRef, pd.DataFrame, pd.DataF
     host_ref = TableRef(str(workspace / "lab.duckdb"), "new_tests", party="lab")
     PartyStore.of(guest_ref).import_frame(guest, guest_ref)
     PartyStore.of(host_ref).import_frame(host, host_ref)
-    for ref, weights in ((guest_ref, GUEST_W), (host_ref, HOST_W)):  # slices, as training saves
-        record = {"features": list(weights), "weights": np.array(list(weights.values()))}
-        record["job_id"] = "vertical-0123456789abcdef"
-        ArtifactStore(PartyStore.of(ref)).put(
-            f"models/vertical/vertical-0123456789abcdef/{ref.party}", record, "model"
-        )
+    for ref, weights in ((guest_ref, GUEST_W), (host_ref, HOST_W)):  # shares, as training saves
+        features = {f: w for f, w in weights.items() if f != "intercept"}
+        share = ModelRecord.linear(
+            "vertical", JOB, list(features), list(features.values()), weights.get("intercept"),
+            party=ref.party, share=True,
+        )  # fmt: skip
+        # the training saw ids 0-29 (25-29 held out); a share names its own party's rows
+        ModelStore(PartyStore.of(ref)).save(model_key("vertical", JOB, ref.party), share,
+                                            range(25), range(25, 30))  # fmt: skip
     return guest_ref, host_ref, guest, host
+
+
+JOB = "vertical-0123456789abcdef"
 
 
 def _read(ref: TableRef, table: str) -> pd.DataFrame:
@@ -49,8 +55,13 @@ def _read(ref: TableRef, table: str) -> pd.DataFrame:
 
 def test_vertical_scores_equal_the_plaintext_model_on_the_shared_rows(workspace: Path) -> None:
     guest_ref, host_ref, guest, host = _tables(workspace)
-    result = score_vertical(guest_ref.to_dict(), [host_ref.to_dict()], workspace=str(workspace))
-    assert result["model_job_id"] == "vertical-0123456789abcdef"  # the newest slice
+    with pytest.raises(NoPromotedModelError, match="privreg models promote"):  # never the newest
+        score_vertical(guest_ref.to_dict(), [host_ref.to_dict()], workspace=str(workspace))
+    ModelStore(PartyStore.of(guest_ref)).promote(model_key("vertical", JOB, "clinic"), "monthly")
+    result = score_vertical(
+        guest_ref.to_dict(), [host_ref.to_dict()], job="monthly", workspace=str(workspace)
+    )
+    assert result["model_job_id"] == JOB and result["scores_table"] == "new_patients_scored"
     joined = guest.merge(host, on="id")
     assert result["rows"] == len(joined) == 45
     expected = GUEST_W["intercept"] + sum(
@@ -62,22 +73,16 @@ def test_vertical_scores_equal_the_plaintext_model_on_the_shared_rows(workspace:
         [by_id[int(i)] for i in joined["id"]], expected.to_numpy(), rtol=1e-12, atol=1e-12
     )
     np.testing.assert_allclose(scores["probability"], 1 / (1 + np.exp(-scores["score"])))
+    roles = {
+        int(i): r if isinstance(r, str) else None
+        for i, r in zip(scores["id"], scores["in_training"], strict=True)
+    }
+    assert {i for i, r in roles.items() if r == "held out"} == set(range(25, 30))
+    assert {i for i, r in roles.items() if r == "train"} == set(range(15, 25))  # shared ones
+    assert result["in_training"] == {"train": 10, "held out": 5, "unseen": 30}
     from sklearn.metrics import roc_auc_score
 
     assert result["auc"] == pytest.approx(roc_auc_score(joined["y"], expected))
     # what crossed for scoring: one score share per aligned row, from the host to the guest
     log = channel_for(result["job_id"], str(workspace)).log()
     assert [(r.sender, r.receiver, r.kind) for r in log] == [("lab", "clinic", "score_share")]
-
-
-def test_a_model_held_whole_scores_the_party_s_own_rows(workspace: Path) -> None:
-    rng = np.random.default_rng(2)
-    frame = pd.DataFrame({"id": range(30), "a": rng.normal(size=30), "b": rng.normal(size=30)})
-    ref = TableRef(str(workspace / "hospital.duckdb"), "intake", party="hospital")
-    PartyStore.of(ref).import_frame(frame, ref)
-    model = model_record("horizontal-lr-x", ["a", "b"], np.array([0.5, -2.0, 0.25]), 3)
-    ArtifactStore(PartyStore.of(ref)).put("horizontal/horizontal-lr-x/model", model, "model")
-    result = score_local(ref.to_dict(), "horizontal/horizontal-lr-x/model")
-    scores = _read(ref, result["scores_table"])
-    np.testing.assert_allclose(scores["score"], 0.5 * frame["a"] - 2.0 * frame["b"] + 0.25)
-    assert result["rows"] == 30 and result["auc"] is None  # no labels in the new table

@@ -25,6 +25,7 @@ from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts
 from storage.workspace import channel_for
+from tasks.reporting import short_id
 from tasks.vertical_lr import (
     VerticalSetupError,
     agreed_job,
@@ -93,7 +94,7 @@ def assert_same_model(result, expected, guest_ref, host_refs) -> None:
         model = ArtifactStore(PartyStore.of(ref)).get(
             f"models/vertical/{result['job_id']}/{ref.party}"
         )
-        np.testing.assert_allclose(model["weights"], weights, atol=1e-12)
+        np.testing.assert_allclose(list(model["coefficients"].values()), weights, atol=1e-12)
     np.testing.assert_allclose(result["losses"], expected.losses, atol=1e-12)
 
 
@@ -165,8 +166,8 @@ def test_encrypted_training_equals_plaintext_protocol(
         TableRef(guest_ref.database, result["scores_table"], id_column="id")
     )
     assert len(scores) == ROWS and scores["probability"].between(0, 1).all()
-    # the job is named by its table; an explicit job id is part of the key (a derived one not)
-    key = f"{guest_ref.table}-vertical-{'pooled-' if pooled else ''}"
+    # the job is named by its table; the job id is part of the key (a derived one shortened)
+    key = f"{guest_ref.table}-vertical-{short_id(result['job_id'])}-"
     rounds = Artifact.get(f"{key}rounds")
     assert rounds is not None and rounds.type == "table"
     link = Artifact.get(f"{key}model")

@@ -29,6 +29,7 @@ from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
+from tasks.reporting import short_id
 from tasks.summaries import holdout_split
 from tasks.walr import ReleaseRefusalError, WalrSetupError
 
@@ -246,7 +247,7 @@ def test_held_out_rows_stay_out_of_the_release_and_are_scored_for_the_summary(
         "AUC": (roc_auc_score(y[held_out], scores), 0.5),
         "log-loss": (log_loss(y[held_out], scores), log_loss(y[held_out], rate)),
     }
-    quality = summary_quality("impressions-walr-summary")
+    quality = summary_quality(f"impressions-walr-{short_id(result['job_id'])}-summary")
     for metric, (model, baseline) in expected.items():
         assert quality[metric][0] == pytest.approx(model, rel=1e-5)
         assert quality[metric][1] == pytest.approx(baseline, rel=1e-5)

@@ -10,12 +10,20 @@ vertical epoch, 1024-bit keys). Measured, median of ``--repeats`` runs:
   the clinic and the arbiter report it down in their logs (the job's ``down_after``, 30 s,
   plus at most one poll), and until every process the lab's side started is gone.
 
-Rounds with a dropped hospital against none: ``make bench-horizontal``.
+Horizontal LR (``jobs/horizontal_demo.json``: three hospitals and a coordinator, threshold 2):
+
+* below threshold to every survivor: two hospitals fail at load (their sources lack the label
+  column); the coordinator waits for the hospitals' columns (``join_timeout`` 15 s here), fails
+  naming the missing ones, and the time from its exit to the surviving hospital's exit is
+  measured (target: under 10 s). The failed hospitals end nobody's side: their failure is a
+  dropout the protocol's threshold judges.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.lifetime import descendants
 from demo.orgs import Org, serve_all, start
 from demo.parties import prepare, small_main_job
+from flows.jobs import read_job
 
 ROOT = Path(__file__).resolve().parents[1]
 PATIENCE = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
@@ -94,25 +103,93 @@ def kill_to_down(orgs: dict[str, Org], run: str, logs: Path) -> tuple[float, flo
                 process.wait()
 
 
+HORIZONTAL = "jobs/horizontal_demo.json"
+HORIZONTAL_PARTIES = ("hospital_a", "hospital_b", "hospital_c", "coordinator")
+
+
+def horizontal_source(source: Path) -> None:
+    """The demo's job files under ``source`` with horizontal LR as the one sub-job (4 rounds,
+    a 15 s wait for the hospitals' columns); only its parties' sides are started."""
+    main = read_job(ROOT / "jobs/demo.json")
+    main["subjobs"] = {"horizontal_lr": HORIZONTAL}
+    job = read_job(ROOT / HORIZONTAL)
+    job["horizontal_lr"].update(rounds=4, join_timeout=15)
+    (source / "jobs").mkdir(parents=True)
+    (source / "jobs/demo.json").write_text(json.dumps(main))
+    (source / HORIZONTAL).write_text(json.dumps(job))
+    (source / "demo").symlink_to(ROOT / "demo")
+
+
+def below_threshold_to_survivor(orgs: dict[str, Org], run: str, logs: Path) -> float:
+    broken = {h: orgs[h].folder / f"demo/horizontal/{h}.csv" for h in ("hospital_b", "hospital_c")}
+    for path in broken.values():  # each organisation's own copy
+        path.unlink()
+        path.write_text("patient_id,x1\np1,0.5\n")
+    args = ["--job-file", "jobs/demo.json", "--run", run]
+    running = {}
+    for party in HORIZONTAL_PARTIES:
+        with (logs / f"{party}-{run}.log").open("w") as log:
+            running[party] = start(orgs[party], "pipeline", args, PATIENCE, stderr=log)
+    try:
+        ended = wait_all(running, 300)
+    finally:
+        for party, path in broken.items():
+            path.unlink()
+            shutil.copy(ROOT / f"demo/horizontal/{party}.csv", path)
+    log = (logs / f"hospital_a-{run}.log").read_text()
+    if "party coordinator failed" not in log:
+        raise RuntimeError(f"hospital_a did not end on the coordinator's failure:\n{log[-2000:]}")
+    return ended["hospital_a"] - ended["coordinator"]
+
+
+def wait_all(running: dict[str, subprocess.Popen], patience: float) -> dict[str, float]:
+    """When each process exited (monotonic seconds); kills the rest after ``patience``."""
+    ended: dict[str, float] = {}
+    deadline = time.monotonic() + patience
+    while len(ended) < len(running):
+        for party, process in running.items():
+            if party not in ended and process.poll() is not None:
+                ended[party] = time.monotonic()
+        if time.monotonic() > deadline:
+            for process in running.values():
+                if process.poll() is None:
+                    process.kill()
+            raise TimeoutError(f"still running after {patience:.0f} s: {set(running) - set(ended)}")
+        time.sleep(0.05)
+    return ended
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sections", default="main,horizontal", help="comma-separated")
+    parser.add_argument("--keep", action="store_true", help="keep the folders and logs")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="privreg-bench-federation-") as folder:
-        root = Path(folder)
-        small_main_job(root / "source")
-        orgs = prepare(root / "orgs", source=root / "source", receive_timeout=300)
-        logs = root / "logs"
-        logs.mkdir()
-        servers = serve_all(orgs.values())
-        try:
-            failures = [failure_to_every_peer(orgs, f"f{i}", logs) for i in range(args.repeats)]
-            kills = [kill_to_down(orgs, f"k{i}", logs) for i in range(args.repeats)]
-        finally:
-            for server in servers:
-                server.terminate()
-            for server in servers:
-                server.wait(timeout=60)
+    sections = set(args.sections.split(","))
+    folder = tempfile.mkdtemp(prefix="privreg-bench-federation-")
+    root, logs = Path(folder), Path(folder) / "logs"
+    logs.mkdir()
+    try:
+        if "main" in sections:
+            main_job(root, logs, args.repeats)
+        if "horizontal" in sections:
+            horizontal_job(root, logs, args.repeats)
+    finally:
+        if args.keep:
+            print(f"folders and logs kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def main_job(root: Path, logs: Path, repeats: int) -> None:
+    small_main_job(root / "source")
+    orgs = prepare(root / "orgs", source=root / "source", receive_timeout=300)
+    servers = serve_all(orgs.values())
+    try:
+        failures = [failure_to_every_peer(orgs, f"f{i}", logs) for i in range(repeats)]
+        kills = [kill_to_down(orgs, f"k{i}", logs) for i in range(repeats)]
+    finally:
+        stop(servers)
     rows = [
         ("failure at set-up -> last peer's exit", statistics.median(failures), "< 10 s"),
         ("kill -9 -> down reported by both peers", statistics.median(k[0] for k in kills),
@@ -120,13 +197,35 @@ def main() -> None:
         ("kill -9 -> every process it started gone", statistics.median(k[1] for k in kills),
          "< 10 s"),
     ]  # fmt: skip
-    print(f"\nmain job (PSI + vertical LR), 3 organisations, median of {args.repeats}")
-    print(f"{'what':<44} {'seconds':>8}  target")
+    print(f"\nmain job (PSI + vertical LR), 3 organisations, median of {repeats}")
+    print(f"{'what':<48} {'seconds':>8}  target")
     for what, seconds, target in rows:
-        print(f"{what:<44} {seconds:8.1f}  {target}")
+        print(f"{what:<48} {seconds:8.1f}  {target}")
     print(
         "each run:", [round(x, 1) for x in failures], [tuple(round(v, 1) for v in k) for k in kills]
     )
+
+
+def horizontal_job(root: Path, logs: Path, repeats: int) -> None:
+    horizontal_source(root / "hsource")
+    orgs = prepare(root / "horgs", source=root / "hsource", receive_timeout=300)
+    hospitals = {party: orgs[party] for party in HORIZONTAL_PARTIES}
+    servers = serve_all(hospitals.values())
+    try:
+        survivors = [below_threshold_to_survivor(hospitals, f"h{i}", logs) for i in range(repeats)]
+    finally:
+        stop(servers)
+    print(f"\nhorizontal LR, 3 hospitals + coordinator, median of {repeats}")
+    what = "coordinator below threshold -> survivor's exit"
+    print(f"{what:<48} {statistics.median(survivors):8.1f}  < 10 s")
+    print("each run:", [round(x, 1) for x in survivors])
+
+
+def stop(servers: list[subprocess.Popen]) -> None:
+    for server in servers:
+        server.terminate()
+    for server in servers:
+        server.wait(timeout=60)
 
 
 if __name__ == "__main__":

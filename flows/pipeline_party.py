@@ -44,6 +44,7 @@ from prefect.states import Crashed
 
 from core.job_terms import differences, digest, job_terms
 from core.lifetime import alive
+from core.preprocessing import PreprocessingSpec
 from flows.align import psi_align_party
 from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
 from flows.jobs import read_job
@@ -135,6 +136,15 @@ class PartyJob:
         if self.kind not in ("horizontal_lr", "sparse_lda"):
             return ()
         return tuple(p for p in self.participants() if p != COORDINATOR)
+
+    def preprocessing(self, key: str | None = None) -> PreprocessingSpec:
+        """The job's preprocessing (scaling, imputation), with entry ``key``'s own missing
+        values and categories when given: what every party's flow is passed, as in one
+        process."""
+        spec = PreprocessingSpec.from_dict(self.spec.get("preprocessing"))
+        if key is None:
+            return spec
+        return spec.with_party(self.spec["parties"][key].get("preprocessing"))
 
     def stages(self) -> tuple[str, ...]:
         """The stages whose message job ids this job uses (see :meth:`job_id`)."""
@@ -280,7 +290,8 @@ def _main_stages(job: PartyJob) -> Iterator[StageResult]:
     if "vertical" in job.spec and (role is not None or job.party == arbiter):
         yield from _stage(
             job, "vertical", role or "arbiter", vertical_lr_party, role or "arbiter",
-            job.job_id("vertical"), guest, [host], own=aligned, arbiter=arbiter, **vertical,
+            job.job_id("vertical"), guest, [host], own=aligned, arbiter=arbiter,
+            preprocessing=job.preprocessing().to_dict(), **vertical,
         )  # fmt: skip
     if "walr" in job.spec and role is not None:  # the guest's labels, the host's features
         side = "labels" if role == "guest" else "features"
@@ -312,9 +323,10 @@ def _hospitals(job: PartyJob, party_flow: Any, coordinator_flow: Any) -> Iterato
     """A sub-job of hospitals and a coordinator: each hospital runs its side on its own table,
     the coordinator (no table) its own. The job file's options serve both roles: each flow
     takes those it has; one that neither has is refused (``seed`` only names the job)."""
-    hospitals, options = list(job.parties().values()), job.spec.get(job.kind, {})
+    hospitals = list(job.parties().values())
+    options = {**job.spec.get(job.kind, {}), "preprocessing": job.preprocessing().to_dict()}
     taken = {name for f in (party_flow, coordinator_flow) for name in _parameters(f)}
-    if unknown := sorted(set(options) - taken - {"seed"}):
+    if unknown := sorted(set(options) - taken - {"seed", "preprocessing"}):
         raise PipelineRefusalError(f"{job.party} refuses job {job.name}: unknown {unknown}")
     own = yield from _load(job)
     for ref in own.values():
@@ -578,7 +590,10 @@ def _load(job: PartyJob) -> Generator[StageResult, None, dict[str, TableRef]]:
     if not own:
         return {}
     started = time.perf_counter()
-    rows = {key: load_table(str(source), ref, budget) for key, (source, ref, budget) in own.items()}
+    rows = {
+        key: load_table(str(source), ref, budget, job.preprocessing(key).to_dict())
+        for key, (source, ref, budget) in own.items()
+    }
     summary = ", ".join(f"{own[key][1].table} {n} rows" for key, n in rows.items())
     yield _finish(job, "load", "/".join(own), started, summary, {"rows": rows})
     return {key: ref for key, (_, ref, _) in own.items()}

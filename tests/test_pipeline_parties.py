@@ -65,6 +65,9 @@ def small_jobs(folder: Path) -> dict[str, dict[str, Any]]:
         rounds=3, holdout_fraction=0.0, stage_timeout=300
     )
     jobs["sparse_lda_demo.json"]["sparse_lda"].update(noise_disabled_for_testing=True)
+    # not the default scaling: each party's side must be given the job's preprocessing
+    jobs["demo.json"]["preprocessing"] = {"scaling": "robust"}
+    jobs["horizontal_demo.json"]["preprocessing"] = {"scaling": "none"}
     (folder / "jobs").mkdir(parents=True)
     for name, job in jobs.items():
         (folder / "jobs" / name).write_text(json.dumps(job))
@@ -126,7 +129,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         copy.parent.mkdir(exist_ok=True)
         shutil.copy(orgs[party].folder / "var/parties" / f"{party}.duckdb", copy)
         aligned.append({**_stage(parties[party], "demo", "psi")["aligned"], "database": str(copy)})
-    reference = vertical_lr(aligned[0], aligned[1:], workspace=str(single), **vertical)
+    preprocessing = jobs["demo.json"]["preprocessing"]
+    reference = vertical_lr(
+        aligned[0], aligned[1:], workspace=str(single), preprocessing=preprocessing, **vertical
+    )
     return {"one": one, "again": again, "vertical": reference, "aligned": aligned, "single": single,
             "orgs": orgs, "parties": parties}  # fmt: skip
 

@@ -146,6 +146,12 @@ def plan_for(ref: TableRef, peer: str, job_id: str, workspace: str | None = None
     return kkrt.plan(ref.party, peer, int(size), buckets.BUCKET_IDS, message)
 
 
+@task(name="psi-kkrt-plan", task_run_name="{ref.party}: roles and buckets", **PARTY_STEP)
+def agree_plan(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> Plan:
+    """Step 0, once the peer's size has arrived (a step: its wait is retried like the others)."""
+    return plan_for(ref, peer, job_id, workspace)
+
+
 def _bucket(
     store: PartyStore, job_id: str, plan: Plan, bucket: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -390,7 +396,7 @@ def party_side(
     Prefect task by default; a benchmark passes one that calls ``task.fn``)."""
     size = call(prepare_ids, ref, job_id)
     call(send_size, ref, peer, job_id, size, workspace)
-    plan = plan_for(ref, peer, job_id, workspace)
+    plan = call(agree_plan, ref, peer, job_id, workspace)
     if plan.receiver:
         call(send_hello, ref, peer, job_id, workspace)
         call(send_matrix, ref, peer, job_id, 0, workspace)

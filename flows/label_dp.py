@@ -17,6 +17,9 @@ of either party re-sends identical bytes and charges nothing.
 ``label_dp_job`` runs a job file end to end: load both tables (the labels party's initial
 budget applies only if its owner has none), align them by PSI, then train
 (``python -m flows.label_dp <job file>``).
+
+``preprocessing`` (default: standardise) is the features party's: fitted on its own training
+rows, applied to every row and saved with its model (see tasks/label_dp.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from core.label_dp.grid import DEFAULT_GRID_SIZE
+from core.preprocessing import PreprocessingSpec
 from flows.align import psi_align
 from flows.jobs import read_job
 from storage.descriptor import TableRef
@@ -112,6 +116,7 @@ def label_dp_regression(
     evaluate: bool = False,
     workspace: str | None = None,
     job_id: str | None = None,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train on epsilon-label-DP noisy labels; returns the model, the release and the budget.
 
@@ -140,7 +145,10 @@ def label_dp_regression(
         evaluate: Send hold-out predictions to the labels party for a test MSE (outside DP).
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
         job_id: Job to continue; default derived from the tables and options.
+        preprocessing: The job's preprocessing (default: standardise), fitted by the features
+            party on its own training rows.
     """
+    spec = PreprocessingSpec.from_dict(preprocessing)
     features_ref, labels_ref = TableRef.from_dict(features), TableRef.from_dict(labels)
     job = steps.LabelDPJob(
         job_id or "pending",
@@ -162,6 +170,8 @@ def label_dp_regression(
     if job_id is None:
         tables = [[r.party, r.table, fingerprint(r)] for r in (labels_ref, features_ref)]
         options = {**job.release_parameters(), "holdout_fraction": holdout_fraction, "seed": seed}
+        if spec != PreprocessingSpec():  # another model, the same release
+            options["preprocessing"] = spec.to_dict()
         job_id = derive_job_id("label-dp", {"tables": tables, **options})
         job = replace(job, job_id=job_id)
     # each party's steps in turn; the features party's job is built from the terms it received
@@ -172,7 +182,7 @@ def label_dp_regression(
     )
     steps.check_features(features_job, features_ref)
     release = steps.release_noisy_labels(job, labels_ref)
-    model = steps.train_model(features_job, features_ref)
+    model = steps.train_model(features_job, features_ref, spec)
     evaluation = None
     if evaluate:
         steps.send_predictions(features_job, features_ref)
@@ -227,6 +237,7 @@ def label_dp_party(
     holdout_fraction: float = 0.2,
     seed: int = 0,
     evaluate: bool = False,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One party's side of label-DP regression; its result holds only what that party may see.
 
@@ -252,12 +263,15 @@ def label_dp_party(
         seed: Seed of the public hold-out split (labels party).
         evaluate: Hold-out predictions go to the labels party for a test MSE (outside DP);
             both parties must pass it.
+        preprocessing: The job's preprocessing (default: standardise); only the features
+            party uses it, on its own training rows.
     """
+    spec = PreprocessingSpec.from_dict(preprocessing)
     if role not in ROLES:
         raise steps.LabelDPSetupError(f"role must be one of {ROLES}, got {role!r}")
     ref = TableRef.from_dict(own)
     if role == "features":
-        return _features_side(job_id, ref, peer, evaluate)
+        return _features_side(job_id, ref, peer, evaluate, spec)
     if epsilon is None:
         raise steps.LabelDPSetupError("the labels party needs epsilon")
     job = steps.LabelDPJob(
@@ -288,12 +302,14 @@ def label_dp_party(
     }
 
 
-def _features_side(job_id: str, ref: TableRef, peer: str, evaluate: bool) -> dict[str, Any]:
+def _features_side(
+    job_id: str, ref: TableRef, peer: str, evaluate: bool, spec: PreprocessingSpec
+) -> dict[str, Any]:
     """The features party's column: the terms, the alignment check, training on the release."""
     terms = steps.receive_terms(job_id, None, peer, ref)
     job = steps.LabelDPJob.from_terms(job_id, None, peer, ref.party, terms)
     checked = steps.check_features(job, ref)
-    model = steps.train_model(job, ref)
+    model = steps.train_model(job, ref, spec)
     if evaluate:
         steps.send_predictions(job, ref)
     publish_model_link(artifact_key("label-dp", job_id, "model"), ref.database, model["key"])
@@ -324,10 +340,12 @@ def label_dp_job(
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
     """
     job = read_job(job_file)
+    spec = PreprocessingSpec.from_dict(job.get("preprocessing"))
     refs = {role: TableRef.from_dict(job["parties"][role]["table"]) for role in ("guest", "host")}
     for role, ref in refs.items():
         party = job["parties"][role]
-        load_table(party["source"], ref, party.get("privacy_budget"))
+        own = spec.with_party(party.get("preprocessing"))  # its missing values, categories
+        load_table(party["source"], ref, party.get("privacy_budget"), own.to_dict())
     alignment = psi_align(
         refs["guest"].to_dict(),
         refs["host"].to_dict(),
@@ -336,7 +354,11 @@ def label_dp_job(
     )
     guest, host = (TableRef.from_dict(d) for d in alignment["aligned"])
     return label_dp_regression(
-        host.to_dict(), guest.to_dict(), workspace=workspace, **job["label_dp"]
+        host.to_dict(),
+        guest.to_dict(),
+        workspace=workspace,
+        preprocessing=spec.to_dict(),
+        **job["label_dp"],
     )
 
 

@@ -6,6 +6,11 @@ private prior, the mechanism built for it and one noisy label per row, stored an
 one ledger transaction, so a retry or a re-run sends the same noisy labels and is not charged
 again. Those noisy labels are the only message about the labels that crosses; training on
 them is post-processing and costs no further privacy.
+
+The features party preprocesses its own columns (the job's ``preprocessing``; default:
+standardise): statistics fitted on its training rows only, applied to every row, saved with
+the model so scoring applies the same transform. Nothing about them leaves the party, and
+the label-DP guarantee, which is about labels, is unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from core.label_dp.grid import DEFAULT_GRID_SIZE
 from core.label_dp.losses import check_loss
 from core.label_dp.validation import check_epsilon
 from core.model_format import ModelRecord
+from core.preprocessing import FittedPreprocessing, PreprocessingSpec, fit_local
 from storage import models
 from storage.artifacts import ArtifactStore
 from storage.channel import PartyEndpoint
@@ -333,11 +339,20 @@ def _read_features(ref: TableRef) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
             f"features table {ref.table!r} declares label column {ref.label_column!r}: only the "
             "labels party may hold labels"
         )
-    frame = PartyStore.of(ref).read_table(ref)
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=True)  # imputed or refused later
     names = [c for c in frame.columns if c != ref.id_column]
     if not names:
         raise LabelDPSetupError(f"features table {ref.table!r} has no feature column")
     return frame, frame[names].to_numpy(dtype=float), names
+
+
+def model_inputs(model: dict[str, Any], X: np.ndarray, where: str = "table") -> np.ndarray:
+    """Raw feature rows as the saved model takes them: its stored preprocessing applied."""
+    if model.get("preprocessing") is None:
+        return X
+    fitted = FittedPreprocessing.from_dict(model["preprocessing"])
+    transformed = fitted.transform(X, where)
+    return transformed[:, [fitted.output_names.index(f) for f in model["features"]]]
 
 
 def model_key(job_id: str) -> str:
@@ -389,13 +404,19 @@ def predict(model: dict[str, Any], X: np.ndarray) -> np.ndarray:
 
 
 @task(name="label-dp-train", task_run_name="{ref.party}: train on noisy labels", **PARTY_STEP)
-def train_model(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
-    """Fit on own features and the received noisy labels; save the model in own store."""
-    frame, X, names = _read_features(ref)
+def train_model(
+    job: LabelDPJob, ref: TableRef, preprocessing: PreprocessingSpec | None = None
+) -> dict[str, Any]:
+    """Fit on own features (preprocessed with statistics of its own training rows; default:
+    standardise) and the received noisy labels; save the model in own store."""
+    frame, raw, raw_names = _read_features(ref)
     noisy = np.asarray(job.endpoint(ref.party).receive(job.labels_party, "noisy_labels"))
-    if noisy.shape != (len(X),):
-        raise LabelDPSetupError(f"received {noisy.shape} noisy labels for {len(X)} rows")
-    train, holdout = job.train_rows(len(X)), job.holdout_rows(len(X))
+    if noisy.shape != (len(raw),):
+        raise LabelDPSetupError(f"received {noisy.shape} noisy labels for {len(raw)} rows")
+    train, holdout = job.train_rows(len(raw)), job.holdout_rows(len(raw))
+    fitted = fit_local(raw[train], raw_names, preprocessing or PreprocessingSpec())
+    X = fitted.transform(raw, f"party {ref.party}, table {ref.table!r}")
+    names = fitted.output_names
     weights, intercept = linear_form(train_on_noisy_labels(X[train], noisy[train], job.loss))
     eps1, eps2 = job.split(len(X))
     record = ModelRecord.linear(
@@ -406,6 +427,7 @@ def train_model(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
         intercept,
         link="log" if job.loss == "poisson" else "identity",
         rows={"train": int(train.size), "held_out": int(holdout.size)},
+        preprocessing=fitted.to_dict(),
         extras={
             "loss": job.loss,
             "mechanism": {  # public parameters, plus what the noisy labels themselves show
@@ -450,5 +472,6 @@ def send_predictions(job: LabelDPJob, ref: TableRef) -> int:
     rows = job.holdout_rows(len(X))
     if rows.size == 0:
         rows = np.arange(len(X))
-    job.endpoint(ref.party).send(job.labels_party, "predictions", predict(model, X[rows]))
+    X = model_inputs(model, X[rows], f"party {ref.party}, table {ref.table!r}")
+    job.endpoint(ref.party).send(job.labels_party, "predictions", predict(model, X))
     return int(rows.size)

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 300
 OPTIONS = {"epsilon": 1.0, "label_range": [0, 20], "integer_labels": True}
+RAW = {"preprocessing": {"scaling": "none"}}  # the features as stored
 
 
 def make_parties(workspace: Path, budget: float | None = 3.0):
@@ -63,7 +64,7 @@ def ledger(labels: TableRef) -> PrivacyLedger:
 
 def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None:
     labels, features, X, y = make_parties(workspace)
-    result = run(labels, features, workspace, evaluate=True)
+    result = run(labels, features, workspace, evaluate=True, **RAW)
     assert not result["reused"] and result["rows"] == ROWS
 
     # the audit: one labels -> features message carries labels, and it is the stored release
@@ -125,7 +126,7 @@ def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None
     # budget: 1.0 of 3.0 spent, once; a re-run (even with the budget now used up) reuses it
     assert result["budget"]["epsilon_spent"] == pytest.approx(1.0)
     ledger(labels).set_budget(labels.table, 1.0, 0.0)
-    again = run(labels, features, workspace, evaluate=True)
+    again = run(labels, features, workspace, evaluate=True, **RAW)
     assert again["reused"] and again["release_key"] == result["release_key"]
     assert again["job_id"] == result["job_id"]
     np.testing.assert_array_equal(codec.loads(channel.read_raw(carrying[0])), noisy)
@@ -140,6 +141,37 @@ def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None
         run(labels, features, workspace, epsilon=0.5)
     assert messages(workspace) == before
     assert len(ledger(labels).spends(labels.table)) == 1
+
+
+def test_features_are_standardised_on_training_rows_and_the_model_carries_it(
+    workspace: Path,
+) -> None:
+    labels, features, X, _ = make_parties(workspace)
+    frame = PartyStore.of(features).read_table(features)
+    skewed = features.with_table("skewed")  # x1 in other units: times 1e3, shifted
+    PartyStore.of(features).import_frame(frame.assign(x1=frame["x1"] * 1e3 + 5e4), skewed)
+    plain = run(labels, features, workspace, evaluate=True)
+    scaled = run(labels, skewed, workspace, evaluate=True)
+    assert scaled["reused"] and scaled["job_id"] != plain["job_id"]  # one release, two models
+    assert scaled["metrics"]["test_mse"] == pytest.approx(plain["metrics"]["test_mse"], rel=1e-6)
+
+    # the stored statistics are the training rows' own, and applied by hand to the raw rows
+    # they give the predictions the features party sent for the held-out rows
+    model = ArtifactStore(PartyStore.of(features)).get(scaled["model_key"])
+    stats = {c["name"]: c for c in model["preprocessing"]["columns"]}
+    job = steps.LabelDPJob(scaled["job_id"], None, "registry", "clinic", 1.0, "squared", (0, 20))
+    train, holdout = job.train_rows(ROWS), job.holdout_rows(ROWS)
+    raw = X.copy()
+    raw[:, 1] = raw[:, 1] * 1e3 + 5e4
+    assert stats["x1"]["center"] == pytest.approx(raw[train, 1].mean())
+    assert stats["x1"]["scale"] == pytest.approx(raw[train, 1].std())
+    centers = np.array([stats[f]["center"] for f in model["features"]])
+    scales = np.array([stats[f]["scale"] for f in model["features"]])
+    weights = np.array([model["coefficients"][f] for f in model["features"]])
+    by_hand = (raw[holdout] - centers) / scales @ weights + model["intercept"]
+    channel = channel_for(scaled["job_id"], str(workspace))
+    [sent] = [r for r in channel.log() if r.kind == "predictions"]
+    np.testing.assert_allclose(codec.loads(channel.read_raw(sent)), by_hand, rtol=1e-9)
 
 
 @pytest.mark.parametrize(

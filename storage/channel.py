@@ -270,6 +270,9 @@ class FileTransport:
         while (data := self.folder.find(key)) is None:
             watchers.check_peers()
             if time.monotonic() >= deadline:
+                if watchers.patient(key):  # its sender is alive, busy with an earlier job
+                    deadline = time.monotonic() + timeout
+                    continue
                 raise MessageTimeoutError(
                     f"gave up after {timeout:g} s waiting for the {key.describe()}"
                 )

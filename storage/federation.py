@@ -256,6 +256,19 @@ class Federation:
             with self._lock:
                 self._waits.pop(token, None)
 
+    def patient(self, key: MessageKey) -> bool:
+        """A message of this job from a peer that is alive (heard within ``down_after``) and
+        still ``queued`` for this job (each party runs its jobs in the job file's order, so a
+        peer may be busy with an earlier one for longer than a receive timeout) is worth
+        waiting for past the timeout; anything else is judged by the timeout as before."""
+        view = self.peers.get(key.sender)
+        if view is None or view.status is None or view.heard is None or not self.digest:
+            return False
+        if watchers.terms_of(key.run) != self.digest:
+            return False  # not a message of this job
+        alive = time.time() - view.heard < self.down_after
+        return alive and view.status.state in ("queued", "agreeing", "approval")
+
     # ---- peers ------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise the job's failure, if any. Called by the waiting thread between its polls,

@@ -308,6 +308,9 @@ class GrpcTransport:
             except _RetryError as retry:
                 last = str(retry)
             remaining = deadline - time.monotonic()
+            if remaining <= 0 and watchers.patient(key):  # alive, busy with an earlier job
+                deadline = time.monotonic() + timeout
+                continue
             if remaining <= 0:
                 raise MessageTimeoutError(
                     f"party {self.party} gave up after {timeout:g} s waiting for the "

@@ -25,6 +25,10 @@ class Watcher(Protocol):
     def waiting(self, what: Any) -> contextlib.AbstractContextManager[None]:
         """Record that this party waits for ``what`` (a message key) while the block runs."""
 
+    def patient(self, what: Any) -> bool:
+        """Whether a wait for ``what`` that reached its timeout should go on: its sender is
+        alive and has not reached this job yet (busy with an earlier job of its own)."""
+
 
 _ACTIVE: list[Watcher] = []
 _TERMS: dict[str, str] = {}  # message job id ─▶ the agreed terms' digest
@@ -52,6 +56,12 @@ def check_peers() -> None:
     """Called between a wait's polls: raises the first active job's failure."""
     for watcher in list(_ACTIVE):
         watcher.check()
+
+
+def patient(key: Any) -> bool:
+    """Called when a wait reaches its timeout: ``True`` if an active job vouches for the
+    sender (alive, its side of this job not started yet), so the wait goes on."""
+    return any(watcher.patient(key) for watcher in list(_ACTIVE))
 
 
 @contextlib.contextmanager

@@ -175,6 +175,34 @@ def test_a_long_wait_refreshes_the_shown_state_from_the_waiting_thread(tmp_path:
     assert all("waiting for the 'gradient' message from guest" in doing for _, doing in shown)
 
 
+def test_a_wait_outlasts_its_timeout_while_the_sender_is_alive_and_queued(tmp_path: Path) -> None:
+    """A peer busy with an earlier job of its own (its side of this one still queued) is waited
+    for past the receive timeout; once it runs this job, the timeout holds again."""
+    transport = FileTransport(tmp_path)
+    terms = digest({"job": "label_dp"})
+    guest, host = (
+        Federation(transport, "job1", p, ("guest", "host"), digest=terms, interval=0.05)
+        for p in ("guest", "host")
+    )
+    guest.start("queued")
+    host.start("running")
+    channel = Channel(tmp_path, "job1-psi", transport)
+    try:
+        time.sleep(0.3)  # the host hears the guest once at least
+        with watchers.bound(["job1-psi"], terms):
+            threading.Timer(1.5, channel.endpoint("guest").send, ("host", "size", [7])).start()
+            started = time.monotonic()
+            assert channel.endpoint("host").receive("guest", "size", timeout=0.3) == [7]
+            assert time.monotonic() - started >= 1.4
+            guest.set_state("running")
+            time.sleep(0.3)
+            with pytest.raises(MessageTimeoutError):
+                channel.endpoint("host").receive("guest", "next", timeout=0.3)
+    finally:
+        guest.finish()
+        host.finish()
+
+
 def test_every_message_of_an_agreed_job_is_bound_to_its_terms(tmp_path: Path) -> None:
     """A message carries the digest of the terms its sender agreed; a receiver that agreed to
     other terms (or a sender outside the agreement) is refused, naming the sender."""

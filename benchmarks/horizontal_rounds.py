@@ -9,6 +9,7 @@ with their message endpoints (``privreg party serve``) over mutual TLS on loopba
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import subprocess
@@ -27,10 +28,19 @@ HOSPITALS = ("hospital_a", "hospital_b", "hospital_c")
 OPTIONS = {"local_epochs": 0, "learning_rate": 0.5, "l2": 0.001}
 
 
-def _tables(folder: Path) -> dict[str, TableRef]:
+def hospital_names(count: int) -> tuple[str, ...]:
+    return HOSPITALS if count == 3 else tuple(f"hospital_{i:02d}" for i in range(count))
+
+
+def _tables(folder: Path, count: int = 3) -> dict[str, TableRef]:
+    """The demo's three hospitals, or its 569 rows dealt round-robin to ``count`` hospitals."""
+    frames = [pd.read_csv(ROOT / "demo" / "horizontal" / f"{name}.csv") for name in HOSPITALS]
+    names = hospital_names(count)
+    if count != 3:
+        pooled = pd.concat(frames, ignore_index=True)
+        frames = [pooled.iloc[i::count] for i in range(count)]
     refs = {}
-    for name in HOSPITALS:
-        frame = pd.read_csv(ROOT / "demo" / "horizontal" / f"{name}.csv")
+    for name, frame in zip(names, frames, strict=True):
         (folder / name).mkdir(parents=True, exist_ok=True)
         ref = TableRef(
             database=str(folder / name / f"{name}.duckdb"),
@@ -43,6 +53,15 @@ def _tables(folder: Path) -> dict[str, TableRef]:
         PartyStore.of(ref).write_table(ref.table, frame)
         refs[name] = ref
     return refs
+
+
+def _per_round(history: list[dict[str, Any]]) -> float:
+    """Median seconds from one round's start to the next's: the whole round as the parties
+    live it (call, masked inputs, unmasking, model, the parties' checks and saves, the task
+    runs in between), start-up excluded."""
+    starts = [e["started_at"] for e in history]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    return statistics.median(gaps) if gaps else float("nan")
 
 
 def one_process(folder: Path, rounds: int) -> dict[str, float]:
@@ -62,27 +81,28 @@ def one_process(folder: Path, rounds: int) -> dict[str, float]:
     )
     wall = time.perf_counter() - started
     history = result["history"] if isinstance(result, dict) else result.result()["history"]
-    return {
-        "round": statistics.median(e["seconds"] for e in history),
-        "wall": wall / rounds,
-    }
+    return {"round": _per_round(history), "wall": wall / rounds}
 
 
-def party_processes(folder: Path, rounds: int, api: str) -> dict[str, float]:
-    """Coordinator and hospitals as their own processes: the same two figures, the wall time
-    from the coordinator's process start to its end."""
-    orgs = make_orgs(folder, ["coordinator", *HOSPITALS], receive_timeout=600)
-    refs = _tables(folder / "tables")
+def party_processes(folder: Path, rounds: int, api: str, count: int = 3) -> dict[str, float]:
+    """Coordinator and ``count`` hospitals as their own processes over mutual TLS: the
+    median round (start to next start) and the wall time per round from the coordinator's
+    process start to its end."""
+    names = hospital_names(count)
+    orgs = make_orgs(folder, ["coordinator", *names], receive_timeout=600)
+    refs = _tables(folder / "tables", count)
     extra = {"PREFECT_API_URL": api}
     servers = serve_all(orgs.values(), extra)
     runs: dict[str, subprocess.Popen[str]] = {}
-    common = ["--job", "bench-rounds", "--parties", ",".join(HOSPITALS)]
+    common = ["--job", f"bench-rounds-{count}", "--parties", ",".join(names)]
     common += ["--learning-rate", "0.5", "--l2", "0.001"]
+    threshold = str(count // 2 + 1)
     try:
         started = time.perf_counter()
-        coordinator_args = [*common, "--rounds", str(rounds), "--tol", "0", "--threshold", "2"]
+        coordinator_args = [*common, "--rounds", str(rounds), "--tol", "0"]
+        coordinator_args += ["--threshold", threshold]
         runs["coordinator"] = start(orgs["coordinator"], "horizontal", coordinator_args, extra)
-        for name in HOSPITALS:
+        for name in names:
             args = [*common, "--table", json.dumps(refs[name].to_dict())]
             runs[name] = start(orgs[name], "horizontal", args, extra)
         results: dict[str, Any] = {}
@@ -99,7 +119,7 @@ def party_processes(folder: Path, rounds: int, api: str) -> dict[str, float]:
                 process.terminate()
                 process.wait(timeout=10)
     history = results["coordinator"]["history"]
-    return {"round": statistics.median(e["seconds"] for e in history), "wall": wall / rounds}
+    return {"round": _per_round(history), "wall": wall / rounds}
 
 
 def fixed_costs(folder: Path, repeats: int = 30) -> dict[str, float]:
@@ -129,3 +149,67 @@ def fixed_costs(folder: Path, repeats: int = 30) -> dict[str, float]:
             con.execute("SELECT 1").fetchone()
         openings.append(time.perf_counter() - started)
     return {"task run": task_run, "store opening": statistics.median(openings)}
+
+
+def delivery_latency(folder: Path, repeats: int = 20) -> dict[str, float]:
+    """Median seconds from a send to the waiting receiver's return, on loopback, for the file
+    transport (one folder) and the mTLS gRPC transport (the sender's endpoint serves it)."""
+    import threading
+
+    from storage import certs
+    from storage.channel import Channel
+    from storage.party_config import PartyConfig
+    from storage.transport_grpc import GrpcTransport, serve
+
+    def measure(send: Any, receive: Any) -> float:
+        lags = []
+        for i in range(repeats):
+            sent: list[float] = []
+
+            def later(i: int = i, sent: list[float] = sent) -> None:
+                time.sleep(0.05)
+                sent.append(time.perf_counter())
+                send(i)
+
+            thread = threading.Thread(target=later)
+            thread.start()
+            receive(i)
+            lags.append(time.perf_counter() - sent[0])
+            thread.join()
+        return statistics.median(lags)
+
+    files = Channel(folder / "files", "delivery")
+    results = {
+        "file": measure(
+            lambda i: files.endpoint("bank").send("ads", "probe", [i], round=i),
+            lambda i: files.endpoint("ads").receive("bank", "probe", round=i, timeout=30),
+        )
+    }
+    ca = certs.create_ca(folder / "ca")
+
+    def config(name: str, peers: dict[str, int]) -> PartyConfig:
+        issued = certs.issue(ca, name, folder / "certs")
+        return PartyConfig(
+            party=name,
+            root=folder / name,
+            listen="127.0.0.1:0",
+            ca=ca.cert,
+            cert=issued.cert,
+            key=issued.key,
+            peers={p: f"127.0.0.1:{port}" for p, port in peers.items()},
+            receive_timeout=30.0,
+        )
+
+    bank = config("bank", {})
+    server, port = serve(bank)
+    try:
+        ads = config("ads", {"bank": port})
+        sender = Channel(bank.root, "delivery", GrpcTransport(bank)).endpoint("bank")
+        receiver = Channel(ads.root, "delivery", GrpcTransport(ads)).endpoint("ads")
+        results["mTLS gRPC"] = measure(
+            lambda i: sender.send("ads", "probe", [i], round=i),
+            lambda i: receiver.receive("bank", "probe", round=i, timeout=30),
+        )
+    finally:
+        server.stop(None)
+    return results

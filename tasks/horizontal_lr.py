@@ -381,8 +381,9 @@ _FEATURES: dict[tuple[str, str], list[str]] = {}
 
 def _mask(
     ref: TableRef, store: PartyStore, ctx: RoundContext, call: RoundCall, options: TrainingOptions
-) -> None:
-    """Compute the local update at the round's model and send it masked (once a round).
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Compute the local update at the round's model and send it masked (once a round);
+    returns that model and the party's stored record.
 
     The packed vector is ``[rows * update, rows * loss, rows]`` (FedAvg weights by rows), so
     the coordinator learns only the weighted means and the total row count. A party
@@ -413,17 +414,24 @@ def _mask(
             ArtifactStore(store).put(point_key, ctx.round, "secagg-point", con=con)
 
         start = secure_rounds.round_start(ctx.job, ctx.round, call.protocol, ref.party)
-        secure_rounds.party_mask(
+        record = secure_rounds.party_mask(
             store, ctx.job, ref.party, start, update.packed(), one_round_per_model
         )
+    return weights, record
 
 
-def _answer(ref: TableRef, store: PartyStore, ctx: RoundContext) -> None:
-    """Answer the coordinator's unmask request of the round (once)."""
+def _answer(
+    ref: TableRef, store: PartyStore, ctx: RoundContext, record: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Answer the coordinator's unmask request of the round (once); returns the party's new
+    record. With ``record`` (party mode: what its masking stored) it is stored with the
+    round's checkpoint instead (:func:`tasks.secure_rounds.party_answer` says why)."""
     endpoint = ctx.endpoint(ref.party)
     request = endpoint.receive(COORDINATOR, secure_rounds.REQUEST, round=ctx.round)
+    if record is not None:
+        return secure_rounds.party_answer(store, ctx.job, ref.party, ctx.round, request, record)
     with store.session():
-        secure_rounds.party_answer(store, ctx.job, ref.party, ctx.round, request)
+        return secure_rounds.party_answer(store, ctx.job, ref.party, ctx.round, request)
 
 
 @task(
@@ -507,18 +515,23 @@ def _finish(
     call: RoundCall,
     options: TrainingOptions,
     final: bool,
+    known: tuple[np.ndarray, dict[str, Any]] | None = None,
 ) -> None:
     """Receive the round's model, verify it (against the sum this party unmasked itself, if
     it helped), and checkpoint the round. After the last round, keep the model and shred the
-    job's secure-aggregation secrets."""
+    job's secure-aggregation secrets. ``known``: the round's model before and this party's
+    record, as its own earlier steps of the round left them (else read from its store)."""
     endpoint = ctx.endpoint(ref.party)
     message = endpoint.receive(COORDINATOR, "model", round=ctx.round)
     if message["round"] != ctx.round:
         raise RoundStateError(f"{ref.party}: the model message of round {ctx.round} is another's")
     features = _features(endpoint)
-    with store.session():
-        before = _weights_before(store, ctx, len(features), ref.party)
-        record = secure_rounds.load_record(store, ctx.job, ref.party)
+    if known is None:
+        with store.session():
+            before = _weights_before(store, ctx, len(features), ref.party)
+            record = secure_rounds.load_record(store, ctx.job, ref.party)
+    else:
+        before, record = known
     own_sum = secure_rounds.party_sum(
         ctx.job,
         ref.party,
@@ -532,6 +545,8 @@ def _finish(
     cps = checkpoints(store, ctx.job_id)
     with store.transaction() as con:
         cps.save(ctx.round, {"weights": weights, "change": message["change"]}, con=con)
+        if known is not None:  # the round's answer, stored with its checkpoint
+            secure_rounds.save_record(store, ctx.job, ref.party, record, con)
         if final:
             fitted = stored_fitted(ref.database, ctx.job_id)
             model = model_record(
@@ -619,6 +634,7 @@ def _commit_round(
                     "revealers": summed.responders,
                 }
                 cps.save(ctx.round, saved, con=con)
+            secure_rounds.remember(store, ctx.job, summed.record)
             _logger().info(
                 "round %d: loss %.6f from %d parties", ctx.round, entry["loss"], len(summed.senders)
             )
@@ -776,8 +792,7 @@ def _call_round(ctx: RoundContext, options: TrainingOptions, stop: bool = False)
     parties = list(ctx.parties)
     already = endpoint.sent(parties[0], "round", round=ctx.round)
     if already is None:
-        with store.session():
-            state = secure_rounds.coordinator_admit(store, ctx.job, {})
+        state = secure_rounds.coordinator_view(store, ctx.job)
         out = [p for p in parties if p not in state.active]
         if out and ctx.round > 0:
             back = secure_sum.collect(endpoint, secure_rounds.REJOIN, out, ctx.round - 1, 0, None)
@@ -891,10 +906,15 @@ def party_round(
             secure_rounds.party_rejoin(store, ctx.job, ref.party, round_)
     elif not model_out:
         secure_sum.party_fault(fault, round_, "mask_input")
-        _mask(ref, store, ctx, call, options)
+        before, record = _mask(ref, store, ctx, call, options)
+        active = call.protocol["active"] if call.protocol else []
+        secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.MASKED, active, round_)
         if _wait_for_request(ctx, ref.party):
             secure_sum.party_fault(fault, round_, "reveal_shares")
-            _answer(ref, store, ctx)
+            record = _answer(ref, store, ctx, record)  # stored with the checkpoint below
+            secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.RESPONSE, active, round_)
+            _finish(ref, store, ctx, call, options, False, (before, record))
+            return True
     _finish(ref, store, ctx, call, options, final=False)
     return True
 

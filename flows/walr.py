@@ -19,8 +19,12 @@ held-out rows (nothing of the training rows' features); the features party, only
 aggregates the summary publishes. Without a hold-out, ``evaluate=True`` scores every row,
 in-sample, and the summary says so.
 
-A re-run on unchanged tables and release parameters reuses the stored release and charges
-nothing; the labels party then only re-sends it.
+The features party preprocesses its own columns (``preprocessing``; default: standardise,
+binary mode never scales) with statistics of its training rows, before the clipping; they
+are saved with its model (see tasks/walr.py).
+
+A re-run on unchanged tables, preprocessing and release parameters reuses the stored release
+and charges nothing; the labels party then only re-sends it.
 
 ``walr`` runs both columns in one process (the embedded mode), one party's step after the
 other's. ``walr_party`` is one column, run by a party service at its own organisation: both
@@ -42,6 +46,7 @@ from prefect import flow, get_run_logger
 
 from core.dp.gaussian import validate_epsilon_delta
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
+from core.preprocessing import PreprocessingSpec
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import walr as steps
@@ -167,6 +172,7 @@ def _make_job(
     randomizer: str,
     holdout_fraction: float = 0.0,
     key: tuple[int, bool] = (2048, False),
+    preprocessing: PreprocessingSpec | None = None,
 ) -> steps.WalrJob:
     """The public job both parties hold: names, release parameters, fingerprints known so far,
     and ``key``: the labels party's key size and whether smaller keys are allowed (tests)."""
@@ -186,6 +192,7 @@ def _make_job(
         holdout_fraction=holdout_fraction,
         key_size=key[0],
         allow_insecure_key_size=key[1],
+        preprocessing=preprocessing or PreprocessingSpec(),
         **release,
     )
 
@@ -237,6 +244,7 @@ def walr(
     allow_noiseless_release_for_tests: bool = False,
     randomizer: str = DEFAULT_RANDOMIZER,
     holdout_fraction: float = 0.0,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train WALR: (epsilon, delta)-label-DP logistic regression from one noisy sum.
 
@@ -270,7 +278,10 @@ def walr(
         randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
         holdout_fraction: Share of rows (< 0.5) kept out of the release and scored for the
             summary's held-out AUC and log-loss (0: none; evaluate=True is then in-sample).
+        preprocessing: The job's preprocessing (default: standardise), fitted by the features
+            party on its own training rows before clipping; binary mode never scales.
     """
+    spec = PreprocessingSpec.from_dict(preprocessing)
     randomizer_mode(randomizer)
     validate_epsilon_delta(epsilon, delta)
     _check_options(
@@ -287,7 +298,10 @@ def walr(
     if features_ref.party == labels_ref.party:  # before anything is read or fingerprinted
         raise steps.WalrSetupError(f"both tables belong to {features_ref.party!r}")
     labels_view = steps.labels_only(labels_ref)
-    prints = {"features": fingerprint(features_ref), "labels": fingerprint(labels_view)}
+    prints = {
+        "features": steps.features_fingerprint(features_ref, spec),
+        "labels": fingerprint(labels_view),
+    }
     protected = protected_table or labels_ref.table
     release = {"epsilon": epsilon, "delta": delta, "mode": mode, "clip_norm": clip_norm}
     if job_id is None:
@@ -312,6 +326,7 @@ def walr(
         randomizer,
         holdout_fraction,
         (key_size, allow_insecure_key_size),
+        spec,
     )
     # each party's steps in turn, in the order the messages need
     checked = steps.check_labels_and_budget(job, labels_ref)  # before any computation
@@ -385,6 +400,7 @@ def walr_party(
     allow_noiseless_release_for_tests: bool = False,
     randomizer: str = DEFAULT_RANDOMIZER,
     holdout_fraction: float = 0.0,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One party's side of WALR; its result holds only what that party may see.
 
@@ -411,7 +427,10 @@ def walr_party(
         randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
         holdout_fraction: Share of rows (< 0.5) kept out of the release and scored at the
             labels party (both parties must pass the same; 0: none).
+        preprocessing: The job's preprocessing (default: standardise); only the features
+            party uses it, on its own training rows.
     """
+    spec = PreprocessingSpec.from_dict(preprocessing)
     if role not in ROLES:
         raise steps.WalrSetupError(f"role must be one of {ROLES}, got {role!r}")
     randomizer_mode(randomizer)
@@ -426,12 +445,12 @@ def walr_party(
         prints = (fingerprint(steps.labels_only(ref)), "")  # the features' arrives as a message
         names = (peer, ref.party, protected_table or ref.table)
     else:
-        prints = ("", fingerprint(ref))
+        prints = ("", steps.features_fingerprint(ref, spec))
         names = (ref.party, peer, "")
     job = _make_job(
         names[0], names[1], job_id, None, names[2], prints, release, noise,
         allow_noiseless_release_for_tests, randomizer, holdout_fraction,
-        (key_size, allow_insecure_key_size),
+        (key_size, allow_insecure_key_size), spec,
     )  # fmt: skip
     scored = evaluate or holdout_fraction > 0
     if role == "labels":

@@ -23,6 +23,13 @@ held-out rows and sends those scores only; the labels party compares them with i
 labels and publishes AUC and log-loss next to the class-prior baseline. Without a hold-out
 the same evaluation is opt-in (``evaluate``) and in-sample, on every row.
 
+Preprocessing (the job's ``preprocessing``; default: standardise) is the features party's
+alone: it fits imputation and scaling statistics on its own training rows and applies them to
+every row before the clipping and grid encoding (binary mode imputes but never scales), so no
+statistic leaves it and the label-DP guarantee, which is about labels, is unchanged. The
+fitted statistics are saved with the model, so scoring applies the same transform; the spec
+joins the features' salted fingerprint, so another transform is another release.
+
 Every randomised message (``[[y]]``, the masked sums) is sent once per job and the release is
 stored before it is sent, so a re-run of either party re-sends identical bytes.
 
@@ -43,10 +50,11 @@ import hashlib
 import json
 import math
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from phe import paillier
 from prefect import get_run_logger, task
 
@@ -62,6 +70,7 @@ from core.paillier.keys import (
     check_peer_modulus,
     generate_keypair,
 )
+from core.preprocessing import FittedPreprocessing, PreprocessingSpec, fit_local
 from core.walr import (
     WalrFeatures,
     WalrFit,
@@ -82,6 +91,7 @@ from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.secrets import SealedArtifacts, SecretGoneError
 from storage.workspace import channel_for
+from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
 from tasks.summaries import classifier_figures, holdout_scope, holdout_split, log_figures
@@ -121,6 +131,9 @@ class WalrJob:
     # receives against it before encrypting anything (core.paillier.keys.check_peer_modulus)
     key_size: int = DEFAULT_KEY_BITS
     allow_insecure_key_size: bool = False
+    # the features party's own preprocessing (fitted on its training rows, applied before the
+    # grid encoding); the labels party never uses it
+    preprocessing: PreprocessingSpec = field(default_factory=PreprocessingSpec)
 
     def split(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """``(training rows, held-out rows)``: both parties derive them from public values."""
@@ -222,12 +235,37 @@ def _labels(ref: TableRef) -> tuple[list[object], np.ndarray]:
     return frame[ref.id_column].tolist(), validate_labels(frame[ref.label_column])
 
 
-def _features(job: WalrJob, ref: TableRef) -> tuple[list[object], WalrFeatures]:
-    frame = PartyStore.of(ref).read_table(ref)
-    columns = frame.drop(columns=[ref.id_column])
+def effective_spec(spec: PreprocessingSpec, mode: str) -> PreprocessingSpec:
+    """Binary mode's 0/1 columns are never scaled (its sensitivity counts ones); imputation
+    and the declared missing values still apply."""
+    return replace(spec, scaling="none") if mode == "binary" else spec
+
+
+def features_fingerprint(ref: TableRef, spec: PreprocessingSpec) -> str:
+    """The table's salted fingerprint joined with the preprocessing asked for: another
+    transform makes another sum, so it must not reuse a stored release."""
+    text = json.dumps([fingerprint(ref), spec.to_dict()], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _features(
+    job: WalrJob, ref: TableRef
+) -> tuple[list[object], WalrFeatures, FittedPreprocessing]:
+    """The features party's rows, preprocessed with statistics of its own training rows
+    (nothing leaves the party), then clipped and grid-encoded, or checked to be 0/1."""
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=True)
+    names = [c for c in frame.columns if c != ref.id_column]
+    raw = frame[names].to_numpy(dtype=float)
+    train = job.split(len(raw))[0]
+    fitted = fit_local(raw[train], names, effective_spec(job.preprocessing, job.mode))
+    columns = pd.DataFrame(
+        fitted.transform(raw, f"party {ref.party}, table {ref.table!r}"),
+        columns=fitted.output_names,
+    )
+    ids = frame[ref.id_column].tolist()
     if job.mode == "binary":
-        return frame[ref.id_column].tolist(), prepare_binary_features(columns)
-    return frame[ref.id_column].tolist(), prepare_clipped_features(columns, job.clip_norm)
+        return ids, prepare_binary_features(columns), fitted
+    return ids, prepare_clipped_features(columns, job.clip_norm), fitted
 
 
 def public_shape(mode: str, rows: int, columns: int, clip_norm: float | None) -> WalrFeatures:
@@ -306,7 +344,7 @@ def check_features(job: WalrJob, ref: TableRef) -> dict[str, Any]:
             f"features table {ref.table!r} of {ref.party} declares label column "
             f"{ref.label_column!r}: in WALR only the labels party holds labels"
         )
-    ids, features = _features(job, ref)
+    ids, features, _ = _features(job, ref)
     endpoint = job.endpoint(ref.party)
     endpoint.send(job.labels_party, "id_order_digest", id_order_digest(job.job_id, ids))
     facts = FeaturesFacts(
@@ -415,7 +453,7 @@ def masked_sums(job: WalrJob, ref: TableRef) -> int:
     was made with. Sent once per job: a re-run keeps the sums (and mask) already sent.
     """
     endpoint = job.endpoint(ref.party)
-    _, features = _features(job, ref)
+    _, features, _ = _features(job, ref)
     units = features.grid_units()[job.split(features.n_rows)[0]]
 
     def masked() -> dict[str, Any]:
@@ -610,7 +648,7 @@ def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
             f"the release was masked in job {release['job_id']}, whose mask is not in "
             f"{ref.party}'s store; it cannot be unmasked"
         )
-    ids, features = _features(job, ref)
+    ids, features, fitted = _features(job, ref)
     width = len(features.column_names) + 1
     if not len(release["values"]) == len(masks) == width:
         raise WalrSetupError(f"the release has {len(release['values'])} sums, expected {width}")
@@ -627,6 +665,7 @@ def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
         fit.coef,
         fit.intercept,
         rows={"train": int(train.size), "held_out": int(held_out.size)},
+        preprocessing=fitted.to_dict(),
         extras={
             "converged": fit.converged,
             "n_iter": fit.n_iter,
@@ -660,7 +699,7 @@ def send_predictions(job: WalrJob, ref: TableRef) -> int:
     """The labels party receives the predicted probability of the held-out rows only (of
     every row, in-sample, when nothing is held out and evaluation was asked for)."""
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
-    _, features = _features(job, ref)
+    _, features, _ = _features(job, ref)
     train, held_out = job.split(features.n_rows)
     rows = held_out if held_out.size else train
     coefficients = [model["coefficients"][f] for f in model["features"]]

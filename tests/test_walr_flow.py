@@ -65,6 +65,7 @@ def run(features: TableRef, labels: TableRef, workspace: Path, **options: Any) -
         "delta": 1e-4,
         "mode": "clipped",
         "clip_norm": CLIP,
+        "preprocessing": {"scaling": "none"},  # the stored features (None: standardise)
         **FAST,
         **options,
     }
@@ -253,3 +254,38 @@ def test_held_out_rows_stay_out_of_the_release_and_are_scored_for_the_summary(
         assert quality[metric][1] == pytest.approx(baseline, rel=1e-5)
         assert quality[metric][2] == "60 held-out rows"
     assert result["metrics"]["log_loss"] == pytest.approx(expected["log-loss"][0])
+
+
+def test_standardised_by_default_on_training_rows_and_the_model_carries_it(
+    workspace: Path,
+) -> None:
+    features, labels, X, _ = parties(workspace, budget=(10.0, 1e-2))
+    OwnerPolicy(PartyStore.of(labels)).set("conversions", allow_noiseless_release=True)
+    frame = PartyStore.of(features).read_table(features)
+    skewed = features.with_table("skewed")  # x0 in other units: times 1e3, shifted
+    PartyStore.of(features).import_frame(frame.assign(x0=frame["x0"] * 1e3 + 5e4), skewed)
+    options = {"holdout_fraction": 0.2, "preprocessing": None, **NO_NOISE}
+    plain = run(features, labels, workspace, **options)
+    scaled = run(skewed, labels, workspace, **options)
+    assert not scaled["reused_release"]  # other features: another sum
+    for metric in ("auc", "log_loss"):
+        assert scaled["metrics"][metric] == pytest.approx(plain["metrics"][metric], abs=1e-3)
+    assert scaled["metrics"]["auc"] > 0.9
+
+    # the stored statistics are the training rows' own; applied by hand to the raw rows (then
+    # clipped as in training) they give the scores the features party sent
+    model = ArtifactStore(PartyStore.of(features)).get(scaled["model_key"])
+    stats = {c["name"]: c for c in model["preprocessing"]["columns"]}
+    train, held_out = holdout_split(ROWS, 0.2, "walr")
+    raw = X.copy()
+    raw[:, 0] = raw[:, 0] * 1e3 + 5e4
+    assert stats["x0"]["center"] == pytest.approx(raw[train, 0].mean())
+    assert stats["x0"]["scale"] == pytest.approx(raw[train, 0].std())
+    centers = np.array([stats[f]["center"] for f in model["features"]])
+    scales = np.array([stats[f]["scale"] for f in model["features"]])
+    prepared = prepare_clipped_features((raw - centers) / scales, CLIP)
+    weights = np.array([model["coefficients"][f] for f in model["features"]])
+    by_hand = WalrFit(weights, model["intercept"], True, 0).predict_proba(prepared.values)
+    channel = channel_for(scaled["job_id"], str(workspace))
+    [sent] = [r for r in channel.log() if r.kind == "predictions"]
+    np.testing.assert_allclose(codec.loads(channel.read_raw(sent)), by_hand[held_out], rtol=1e-9)

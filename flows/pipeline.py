@@ -187,7 +187,7 @@ def _stages(job: dict[str, Any], job_file: str, workspace: str | None, name: str
             + (" (release reused)" if release["reused_release"] else ""),
             release["job_id"],
         )
-        _promote([aligned[1]], "walr", release["job_id"], name)
+        promote_model(aligned[1], release["model_key"], name)  # the features party's
 
     for stage, sub_job in job.get("subjobs", {}).items():
         timer = _Timer(stages, stage, workspace)

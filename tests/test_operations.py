@@ -158,6 +158,13 @@ def _latest_like(env: dict[str, str], pattern: str) -> dict:
     return found[0]
 
 
+def _last_log_lines(env: dict[str, str], run_id: str, count: int = 15) -> list[str]:
+    """A failed run's last log lines (its error), for the assertion message."""
+    logs = api(env, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}},
+                                      "sort": "TIMESTAMP_DESC", "limit": count})  # fmt: skip
+    return [entry["message"][-400:] for entry in reversed(logs)]
+
+
 def _wait(env: dict[str, str], run_id: str, timeout: float = 600) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -209,6 +216,7 @@ def _run_all(
         assert finished[name]["state"]["type"] == "COMPLETED", (
             name + suffix,
             finished[name]["state"],
+            _last_log_lines(env, run["id"]),
         )
     return finished
 

@@ -250,7 +250,7 @@ def multiround_rows(sizes: Sequence[tuple[int, int]], rounds: int) -> list[list[
 ROUND_TARGETS = {3: 0.25, 10: 0.5}
 
 
-def flow_rows(rounds: int) -> None:
+def flow_rows(rounds: int, one_process_too: bool = True) -> None:
     """The flows' seconds per round: one process, and 3 and 10 hospital processes with the
     coordinator over mTLS, all against one Prefect API; and the fixed costs a round pays."""
     import tempfile
@@ -271,20 +271,22 @@ def flow_rows(rounds: int) -> None:
         api = str(PREFECT_API_URL.value())
         costs = fixed_costs(Path(tmp))
         delivery = delivery_latency(Path(tmp) / "delivery")
-        single = one_process(Path(tmp) / "one", rounds)
+        single = one_process(Path(tmp) / "one", rounds) if one_process_too else None
         parties = {
             n: party_processes(Path(tmp) / f"parties-{n}", rounds, api, n) for n in ROUND_TARGETS
         }
     load = os.getloadavg()[0]
     print(f"\n## horizontal_lr, seconds per round, {rounds} rounds (load average {load:.1f})\n")
-    rows = [
-        [
-            "one process, 3 hospitals (file channel)",
-            f"{single['round']:.3f}",
-            "-",
-            f"{single['wall']:.2f}",
-        ]
-    ]
+    rows = []
+    if single is not None:
+        rows.append(
+            [
+                "one process, 3 hospitals (file channel)",
+                f"{single['round']:.3f}",
+                "-",
+                f"{single['wall']:.2f}",
+            ]
+        )
     for n, figures in parties.items():
         met = "yes" if figures["round"] <= ROUND_TARGETS[n] else "no"
         rows.append(
@@ -301,12 +303,13 @@ def flow_rows(rounds: int) -> None:
     print(
         f"\nfixed costs here (medians): a Prefect task run {task_ms:.1f} ms, opening a party's "
         f"DuckDB store {store_ms:.1f} ms. Budget of a party-mode round: 1 task run per process "
-        f"(coordinator and each hospital, in parallel), 3 store openings at a hospital (mask, "
-        f"answer, save) and 3 at the coordinator (call, add, commit): about "
-        f"{task_ms + 3 * store_ms:.0f} ms of fixed cost on each process's critical path, the "
-        "rest is messages (4 one-way hops a round: call, masked input, unmask request, answer, "
-        "plus the model) and the cryptography. A one-process round runs 3n + 3 task runs (mask, "
-        "answer and save per hospital, the call, the addition, the update)."
+        "(coordinator and each hospital, in parallel) and no store opening (each process holds "
+        "its store open through the rounds), 2 commits on the coordinator's path (the added "
+        "inputs, the round) and 2 at each hospital (its masked input, the checkpoint with its "
+        f"answer): about {task_ms:.0f} ms plus 4 commits of fixed cost, the rest is messages (4 "
+        "one-way hops: call, masked input, unmask request, answer, then the model) and the "
+        "cryptography. A one-process round runs 3n + 3 task runs (mask, answer and save per "
+        "hospital, the call, the addition, the update)."
     )
     print("\n## A message from send to the waiting receiver, loopback (target 50 ms)\n")
     rows = [[name, f"{seconds * 1000:.1f}"] for name, seconds in delivery.items()]
@@ -327,9 +330,12 @@ def main() -> None:
     parser.add_argument(
         "--flows-only", action="store_true", help="only the flows' seconds per round"
     )
+    parser.add_argument(
+        "--parties-only", action="store_true", help="only the party-process flows' rounds"
+    )
     args = parser.parse_args()
-    if args.flows_only:
-        flow_rows(args.rounds)
+    if args.flows_only or args.parties_only:
+        flow_rows(args.rounds, one_process_too=not args.parties_only)
         return
 
     print("## Multi-round secure sum in the core (one process, 10% dropped per round)\n")

@@ -51,6 +51,7 @@ from core.preprocessing import PreprocessingSpec
 from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.party_config import active_config
+from storage.party_store import PartyStore
 from storage.workspace import derive_job_id
 from tasks import horizontal_lr as steps
 from tasks import preprocessing as pre
@@ -526,16 +527,17 @@ def horizontal_lr_coordinator(
     ran = 0
     watch = _LossWatch(job_id, workspace, start)
     left_out: list[list[str]] = []  # per round run, who was not waited for
-    for round_ in range(start, rounds):
-        if converged:
-            break
-        # one task run per round: call, masked inputs, unmasking, model
-        done = steps.coordinator_round(round_ctx(round_), options)
-        left_out.append(done["left_out"])
-        entry = done["entry"]
-        watch.check(round_, entry["loss"])
-        ran, converged = ran + 1, entry["change"] < tol
-        progress.update(rounds if converged else round_ + 1)
+    with steps.store_held(steps.coordinator_store(workspace)):  # no opening per step
+        for round_ in range(start, rounds):
+            if converged:
+                break
+            # one task run per round: call, masked inputs, unmasking, model
+            done = steps.coordinator_round(round_ctx(round_), options)
+            left_out.append(done["left_out"])
+            entry = done["entry"]
+            watch.check(round_, entry["loss"])
+            ran, converged = ran + 1, entry["change"] < tol
+            progress.update(rounds if converged else round_ + 1)
     model = steps.coordinator_model(job_id, workspace)
     steps.stop_parties(round_ctx(model["rounds"]), options)
     _publish(job_id, model, workspace)
@@ -608,8 +610,9 @@ def horizontal_lr_party(
     provisional = secagg.default_threshold(len(names))  # the call states the job's own
     first = steps.round_context(job_id, round_, names, provisional, len(features))
     steps.join_rounds(ref, first)
-    while steps.party_round(ref, job_id, round_, names, options, inject_fault):
-        round_ += 1
+    with steps.store_held(PartyStore.of(ref)):  # no opening of its database per step
+        while steps.party_round(ref, job_id, round_, names, options, inject_fault):
+            round_ += 1
     model = steps.keep_model(ref, job_id)
     steps.forget_rounds(ref, job_id, names)
     summary = horizontal_party_summary(job_id, ref, model, holdout_fraction)

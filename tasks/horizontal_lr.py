@@ -6,9 +6,9 @@ masking, keys agreed once per job), wired to the stores and the channel by
 masked local update, the coordinator's model update, the parties' check of it and the round
 checkpoints. Each party step opens only that party's store and channel endpoint; the
 coordinator is a logical party with its own store. In the one-process flow each stage is a
-task run per party; in party mode a process's whole round is one task run (a round's fixed
-cost is what the protocol's messages cost, not Prefect's), and a step holds its database
-open for its burst of reads and writes only, never while it waits for a message.
+task run per party; in party mode a process's whole round is one task run, and the process
+holds its database open through the rounds (:func:`store_held`): a round's fixed cost is
+then its messages and a few commits, not Prefect's or DuckDB's openings.
 
 Across rounds (a coordinator unmasking one party by broadcasting the same model twice, then
 claiming that party dropped): each party checks that the model it is sent is exactly the
@@ -32,6 +32,8 @@ import hashlib
 import secrets
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -967,6 +969,20 @@ def _await_stage(
     answered = [p for p in live if p in found]
     secure_rounds.require_senders(ctx.job, ctx.round, stage, answered, gone)
     return answered
+
+
+@contextmanager
+def store_held(store: PartyStore) -> Iterator[None]:
+    """Party mode: keep this process's database open through the training rounds.
+
+    Why: opening a DuckDB database (and checkpointing it on close) cost 0.5 s and more here
+    under load, several times a round's own work; with it held, a step's read costs a few
+    milliseconds and a commit tens. Each step still commits its own transaction before it
+    sends (a kill -9 loses nothing committed). The price: DuckDB lets one process write a
+    file at a time, so another process wanting this party's database (the CLI, another job
+    of the same party) waits until the rounds end."""
+    with store.session():
+        yield
 
 
 def stop_parties(ctx: RoundContext, options: TrainingOptions) -> None:

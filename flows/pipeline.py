@@ -177,7 +177,11 @@ def _stages(job: dict[str, Any], job_file: str, workspace: str | None, name: str
     if "walr" in job:  # the host's features, the guest's labels (its own features unused)
         timer = _Timer(stages, "walr", workspace)
         release = walr(  # charged by the label owner to its source table
-            aligned[1].to_dict(), aligned[0].to_dict(), workspace=workspace, **job["walr"]
+            aligned[1].to_dict(),
+            aligned[0].to_dict(),
+            workspace=workspace,
+            preprocessing=spec.to_dict(),
+            **job["walr"],
         )
         auc = release["metrics"].get("auc")
         timer.done(

@@ -297,7 +297,7 @@ def _main_stages(job: PartyJob) -> Iterator[StageResult]:
         side = "labels" if role == "guest" else "features"
         yield from _stage(
             job, "walr", side, walr_party, aligned, side, peer, job.job_id("walr"),
-            **job.spec["walr"],
+            preprocessing=job.preprocessing().to_dict(), **job.spec["walr"],
         )  # fmt: skip
 
 
@@ -315,7 +315,8 @@ def _label_dp_stages(job: PartyJob) -> Iterator[StageResult]:
         )  # fmt: skip
         yield from _stage(
             job, "label_dp", side, label_dp_party, psi["aligned"], side, peer,
-            job.job_id("label_dp"), **job.spec["label_dp"],
+            job.job_id("label_dp"), preprocessing=job.preprocessing().to_dict(),
+            **job.spec["label_dp"],
         )  # fmt: skip
 
 

@@ -50,6 +50,7 @@ from core import secagg
 from storage.artifacts import ArtifactStore
 from storage.channel import ChannelError, MessageConflictError, PartyEndpoint
 from storage.descriptor import TableRef
+from storage.federation import PeerFailedError
 from storage.ledger import BudgetError
 from storage.party_store import PartyStore
 from storage.secrets import JobSecrets, SecretGoneError
@@ -271,7 +272,7 @@ def _receive(endpoint: PartyEndpoint, party: str, kind: str, round_: int, wait: 
     asked = time.monotonic()
     try:
         return endpoint.receive(party, kind, round=round_, timeout=wait)
-    except MessageConflictError:
+    except (MessageConflictError, PeerFailedError):  # a peer's failure ends the wait at once
         raise
     except ChannelError:
         if wait > 0 and time.monotonic() - asked < wait / 2:  # refused at once, not a timeout

@@ -17,6 +17,11 @@ Horizontal LR (``jobs/horizontal_demo.json``: three hospitals and a coordinator,
   naming the missing ones, and the time from its exit to the surviving hospital's exit is
   measured (target: under 10 s). The failed hospitals end nobody's side: their failure is a
   dropout the protocol's threshold judges.
+* rounds with a dropped hospital against none: the coordinator and three hospitals as
+  ``privreg party horizontal`` processes, 10 rounds; in one run hospital_c is killed before it
+  masks in round 2 and stays gone. The median round (one round's start to the next's) of
+  rounds 3-9 of that run against the same rounds of an undisturbed run (target: within 1.5x);
+  round 2 itself waits out the stage deadline (5 s here) and is shown apart.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.horizontal_rounds import HOSPITALS, _tables
 from core.lifetime import descendants
-from demo.orgs import Org, serve_all, start
+from demo.orgs import Org, make_orgs, serve_all, start
 from demo.parties import prepare, small_main_job
 from flows.jobs import read_job
 
@@ -162,7 +168,9 @@ def wait_all(running: dict[str, subprocess.Popen], patience: float) -> dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sections", default="main,horizontal", help="comma-separated")
+    parser.add_argument(
+        "--sections", default="main,horizontal,dropped", help="comma-separated, of these three"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the folders and logs")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
@@ -174,6 +182,8 @@ def main() -> None:
             main_job(root, logs, args.repeats)
         if "horizontal" in sections:
             horizontal_job(root, logs, args.repeats)
+        if "dropped" in sections:
+            dropped_job(root, args.repeats)
     finally:
         if args.keep:
             print(f"folders and logs kept in {root}")
@@ -219,6 +229,56 @@ def horizontal_job(root: Path, logs: Path, repeats: int) -> None:
     what = "coordinator below threshold -> survivor's exit"
     print(f"{what:<48} {statistics.median(survivors):8.1f}  < 10 s")
     print("each run:", [round(x, 1) for x in survivors])
+
+
+def rounds_with_a_drop(folder: Path, drop: bool, rounds: int = 10) -> dict[int, float]:
+    """Seconds of each round (its start to the next's) of horizontal LR as processes; with
+    ``drop``, hospital_c is killed before it masks in round 2."""
+    orgs = make_orgs(folder, ["coordinator", *HOSPITALS], receive_timeout=600)
+    refs = _tables(folder / "tables")
+    servers = serve_all(orgs.values(), PATIENCE)
+    common = ["--job", "bench-drop", "--parties", ",".join(HOSPITALS), "--learning-rate", "0.5"]
+    running: dict[str, subprocess.Popen] = {}
+    try:
+        running["coordinator"] = start(
+            orgs["coordinator"], "horizontal",
+            [*common, "--rounds", str(rounds), "--tol", "0", "--threshold", "2",
+             "--stage-timeout", "5"], PATIENCE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for name in HOSPITALS:
+            fault = ["--inject-fault", "2:mask_input:kill"] if drop and name == "hospital_c" else []
+            args = [*common, "--table", json.dumps(refs[name].to_dict()), *fault]
+            running[name] = start(
+                orgs[name], "horizontal", args, PATIENCE, stderr=subprocess.DEVNULL
+            )
+        out, _ = running["coordinator"].communicate(timeout=1800)
+        if running["coordinator"].returncode:
+            raise RuntimeError("the coordinator failed")
+    finally:
+        for process in [*running.values(), *servers]:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=60)
+    history = json.loads(out.strip().splitlines()[-1])["history"]
+    starts = [entry["started_at"] for entry in history]
+    return {k: starts[k + 1] - starts[k] for k in range(len(starts) - 1)}
+
+
+def dropped_job(root: Path, repeats: int) -> None:
+    none = [rounds_with_a_drop(root / f"none{i}", drop=False) for i in range(repeats)]
+    gone = [rounds_with_a_drop(root / f"drop{i}", drop=True) for i in range(repeats)]
+    later = range(3, 9)  # rounds 3-8: the gap from a round's start to the next round's start
+
+    def median_of(runs: list[dict[int, float]], keys: range | list[int]) -> float:
+        return statistics.median(run[k] for run in runs for k in keys)
+
+    normal, dropped = median_of(none, later), median_of(gone, later)
+    print(f"\nhorizontal LR processes, 3 hospitals, 10 rounds, median of {repeats} run(s)")
+    print(f"{'what':<48} {'seconds':>8}  target")
+    print(f"{'a round, nobody dropped (rounds 3-8)':<48} {normal:8.2f}")
+    print(f"{'a round, hospital_c gone since round 2 (3-8)':<48} {dropped:8.2f}")
+    print(f"{'ratio':<48} {dropped / normal:8.2f}  < 1.5")
+    print(f"{'round 2 itself (waits the 5 s stage deadline)':<48} {median_of(gone, [2]):8.2f}")
 
 
 def stop(servers: list[subprocess.Popen]) -> None:

@@ -151,6 +151,7 @@ def _stages(job: dict[str, Any], job_file: str, workspace: str | None, name: str
         refs["host"].to_dict(),
         min_rows=job.get("psi", {}).get("min_rows", 100),
         workspace=workspace,
+        **({"protocol": job["psi"]["protocol"]} if "protocol" in job.get("psi", {}) else {}),
     )
     sizes = alignment["set_sizes"]
     timer.done(

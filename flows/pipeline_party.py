@@ -146,6 +146,14 @@ class PartyJob:
             return spec
         return spec.with_party(self.spec["parties"][key].get("preprocessing"))
 
+    def psi_options(self) -> dict[str, Any]:
+        """The PSI stage's options of the job file (``min_rows``, ``protocol``)."""
+        psi = self.spec.get("psi", {})
+        return {
+            "min_rows": psi.get("min_rows", 100),
+            **({"protocol": psi["protocol"]} if "protocol" in psi else {}),
+        }
+
     def stages(self) -> tuple[str, ...]:
         """The stages whose message job ids this job uses (see :meth:`job_id`)."""
         return {"main": ("psi", "vertical", "walr"), "label_dp": ("psi", "label_dp")}.get(
@@ -284,7 +292,7 @@ def _main_stages(job: PartyJob) -> Iterator[StageResult]:
     if role is not None:
         psi = yield from _stage(
             job, "psi", role, psi_align_party, own[role].to_dict(), peer, job.job_id("psi"),
-            min_rows=job.spec.get("psi", {}).get("min_rows", 100),
+            **job.psi_options(),
         )  # fmt: skip
         aligned = psi["aligned"]
     if "vertical" in job.spec and (role is not None or job.party == arbiter):
@@ -311,7 +319,7 @@ def _label_dp_stages(job: PartyJob) -> Iterator[StageResult]:
         peer = parties["host"] if role == "guest" else parties["guest"]
         psi = yield from _stage(
             job, "psi", role, psi_align_party, ref.to_dict(), peer, job.job_id("psi"),
-            min_rows=job.spec.get("psi", {}).get("min_rows", 100),
+            **job.psi_options(),
         )  # fmt: skip
         yield from _stage(
             job, "label_dp", side, label_dp_party, psi["aligned"], side, peer,

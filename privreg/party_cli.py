@@ -17,7 +17,9 @@ privreg party pipeline --config party.toml --job-file JOB.json [--run RUN]
     this party's stages of a whole job file (the same file at every organisation)
 
 A command under ``party`` runs as the configured party only: its channel is its own folder and
-the network, and it is given no other party's path.
+the network, and it is given no other party's path. Each protocol command runs as this party's
+side of its job (``privreg/party_sides.py``): its peers hear its state and its failure, and it
+ends within seconds when one of them fails.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ import signal
 import threading
 from pathlib import Path
 from typing import Any
+
+from privreg import party_sides as sides
+from privreg.party_sides import as_side
 
 
 def _certs(args: argparse.Namespace) -> None:
@@ -322,7 +327,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     psi.add_argument(
         "--protocol", choices=["kkrt", "ecdh"], default="kkrt", help="both parties pass the same"
     )
-    psi.set_defaults(handler=_psi)
+    psi.set_defaults(handler=as_side(_psi, sides.two_parties))
     walr = _one_release_parser(actions, "walr", "this party's side of walr")
     walr.add_argument("--epsilon", type=float, required=True, help="of the one release, > 0")
     walr.add_argument("--delta", type=float, required=True, help="of the one release, (0, 1)")
@@ -334,7 +339,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     walr.add_argument("--protected-table", help="the labels table or its source (labels)")
     walr.add_argument("--randomizer", help="Paillier obfuscators: full, short or standard")
     walr.add_argument("--holdout-fraction", type=float, help="both parties must pass the same")
-    walr.set_defaults(handler=_walr)
+    walr.set_defaults(handler=as_side(_walr, sides.two_parties))
     label_dp = _one_release_parser(actions, "label-dp", "this party's side of label DP")
     label_dp.add_argument("--epsilon", type=float, help="the labels party's (required there)")
     label_dp.add_argument("--loss", help=f"squared, absolute or poisson; {FLOW_DEFAULT}")
@@ -350,7 +355,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     label_dp.add_argument("--holdout-fraction", type=float, help=f"rows held out; {FLOW_DEFAULT}")
     label_dp.add_argument("--seed", type=int, help=f"seeds the hold-out; {FLOW_DEFAULT}")
-    label_dp.set_defaults(handler=_label_dp)
+    label_dp.set_defaults(handler=as_side(_label_dp, sides.two_parties))
     hlr = actions.add_parser("horizontal", help="a hospital's or the coordinator's side")
     hlr.add_argument("--config", required=True, help=CONFIG_HELP)
     hlr.add_argument("--job", required=True, help="the job id every party agreed on")
@@ -378,7 +383,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     hlr.add_argument("--holdout-fraction", type=float, default=0.0, help="own rows (hospitals)")
     hlr.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "<round>:<stage>:kill"
-    hlr.set_defaults(handler=_horizontal)
+    hlr.set_defaults(handler=as_side(_horizontal, sides.hospitals))
     vertical = actions.add_parser("vertical", help="this party's side of vertical_lr")
     vertical.add_argument("--config", required=True, help=CONFIG_HELP)
     vertical.add_argument("--job", required=True, help="the job id every party agreed on")
@@ -391,7 +396,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     vertical.add_argument("--arbiter", default="arbiter", help="the arbiter's party name")
     vertical.add_argument("--no-arbiter", action="store_true", help="two-party mode")
     vertical.add_argument("--options", help="shared training options (JSON or file)")
-    vertical.set_defaults(handler=_vertical)
+    vertical.set_defaults(handler=as_side(_vertical, sides.vertical))
     pipeline = actions.add_parser("pipeline", help="this party's stages of a whole job file")
     pipeline.add_argument("--config", required=True, help=CONFIG_HELP)
     pipeline.add_argument("--job-file", required=True, help="the job file every party holds")
@@ -413,4 +418,4 @@ def register(commands: argparse._SubParsersAction) -> None:
         "columns at start, naming the missing ones in the log every 5 s)",
     )
     lda.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "0:<stage>:kill"
-    lda.set_defaults(handler=_sparse_lda)
+    lda.set_defaults(handler=as_side(_sparse_lda, sides.hospitals))

@@ -33,7 +33,7 @@ lint: $(STAMP)
 
 test: lint
 	mkdir -p "$(PREFECT_HOME)"
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 bench-psi: $(STAMP)
 	$(BIN)/python -m pip install --quiet "openmined-psi==2.0.6"

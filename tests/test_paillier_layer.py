@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import secrets
 
 import gmpy2
 import numpy as np
 import pytest
 from gmpy2 import mpz
+from phe import paillier
 
 from core.paillier import (
     KeyFormatError,
@@ -168,3 +170,20 @@ def test_process_pool_gives_the_serial_results(keypair, rng, monkeypatch):
     assert (
         cipher.decrypt(private_key, on_pool) == (X.T.astype(object) @ np.array(d, object)).tolist()
     )
+
+
+def _encrypt_in_a_child() -> None:
+    public, _ = paillier.generate_paillier_keypair(n_length=512)
+    cipher.encrypt(public, list(range(600)), randomizer="standard")  # large: the process pool
+
+
+def test_a_multiprocessing_child_that_used_the_pool_exits() -> None:
+    """Prefect's runner starts each flow run as a multiprocessing child; its exit must not wait
+    forever on the pool's idle workers (a served deployment's process never ended)."""
+    child = multiprocessing.get_context("spawn").Process(target=_encrypt_in_a_child)
+    child.start()
+    child.join(120)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0

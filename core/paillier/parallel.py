@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.context
+import multiprocessing.util
 import os
 import sys
 import threading
@@ -138,6 +139,10 @@ class ProcessBackend:
                 initializer=exit_with,
                 initargs=(os.getpid(),),
             )
+            # shut down before multiprocessing joins this process's children at its exit: a
+            # process that is itself a multiprocessing child (Prefect's runner starts each
+            # flow run so) would otherwise wait forever for the idle workers
+            multiprocessing.util.Finalize(self, self._end_workers, exitpriority=10)
         return self._executor
 
     def run(
@@ -157,6 +162,14 @@ class ProcessBackend:
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+
+    def _end_workers(self) -> None:
+        """At this process's exit: the idle workers are ended outright (an orderly shutdown
+        from inside multiprocessing's own exit hook waits on them forever), then reaped."""
+        if self._executor is not None:
+            for worker in list(getattr(self._executor, "_processes", {}).values()):
+                worker.terminate()
+            self.close()
 
     def __enter__(self) -> ProcessBackend:
         return self

@@ -160,15 +160,7 @@ def _stage(
     found = secure_sum.collect(ctx.endpoint(COORDINATOR), kind, heard, ctx.round, deadline)
     late = f"no answer within {ctx.stage_timeout:g} s"
     missing = {p: failed.get(p, late) for p in live if p not in found}
-    for party, why in missing.items():
-        get_run_logger().warning(
-            "round %d of job %s: %s dropped out at %s (%s)",
-            ctx.round,
-            ctx.job_id,
-            party,
-            stage,
-            why,
-        )
+    secure_sum.log_dropouts(ctx.round, ctx.job_id, stage, missing)
     gone.update(missing)
     answered = [p for p in live if p in found]
     secure_rounds.require_senders(ctx.job, ctx.round, stage, answered, gone)

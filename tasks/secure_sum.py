@@ -748,7 +748,7 @@ def run_stage(
     late = f"no answer within {ctx.stage_timeout:g} s"
     missing = {p: failed.get(p, late) for p in parties if p not in answered}
     outcome = StageOutcome(answered, missing)
-    _log_dropouts(ctx, stage, outcome)
+    log_dropouts(ctx.round, ctx.job_id, stage, outcome.missing)
     return outcome
 
 
@@ -790,15 +790,11 @@ def run_party_steps(
     return answered, failed
 
 
-def _log_dropouts(ctx: SumContext, stage: str, outcome: StageOutcome) -> None:
-    for party, why in outcome.missing.items():
+def log_dropouts(round_: int, job_id: str, stage: str, missing: Mapping[str, str]) -> None:
+    """One warning per party that dropped out of a stage, with why (every secure-sum driver)."""
+    for party, why in missing.items():
         get_run_logger().warning(
-            "round %d of job %s: %s dropped out at %s (%s)",
-            ctx.round,
-            ctx.job_id,
-            party,
-            stage,
-            why,
+            "round %d of job %s: %s dropped out at %s (%s)", round_, job_id, party, stage, why
         )
 
 
@@ -862,7 +858,7 @@ def drive_session(
         found = gather(endpoint, ctx, kind, [p for p in live if p not in failed], deadline)
         late = f"no answer within {ctx.stage_timeout:g} s"
         outcome = StageOutcome(found, {p: failed.get(p, late) for p in live if p not in found})
-        _log_dropouts(ctx, stage, outcome)
+        log_dropouts(ctx.round, ctx.job_id, stage, outcome.missing)
         gone.update(outcome.missing)
         answered = require_threshold(ctx, stage, outcome, gone)
         faults.crash_point(ctx.round, stage)

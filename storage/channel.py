@@ -23,12 +23,12 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from storage import codec, watchers
+from storage import codec, folder_watch, watchers
 
 # Names are path components and are joined with "__": they start and end with a letter or digit
 # and never hold "__" or "..", so "<sender>__<receiver>__<kind>" splits one way only.
@@ -131,6 +131,9 @@ class Transport(Protocol):
     def put(self, key: MessageKey, data: bytes) -> None:
         """Store (and make available to ``key.receiver``) durably; idempotent, refuses conflicts."""
 
+    def put_many(self, keys: Sequence[MessageKey], data: bytes) -> None:
+        """:meth:`put` of the same bytes under several keys (a broadcast), synced once."""
+
     def get(self, key: MessageKey, timeout: float) -> bytes:
         """The message's bytes, waiting up to ``timeout`` seconds (:class:`MessageTimeoutError`)."""
 
@@ -151,6 +154,19 @@ class MessageFolder:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self._made: set[Path] = set()  # folders known to exist (a round's folder is reused)
+
+    def _in_folder(self, folder: Path, action: Callable[[], Any]) -> Any:
+        """``action()``, which creates a file in ``folder``, making the folder first if this
+        process has not seen it (or it was removed since)."""
+        if folder in self._made:
+            try:
+                return action()
+            except FileNotFoundError:
+                self._made.discard(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._made.add(folder)
+        return action()
 
     def path(self, key: MessageKey) -> Path:
         return self.root / key.relative_path()
@@ -162,36 +178,100 @@ class MessageFolder:
     def staging(self, key: MessageKey) -> Path:
         """A fresh temporary file beside the message's place (same file system, for rename)."""
         folder = self.path(key).parent
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        fd, tmp = self._in_folder(folder, lambda: tempfile.mkstemp(dir=folder, prefix=".tmp-"))
         os.close(fd)
         return Path(tmp)
 
     def put(self, key: MessageKey, data: bytes) -> None:
-        tmp = self.staging(key)
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-        self.commit(key, tmp)
+        self.put_many([key], data)
 
-    def commit(self, key: MessageKey, tmp: Path) -> None:
-        """Move a fully written ``tmp`` into place, unless the key holds other bytes (refused).
+    def put_many(self, keys: Sequence[MessageKey], data: bytes) -> None:
+        """The same bytes under every key (one message per receiver), durable before any is
+        visible: one file written and synced, linked under each name, each folder synced.
 
-        ``os.link`` creates the name only if it does not exist, so two writers cannot race.
+        Why one file: a broadcast (a round's call, a masked input for the coordinator and
+        every peer) would otherwise pay a sync per receiver, ~8 ms each on a common disk.
+        A key already holding the same bytes is left as it is (idempotent); one holding other
+        bytes is refused with :class:`MessageConflictError` once the others are in place.
         """
+        if not keys:
+            return
+        tmp = self.staging(keys[0])
         try:
-            with open(tmp, "rb+") as handle:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
                 os.fsync(handle.fileno())
-            try:
-                os.link(tmp, self.path(key))
-                _fsync_folder(tmp.parent)  # the new name survives a crash too
-            except FileExistsError:
-                if _digest(self.path(key)) != _digest(tmp):
-                    raise MessageConflictError(
-                        f"refused: a different payload for the {key.describe()}, which was "
-                        "already sent with other content (a message is never replaced)"
-                    ) from None
+            expected = hashlib.sha256(data).hexdigest()
+            linked, conflict = set(), None
+            for key in keys:
+                if self._link(tmp, key):
+                    linked.add(self.path(key).parent)
+                elif conflict is None and _digest(self.path(key)) != expected:
+                    conflict = key
+            for folder in linked:
+                _fsync_folder(folder)  # the new names survive a crash too
+            if conflict is not None:
+                raise _conflict(conflict)
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _link(self, tmp: Path, key: MessageKey) -> bool:
+        """Give ``tmp`` the message's name; False if the name exists already (``os.link``
+        creates it only if it does not, so two writers cannot race)."""
+        path = self.path(key)
+        try:
+            self._in_folder(path.parent, lambda: os.link(tmp, path))
+        except FileExistsError:
+            return False
+        return True
+
+    def commit(self, key: MessageKey, tmp: Path, durable: bool = True) -> None:
+        """Move a fully written ``tmp`` into place, unless the key holds other bytes (refused).
+
+        ``durable=False`` is for a received copy: the sender keeps the durable one for the
+        job, so a copy lost or torn by a crash is fetched again (see :meth:`note_received`).
+        """
+        try:
+            if durable:
+                with open(tmp, "rb+") as handle:
+                    os.fsync(handle.fileno())
+            if self._link(tmp, key):
+                if durable:
+                    _fsync_folder(tmp.parent)  # the new name survives a crash too
+            elif _digest(self.path(key)) != _digest(tmp):
+                raise _conflict(key)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def received_path(self, key: MessageKey) -> Path:
+        """Where the size and SHA-256 of a received copy are noted (beside the messages)."""
+        relative = key.relative_path()
+        return self.root / "runs" / key.run / "received" / relative.parent.name / relative.name
+
+    def note_received(self, key: MessageKey, size: int, sha256: str) -> None:
+        """Note what the sender announced (and signed) for a copy about to be stored unsynced.
+
+        Why: a received copy is not synced (that cost ~10 ms a message); after a crash of the
+        machine it may be torn or empty, and :meth:`received_intact` tells so by this note.
+        Written before the copy gets its name, so a copy with a name always has a note unless
+        the machine crashed (then the note may be missing or torn too: the copy is fetched
+        again, never trusted)."""
+        path = self.received_path(key)
+        self._in_folder(path.parent, lambda: path.write_text(f"{size} {sha256}\n"))
+
+    def received_intact(self, key: MessageKey) -> bool:
+        """Whether the stored copy of a received message has the size and digest noted."""
+        try:
+            size, sha256 = self.received_path(key).read_text().split()
+            path = self.path(key)
+            return path.stat().st_size == int(size) and _digest(path) == sha256
+        except (OSError, ValueError):
+            return False
+
+    def drop_torn(self, key: MessageKey) -> None:
+        """Remove a received copy that is not what its sender sent (see :meth:`received_intact`)."""
+        self.path(key).unlink(missing_ok=True)
 
     def status_path(self, run: str, party: str) -> Path:
         """Where ``party`` keeps its current status of ``run`` (see storage.federation)."""
@@ -232,6 +312,13 @@ class MessageFolder:
         return records
 
 
+def _conflict(key: MessageKey) -> MessageConflictError:
+    return MessageConflictError(
+        f"refused: a different payload for the {key.describe()}, which was already sent with "
+        "other content (a message is never replaced)"
+    )
+
+
 def _fsync_folder(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -248,12 +335,14 @@ def _digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-POLL = 0.01
-"""Seconds between a waiting receiver's looks in the shared folder (at most)."""
+def _peers_alive() -> bool:
+    """Between a wait's wake-ups: raises a job's failure elsewhere (the wait ends at once)."""
+    watchers.check_peers()
+    return True
 
 
 class FileTransport:
-    """Every party of one process shares ``root``; ``receive`` polls the folder."""
+    """Every party of one process shares ``root``; ``receive`` waits for the file to appear."""
 
     party: str | None = None
 
@@ -263,21 +352,24 @@ class FileTransport:
     def put(self, key: MessageKey, data: bytes) -> None:
         self.folder.put(key, data)
 
+    def put_many(self, keys: Sequence[MessageKey], data: bytes) -> None:
+        self.folder.put_many(keys, data)
+
     def get(self, key: MessageKey, timeout: float) -> bytes:
-        """Looks for the file every few milliseconds (a stat call: cheap next to a wait), so a
-        message is read within :data:`POLL` of its sending, however long the wait was."""
-        deadline, pause = time.monotonic() + timeout, 0.001
+        """Returns as soon as the sender links the file into place: the wait is woken by the
+        file system (:mod:`storage.folder_watch`), not by a poll of its own."""
+        deadline = time.monotonic() + timeout
         while (data := self.folder.find(key)) is None:
             watchers.check_peers()
-            if time.monotonic() >= deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 if watchers.patient(key):  # its sender is alive, busy with an earlier job
                     deadline = time.monotonic() + timeout
                     continue
                 raise MessageTimeoutError(
                     f"gave up after {timeout:g} s waiting for the {key.describe()}"
                 )
-            time.sleep(pause)
-            pause = min(pause * 2, POLL)
+            folder_watch.wait_for(self.folder.path(key), remaining, _peers_alive)
         return data
 
     def store(self) -> MessageFolder:
@@ -326,6 +418,18 @@ class Channel:
         digest = hashlib.sha256(data).hexdigest()
         return MessageRecord(key.run, key.round, sender, receiver, kind, len(data), digest)
 
+    def _write_many(
+        self, round_: int, sender: str, receivers: Sequence[str], kind: str, payload: Any
+    ) -> list[MessageRecord]:
+        """One payload to several receivers, encoded once and stored once (``put_many``)."""
+        keys = [self.key(round_, sender, receiver, kind) for receiver in receivers]
+        data = codec.dumps(payload, terms=watchers.terms_of(self.run))
+        self.transport.put_many(keys, data)
+        digest = hashlib.sha256(data).hexdigest()
+        return [
+            MessageRecord(k.run, k.round, sender, k.receiver, kind, len(data), digest) for k in keys
+        ]
+
     def log(self) -> list[MessageRecord]:
         """Every message this process sent or received in the run (audits, bytes exchanged)."""
         return self.transport.store().records(self.run)
@@ -369,6 +473,14 @@ class PartyEndpoint:
         if receiver == self.party:
             raise ChannelError(f"{self.party} cannot send a message to itself")
         return self.channel._write(round, self.party, receiver, kind, payload)
+
+    def send_many(
+        self, receivers: Sequence[str], kind: str, payload: Any, round: int = 0
+    ) -> list[MessageRecord]:
+        """The same payload to each of ``receivers`` (one message each, written once)."""
+        if self.party in receivers:
+            raise ChannelError(f"{self.party} cannot send a message to itself")
+        return self.channel._write_many(round, self.party, list(receivers), kind, payload)
 
     def receive(self, sender: str, kind: str, round: int = 0, timeout: float | None = None) -> Any:
         """The payload; waits up to ``timeout`` (default: the channel's) for it to arrive."""

@@ -32,18 +32,21 @@ served only to the parties that record names.
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 import mmap
 import os
+import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from storage import codec, watchers
+from storage import codec, folder_watch, watchers
 from storage.channel import (
     ChannelError,
     MessageFolder,
@@ -61,6 +64,9 @@ from storage.tls_credentials import CallerCheck, CredentialFiles, caller_of
 CHUNK = 1 << 20
 LONG_POLL = 2.0  # seconds the endpoint holds a fetch for a message not sent yet
 _METHOD = "/privreg.Messages/Fetch"
+_GET_METHOD = "/privreg.Messages/Get"
+INLINE = 4 * CHUNK  # a message up to this size comes in the one reply of a Get
+_LENGTH = struct.Struct(">I")
 _HEADER_BYTES = 64 * 1024  # size, digest, the sender's certificate chain and its signature
 _STATUS_METHOD = "/privreg.Messages/Status"
 _PROPOSE_METHOD = "/privreg.Messages/Propose"
@@ -106,7 +112,9 @@ class MessageService:
         self.limits = config.limits
         self.gate = PeerGate(config.party, config.limits)
 
-    def fetch(self, request: bytes, context: grpc.ServicerContext) -> Any:
+    def _admit(self, request: bytes, context: grpc.ServicerContext) -> tuple[MessageKey, float]:
+        """The asked key and long-poll seconds, if the caller is the message's receiver and
+        this party its sender (else the call is aborted)."""
         caller = _identity(context)
         try:
             fields = codec.loads(request, codec.Limits(max_bytes=4096))
@@ -125,35 +133,72 @@ class MessageService:
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"party {self.party} serves only its own messages, not the {key.describe()}",
             )
+        return key, wait
+
+    def _opened(
+        self, key: MessageKey, wait: float, context: grpc.ServicerContext
+    ) -> tuple[Any, Ticket]:
+        """The message's file (after a long poll if it is not sent yet, its size reserved)
+        and the caller's ticket; aborts the call on a limit or a message not sent yet."""
         try:
-            ticket = self.gate.open(caller)
+            ticket = self.gate.open(key.receiver)
         except LimitExceededError as error:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         context.add_callback(ticket.release)  # whatever ends the call frees the peer's share
         try:
-            handle = self._open(key, wait, ticket, context)
+            return self._open(key, wait, ticket, context), ticket
         except LimitExceededError as error:
             ticket.release()
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
         except FileNotFoundError:
             ticket.release()
             context.abort(grpc.StatusCode.NOT_FOUND, f"not sent yet: the {key.describe()}")
+
+    def fetch(self, request: bytes, context: grpc.ServicerContext) -> Any:
+        """The message as a stream (header, then 1 MiB chunks): for one too large for
+        :meth:`get`'s single reply."""
+        key, wait = self._admit(request, context)
+        handle, ticket = self._opened(key, wait, context)
         return self._stream(handle, key, ticket, context)
+
+    def get(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """The message in one reply (header and payload), or only ``{"stream": True}`` when it
+        is larger than :data:`INLINE` (the receiver then asks :meth:`fetch`).
+
+        Why a unary call: a client's streaming call starts a thread per call in gRPC's
+        synchronous API (~4 ms here), and nearly every message of a round is small."""
+        key, wait = self._admit(request, context)
+        handle, ticket = self._opened(key, wait, context)
+        try:
+            with handle:
+                if os.fstat(handle.fileno()).st_size > INLINE:
+                    return _frame({"stream": True})
+                data = handle.read()
+            return _frame(self._header(key, len(data), hashlib.sha256(data).hexdigest()), data)
+        finally:
+            ticket.release()
+
+    def _header(self, key: MessageKey, size: int, sha256: str) -> dict[str, Any]:
+        """Size, digest, this party's certificate and its signature over the message's key,
+        size and digest: what the receiver checks before it writes a byte."""
+        own = self.files.own
+        proof = sign(own, statement(vars(key), size, sha256))
+        return {"size": size, "sha256": sha256, "cert": own.chain_pem, "proof": proof}
 
     def _open(
         self, key: MessageKey, wait: float, ticket: Ticket, context: grpc.ServicerContext
     ) -> Any:
-        """The message's file, after a long poll if it is not sent yet; its size reserved."""
+        """The message's file, after a long poll if it is not sent yet; its size reserved.
+        The long poll is answered the moment the sender links the file into place (the
+        folder's watch wakes it, :mod:`storage.folder_watch`)."""
         path = self.folder.path(key)
         if not path.exists() and wait > 0:
             ticket.start_long_poll()
             try:
-                deadline = time.monotonic() + wait  # answer as soon as the message exists
-                while not path.exists() and time.monotonic() < deadline and context.is_active():
-                    time.sleep(0.005)
+                folder_watch.wait_for(path, wait, context.is_active)
             finally:
                 ticket.end_long_poll()
-        handle = open(path, "rb")  # noqa: SIM115 (closed by the generator below)
+        handle = open(path, "rb")  # noqa: SIM115 (closed by the caller)
         try:
             ticket.reserve(os.fstat(handle.fileno()).st_size)
         except LimitExceededError:
@@ -200,28 +245,82 @@ class MessageService:
     def _stream(
         self, handle: Any, key: MessageKey, ticket: Ticket, context: grpc.ServicerContext
     ) -> Any:
-        """The header (size, digest, this party's certificate and its signature over the
-        message's key and digest), then the payload; cancelled after ``stream_seconds``."""
-        # a peer reading slowly holds a worker: the whole stream has a time limit
-        timer = threading.Timer(self.limits.stream_seconds, context.cancel)
-        timer.daemon = True
-        timer.start()
+        """The header (:meth:`_header`), then the payload; cancelled after
+        ``stream_seconds`` (a peer reading slowly holds a worker)."""
+        disarm = _REAPER.after(self.limits.stream_seconds, context.cancel)
         try:
             with handle:
                 digest = hashlib.sha256()
                 while chunk := handle.read(CHUNK):
                     digest.update(chunk)
-                size, sha256, own = handle.tell(), digest.hexdigest(), self.files.own
-                proof = sign(own, statement(vars(key), size, sha256))
-                yield codec.dumps(
-                    {"size": size, "sha256": sha256, "cert": own.chain_pem, "proof": proof}
-                )
+                yield codec.dumps(self._header(key, handle.tell(), digest.hexdigest()))
                 handle.seek(0)
                 while chunk := handle.read(CHUNK):
                     yield chunk
         finally:
-            timer.cancel()
+            disarm()
             ticket.release()
+
+
+def _frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    """A :meth:`MessageService.get` reply: the header's length, the header, the payload."""
+    encoded = codec.dumps(header)
+    return _LENGTH.pack(len(encoded)) + encoded + payload
+
+
+def _unframe(reply: bytes) -> tuple[dict[str, Any], memoryview]:
+    view = memoryview(reply)
+    (length,) = _LENGTH.unpack_from(view)
+    if length > _HEADER_BYTES or _LENGTH.size + length > len(view):
+        raise ValueError(f"a reply header of {length} bytes")
+    end = _LENGTH.size + length
+    header = codec.loads(view[_LENGTH.size : end], codec.Limits(max_bytes=_HEADER_BYTES))
+    return header, view[end:]
+
+
+class _Reaper:
+    """One thread that calls each registered action once its time has come, unless disarmed.
+
+    Why: a thread per stream only to cancel it late cost ~4 ms to start on every fetch."""
+
+    def __init__(self) -> None:
+        self._due: list[list[Any]] = []  # [when, order, action or None], a heap
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def after(self, seconds: float, action: Callable[[], Any]) -> Callable[[], None]:
+        entry = [time.monotonic() + seconds, next(self._order), action]
+        with self._changed:
+            heapq.heappush(self._due, entry)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="stream-limit", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+        def disarm() -> None:
+            entry[2] = None
+
+        return disarm
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while self._due and self._due[0][2] is None:
+                    heapq.heappop(self._due)
+                if not self._due:
+                    self._changed.wait(60.0)
+                    continue
+                delay = self._due[0][0] - time.monotonic()
+                if delay > 0:
+                    self._changed.wait(delay)
+                    continue
+                action = heapq.heappop(self._due)[2]
+            if action is not None:
+                action()
+
+
+_REAPER = _Reaper()
 
 
 def serve(
@@ -244,6 +343,7 @@ def serve(
         "privreg.Messages",
         {
             "Fetch": grpc.unary_stream_rpc_method_handler(service.fetch),
+            "Get": grpc.unary_unary_rpc_method_handler(service.get),
             "Status": grpc.unary_unary_rpc_method_handler(service.status),
             "Propose": grpc.unary_unary_rpc_method_handler(service.propose),
         },
@@ -281,6 +381,7 @@ class GrpcTransport:
         self._channels: dict[str, grpc.Channel] = {}
         self._retired: list[grpc.Channel] = []  # channels of replaced credentials
         self._lock = threading.Lock()
+        self._intact: set[MessageKey] = set()  # received copies stored or checked by this process
 
     def store(self) -> MessageFolder:
         return self.folder
@@ -290,10 +391,25 @@ class GrpcTransport:
             raise ChannelError(f"party {self.party} cannot send as {key.sender}")
         self.folder.put(key, data)
 
+    def put_many(self, keys: Sequence[MessageKey], data: bytes) -> None:
+        if any(key.sender != self.party for key in keys):
+            raise ChannelError(f"party {self.party} can send only as itself")
+        self.folder.put_many(keys, data)
+
+    def _local(self, key: MessageKey) -> memoryview | None:
+        """The stored copy, if this process stored it or it matches its note (a copy torn by
+        a crash of the machine, or without a note, is fetched again from its sender)."""
+        path = self.folder.path(key)
+        if key not in self._intact:
+            if not path.exists() or not self.folder.received_intact(key):
+                return None
+            self._intact.add(key)
+        return _mapped(path)
+
     def get(self, key: MessageKey, timeout: float) -> bytes | memoryview:
         if key.receiver != self.party:
             raise ChannelError(f"party {self.party} cannot read the {key.describe()}")
-        if (data := _mapped(self.folder.path(key))) is not None:
+        if (data := self._local(key)) is not None:
             return data
         address = self.config.address_of(key.sender)
         deadline, pause, last = time.monotonic() + timeout, 0.05, "none"
@@ -370,17 +486,56 @@ class GrpcTransport:
                 )
             return self._channels[peer]
 
+    def _request(self, key: MessageKey, deadline: float) -> tuple[bytes, float]:
+        wait = max(min(deadline - time.monotonic(), LONG_POLL), 0.0)
+        fields = {"run": key.run, "round": key.round, "sender": key.sender}
+        fields.update(receiver=key.receiver, kind=key.kind, wait=wait)
+        return codec.dumps(fields), wait
+
     def _fetch(self, key: MessageKey, deadline: float) -> bytes | memoryview:
-        request = codec.dumps(
-            {
-                "run": key.run,
-                "round": key.round,
-                "sender": key.sender,
-                "receiver": key.receiver,
-                "kind": key.kind,
-                "wait": max(min(deadline - time.monotonic(), LONG_POLL), 0.0),
-            }
-        )
+        """One ``Get`` (a long poll up to :data:`LONG_POLL`): the message in one reply, checked
+        and stored; a message larger than :data:`INLINE` is streamed (:meth:`_fetch_stream`)."""
+        request, wait = self._request(key, deadline)
+        call = self._channel(key.sender).unary_unary(_GET_METHOD)
+        try:
+            reply = call(request, timeout=wait + 60)
+        except grpc.RpcError as error:
+            raise self._classify(key, error) from None
+        try:
+            header, payload = _unframe(reply)
+            if header.get("stream"):
+                return self._fetch_stream(key, deadline)
+            size, expected = int(header["size"]), str(header["sha256"])
+        except (codec.CodecError, KeyError, TypeError, ValueError, struct.error) as error:
+            raise ChannelError(f"refused the {key.describe()}: bad header ({error!r})") from None
+        self._check_header(key, header, size, expected)
+        if len(payload) != size or hashlib.sha256(payload).hexdigest() != expected:
+            raise ChannelError(
+                f"refused the {key.describe()}: {len(payload)} bytes received, {size} "
+                "announced, or the SHA-256 does not match; nothing stored"
+            )
+        tmp = self.folder.staging(key)
+        try:
+            tmp.write_bytes(payload)
+            self._store(key, tmp, size, expected)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return bytes(payload)
+
+    def _store(self, key: MessageKey, tmp: Path, size: int, sha256: str) -> None:
+        """Put a checked copy in place, unsynced (:meth:`MessageFolder.note_received`); a
+        stored copy that failed its check is replaced by the sender's."""
+        self.folder.note_received(key, size, sha256)
+        path = self.folder.path(key)
+        if path.exists() and key not in self._intact and not self.folder.received_intact(key):
+            os.replace(tmp, path)  # torn by a crash: the sender's signed copy takes its place
+        else:
+            self.folder.commit(key, tmp, durable=False)
+        self._intact.add(key)
+
+    def _fetch_stream(self, key: MessageKey, deadline: float) -> bytes | memoryview:
+        """The message as a stream of 1 MiB chunks, written to a temporary file as it comes."""
+        request, _ = self._request(key, deadline)
         call = self._channel(key.sender).unary_stream(_METHOD)
         stream = call(request, timeout=max(deadline - time.monotonic(), 0) + 300)
         tmp: Path | None = None
@@ -402,7 +557,7 @@ class GrpcTransport:
                     f"refused the {key.describe()}: {received} bytes received, {size} announced, "
                     "or the SHA-256 does not match; nothing stored"
                 )
-            self.folder.commit(key, tmp)
+            self._store(key, tmp, size, expected)
             tmp = None
         except grpc.RpcError as error:
             raise self._classify(key, error) from None

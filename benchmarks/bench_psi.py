@@ -80,6 +80,7 @@ class Party:
     peak_mib: float
     sent: int
     received: int
+    phases: dict[str, list[float]] = field(default_factory=dict)  # phase -> [wall, cpu, calls]
 
 
 @dataclass
@@ -106,7 +107,85 @@ def _peak_mib() -> float:
     return max(own, children) / 1024
 
 
-def _kkrt_party(party: str, peer: str, database: str, root: str, out, go) -> None:
+class Phases:
+    """Wall and CPU seconds per phase of one party process, each phase exclusive of the phases
+    it calls (a phase is a function of privreg's code, wrapped by :meth:`watch`). "cpu" counts
+    the process and its reaped children (the hashing pool)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, list[float]] = {}  # phase -> [wall, cpu, calls]
+        self._stack: list[list[float]] = []  # per open phase: [wall, cpu] spent in callees
+
+    def watch(self, owner: object, attribute: str, phase: str) -> None:
+        inner = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            wall, cpu = time.perf_counter(), _cpu()
+            self._stack.append([0.0, 0.0])
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                nested = self._stack.pop()
+                spent = [time.perf_counter() - wall, _cpu() - cpu]
+                total = self.totals.setdefault(phase, [0.0, 0.0, 0])
+                total[0] += spent[0] - nested[0]
+                total[1] += spent[1] - nested[1]
+                total[2] += 1
+                if self._stack:
+                    self._stack[-1][0] += spent[0]
+                    self._stack[-1][1] += spent[1]
+
+        setattr(owner, attribute, timed)
+
+
+#: (module, attribute, phase): what the phase table times in a party process.
+PHASES = (
+    ("tasks.psi_kkrt", "_digest_rows", "load ids from DuckDB, store digests"),
+    ("core.psi_ot.protocol", "item_digests", "hash ids (canonical form, SHA-256)"),
+    ("tasks.psi_kkrt", "_bucket", "read a bucket's digests"),
+    ("core.psi_ot.base_ot", "receiver_choose", "base OTs (P-256)"),
+    ("core.psi_ot.base_ot", "sender_keys", "base OTs (P-256)"),
+    ("core.psi_ot.buckets", "pad", "pad bucket, cuckoo, permutation"),
+    ("core.psi_ot.protocol", "_placement", "pad bucket, cuckoo, permutation"),
+    ("core.psi_ot.protocol", "random_permutation", "pad bucket, cuckoo, permutation"),
+    ("core.psi_ot.cuckoo", "candidate_bins", "pad bucket, cuckoo, permutation"),
+    ("core.psi_ot.kkrt", "pseudorandom_code", "pseudorandom code C (AES)"),
+    ("core.psi_ot.kkrt", "receiver_matrices", "OT extension (PRG, transpose)"),
+    ("core.psi_ot.kkrt", "sender_rows", "OT extension (PRG, transpose)"),
+    ("core.psi_ot.kkrt", "row_hash", "OPRF outputs H (BLAKE2b)"),
+    ("core.psi_ot.protocol", "values", "OPRF evaluation, other"),
+    ("core.psi_ot.protocol", "match", "matching"),
+    ("core.psi_ot.protocol", "sender_rows", "matching"),
+    ("storage.secrets.SealedArtifacts", "put", "seal and store state"),
+    ("storage.secrets.SealedArtifacts", "get", "seal and store state"),
+    ("storage.codec", "dumps", "encode messages"),
+    ("storage.codec", "loads", "decode messages"),
+    ("storage.channel.MessageFolder", "put", "write messages (file, fsync)"),
+    ("storage.channel.FileTransport", "get", "wait for and read peer's messages"),
+    ("storage.channel.Channel", "_write", "message digest (SHA-256), other"),
+    ("tasks.psi_kkrt", "_insert", "insert rows (DuckDB)"),
+    ("storage.party_store.PartyStore", "fingerprint", "fingerprint source table"),
+    ("tasks.psi_kkrt", "_write", "write aligned table (DuckDB)"),
+)
+
+
+def _watch_phases() -> Phases:
+    import importlib
+
+    phases = Phases()
+    for path, attribute, phase in PHASES:
+        try:
+            target = importlib.import_module(path)
+        except ModuleNotFoundError:  # "package.module.Class"
+            module, _, owner = path.rpartition(".")
+            target = getattr(importlib.import_module(module), owner)
+        phases.watch(target, attribute, phase)
+    return phases
+
+
+def _kkrt_party(
+    party: str, peer: str, database: str, root: str, out, go, with_phases: bool = False
+) -> None:
     """One party's whole side, as ``psi_align_party`` runs it (steps called directly); its
     clock and CPU count start once its modules are imported and both parties are ready."""
     from prefect.logging import disable_run_logger
@@ -117,14 +196,21 @@ def _kkrt_party(party: str, peer: str, database: str, root: str, out, go) -> Non
     from tasks import psi_kkrt
 
     ref = TableRef(database, "ids", party=party)
+    phases = _watch_phases() if with_phases else Phases()
     out.put(("ready", _peak_mib()))
     go.wait()
-    start = _cpu()
+    start, started = _cpu(), time.perf_counter()
     with disable_run_logger():
         summary = psi_kkrt.party_side(
             ref, peer, "bench", 1, root, call=lambda step, *args: step.fn(*args)
         )
     cpu, peak = _cpu() - start, _peak_mib()
+    timed = [sum(t[i] for t in phases.totals.values()) for i in (0, 1)]
+    phases.totals["other (task code, transactions, Python)"] = [
+        time.perf_counter() - started - timed[0],
+        cpu - timed[1],
+        0,
+    ]
     with PartyStore(database).connect() as con:
         order = con.execute(
             f"SELECT count(*), sum(hash(rowid::VARCHAR || ':' || id) % 1000000007) FROM \"{summary['table']}\""  # noqa: E501
@@ -133,10 +219,10 @@ def _kkrt_party(party: str, peer: str, database: str, root: str, out, go) -> Non
     receiver = summary["own_size"] < summary["peer_size"] or (
         summary["own_size"] == summary["peer_size"] and party < peer
     )
-    out.put((party, receiver, summary["own_size"], order, cpu, peak, totals))
+    out.put((party, receiver, summary["own_size"], order, cpu, peak, totals, phases.totals))
 
 
-def run_kkrt(small: int, size: int) -> Run:
+def run_kkrt(small: int, size: int, with_phases: bool = False) -> Run:
     import duckdb
 
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited memory
@@ -148,7 +234,9 @@ def run_kkrt(small: int, size: int) -> Run:
                 con.execute(f"CREATE TABLE ids AS {_sql_ids(count, small // 2, prefix)}")
         out, go = context.Queue(), context.Event()
         processes = [
-            context.Process(target=_kkrt_party, args=(p, q, databases[p], root, out, go))
+            context.Process(
+                target=_kkrt_party, args=(p, q, databases[p], root, out, go, with_phases)
+            )
             for p, q in (("a", "b"), ("b", "a"))
         ]
         for process in processes:
@@ -164,8 +252,8 @@ def run_kkrt(small: int, size: int) -> Run:
     orders = {report[3] for report in reports}
     assert len(orders) == 1, "the two sides' aligned rows differ"
     parties = [
-        Party(name, receiver, ids, cpu, peak, totals["sent"], totals["received"])
-        for name, receiver, ids, _, cpu, peak, totals in sorted(reports)
+        Party(name, receiver, ids, cpu, peak, totals["sent"], totals["received"], phases)
+        for name, receiver, ids, _, cpu, peak, totals, phases in sorted(reports)
     ]
     found = int(reports[0][3][0])
     return Run(
@@ -215,6 +303,27 @@ def kkrt_formula_bytes(receiver: int, sender: int) -> int:
     return bins * kkrt.WIDTH // 8 + 3 * sender * kkrt_psi.output_bytes(bins, sender)
 
 
+def print_phases(run: Run) -> None:
+    """Each party's phases side by side: wall (waits included) and CPU seconds."""
+    names = list(dict.fromkeys(name for party in run.parties for name in party.phases))
+    names.sort(key=lambda name: name.startswith("other"))
+    header = " | ".join(
+        f"{p.name} ({'R' if p.receiver else 'S'}) wall s | cpu s | calls" for p in run.parties
+    )
+    print(
+        f"\nPhases per party, last run ({run.seconds:.1f} s wall; each phase exclusive of the "
+        "phases it calls; a wait shows as wall without CPU):\n"
+    )
+    print(f"| phase | {header} |")
+    print("|---|" + "---|---|---|" * len(run.parties))
+    for name in names:
+        cells = []
+        for party in run.parties:
+            wall, cpu, calls = party.phases.get(name, [0.0, 0.0, 0])
+            cells.append(f"{wall:.2f} | {cpu:.2f} | {calls or ''}")
+        print(f"| {name} | {' | '.join(cells)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", type=int, default=100_000, help="ids of the larger party")
@@ -223,12 +332,19 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true", help="skip openmined-psi")
     parser.add_argument("--no-ecdh", action="store_true", help="skip privreg's ECDH")
     parser.add_argument("--bucket-ids", type=int, help="KKRT ids per bucket (default: privreg's)")
+    parser.add_argument(
+        "--phases", action="store_true", help="time each KKRT party's phases (last run)"
+    )
     args = parser.parse_args()
     n, small = args.size, args.small or args.size
     os.environ.setdefault("PRIVREG_RECEIVE_TIMEOUT", "7200")  # the party processes wait this long
     if args.bucket_ids:
         os.environ["PRIVREG_PSI_BUCKET_IDS"] = str(args.bucket_ids)
-    runners = {"privreg KKRT16, 2 party processes over the channel (both learn)": run_kkrt}
+    runners = {
+        "privreg KKRT16, 2 party processes over the channel (both learn)": (
+            lambda small, n: run_kkrt(small, n, args.phases)
+        )
+    }
     if not args.no_ecdh:
         runners["privreg X25519 ECDH, one process (both learn)"] = run_ecdh
     if not args.no_baseline:
@@ -273,6 +389,8 @@ def main() -> None:
             f"| {max(p.peak_mib for p in samples):,.0f} | {party.sent / 1e6:.1f} "
             f"| {party.received / 1e6:.1f} |"
         )
+    if args.phases:
+        print_phases(kkrt_runs[-1])
     bucket_ids = args.bucket_ids or buckets.BUCKET_IDS
     count = buckets.bucket_count(small, n, bucket_ids)
     receiver, sender = sorted((small, n))

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 from core.preprocessing import PreprocessingSpec, prepare_raw
@@ -243,9 +244,62 @@ class PartyStore:
         return self.import_frame(frame, ref, preprocessing)
 
     def fingerprint(self, ref: TableRef) -> str:
-        """A digest of the table's content, to detect that inputs are unchanged between runs."""
-        frame = self.read_table(ref, allow_missing=True)
-        row_hashes = pd.util.hash_pandas_object(frame, index=False).to_numpy()
-        digest = hashlib.sha256(row_hashes.tobytes())
-        digest.update(",".join(map(str, frame.columns)).encode())
+        """A digest of the table's content, to detect that inputs are unchanged between runs.
+
+        Read in pieces of :data:`CHUNK_ROWS` rows (:class:`Fingerprint`): memory follows the
+        piece, not the table."""
+        with self.session():  # one opening of the database for the check and the read
+            if not self.has_table(ref.table):
+                raise DataValidationError(
+                    ref.table, None, None, f"no such table in {self.path.name}"
+                )
+            digest = Fingerprint(ref)
+            with self.connect() as con:
+                for _, frame in table_chunks(con, ref.table):
+                    digest.update(frame)
+                if digest.rows == 0:  # refused as before: "table is empty"
+                    validate_frame(con.execute(f'SELECT * FROM "{ref.table}" LIMIT 0').df(), ref)
+        return digest.hexdigest()
+
+
+#: Rows per piece when a table is read in pieces (its fingerprint, PSI's ids).
+CHUNK_ROWS = 1 << 18
+
+
+def table_chunks(
+    con: duckdb.DuckDBPyConnection, table: str, chunk_rows: int | None = None
+) -> Iterator[tuple[np.ndarray, pd.DataFrame]]:
+    """``(rowids, frame)`` of every column, ``chunk_rows`` (default :data:`CHUNK_ROWS`) rowids
+    at a time, in rowid order."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
+    top = con.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
+    for low in range(0, -1 if top is None else int(top) + 1, chunk_rows):
+        frame = con.execute(
+            f'SELECT rowid AS "__privreg_rowid", * FROM "{table}" '
+            "WHERE rowid >= ? AND rowid < ? ORDER BY rowid",
+            [low, low + chunk_rows],
+        ).df()
+        if len(frame):
+            yield frame.pop("__privreg_rowid").to_numpy(np.int64), frame
+
+
+class Fingerprint:
+    """:meth:`PartyStore.fingerprint` fed a table's rows in order, one piece at a time: each
+    row's hash depends on that row only, so the digest is the one of the whole table at once
+    (SHA-256 of the row hashes of the validated frame, then the column names)."""
+
+    def __init__(self, ref: TableRef, ids_checked: bool = False) -> None:
+        self.ref, self.rows, self.columns = ref, 0, ""
+        self._digest = hashlib.sha256()
+        self._check_ids = not ids_checked  # the caller refuses bad ids itself (PSI does)
+
+    def update(self, frame: pd.DataFrame) -> None:
+        valid = validate_frame(frame, self.ref, allow_missing=True, check_ids=self._check_ids)
+        self._digest.update(pd.util.hash_pandas_object(valid, index=False).to_numpy().tobytes())
+        self.rows += len(valid)
+        self.columns = ",".join(map(str, valid.columns))
+
+    def hexdigest(self) -> str:
+        digest = self._digest.copy()
+        digest.update(self.columns.encode())
         return digest.hexdigest()

@@ -101,7 +101,9 @@ def _numeric(
     return values
 
 
-def validate_frame(frame: pd.DataFrame, ref: TableRef, allow_missing: bool = False) -> pd.DataFrame:
+def validate_frame(
+    frame: pd.DataFrame, ref: TableRef, allow_missing: bool = False, check_ids: bool = True
+) -> pd.DataFrame:
     """Check ``frame`` against ``ref`` and return it in canonical column order and dtypes.
 
     Returns a new frame: id column, then label (as float), then features (as float64).
@@ -124,7 +126,8 @@ def validate_frame(frame: pd.DataFrame, ref: TableRef, allow_missing: bool = Fal
     if len(frame) == 0:
         raise DataValidationError(ref.table, None, None, "table is empty")
     frame = frame.reset_index(drop=True)
-    _validate_ids(frame, ref)
+    if check_ids:  # off only for a caller that has just checked every id itself (PSI)
+        _validate_ids(frame, ref)
     features = resolve_feature_columns(ref, [str(c) for c in frame.columns])
     columns: dict[str, object] = {ref.id_column: frame[ref.id_column]}
     if ref.label_column is not None:

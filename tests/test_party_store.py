@@ -3,12 +3,14 @@ and leaves the database exactly as it was."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from storage import party_store
 from storage.descriptor import DescriptorError, TableRef
 from storage.party_store import PartyStore
 from storage.validation import DataValidationError
@@ -121,3 +123,23 @@ def test_descriptor_round_trip_and_identifier_checks(ref: TableRef) -> None:
         TableRef(database="x.duckdb", table="t; DROP TABLE t")
     with pytest.raises(DescriptorError, match="unknown descriptor keys"):
         TableRef.from_dict({"database": "x.duckdb", "table": "t", "colour": 1})
+
+
+def test_fingerprint_read_in_pieces_equals_the_whole_table_hashed_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = TableRef(database=str(tmp_path / "p.duckdb"), table="t", label_column="y")
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"id": [f"c-{i}" for i in range(1000)], "y": rng.integers(0, 2, 1000)})
+    frame["age"] = rng.normal(size=1000)
+    frame.loc[[3, 700], "age"] = np.nan  # a missing feature cell (a job that imputes)
+    store = PartyStore.of(ref)
+    store.write_table("t", frame)
+    whole = store.read_table(ref, allow_missing=True)  # the digest as it was defined
+    expected = hashlib.sha256(pd.util.hash_pandas_object(whole, index=False).to_numpy().tobytes())
+    expected.update(",".join(whole.columns).encode())
+    monkeypatch.setattr(party_store, "CHUNK_ROWS", 64)  # 16 pieces
+    assert store.fingerprint(ref) == expected.hexdigest()
+    frame.loc[999, "age"] = 1.0
+    store.write_table("t", frame)
+    assert store.fingerprint(ref) != expected.hexdigest()

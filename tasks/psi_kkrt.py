@@ -1,16 +1,19 @@
 """KKRT16 PSI alignment (the default protocol), one task per party step and bucket; maths in
 :mod:`core.psi_ot.protocol`.
 
-Memory follows the bucket, not the table: the ids stream from DuckDB into the party's own
-digest table (``privreg_psi_ids_<job>``), each bucket is read back from it alone, the matched
+Memory follows the bucket, not the table: the source table streams from DuckDB in pieces into
+the party's own digest table (``privreg_psi_ids_<job>``; the table's lineage fingerprint is
+taken in the same read), which is put in bucket order once the bucket count is known; each
+bucket is read back from it alone, the matched
 rows go to ``privreg_psi_matches_<job>``, and the aligned table is written by one ordered
 ``CREATE TABLE ... AS SELECT`` that DuckDB streams. A finished bucket is recorded in the same
 transaction as its rows, so a run that stops mid-way resumes at the first unfinished bucket.
 
 The party's 16-byte job key is the only secret kept for the whole job (every random value is
-derived from it, so a retried step resends the same bytes); the receiver also keeps a bucket's
-OPRF outputs between its matrix and its match. Both are sealed under the job's key file
-(:mod:`storage.secrets`), shredded once the aligned table is written.
+derived from it, so a retried step resends the same bytes), sealed under the job's key file
+(:mod:`storage.secrets`), shredded once the aligned table is written. The receiver keeps a
+bucket's OPRF outputs between its matrix and its match in memory only (a resumed run
+recomputes them from the key).
 """
 
 from __future__ import annotations
@@ -31,15 +34,12 @@ from core.psi_ot.buckets import Plan
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.lineage import Lineage, record
-from storage.party_store import PartyStore
+from storage.party_store import Fingerprint, PartyStore, table_chunks
 from storage.policy import OwnerPolicy
 from storage.secrets import SealedArtifacts
 from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 from tasks.psi import aligned_table_name
-
-#: Ids canonicalised and hashed per read from the table.
-CHUNK_ROWS = 1 << 18
 
 
 def _prefix(job_id: str) -> str:
@@ -56,12 +56,20 @@ def _sealed(store: PartyStore, job_id: str) -> SealedArtifacts:
     return SealedArtifacts(store, _prefix(job_id).rstrip("/"))
 
 
+#: The job keys this process has read, so each bucket's step does not unseal it again; dropped
+#: when the job's secrets are destroyed.
+_KEYS: dict[tuple[str, str], bytes] = {}
+
+
 def _key(store: PartyStore, job_id: str) -> bytes:
+    if (key := _KEYS.get((str(store.path), job_id))) is not None:
+        return key
     sealed = _sealed(store, job_id)
     key = sealed.get(_prefix(job_id) + "key")
     if key is None:
         key = kkrt.new_party_key()
         sealed.put(_prefix(job_id) + "key", key)
+    _KEYS[(str(store.path), job_id)] = key
     return key
 
 
@@ -80,24 +88,21 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFrame) -> 
         con.unregister("_privreg_psi_rows")
 
 
-def _digest_rows(con: duckdb.DuckDBPyConnection, ref: TableRef, table: str) -> int:
-    """Stream the id column, chunk by chunk, into ``table`` (row, d0, d1); refuses a bad or
-    duplicate id naming party, table, column and rows. Returns the row count."""
+def _digest_rows(con: duckdb.DuckDBPyConnection, ref: TableRef, table: str) -> tuple[int, str]:
+    """Stream the source table, piece by piece, into ``table`` (row, d0, d1); refuses a bad or
+    duplicate id naming party, table, column and rows. Returns the row count and the table's
+    fingerprint, taken in the same read (:class:`storage.party_store.Fingerprint`)."""
     source, column = ref.table, ref.id_column
-    last = con.execute(f'SELECT max(rowid), count(*) FROM "{source}"').fetchone()
-    top, count = (-1 if last[0] is None else int(last[0])), int(last[1])
     con.execute(f'CREATE OR REPLACE TABLE "{table}" (row BIGINT, d0 UBIGINT, d1 UBIGINT)')
-    for low in range(0, top + 1, CHUNK_ROWS):
-        chunk = con.execute(
-            f'SELECT rowid AS row, "{column}" AS id FROM "{source}" '
-            "WHERE rowid >= ? AND rowid < ? ORDER BY rowid",
-            [low, low + CHUNK_ROWS],
-        ).df()
-        digests = kkrt.item_digests(chunk["id"].tolist(), _where(ref), first_row=low)
+    fingerprint, count = Fingerprint(ref, ids_checked=True), 0  # item_digests checks them
+    for rowids, chunk in table_chunks(con, source):
+        digests = kkrt.item_digests(chunk[column].tolist(), _where(ref), first_row=int(rowids[0]))
         words = digests.view("<u8")
-        frame = pd.DataFrame({"row": chunk["row"].to_numpy(np.int64)})
+        frame = pd.DataFrame({"row": rowids})
         frame["d0"], frame["d1"] = words[:, 0], words[:, 1]
         _insert(con, table, frame)
+        fingerprint.update(chunk)
+        count += len(chunk)
     repeat = con.execute(
         f'SELECT row, first FROM (SELECT row, min(row) OVER (PARTITION BY d0, d1) AS first FROM "{table}") '  # noqa: E501
         "WHERE row <> first ORDER BY row LIMIT 1"
@@ -108,7 +113,7 @@ def _digest_rows(con: duckdb.DuckDBPyConnection, ref: TableRef, table: str) -> i
             f"{_where(ref)}: id at row {repeat[0] + 1} duplicates row {repeat[1] + 1} "
             f"({value.fetchone()[0]!r})"
         )
-    return count
+    return count, fingerprint.hexdigest()
 
 
 @task(name="psi-kkrt-ids", task_run_name="{ref.party}: hash own ids", **PARTY_STEP)
@@ -124,9 +129,17 @@ def prepare_ids(ref: TableRef, job_id: str) -> int:
     if not store.has_table(ref.table):
         raise psi.PsiError(f"{ref.party}: no table {ref.table!r} in {store.path.name}")
     with store.transaction() as con:
-        size = _digest_rows(con, ref, _tables(job_id)[0])
-        artifacts.put(_prefix(job_id) + "ids", {"size": size}, "psi-state", con=con)
+        size, digest = _digest_rows(con, ref, _tables(job_id)[0])
+        state = {"size": size, "fingerprint": digest}
+        artifacts.put(_prefix(job_id) + "ids", state, "psi-state", con=con)
     return size
+
+
+def _source_digest(store: PartyStore, ref: TableRef, job_id: str) -> str:
+    """The source table's fingerprint, taken when its ids were read (the rows this job
+    matched), or now for a job that an older privreg started."""
+    state = ArtifactStore(store).get(_prefix(job_id) + "ids") or {}
+    return state.get("fingerprint") or store.fingerprint(ref)
 
 
 @task(name="psi-kkrt-size", task_run_name="{ref.party}: announce set size", **PARTY_STEP)
@@ -152,14 +165,31 @@ def agree_plan(ref: TableRef, peer: str, job_id: str, workspace: str | None = No
     return plan_for(ref, peer, job_id, workspace)
 
 
+def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
+    """Once the plan is known: the digest table gets each row's bucket and is stored in bucket
+    order, so reading one bucket touches only its own row groups (not a scan of every id per
+    bucket). Idempotent: a retry finds the column there."""
+    table = _tables(job_id)[0]
+    with store.transaction() as con:
+        columns = con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]
+        ).fetchall()
+        if ("bucket",) not in columns:
+            con.execute(
+                f'CREATE OR REPLACE TABLE "{table}" AS SELECT d0 % {int(plan.buckets)} AS bucket, '
+                f'row, d0, d1 FROM "{table}" ORDER BY bucket, row'
+            )
+
+
 def _bucket(
     store: PartyStore, job_id: str, plan: Plan, bucket: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, digests)`` of one bucket, in row order (so a retry computes the same)."""
+    _by_bucket(store, job_id, plan)
     with store.connect() as con:
         found = con.execute(
-            f'SELECT row, d0, d1 FROM "{_tables(job_id)[0]}" WHERE d0 % ? = ? ORDER BY row',
-            [plan.buckets, bucket],
+            f'SELECT row, d0, d1 FROM "{_tables(job_id)[0]}" WHERE bucket = ? ORDER BY row',
+            [bucket],
         ).fetchnumpy()
     rows = np.asarray(found["row"], dtype=np.int64)
     words = np.empty((len(rows), 2), dtype="<u8")
@@ -193,6 +223,24 @@ def _done(job_id: str, bucket: int) -> str:
     return f"{_prefix(job_id)}bucket/{bucket:06d}"
 
 
+#: R's OPRF outputs of a bucket between its matrix and its match, in this process only: a
+#: match in another process (a resumed run) recomputes them from the job key, which gives the
+#: very matrix already sent. They never reach the disk.
+_RECEIVER_STATES: dict[tuple[str, str, int], tuple[np.ndarray, kkrt.ReceiverState]] = {}
+
+
+def _receiver_bucket(
+    ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None
+) -> tuple[dict[str, Any], np.ndarray, kkrt.ReceiverState]:
+    """R's matrix message for one bucket, its rows and its OPRF outputs (deterministic)."""
+    store = PartyStore.of(ref)
+    plan = plan_for(ref, peer, job_id, workspace)
+    reply = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, kkrt.KIND_REPLY)
+    rows, digests = _bucket(store, job_id, plan, bucket)
+    message, state = kkrt.matrix(_key(store, job_id), digests, reply, plan, bucket, peer)
+    return message, rows, state
+
+
 @task(name="psi-kkrt-matrix", task_run_name="{ref.party}: matrix, bucket {bucket}", **PARTY_STEP)
 def send_matrix(
     ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None = None
@@ -201,15 +249,11 @@ def send_matrix(
     store = PartyStore.of(ref)
     if ArtifactStore(store).has(_done(job_id, bucket)):
         return  # matched by an earlier attempt: not redone
-    key = _key(store, job_id)
-    plan = plan_for(ref, peer, job_id, workspace)
-    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
-    reply = endpoint.receive(peer, kkrt.KIND_REPLY)
-    rows, digests = _bucket(store, job_id, plan, bucket)
-    message, state = kkrt.matrix(key, digests, reply, plan, bucket, peer)
-    saved = {"rows": rows, "outputs": state.outputs, "choice": state.choice}
-    _sealed(store, job_id).put(f"{_prefix(job_id)}kkrt_state/{bucket:06d}", saved)
-    endpoint.send(peer, kkrt.KIND_MATRIX, message, round=bucket)
+    message, rows, state = _receiver_bucket(ref, peer, job_id, bucket, workspace)
+    _RECEIVER_STATES[(str(store.path), job_id, bucket)] = (rows, state)
+    channel_for(job_id, workspace).endpoint(ref.party).send(
+        peer, kkrt.KIND_MATRIX, message, round=bucket
+    )
 
 
 @task(name="psi-kkrt-values", task_run_name="{ref.party}: values, bucket {bucket}", **PARTY_STEP)
@@ -241,12 +285,10 @@ def match_bucket(
     artifacts = ArtifactStore(store)
     if artifacts.has(_done(job_id, bucket)):
         return
-    state_key = f"{_prefix(job_id)}kkrt_state/{bucket:06d}"
-    saved = _sealed(store, job_id).get(state_key)
-    plan = plan_for(ref, peer, job_id, workspace)
-    state = kkrt.ReceiverState(
-        np.asarray(saved["outputs"]), np.asarray(saved["choice"]), plan.peer_padded
-    )
+    saved = _RECEIVER_STATES.pop((str(store.path), job_id, bucket), None)
+    if saved is None:  # matched in another process than the matrix: recomputed
+        saved = _receiver_bucket(ref, peer, job_id, bucket, workspace)[1:]
+    rows, state = saved
     values = (
         channel_for(job_id, workspace)
         .endpoint(ref.party)
@@ -255,12 +297,11 @@ def match_bucket(
     found = kkrt.match(state, values, peer)
     frame = pd.DataFrame({"bucket": np.full(found.result.size, bucket, dtype=np.int64)})
     frame["pos"] = found.positions
-    frame["row"] = np.asarray(saved["rows"])[found.result.rows]
+    frame["row"] = rows[found.result.rows]
     with store.transaction() as con:
         _matches_table(con, job_id)
         _insert(con, _tables(job_id)[1], frame)
         artifacts.put(_done(job_id, bucket), {"matched": found.result.size}, "psi-state", con=con)
-        artifacts.delete_prefix(state_key, con=con)
 
 
 def _matches_table(con: duckdb.DuckDBPyConnection, job_id: str) -> None:
@@ -302,6 +343,7 @@ def _write(
 
 
 def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
+    _KEYS.pop((str(store.path), job_id), None)
     _sealed(store, job_id).destroy()  # after the commit: a failed write keeps the job resumable
     get_run_logger().info(
         "%s aligned %d of %d rows into %s (KKRT16)",
@@ -326,7 +368,7 @@ def release_and_store(
     answer = kkrt.result_message(size, min_rows)
     endpoint.send(peer, kkrt.KIND_RESULT, answer)
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
-    source_digest = store.fingerprint(ref)
+    source_digest = _source_digest(store, ref, job_id)
     with store.transaction() as con:
         _matches_table(con, job_id)
         for bucket in range(plan.buckets):
@@ -352,7 +394,7 @@ def finish_and_store(
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     size = kkrt.released_size(endpoint.receive(peer, kkrt.KIND_RESULT), peer)
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
-    placed, source_digest = 0, store.fingerprint(ref)
+    placed, source_digest = 0, _source_digest(store, ref, job_id)
     with store.transaction() as con:
         con.execute(f'DROP TABLE IF EXISTS "{_tables(job_id)[1]}"')  # an earlier attempt's
         _matches_table(con, job_id)

@@ -5,6 +5,7 @@ protocol."""
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import pytest
@@ -239,7 +240,8 @@ def test_the_smaller_set_receives_and_both_must_agree_on_buckets() -> None:
     small, large = kkrt_psi.size_message(10), kkrt_psi.size_message(5_000_000)
     assert kkrt_psi.plan("zeta", "alpha", 10, buckets.BUCKET_IDS, large).receiver
     plan = kkrt_psi.plan("alpha", "zeta", 5_000_000, buckets.BUCKET_IDS, small)
-    assert not plan.receiver and plan.buckets == 5 and plan.peer_padded == 10
+    assert not plan.receiver and plan.peer_padded == 10
+    assert plan.buckets == math.ceil(5_000_000 / buckets.BUCKET_IDS)
     assert kkrt_psi.plan("alpha", "zeta", 10, buckets.BUCKET_IDS, small).receiver  # tie: name
     with pytest.raises(psi.PsiError, match="size message from zeta asks for buckets of 64"):
         kkrt_psi.plan("alpha", "zeta", 10, buckets.BUCKET_IDS, kkrt_psi.size_message(10, 64))

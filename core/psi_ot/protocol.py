@@ -34,6 +34,7 @@ key is kept between steps.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Sequence
@@ -228,8 +229,7 @@ def matrix(
     the bucket, padded with dummies), and R's outputs for its real items."""
     code_key = _bytes(reply, "code_key", 16, "reply", peer)
     choice_message = _bytes(reply, "base_ot", kkrt.WIDTH * base_ot.POINT_BYTES, "reply", peer)
-    secret = base_ot.sender_setup(key, _BASE_OT_SENDER)
-    pairs = _base_ot(lambda: base_ot.sender_keys(secret, choice_message, kkrt.WIDTH), "reply", peer)
+    pairs = _base_ot(lambda: _base_ot_pairs(key, choice_message), "reply", peer)
     real = len(digests)
     where = f"bucket {bucket}"
     digests = buckets.pad(digests, plan.own_padded, key, _stream(_DUMMIES, bucket), where)
@@ -334,12 +334,24 @@ def _choice_bits(key: bytes) -> np.ndarray:
     return np.frombuffer(prg(key, kkrt.WIDTH, _CHOICES), dtype=np.uint8) & 1
 
 
+@functools.lru_cache(maxsize=4)
+def _base_ot_pairs(key: bytes, choice_message: bytes) -> list[tuple[bytes, bytes]]:
+    """R's seed pairs (its base-OT sender's side): computed once per job and process, as every
+    bucket's OT extension stretches the same base OTs (on fresh PRG streams)."""
+    return base_ot.sender_keys(
+        base_ot.sender_setup(key, _BASE_OT_SENDER), choice_message, kkrt.WIDTH
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _base_ot_chosen(key: bytes, setup: bytes) -> base_ot.ReceiverChoice:
+    """S's choice message and chosen seeds, once per job and process (as above)."""
+    return base_ot.receiver_choose(setup, _choice_bits(key).tolist(), key, _BASE_OT_RECEIVER)
+
+
 def _base_ot_choice(key: bytes, hello_message: object, peer: str) -> base_ot.ReceiverChoice:
     setup = _bytes(hello_message, "base_ot", 2 * base_ot.POINT_BYTES, "hello", peer)
-    bits = _choice_bits(key).tolist()
-    return _base_ot(
-        lambda: base_ot.receiver_choose(setup, bits, key, _BASE_OT_RECEIVER), "hello", peer
-    )
+    return _base_ot(lambda: _base_ot_chosen(key, setup), "hello", peer)
 
 
 def reply(key: bytes, hello_message: object, peer: str) -> dict[str, Any]:

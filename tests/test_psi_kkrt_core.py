@@ -319,8 +319,12 @@ def _bank_and_shop(a: list[object], b: list[object]):
     """Keys, digests, plans, hello and reply of a one-bucket run, bank receiving."""
     key_a, key_b = random_key(), random_key()
     da, db = kkrt_psi.item_digests(a, "bank"), kkrt_psi.item_digests(b, "shop")
-    plan_a = kkrt_psi.plan("bank", "shop", len(a), 1 << 20, kkrt_psi.size_message(len(b)))
-    plan_b = kkrt_psi.plan("shop", "bank", len(b), 1 << 20, kkrt_psi.size_message(len(a)))
+    plan_a = kkrt_psi.plan(
+        "bank", "shop", len(a), buckets.BUCKET_IDS, kkrt_psi.size_message(len(b))
+    )
+    plan_b = kkrt_psi.plan(
+        "shop", "bank", len(b), buckets.BUCKET_IDS, kkrt_psi.size_message(len(a))
+    )
     hello = kkrt_psi.hello(key_a)
     reply = kkrt_psi.reply(key_b, hello, "bank")
     return (key_a, da, plan_a), (key_b, db, plan_b), hello, reply

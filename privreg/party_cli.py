@@ -4,6 +4,7 @@ privreg certs init --out DIR                      a demo CA (DIR/ca.pem, DIR/ca.
 privreg certs issue --ca DIR --party NAME --out DIR
 privreg party serve --config party.toml [--flows] its message endpoint (mTLS gRPC) [and flows]
 privreg party psi --config party.toml --table DESCRIPTOR --peer NAME --job JOB [--min-rows N]
+    [--protocol kkrt|ecdh | --count-only]     (count only: the size of the intersection, no rows)
 privreg party walr --config party.toml --table DESCRIPTOR --role labels|features --peer NAME
     --job JOB --epsilon E --delta D [--mode M --clip-norm C ...]   (both: the same options)
 privreg party label-dp --config party.toml --table DESCRIPTOR --role labels|features
@@ -122,12 +123,14 @@ def _serve_flows(party: str) -> None:
     from flows.job_start import start_job
     from flows.label_dp import label_dp_party
     from flows.pipeline_party import pipeline_party
+    from flows.psi_count import psi_count_party
     from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
     from flows.vertical_party import vertical_lr_party
     from flows.walr import walr_party
 
     flows = [
         psi_align_party,
+        psi_count_party,
         vertical_lr_party,
         walr_party,
         label_dp_party,
@@ -149,6 +152,11 @@ def _descriptor(text: str) -> dict[str, Any]:
 def _psi(args: argparse.Namespace) -> None:
     config = _as_party(args.config)
     own = _own_table(config, args.table)
+    if args.count_only:  # KKRT16's receiver learns its matching rows: PSI-CA runs instead
+        from flows.psi_count import psi_count_party
+
+        print(json.dumps(psi_count_party(own, args.peer, args.job, min_rows=args.min_rows)))
+        return
     from flows.align import psi_align_party
 
     result = psi_align_party(
@@ -326,6 +334,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     psi.add_argument("--min-rows", type=int, default=100, help="smallest intersection accepted")
     psi.add_argument(
         "--protocol", choices=["kkrt", "ecdh"], default="kkrt", help="both parties pass the same"
+    )
+    psi.add_argument(
+        "--count-only",
+        action="store_true",
+        help="learn only how many ids are shared (psi_count: shuffled ECDH PSI-CA, whatever "
+        "--protocol says; no table is written); both parties pass it",
     )
     psi.set_defaults(handler=as_side(_psi, sides.two_parties))
     walr = _one_release_parser(actions, "walr", "this party's side of walr")

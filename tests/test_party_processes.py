@@ -91,38 +91,41 @@ def test_two_party_processes_align_like_one_process(tmp_path: Path) -> None:
         for server in servers:
             assert "serving its messages" in server.stdout.readline()
         refs = {"bank": bank, "shop": shop}
-        runs += [
-            subprocess.Popen(
-                [
-                    *cli,
-                    "psi",
-                    "--config",
-                    str(configs[party]),
-                    "--table",
-                    json.dumps(refs[party].to_dict()),
-                    "--peer",
-                    peer,
-                    "--job",
-                    "psi-two-processes",
-                ],
-                cwd=two / party,
-                env=party_env(two / party),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for party, peer in (("bank", "shop"), ("shop", "bank"))
-        ]
-        deadline = time.monotonic() + 180
-        outputs = [run.communicate(timeout=max(deadline - time.monotonic(), 1)) for run in runs]
+
+        def both(job: str, *options: str) -> list[tuple[str, str]]:
+            args = {
+                p: ["--config", str(configs[p]), "--table", json.dumps(refs[p].to_dict())]
+                for p in refs
+            }
+            started = [
+                subprocess.Popen(
+                    [*cli, "psi", *args[party], "--peer", peer, "--job", job, *options],
+                    cwd=two / party,
+                    env=party_env(two / party),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for party, peer in (("bank", "shop"), ("shop", "bank"))
+            ]
+            runs.extend(started)
+            deadline = time.monotonic() + 180
+            done = [run.communicate(timeout=max(deadline - time.monotonic(), 1)) for run in started]
+            for run, (_, err) in zip(started, done, strict=True):
+                assert run.returncode == 0, err[-3000:]
+            return done
+
+        outputs = both("psi-two-processes")
+        counted = both("psi-count-two-processes", "--count-only")  # cardinality only
     finally:
         for process in [*runs, *servers]:
             if process.poll() is None:
                 process.terminate()
                 process.wait(timeout=10)
-    for run, (_, err) in zip(runs, outputs, strict=True):
-        assert run.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    counts = [json.loads(out.strip().splitlines()[-1]) for out, _ in counted]
+    assert [c["intersection_size"] for c in counts] == [140, 140]
+    assert all("aligned" not in c for c in counts)  # no rows: no table written
     assert [r["intersection_size"] for r in results] == [len(expected)] * 2 == [140] * 2
     assert results[0]["set_sizes"] == reference["set_sizes"] == [200, 200]
 

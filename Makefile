@@ -10,7 +10,8 @@ export PREFECT_LOGGING_LEVEL ?= INFO
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
-        bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint
+        bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint \
+        peer-flower peer-spu
 
 install: $(STAMP)
 
@@ -35,7 +36,7 @@ test: lint
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
-bench-psi: $(STAMP)
+bench-psi: $(STAMP) peer-spu
 	$(BIN)/python -m pip install --quiet "openmined-psi==2.0.6"
 	$(BIN)/python benchmarks/bench_psi.py --size 100000 --repeats 3
 	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --repeats 1
@@ -98,8 +99,26 @@ bench-walr: $(STAMP)
 bench-labeldp: $(STAMP)
 	$(BIN)/python benchmarks/bench_labeldp.py
 
-bench-horizontal: $(STAMP)
+bench-horizontal: $(STAMP) peer-flower
 	$(BIN)/python benchmarks/bench_horizontal.py
+
+# Peers measured beside privreg in the same benchmark run, each in its own virtualenv under
+# var/peers (never privreg's dependencies); benchmarks/peers/ holds their drivers.
+PEERS := var/peers
+
+peer-flower: $(PEERS)/flower/.installed
+peer-spu: $(PEERS)/spu/.installed
+
+$(PEERS)/flower/.installed:
+	$(PYTHON) -m venv $(PEERS)/flower
+	$(PEERS)/flower/bin/python -m pip install --quiet "flwr==1.42.0" numpy pandas
+	touch $@
+
+# SecretFlow's libpsi: about 440 MB of native libraries, and jax
+$(PEERS)/spu/.installed:
+	$(PYTHON) -m venv $(PEERS)/spu
+	$(PEERS)/spu/bin/python -m pip install --quiet "spu==0.9.5"
+	touch $@
 
 bench-sparse-lda: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"

@@ -12,7 +12,9 @@ Usage: python benchmarks/bench_horizontal.py [--quick]
    three hospitals in one process, and the coordinator with 3 and with 10 hospitals each its
    own process over mutual TLS on loopback (``benchmarks/horizontal_rounds.py``), medians of
    ``--rounds`` rounds (default 50), beside the issue's targets and the fixed costs (a Prefect
-   task run, a DuckDB opening) measured here.
+   task run, a DuckDB opening) measured here; then Flower 1.42's SecAgg+ at 3 and 10 clients on
+   its deployment engine, ``--flower-rounds`` rounds each (``benchmarks/peers``; Flower lives in
+   its own virtualenv, which ``make bench-horizontal`` makes).
 4. The multi-round protocol (``core.secagg.multiround``: keys once per job, masks per round,
    SecAgg+ neighbour graph) at 10, 100 and 1,000 simulated parties in this one process, 10%
    of them dropped each round: the chosen degree k and threshold t with their failure bounds,
@@ -250,9 +252,10 @@ def multiround_rows(sizes: Sequence[tuple[int, int]], rounds: int) -> list[list[
 ROUND_TARGETS = {3: 0.25, 10: 0.5}
 
 
-def flow_rows(rounds: int, one_process_too: bool = True) -> None:
+def flow_rows(rounds: int, one_process_too: bool = True, flower_rounds: int = 0) -> None:
     """The flows' seconds per round: one process, and 3 and 10 hospital processes with the
-    coordinator over mTLS, all against one Prefect API; and the fixed costs a round pays."""
+    coordinator over mTLS, all against one Prefect API; and the fixed costs a round pays.
+    Then Flower's SecAgg+ at the same numbers of clients, ``flower_rounds`` rounds each."""
     import tempfile
 
     from prefect.settings import PREFECT_API_URL
@@ -314,10 +317,11 @@ def flow_rows(rounds: int, one_process_too: bool = True) -> None:
     print("\n## A message from send to the waiting receiver, loopback (target 50 ms)\n")
     rows = [[name, f"{seconds * 1000:.1f}"] for name, seconds in delivery.items()]
     print(markdown_table(["transport", "ms (median of 20)"], rows))
-    print(
-        "\nFlower's SecAgg+ (flwr) beside it: not measured here (flwr is not installed by this "
-        "target, and flwr 1.42 publishes no timings to quote)."
-    )
+    if flower_rounds:
+        from benchmarks.peers.beside import flower_beside
+
+        privreg = {n: figures["round"] for n, figures in parties.items()}
+        print(flower_beside(privreg, rounds, flower_rounds))
 
 
 def main() -> None:
@@ -333,9 +337,15 @@ def main() -> None:
     parser.add_argument(
         "--parties-only", action="store_true", help="only the party-process flows' rounds"
     )
+    parser.add_argument(
+        "--flower-rounds",
+        type=int,
+        default=3,
+        help="rounds of Flower SecAgg+ beside the party processes (0: none)",
+    )
     args = parser.parse_args()
     if args.flows_only or args.parties_only:
-        flow_rows(args.rounds, one_process_too=not args.parties_only)
+        flow_rows(args.rounds, not args.parties_only, args.flower_rounds)
         return
 
     print("## Multi-round secure sum in the core (one process, 10% dropped per round)\n")
@@ -353,7 +363,7 @@ def main() -> None:
     print(markdown_table(headers, multiround_rows(MULTIROUND_SIZES, 2 if args.quick else 3)))
     if args.core_only:
         return
-    flow_rows(args.rounds)
+    flow_rows(args.rounds, flower_rounds=args.flower_rounds)
 
     print("## Held-out AUC, secure aggregation vs scikit-learn on pooled rows\n")
     headers = [

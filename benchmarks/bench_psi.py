@@ -17,6 +17,9 @@ per second of the whole protocol, as openmined-psi's published figure does.
   seconds (its process and its hashing pool), peak resident memory, bytes sent and received
   as the channel stored them.
 * privreg X25519 ECDH: both parties' steps in this process, from the ids in memory.
+* SecretFlow's RR22 and KKRT16 (``spu`` 0.9.5, libpsi) at 100k and 1M, balanced sets only: two
+  processes over loopback, both learn, run from spu's own virtualenv (``make bench-psi`` makes
+  it; without it the rows say "not measured") by ``benchmarks/peers/spu_psi.py``.
 * openmined-psi: client and server in this process, 1e-9 false-positive rate, raw data
   structure (exact), the client learns only.
 
@@ -32,6 +35,7 @@ import multiprocessing
 import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -45,14 +49,9 @@ from core.psi_ot import protocol as kkrt_psi
 #: OKVS and Subfield VOLE" (CCS 2022), Table 2, for the authors' implementation on one
 #: thread: 1008 bits per id and 2,073 ms; RR22 itself: 251 bits (fast) or 180 (low comm.).
 KKRT16_REPORTED_BITS, KKRT16_REPORTED_MS, RR22_REPORTED_BITS = 1008, 2073, 180
-#: SecretFlow's libpsi (``spu`` 0.9.5 from PyPI) on this two-core machine, two processes over
-#: loopback, both learn, 50% overlap: wall seconds at 100k x 100k and 1M x 1M as measured by an
-#: earlier session; printed as reported, not rerun (installing spu brings ~440 MB and jax).
-SPU_REPORTED = {
-    "RR22 (VOLE-based OPRF)": (0.78, 8.3),
-    "KKRT16 (OT-based OPRF)": (1.42, 12.5),
-    "ECDH on FourQ": (7.3, 64.0),
-}
+#: balanced sizes at which SecretFlow's RR22 and KKRT (spu 0.9.5, installed by ``make bench-psi``
+#: into its own virtualenv) run beside privreg in the same run (benchmarks/peers/spu_psi.py)
+SPU_SIZES = (100_000, 1_000_000)
 
 
 def make_sets(small: int, size: int) -> tuple[list[str], list[str]]:
@@ -324,6 +323,14 @@ def print_phases(run: Run) -> None:
         print(f"| {name} | {' | '.join(cells)} |")
 
 
+def peer_rows_for(size: int, repeats: int) -> list[list[str]]:
+    """SecretFlow's rows, rerun now (after privreg's runs, so they never share the cores)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.peers.beside import spu_rows
+
+    return spu_rows(size, repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", type=int, default=100_000, help="ids of the larger party")
@@ -355,6 +362,7 @@ def main() -> None:
             outcome = run(small, n)
             assert outcome.found == small // 2, (name, outcome.found)
             runs[name].append(outcome)
+    peer_rows = peer_rows_for(n, args.repeats) if small == n and n in SPU_SIZES else []
     print(f"\n### PSI, {small:,} x {n:,} ids, {small // 2:,} shared, median of {args.repeats}\n")
     print("| implementation | median s | ids/s | cpu s | peak MiB | wire bytes/id |")
     print("|---|---|---|---|---|---|")
@@ -367,12 +375,8 @@ def main() -> None:
             f"| {name} | {median:.2f} | {(small + n) / median:,.0f} | {cpu:.1f} | {peak:,.0f} "
             f"| {wire:.1f} |"
         )
-    column = {100_000: 0, 1_000_000: 1}.get(n) if small == n else None
-    for name, figures in SPU_REPORTED.items() if column is not None else ():
-        print(
-            f"| spu 0.9.5 {name}: reported (measured by an earlier session), not rerun "
-            f"| {figures[column]:.2f} | {2 * n / figures[column]:,.0f} | | | |"
-        )
+    for row in peer_rows:
+        print("| " + " | ".join(row) + " |")
     kkrt_runs = next(iter(runs.values()))
     idle = max(r.idle_mib for r in kkrt_runs)
     print(

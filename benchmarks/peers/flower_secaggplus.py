@@ -168,7 +168,7 @@ def run(clients: int, rounds: int, secure: bool, folder: Path) -> dict[str, obje
 
 def plaintext_model(clients: int, rounds: int) -> list[float]:
     """The model the rounds should reach: FedAvg of the clients' gradient steps, in the clear
-    (SecAgg+ quantises each client's model to 2^22 levels over [-8, 8], so about 1e-6 off)."""
+    (SecAgg+ quantises each client's model to 2^22 levels over [-8, 8]: about 1e-5 off)."""
     sys.path.insert(0, str(HERE))
     from flower_app import FEATURES, Hospital, hospital_rows
 

@@ -182,15 +182,20 @@ def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
 
 
 def _bucket(
-    store: PartyStore, job_id: str, plan: Plan, bucket: int
+    store: PartyStore, job_id: str, plan: Plan, bucket: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(rows, digests)`` of one bucket, in row order (so a retry computes the same)."""
-    _by_bucket(store, job_id, plan)
+    """``(rows, digests)`` of one bucket (every id for ``None``), in row order (so a retry
+    computes the same)."""
+    table = _tables(job_id)[0]
     with store.connect() as con:
-        found = con.execute(
-            f'SELECT row, d0, d1 FROM "{_tables(job_id)[0]}" WHERE bucket = ? ORDER BY row',
-            [bucket],
-        ).fetchnumpy()
+        if bucket is None:
+            query = con.execute(f'SELECT row, d0, d1 FROM "{table}" ORDER BY row')
+        else:
+            _by_bucket(store, job_id, plan)
+            query = con.execute(
+                f'SELECT row, d0, d1 FROM "{table}" WHERE bucket = ? ORDER BY row', [bucket]
+            )
+        found = query.fetchnumpy()
     rows = np.asarray(found["row"], dtype=np.int64)
     words = np.empty((len(rows), 2), dtype="<u8")
     words[:, 0], words[:, 1] = found["d0"], found["d1"]
@@ -236,7 +241,7 @@ def _receiver_bucket(
     store = PartyStore.of(ref)
     plan = plan_for(ref, peer, job_id, workspace)
     reply = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, kkrt.KIND_REPLY)
-    rows, digests = _bucket(store, job_id, plan, bucket)
+    rows, digests = _bucket(store, job_id, plan, None if plan.one_table else bucket)
     message, state = kkrt.matrix(_key(store, job_id), digests, reply, plan, bucket, peer)
     return message, rows, state
 
@@ -249,6 +254,8 @@ def send_matrix(
     store = PartyStore.of(ref)
     if ArtifactStore(store).has(_done(job_id, bucket)):
         return  # matched by an earlier attempt: not redone
+    if plan_for(ref, peer, job_id, workspace).matrix_round(bucket) != bucket:
+        return  # one table for every bucket: bucket 0's matrix serves them all
     message, rows, state = _receiver_bucket(ref, peer, job_id, bucket, workspace)
     _RECEIVER_STATES[(str(store.path), job_id, bucket)] = (rows, state)
     channel_for(job_id, workspace).endpoint(ref.party).send(
@@ -269,7 +276,7 @@ def send_values(
     plan = plan_for(ref, peer, job_id, workspace)
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
-    matrix = endpoint.receive(peer, kkrt.KIND_MATRIX, round=bucket)
+    matrix = endpoint.receive(peer, kkrt.KIND_MATRIX, round=plan.matrix_round(bucket))
     _, digests = _bucket(store, job_id, plan, bucket)
     message = kkrt.values(key, digests, hello, matrix, plan, bucket, peer)
     endpoint.send(peer, kkrt.KIND_VALUES, message, round=bucket)
@@ -285,9 +292,12 @@ def match_bucket(
     artifacts = ArtifactStore(store)
     if artifacts.has(_done(job_id, bucket)):
         return
-    saved = _RECEIVER_STATES.pop((str(store.path), job_id, bucket), None)
+    plan = plan_for(ref, peer, job_id, workspace)
+    table = (str(store.path), job_id, plan.matrix_round(bucket))
+    saved = _RECEIVER_STATES.get(table)
     if saved is None:  # matched in another process than the matrix: recomputed
-        saved = _receiver_bucket(ref, peer, job_id, bucket, workspace)[1:]
+        saved = _receiver_bucket(ref, peer, job_id, table[2], workspace)[1:]
+        _RECEIVER_STATES[table] = saved
     rows, state = saved
     values = (
         channel_for(job_id, workspace)
@@ -302,6 +312,8 @@ def match_bucket(
         _matches_table(con, job_id)
         _insert(con, _tables(job_id)[1], frame)
         artifacts.put(_done(job_id, bucket), {"matched": found.result.size}, "psi-state", con=con)
+    if not plan.one_table:  # the one table serves the next buckets too
+        _RECEIVER_STATES.pop(table, None)
 
 
 def _matches_table(con: duckdb.DuckDBPyConnection, job_id: str) -> None:
@@ -344,6 +356,8 @@ def _write(
 
 def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
     _KEYS.pop((str(store.path), job_id), None)
+    for held in [k for k in _RECEIVER_STATES if k[:2] == (str(store.path), job_id)]:
+        del _RECEIVER_STATES[held]
     _sealed(store, job_id).destroy()  # after the commit: a failed write keeps the job resumable
     get_run_logger().info(
         "%s aligned %d of %d rows into %s (KKRT16)",

@@ -42,12 +42,15 @@ def run_kkrt(
     where = {p: buckets.bucket_of(digests[p], count) for p in (r, s)}
     found = []
     for k in range(count):
-        mine, theirs = np.flatnonzero(where[r] == k), np.flatnonzero(where[s] == k)
-        matrix, state = kkrt_psi.matrix(keys[r], digests[r][mine], reply, plans[r], k, s)
+        theirs = np.flatnonzero(where[s] == k)
+        if plans[r].matrix_round(k) == k:  # with one table, bucket 0's holds R's whole set
+            mine = np.arange(len(a if r == "a" else b))
+            mine = mine if plans[r].one_table else np.flatnonzero(where[r] == k)
+            matrix, state = kkrt_psi.matrix(keys[r], digests[r][mine], reply, plans[r], k, s)
+            messages["matrix"].append(matrix)
         values = kkrt_psi.values(keys[s], digests[s][theirs], hello, matrix, plans[s], k, r)
         match = kkrt_psi.match(state, values, s)
         found.append((mine[match.result.rows], match.positions, theirs))
-        messages["matrix"].append(matrix)
         messages["values"].append(values)
     size = sum(len(rows) for rows, _, _ in found)
     messages["result"] = kkrt_psi.result_message(size, min_rows)
@@ -234,6 +237,20 @@ def test_buckets_are_padded_so_their_sizes_tell_nothing() -> None:
     assert messages["matrix"][0]["bins"] == cuckoo.table_size(padded) and padded < 1000
     counts = np.bincount(buckets.bucket_of(kkrt_psi.item_digests(a, "a"), 20), minlength=20)
     assert counts.max() <= padded and len(set(counts.tolist())) > 1  # true sizes vary
+
+
+def test_a_small_set_meets_every_bucket_of_a_large_one_with_one_table() -> None:
+    rng = np.random.default_rng(7)
+    ids = [int(x) for x in rng.choice(10**12, 3000, replace=False)]
+    small, large = ids[:60], ids[30:]
+    assert_aligned(small, large, bucket_ids=256)
+    _, _, messages = run_kkrt(small, large, bucket_ids=256)
+    count = math.ceil(len(large) / 256)
+    assert len(messages["matrix"]) == 1 and len(messages["values"]) == count == 12
+    assert messages["matrix"][0]["bins"] == cuckoo.table_size(60)  # R's set, unpadded
+    padded = buckets.padded_size(len(large), count)
+    width = kkrt_psi.output_bytes(cuckoo.table_size(60), padded * count)  # every comparison
+    assert messages["values"][0]["values"].shape == (3, padded, width)
 
 
 def test_the_smaller_set_receives_and_both_must_agree_on_buckets() -> None:

@@ -175,6 +175,22 @@ def test_many_buckets_and_a_resume_that_skips_finished_buckets(
         assert left == 0
 
 
+def test_a_small_set_meets_many_buckets_with_one_matrix(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, expected = make_parties(workspace, shared=100, only_a=20, only_b=900)
+    monkeypatch.setattr(buckets, "BUCKET_IDS", 128)  # bank's 120 ids: one table; shop's 1000: 8
+    results = _both(a.to_dict(), b.to_dict(), "kkrt-one-table", str(workspace))
+    ids = [
+        PartyStore.of(ref).read_table(ref.with_table(result["table"]))["id"].tolist()
+        for ref, result in zip((a, b), results, strict=True)
+    ]
+    assert ids[0] == ids[1] and set(ids[0]) == expected
+    sent = [(r.kind, r.round) for r in channel_for("kkrt-one-table", str(workspace)).log()]
+    assert [m for m in sent if m[0] == kkrt.KIND_MATRIX] == [(kkrt.KIND_MATRIX, 0)]
+    assert sorted(n for kind, n in sent if kind == kkrt.KIND_VALUES) == list(range(8))
+
+
 def test_duplicate_ids_are_refused_before_anything_is_sent(workspace: Path) -> None:
     a, b, _ = make_parties(workspace)
     store = PartyStore.of(b)

@@ -83,11 +83,30 @@ class Plan:
     buckets: int
     own_size: int
     peer_size: int
+    #: Unbalanced sets: R's whole set fits one bucket, so R builds one cuckoo table (one OT
+    #: extension, unpadded) that S evaluates each of its buckets against. R's cost then grows
+    #: with S's set only by the OPRF values it receives, not by padding or a matrix per bucket.
+    one_table: bool = False
 
     @property
     def own_padded(self) -> int:
+        """Ids per bucket of this party (R's whole set when it has one table)."""
+        if self.one_table and self.receiver:
+            return self.own_size
         return padded_size(self.own_size, self.buckets)
 
     @property
     def peer_padded(self) -> int:
+        """Ids per bucket of the peer (R's whole set when it has one table)."""
+        if self.one_table and not self.receiver:
+            return self.peer_size
         return padded_size(self.peer_size, self.buckets)
+
+    @property
+    def compared_buckets(self) -> int:
+        """How many of S's buckets meet one cuckoo table of R (for the output length)."""
+        return self.buckets if self.one_table else 1
+
+    def matrix_round(self, bucket: int) -> int:
+        """The bucket whose matrix (and OT-extension stream) S evaluates ``bucket`` with."""
+        return 0 if self.one_table else bucket

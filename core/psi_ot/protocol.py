@@ -94,7 +94,9 @@ def plan(party: str, peer: str, size: int, bucket_ids: int, peer_message: object
             f"party runs {bucket_ids}: both must run the same privreg PSI settings"
         )
     receiver = (size, party) < (peer_size, peer)
-    return Plan(receiver, buckets.bucket_count(size, peer_size, bucket_ids), size, peer_size)
+    count = buckets.bucket_count(size, peer_size, bucket_ids)
+    one_table = count > 1 and min(size, peer_size) <= bucket_ids
+    return Plan(receiver, count, size, peer_size, one_table)
 
 
 def item_digests(ids: Sequence[object], party: str, first_row: int = 0) -> np.ndarray:
@@ -226,7 +228,8 @@ def matrix(
     key: bytes, digests: np.ndarray, reply: object, plan: Plan, bucket: int, peer: str
 ) -> tuple[dict[str, Any], ReceiverState]:
     """Step 3 (R): the OT-extension matrix for one bucket's cuckoo table (R's ``digests`` of
-    the bucket, padded with dummies), and R's outputs for its real items."""
+    the bucket, padded with dummies; with ``plan.one_table``, bucket 0 holds R's whole set,
+    unpadded), and R's outputs for its real items."""
     code_key = _bytes(reply, "code_key", 16, "reply", peer)
     choice_message = _bytes(reply, "base_ot", kkrt.WIDTH * base_ot.POINT_BYTES, "reply", peer)
     pairs = _base_ot(lambda: _base_ot_pairs(key, choice_message), "reply", peer)
@@ -241,7 +244,8 @@ def matrix(
     codes = np.zeros((bins, kkrt.CODE_BYTES), dtype=np.uint8)
     codes[occupied] = kkrt.pseudorandom_code(kkrt.code_keys(code_key), inputs)
     u, t_rows = kkrt.receiver_matrices(pairs, codes, stream=bucket)
-    outputs = np.empty((len(digests), output_bytes(bins, plan.peer_padded)), dtype=np.uint8)
+    width = output_bytes(bins, plan.peer_padded * plan.compared_buckets)
+    outputs = np.empty((len(digests), width), dtype=np.uint8)
     outputs[items] = kkrt.receiver_outputs(t_rows[occupied], outputs.shape[1])
     message = {"u": u, "hash_key": hash_key, "bins": bins}
     return message, ReceiverState(outputs[:real], choice[:real], plan.peer_padded)
@@ -384,7 +388,7 @@ def values(
     u = _array(matrix_message, "u", (kkrt.WIDTH, -(-bins // 8)), "matrix", peer)
     chosen = _base_ot_choice(key, hello_message, peer)
     bits = _choice_bits(key)
-    q_rows = kkrt.sender_rows(chosen.keys, bits, u, bins, stream=bucket)
+    q_rows = kkrt.sender_rows(chosen.keys, bits, u, bins, stream=plan.matrix_round(bucket))
     mask = kkrt.choice_mask(bits)
     digests = buckets.pad(
         digests, plan.own_padded, key, _stream(_DUMMIES, bucket), f"bucket {bucket}"
@@ -393,7 +397,7 @@ def values(
     ordered = digests[order]
     candidates = cuckoo.candidate_bins(hash_key, ordered, bins)
     code = kkrt.code_keys(prg(key, 16, _CODE_KEY))
-    width = output_bytes(bins, len(digests))
+    width = output_bytes(bins, len(digests) * plan.compared_buckets)
     out = np.empty((cuckoo.HASHES, len(digests), width), dtype=np.uint8)
     for c in range(cuckoo.HASHES):
         inputs = ordered.copy()

@@ -23,7 +23,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -131,8 +131,8 @@ class Transport(Protocol):
     def put(self, key: MessageKey, data: bytes) -> None:
         """Store (and make available to ``key.receiver``) durably; idempotent, refuses conflicts."""
 
-    def put_many(self, keys: Sequence[MessageKey], data: bytes) -> None:
-        """:meth:`put` of the same bytes under several keys (a broadcast), synced once."""
+    def put_all(self, items: Sequence[tuple[MessageKey, bytes]]) -> None:
+        """:meth:`put` of several messages (a broadcast, a round's requests), synced together."""
 
     def get(self, key: MessageKey, timeout: float) -> bytes:
         """The message's bytes, waiting up to ``timeout`` seconds (:class:`MessageTimeoutError`)."""
@@ -183,38 +183,46 @@ class MessageFolder:
         return Path(tmp)
 
     def put(self, key: MessageKey, data: bytes) -> None:
-        self.put_many([key], data)
+        self.put_all([(key, data)])
 
-    def put_many(self, keys: Sequence[MessageKey], data: bytes) -> None:
-        """The same bytes under every key (one message per receiver), durable before any is
-        visible: one file written and synced, linked under each name, each folder synced.
+    def put_all(self, items: Sequence[tuple[MessageKey, bytes]]) -> None:
+        """Several messages, each durable before any is visible: every distinct payload is
+        one file, written, synced, then linked under the name of each key that carries it;
+        each folder is synced once after.
 
-        Why one file: a broadcast (a round's call, a masked input for the coordinator and
-        every peer) would otherwise pay a sync per receiver, ~8 ms each on a common disk.
-        A key already holding the same bytes is left as it is (idempotent); one holding other
-        bytes is refused with :class:`MessageConflictError` once the others are in place.
+        Why: a broadcast (a round's call, a masked input for the coordinator and every peer)
+        or a round's requests would otherwise pay two syncs per receiver, ~8 ms each on a
+        common disk; one file linked under ten names costs about what one message did. A key
+        already holding the same bytes is left as it is (idempotent); one holding other bytes
+        is refused with :class:`MessageConflictError` once the others are in place.
         """
-        if not keys:
-            return
-        tmp = self.staging(keys[0])
+        groups: dict[str, tuple[bytes, list[MessageKey]]] = {}
+        for key, data in items:
+            groups.setdefault(hashlib.sha256(data).hexdigest(), (data, []))[1].append(key)
+        staged: list[tuple[Path, str, list[MessageKey]]] = []
         try:
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            expected = hashlib.sha256(data).hexdigest()
+            for digest, (data, keys) in groups.items():
+                tmp = self.staging(keys[0])
+                staged.append((tmp, digest, keys))
+                with open(tmp, "wb") as handle:
+                    handle.write(data)
+            for tmp, _, _ in staged:
+                with open(tmp, "rb+") as handle:
+                    os.fsync(handle.fileno())
             linked, conflict = set(), None
-            for key in keys:
-                if self._link(tmp, key):
-                    linked.add(self.path(key).parent)
-                elif conflict is None and _digest(self.path(key)) != expected:
-                    conflict = key
+            for tmp, digest, keys in staged:
+                for key in keys:
+                    if self._link(tmp, key):
+                        linked.add(self.path(key).parent)
+                    elif conflict is None and _digest(self.path(key)) != digest:
+                        conflict = key
             for folder in linked:
                 _fsync_folder(folder)  # the new names survive a crash too
             if conflict is not None:
                 raise _conflict(conflict)
         finally:
-            tmp.unlink(missing_ok=True)
+            for tmp, _, _ in staged:
+                tmp.unlink(missing_ok=True)
 
     def _link(self, tmp: Path, key: MessageKey) -> bool:
         """Give ``tmp`` the message's name; False if the name exists already (``os.link``
@@ -319,6 +327,10 @@ def _conflict(key: MessageKey) -> MessageConflictError:
     )
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def _fsync_folder(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -352,8 +364,8 @@ class FileTransport:
     def put(self, key: MessageKey, data: bytes) -> None:
         self.folder.put(key, data)
 
-    def put_many(self, keys: Sequence[MessageKey], data: bytes) -> None:
-        self.folder.put_many(keys, data)
+    def put_all(self, items: Sequence[tuple[MessageKey, bytes]]) -> None:
+        self.folder.put_all(items)
 
     def get(self, key: MessageKey, timeout: float) -> bytes:
         """Returns as soon as the sender links the file into place: the wait is woken by the
@@ -418,16 +430,21 @@ class Channel:
         digest = hashlib.sha256(data).hexdigest()
         return MessageRecord(key.run, key.round, sender, receiver, kind, len(data), digest)
 
-    def _write_many(
-        self, round_: int, sender: str, receivers: Sequence[str], kind: str, payload: Any
+    def _write_each(
+        self, round_: int, sender: str, kind: str, payloads: Mapping[str, Any]
     ) -> list[MessageRecord]:
-        """One payload to several receivers, encoded once and stored once (``put_many``)."""
-        keys = [self.key(round_, sender, receiver, kind) for receiver in receivers]
-        data = codec.dumps(payload, terms=watchers.terms_of(self.run))
-        self.transport.put_many(keys, data)
-        digest = hashlib.sha256(data).hexdigest()
+        """A payload per receiver, stored together (:meth:`MessageFolder.put_all`); a payload
+        object given to several receivers is encoded once."""
+        encoded: dict[int, bytes] = {}
+        items = []
+        for receiver, payload in payloads.items():
+            if id(payload) not in encoded:
+                encoded[id(payload)] = codec.dumps(payload, terms=watchers.terms_of(self.run))
+            items.append((self.key(round_, sender, receiver, kind), encoded[id(payload)]))
+        self.transport.put_all(items)
         return [
-            MessageRecord(k.run, k.round, sender, k.receiver, kind, len(data), digest) for k in keys
+            MessageRecord(k.run, k.round, sender, k.receiver, kind, len(data), _sha256(data))
+            for k, data in items
         ]
 
     def log(self) -> list[MessageRecord]:
@@ -478,9 +495,16 @@ class PartyEndpoint:
         self, receivers: Sequence[str], kind: str, payload: Any, round: int = 0
     ) -> list[MessageRecord]:
         """The same payload to each of ``receivers`` (one message each, written once)."""
-        if self.party in receivers:
+        return self.send_each(dict.fromkeys(receivers, payload), kind, round=round)
+
+    def send_each(
+        self, payloads: Mapping[str, Any], kind: str, round: int = 0
+    ) -> list[MessageRecord]:
+        """A payload per receiver, all made durable together (one sync per distinct payload
+        and one per folder, not two per message)."""
+        if self.party in payloads:
             raise ChannelError(f"{self.party} cannot send a message to itself")
-        return self.channel._write_many(round, self.party, list(receivers), kind, payload)
+        return self.channel._write_each(round, self.party, kind, payloads)
 
     def receive(self, sender: str, kind: str, round: int = 0, timeout: float | None = None) -> Any:
         """The payload; waits up to ``timeout`` (default: the channel's) for it to arrive."""

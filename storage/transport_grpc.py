@@ -391,10 +391,10 @@ class GrpcTransport:
             raise ChannelError(f"party {self.party} cannot send as {key.sender}")
         self.folder.put(key, data)
 
-    def put_many(self, keys: Sequence[MessageKey], data: bytes) -> None:
-        if any(key.sender != self.party for key in keys):
+    def put_all(self, items: Sequence[tuple[MessageKey, bytes]]) -> None:
+        if any(key.sender != self.party for key, _ in items):
             raise ChannelError(f"party {self.party} can send only as itself")
-        self.folder.put_many(keys, data)
+        self.folder.put_all(items)
 
     def _local(self, key: MessageKey) -> memoryview | None:
         """The stored copy, if this process stored it or it matches its note (a copy torn by

@@ -648,8 +648,7 @@ def _commit_round(
         "revealers": saved.get("revealers"),
         "change": saved["change"],
     }
-    for party in ctx.parties:
-        endpoint.send(party, "model", message, round=ctx.round)
+    endpoint.send_many(ctx.parties, "model", message, round=ctx.round)
     if final:
         secure_rounds.forget_job(store, ctx.job)
     return saved["history"][-1]
@@ -818,8 +817,7 @@ def _call_round(ctx: RoundContext, options: TrainingOptions, stop: bool = False)
             secure_rounds.call_keys(state),
         )
         already = call.to_message()
-    for party in parties:
-        endpoint.send(party, "round", already, round=ctx.round)
+    endpoint.send_many(parties, "round", already, round=ctx.round)
     return RoundCall.from_message(already)
 
 

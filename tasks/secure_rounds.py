@@ -226,11 +226,8 @@ def party_mask(
                 "rejoining": False,
             }
             save_record(store, job, party, record, con)
-    endpoint = job.endpoint(party)
-    endpoint.send(COORDINATOR, MASKED, stored, round=r)
-    for peer in start.active:
-        if peer != party:
-            endpoint.send(peer, MASKED, stored, round=r)
+    peers = [p for p in start.active if p != party]
+    job.endpoint(party).send_many([COORDINATOR, *peers], MASKED, stored, round=r)
     return record
 
 
@@ -269,11 +266,8 @@ def party_answer(
                 record = {**record, "state": wire.party_state_to_plain(state)}
                 save_record(store, job, party, record, con)
     plain = wire.response_to_plain(response)
-    endpoint = job.endpoint(party)
-    endpoint.send(COORDINATOR, RESPONSE, plain, round=round_)
-    for peer in before.active:
-        if peer != party:
-            endpoint.send(peer, RESPONSE, plain, round=round_)
+    peers = [p for p in before.active if p != party]
+    job.endpoint(party).send_many([COORDINATOR, *peers], RESPONSE, plain, round=round_)
     return record
 
 
@@ -439,9 +433,7 @@ def coordinator_collect(
             }
             save_record(store, job, COORDINATOR, record, con)
     remember(store, job, record)
-    endpoint = job.endpoint(COORDINATOR)
-    for party, request in record["requests"].items():
-        endpoint.send(party, REQUEST, request, round=round_)
+    job.endpoint(COORDINATOR).send_each(record["requests"], REQUEST, round=round_)
     return list(state.senders), list(state.dropped)
 
 

@@ -360,21 +360,21 @@ def test_a_transient_fault_is_retried_without_masking_again(
 ) -> None:
     refs = hospitals(workspace)
     masked: list[str] = []
-    real_mask, real_write = mr.mask_round, Channel._write
+    real_mask, real_write = mr.mask_round, Channel._write_each
 
     def counting_mask(state: Any, values: np.ndarray) -> Any:
         masked.append(state.party)
         return real_mask(state, values)
 
-    def flaky_write(self: Channel, round_: int, sender: str, *rest: Any) -> Any:
-        first_masked = rest[1] == "secagg_masked" and "failed" not in masked
+    def flaky_write(self: Channel, round_: int, sender: str, kind: str, payloads: Any) -> Any:
+        first_masked = kind == "secagg_masked" and "failed" not in masked
         if sender == "hospital_a" and first_masked:
             masked.append("failed")
             raise OSError("connection reset while sending")  # after the state was stored
-        return real_write(self, round_, sender, *rest)
+        return real_write(self, round_, sender, kind, payloads)
 
     monkeypatch.setattr(mr, "mask_round", counting_mask)
-    monkeypatch.setattr(Channel, "_write", flaky_write)
+    monkeypatch.setattr(Channel, "_write_each", flaky_write)
     # unscaled: the pooled statistics' own secure sum would mask (and be counted) first
     result = run(refs, workspace, rounds=1, preprocessing={"scaling": "none"}, **FAST)
     # the parties mask concurrently; a masked once although its first send failed
@@ -396,19 +396,22 @@ def _tamper_model(
     with it; otherwise the real mean update is sent along.
     """
     monkeypatch.undo()  # one malicious coordinator at a time
-    real_write = Channel._write
+    real_write = Channel._write_each
     sent: dict[int, Any] = {}
 
-    def write(self: Channel, r: int, sender: str, receiver: str, kind: str, payload: Any) -> Any:
+    def write(self: Channel, r: int, sender: str, kind: str, payloads: dict[str, Any]) -> Any:
         if sender == "coordinator" and kind == "model":
-            sent.setdefault(r, payload)
-            if r == round_ and receiver in receivers:
-                payload = {**payload, "weights": sent[r - 1]["weights"]}
-                if freeze:
-                    payload["mean_update"] = np.zeros_like(payload["mean_update"])
-        return real_write(self, r, sender, receiver, kind, payload)
+            payloads = dict(payloads)
+            for receiver, payload in payloads.items():
+                sent.setdefault(r, payload)
+                if r == round_ and receiver in receivers:
+                    payload = {**payload, "weights": sent[r - 1]["weights"]}
+                    if freeze:
+                        payload["mean_update"] = np.zeros_like(payload["mean_update"])
+                    payloads[receiver] = payload
+        return real_write(self, r, sender, kind, payloads)
 
-    monkeypatch.setattr(Channel, "_write", write)
+    monkeypatch.setattr(Channel, "_write_each", write)
 
 
 def test_the_coordinator_cannot_unmask_one_party_across_rounds(

@@ -382,6 +382,7 @@ class GrpcTransport:
         self._retired: list[grpc.Channel] = []  # channels of replaced credentials
         self._lock = threading.Lock()
         self._intact: set[MessageKey] = set()  # received copies stored or checked by this process
+        self._fetching: dict[MessageKey, threading.Lock] = {}
 
     def store(self) -> MessageFolder:
         return self.folder
@@ -411,6 +412,26 @@ class GrpcTransport:
             raise ChannelError(f"party {self.party} cannot read the {key.describe()}")
         if (data := self._local(key)) is not None:
             return data
+        with self._lock:
+            fetching = self._fetching.setdefault(key, threading.Lock())
+        # one fetch of a key at a time: a second receiver of it (a round's check while a
+        # prefetch holds the long poll) waits for that one instead of asking the peer again
+        if not fetching.acquire(timeout=max(timeout, 0.0)):
+            raise MessageTimeoutError(
+                f"party {self.party} gave up after {timeout:g} s waiting for the "
+                f"{key.describe()} (another wait of this process is fetching it)"
+            )
+        try:
+            if (data := self._local(key)) is not None:
+                return data
+            return self._get(key, timeout)
+        finally:
+            fetching.release()
+            if key in self._intact:
+                with self._lock:
+                    self._fetching.pop(key, None)
+
+    def _get(self, key: MessageKey, timeout: float) -> bytes | memoryview:
         address = self.config.address_of(key.sender)
         deadline, pause, last = time.monotonic() + timeout, 0.05, "none"
         while True:

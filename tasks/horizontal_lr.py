@@ -907,12 +907,12 @@ def party_round(
     elif not model_out:
         secure_sum.party_fault(fault, round_, "mask_input")
         before, record = _mask(ref, store, ctx, call, options)
-        active = call.protocol["active"] if call.protocol else []
-        secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.MASKED, active, round_)
+        active, wait = call.protocol["active"] if call.protocol else [], ctx.stage_timeout
+        secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.MASKED, active, round_, wait)
         if _wait_for_request(ctx, ref.party):
             secure_sum.party_fault(fault, round_, "reveal_shares")
             record = _answer(ref, store, ctx, record)  # stored with the checkpoint below
-            secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.RESPONSE, active, round_)
+            secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.RESPONSE, active, round_, wait)
             _finish(ref, store, ctx, call, options, False, (before, record))
             return True
     _finish(ref, store, ctx, call, options, final=False)

@@ -28,6 +28,7 @@ coordinator's announcement (:func:`party_sum`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Mapping, Sequence
@@ -46,7 +47,7 @@ from storage.channel import PartyEndpoint
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts
 from storage.workspace import channel_for
-from tasks.secure_sum import collect
+from tasks.secure_sum import collect, receivers
 
 COORDINATOR = "coordinator"
 JOB_KEYS, MASKED, REQUEST, RESPONSE, REJOIN = (
@@ -271,14 +272,30 @@ def party_answer(
     return record
 
 
-def prefetch(job: RoundsJob, party: str, kind: str, peers: Sequence[str], round_: int) -> None:
-    """Fetch the peers' copies of ``kind`` that have arrived, without waiting.
+def prefetch(
+    job: RoundsJob, party: str, kind: str, peers: Sequence[str], round_: int, timeout: float
+) -> None:
+    """Start fetching the peers' copies of ``kind`` in the background, each a wait that
+    returns when the copy arrives (or after ``timeout`` seconds); returns at once.
 
-    Why: a party checks the round's sum from its peers' copies once the model arrives; asking
-    for them while the coordinator is still collecting and unmasking takes those requests
-    off the round's critical path (a fetched copy is kept and read locally later)."""
+    Why: a party checks the round's sum from its peers' copies once the model arrives;
+    fetching them while the coordinator is still collecting and unmasking takes them off the
+    round's critical path (a fetched copy is kept and read locally later; a check that asks
+    for one still being fetched waits for that fetch). On one shared folder there is nothing
+    to fetch."""
     endpoint = job.endpoint(party)
-    collect(endpoint, kind, [p for p in peers if p != party], round_, 0, None)
+    if endpoint.channel.transport.party is None:
+        return
+    for peer in peers:
+        if peer != party:
+            receivers().submit(_fetch_quietly, endpoint, peer, kind, round_, timeout)
+
+
+def _fetch_quietly(
+    endpoint: PartyEndpoint, peer: str, kind: str, round_: int, timeout: float
+) -> None:
+    with contextlib.suppress(Exception):  # the round's own wait for it reports any failure
+        endpoint.receive(peer, kind, round=round_, timeout=timeout)
 
 
 def party_sum(

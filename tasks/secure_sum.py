@@ -35,8 +35,10 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -231,8 +233,9 @@ def collect(
     Why one deadline for all: with each party its own process, a sender that is gone (killed,
     failed, slow) must cost a stage its deadline once, not a receive timeout per missing party
     in turn. It waits in the channel's receive (which returns as soon as the message is
-    stored) on one missing sender at a time and then takes what the others have sent, so no
-    sleep of its own delays a message. Every ``report_every`` seconds it logs who is still
+    stored) on every missing sender at once, each in a thread of :func:`receivers` (over the
+    network one long poll per sender, none asked again and again), so no sleep of its own
+    delays a message. Every ``report_every`` seconds it logs who is still
     missing and since when, so a party that never started is named while the wait goes on.
     """
     found: dict[str, Any] = {}
@@ -240,8 +243,15 @@ def collect(
     report_at = started + report_every if report_every else math.inf
     while missing := [p for p in parties if p not in found]:
         wait_for = max(0.0, min(deadline, report_at) - time.monotonic())
-        for index, party in enumerate(missing):
-            arrived_message = _receive(endpoint, party, kind, round_, 0.0 if index else wait_for)
+        if wait_for > 0 and len(missing) > 1:  # wait for all at once, each in its receive
+            waits = [
+                receivers().submit(_receive, endpoint, party, kind, round_, wait_for)
+                for party in missing
+            ]
+            arrived = [w.result() for w in waits]
+        else:
+            arrived = [_receive(endpoint, party, kind, round_, wait_for) for party in missing]
+        for party, arrived_message in zip(missing, arrived, strict=True):
             if arrived_message is not _NOTHING:
                 found[party] = arrived_message
         now = time.monotonic()
@@ -265,6 +275,17 @@ def collect(
 
 
 _NOTHING = object()
+_RECEIVERS: list[ThreadPoolExecutor] = []
+_RECEIVERS_LOCK = threading.Lock()
+
+
+def receivers() -> ThreadPoolExecutor:
+    """The process's threads that wait for messages side by side (started once: a thread
+    start costs milliseconds here, and a round waits on every party at each stage)."""
+    with _RECEIVERS_LOCK:
+        if not _RECEIVERS:
+            _RECEIVERS.append(ThreadPoolExecutor(max_workers=64, thread_name_prefix="receive"))
+        return _RECEIVERS[0]
 
 
 def _receive(endpoint: PartyEndpoint, party: str, kind: str, round_: int, wait: float) -> Any:

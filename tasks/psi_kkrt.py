@@ -187,11 +187,12 @@ def _bucket(
     """``(rows, digests)`` of one bucket (every id for ``None``), in row order (so a retry
     computes the same)."""
     table = _tables(job_id)[0]
+    if bucket is not None:
+        _by_bucket(store, job_id, plan)
     with store.connect() as con:
         if bucket is None:
             query = con.execute(f'SELECT row, d0, d1 FROM "{table}" ORDER BY row')
         else:
-            _by_bucket(store, job_id, plan)
             query = con.execute(
                 f'SELECT row, d0, d1 FROM "{table}" WHERE bucket = ? ORDER BY row', [bucket]
             )
@@ -239,10 +240,12 @@ def _receiver_bucket(
 ) -> tuple[dict[str, Any], np.ndarray, kkrt.ReceiverState]:
     """R's matrix message for one bucket, its rows and its OPRF outputs (deterministic)."""
     store = PartyStore.of(ref)
-    plan = plan_for(ref, peer, job_id, workspace)
+    with store.session():  # one opening of the database for the step's reads
+        plan = plan_for(ref, peer, job_id, workspace)
+        key = _key(store, job_id)
+        rows, digests = _bucket(store, job_id, plan, None if plan.one_table else bucket)
     reply = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, kkrt.KIND_REPLY)
-    rows, digests = _bucket(store, job_id, plan, None if plan.one_table else bucket)
-    message, state = kkrt.matrix(_key(store, job_id), digests, reply, plan, bucket, peer)
+    message, state = kkrt.matrix(key, digests, reply, plan, bucket, peer)
     return message, rows, state
 
 
@@ -252,10 +255,11 @@ def send_matrix(
 ) -> None:
     """Step 3 (receiver): one bucket's OT-extension columns; keeps its OPRF outputs."""
     store = PartyStore.of(ref)
-    if ArtifactStore(store).has(_done(job_id, bucket)):
-        return  # matched by an earlier attempt: not redone
-    if plan_for(ref, peer, job_id, workspace).matrix_round(bucket) != bucket:
-        return  # one table for every bucket: bucket 0's matrix serves them all
+    with store.session():
+        if ArtifactStore(store).has(_done(job_id, bucket)):
+            return  # matched by an earlier attempt: not redone
+        if plan_for(ref, peer, job_id, workspace).matrix_round(bucket) != bucket:
+            return  # one table for every bucket: bucket 0's matrix serves them all
     message, rows, state = _receiver_bucket(ref, peer, job_id, bucket, workspace)
     _RECEIVER_STATES[(str(store.path), job_id, bucket)] = (rows, state)
     channel_for(job_id, workspace).endpoint(ref.party).send(
@@ -270,14 +274,15 @@ def send_values(
     """Step 4 (sender): the OPRF of one bucket's items under each hash function."""
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
-    if artifacts.has(_done(job_id, bucket)):
-        return  # sent by an earlier attempt: not redone
-    key = _key(store, job_id)
-    plan = plan_for(ref, peer, job_id, workspace)
+    with store.session():  # one opening of the database for the step's reads
+        if artifacts.has(_done(job_id, bucket)):
+            return  # sent by an earlier attempt: not redone
+        key = _key(store, job_id)
+        plan = plan_for(ref, peer, job_id, workspace)
+        _, digests = _bucket(store, job_id, plan, bucket)
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
     matrix = endpoint.receive(peer, kkrt.KIND_MATRIX, round=plan.matrix_round(bucket))
-    _, digests = _bucket(store, job_id, plan, bucket)
     message = kkrt.values(key, digests, hello, matrix, plan, bucket, peer)
     endpoint.send(peer, kkrt.KIND_VALUES, message, round=bucket)
     artifacts.put(_done(job_id, bucket), {"sent": True}, "psi-state")
@@ -290,9 +295,10 @@ def match_bucket(
     """Step 5 (receiver): one bucket's matches, kept with the bucket's "done" mark."""
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
-    if artifacts.has(_done(job_id, bucket)):
-        return
-    plan = plan_for(ref, peer, job_id, workspace)
+    with store.session():
+        if artifacts.has(_done(job_id, bucket)):
+            return
+        plan = plan_for(ref, peer, job_id, workspace)
     table = (str(store.path), job_id, plan.matrix_round(bucket))
     saved = _RECEIVER_STATES.get(table)
     if saved is None:  # matched in another process than the matrix: recomputed

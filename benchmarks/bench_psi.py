@@ -295,11 +295,14 @@ def run_openmined(small: int, size: int) -> Run:
     return Run(time.perf_counter() - started, found, _cpu() - cpu, _peak_mib(), wire)
 
 
-def kkrt_formula_bytes(receiver: int, sender: int) -> int:
-    """KKRT16's communication by construction in one bucket: the OT-extension matrix (``k`` =
-    512 bits per cuckoo bin of the receiver) and three truncated OPRF values per sender id."""
-    bins = cuckoo.table_size(receiver)
-    return bins * kkrt.WIDTH // 8 + 3 * sender * kkrt_psi.output_bytes(bins, sender)
+def kkrt_formula_bytes(plan: buckets.Plan) -> tuple[int, int]:
+    """KKRT16's communication by construction, from the receiver's plan: the OT-extension
+    matrix (``k`` = 512 bits per cuckoo bin of the receiver, per bucket or once with one
+    table) and three truncated OPRF values per sender id; and the values' width in bytes."""
+    bins = cuckoo.table_size(plan.own_padded)
+    width = kkrt_psi.output_bytes(bins, plan.peer_padded * plan.compared_buckets)
+    matrices = 1 if plan.one_table else plan.buckets
+    return matrices * bins * kkrt.WIDTH // 8 + 3 * plan.buckets * plan.peer_padded * width, width
 
 
 def print_phases(run: Run) -> None:
@@ -396,15 +399,15 @@ def main() -> None:
     if args.phases:
         print_phases(kkrt_runs[-1])
     bucket_ids = args.bucket_ids or buckets.BUCKET_IDS
-    count = buckets.bucket_count(small, n, bucket_ids)
     receiver, sender = sorted((small, n))
-    per_bucket = [buckets.padded_size(size, count) for size in (receiver, sender)]
+    plan = kkrt_psi.plan("a", "b", receiver, bucket_ids, kkrt_psi.size_message(sender, bucket_ids))
+    total, width = kkrt_formula_bytes(plan)
+    tables = "one receiver table" if plan.one_table else "a receiver table per bucket"
     print(
-        f"\n{count} bucket(s) of up to {bucket_ids:,} ids. KKRT16 by construction here: "
-        f"{kkrt_formula_bytes(*per_bucket) * count / n:.1f} bytes per id "
-        f"of the larger set (1.27 bins x 64 B per receiver id + 3 x "
-        f"{kkrt_psi.output_bytes(cuckoo.table_size(per_bucket[0]), per_bucket[1])} B per sender "
-        f"id). Reported for KKRT16's own implementation at 2^20 x 2^20 (Raghuraman and Rindal, "
+        f"\n{plan.buckets} bucket(s) of up to {bucket_ids:,} ids, {tables}. KKRT16 by "
+        f"construction here: {total / n:.1f} bytes per id of the larger set (1.27 bins x 64 B "
+        f"per receiver id + 3 x {width} B per sender id, padding included). "
+        "Reported for KKRT16's own implementation at 2^20 x 2^20 (Raghuraman and Rindal, "
         f"CCS 2022, Table 2): {KKRT16_REPORTED_BITS} bits = {KKRT16_REPORTED_BITS / 8:.0f} bytes "
         f"per id, {KKRT16_REPORTED_MS:,} ms on one thread; RR22: {RR22_REPORTED_BITS} bits "
         f"(log2 n here: {math.log2(n):.1f})"

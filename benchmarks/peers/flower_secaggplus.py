@@ -22,10 +22,12 @@ same rounds computed in the clear.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -96,8 +98,13 @@ def run(clients: int, rounds: int, secure: bool, folder: Path) -> dict[str, obje
 
     def start(name: str, command: list[str]) -> subprocess.Popen[bytes]:
         with (logs / f"{name}.log").open("wb") as log:
-            process = subprocess.Popen(
-                command, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT
+            process = subprocess.Popen(  # a group of its own: its helpers end with it
+                command,
+                env=env,
+                cwd=folder,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         processes.append(process)
         return process
@@ -141,14 +148,7 @@ def run(clients: int, rounds: int, secure: bool, folder: Path) -> dict[str, obje
             sys.stderr.write(f"--- {log.name}\n" + log.read_text(errors="replace")[-3000:])
         raise
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(processes)
     ends = result["ends"]
     per_round = [b - a for a, b in itertools.pairwise(ends)]
     expected = plaintext_model(clients, len(per_round))
@@ -178,6 +178,19 @@ def plaintext_model(clients: int, rounds: int) -> list[float]:
         fits = [h.fit([weights], {}) for h in hospitals]
         weights = sum(n * w for (w,), n, _ in fits) / sum(n for _, n, _ in fits)
     return [float(v) for v in weights]
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """End each Flower process and what it started: a SuperNode's ClientApp processes can
+    outlive it otherwise (each process leads a group of its own)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, sig)
+        deadline = time.time() + 20
+        for process in processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.1, deadline - time.time()))
 
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:

@@ -168,8 +168,10 @@ def agree_plan(ref: TableRef, peer: str, job_id: str, workspace: str | None = No
 def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
     """Once the plan is known: the digest table gets each row's bucket and is stored in bucket
     order, so reading one bucket touches only its own row groups (not a scan of every id per
-    bucket). Idempotent: a retry finds the column there."""
+    bucket). Idempotent: a retry finds the column there (a step of this process, in a set)."""
     table = _tables(job_id)[0]
+    if (str(store.path), table) in _BUCKETED:
+        return
     with store.transaction() as con:
         columns = con.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]
@@ -179,6 +181,11 @@ def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
                 f'CREATE OR REPLACE TABLE "{table}" AS SELECT d0 % {int(plan.buckets)} AS bucket, '
                 f'row, d0, d1 FROM "{table}" ORDER BY bucket, row'
             )
+    _BUCKETED.add((str(store.path), table))
+
+
+#: The digest tables this process has put in bucket order (dropped with the job's tables).
+_BUCKETED: set[tuple[str, str]] = set()
 
 
 def _bucket(
@@ -362,6 +369,7 @@ def _write(
 
 def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
     _KEYS.pop((str(store.path), job_id), None)
+    _BUCKETED.discard((str(store.path), _tables(job_id)[0]))
     for held in [k for k in _RECEIVER_STATES if k[:2] == (str(store.path), job_id)]:
         del _RECEIVER_STATES[held]
     _sealed(store, job_id).destroy()  # after the commit: a failed write keeps the job resumable
@@ -381,9 +389,10 @@ def release_and_store(
     """Step 5 (receiver), every bucket matched: the size, then (when released) the positions
     per bucket; then the aligned table. Refuses an empty or small intersection."""
     store = PartyStore.of(ref)
-    plan = plan_for(ref, peer, job_id, workspace)
     artifacts = ArtifactStore(store)
-    size = sum(int(artifacts.get(_done(job_id, b))["matched"]) for b in range(plan.buckets))
+    with store.session():  # one opening of the database for the B reads
+        plan = plan_for(ref, peer, job_id, workspace)
+        size = sum(int(artifacts.get(_done(job_id, b))["matched"]) for b in range(plan.buckets))
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     answer = kkrt.result_message(size, min_rows)
     endpoint.send(peer, kkrt.KIND_RESULT, answer)

@@ -233,3 +233,25 @@ def test_a_script_without_main_guard_runs_a_vertical_job(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "BACKEND ProcessBackend LOSSES" in done.stdout
+
+
+def test_the_fixed_base_table_grows_with_the_values_drawn_and_powers_stay_exact(keys) -> None:
+    """A process that draws a few hundred values builds a small table (a 2048-bit key's
+    largest one costs seconds and hundreds of MB), a larger one once many values repay it,
+    and every value is h^e whatever the window."""
+    from core.paillier import randomness
+
+    public, _ = keys
+    modulus, base, bits = mpz(public.nsquare), mpz(12345), 512
+    randomness._TABLES.clear()
+    windows = []
+    for count in (300, 60, 2000, 6000):
+        exponents = [int.from_bytes(os.urandom(bits // 8), "big") for _ in range(count)]
+        powers = randomness._powers(modulus, base, bits, None, exponents)
+        assert powers[:50] == [gmpy2.powmod(base, e, modulus) for e in exponents[:50]]
+        (table,) = randomness._TABLES.values()
+        windows.append(randomness._table_window(table))
+    assert windows[0] < randomness.DEFAULT_WINDOW_BITS  # not the largest table for 400 values
+    assert windows == sorted(windows) and windows[-1] > windows[0]  # grown, never shrunk
+    assert randomness._window_for(10**7, 2048) == randomness.DEFAULT_WINDOW_BITS
+    randomness._TABLES.clear()

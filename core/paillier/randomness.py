@@ -79,13 +79,18 @@ RANDOMIZER_MODES = (FULL, SHORT, STANDARD)
 DEFAULT_RANDOMIZER = FULL
 _ALIASES = {"djn": SHORT}
 DEFAULT_WINDOW_BITS = 12
-"""Fixed-base window: ceil(b/12) multiplications per value for a b-bit exponent (86 short,
-171 full at 2048 bits, against 103 and 205 with 10-bit windows: 16-19% less CPU per value).
-The table holds 4095 * ceil(b/12) residues modulo n^2: about 190 MB (short) or 380 MB (full)
-per process and key, built once (a few CPU seconds) and kept while the key is in use."""
+"""Largest fixed-base window: ceil(b/12) multiplications per value for a b-bit exponent (86
+short, 171 full at 2048 bits, against 103 and 205 with 10-bit windows: 16-19% less CPU per
+value). Such a table holds 4095 * ceil(b/12) residues modulo n^2: about 190 MB (short) or
+380 MB (full) per process and key, and building it costs about 700,000 multiplications
+modulo n^2 (4-11 s at 2048 bits here), which only many thousands of values repay. So a
+process's table starts at the window that suits the values it has drawn for that key so far
+and grows as it draws more (:func:`_window_for`); the results are the same whatever the
+window."""
 _MIN_PARALLEL_CHUNK = 32
 _TABLE_WORTH = 48  # fewer values than this, with no table built yet: plain powmod in C
 _TABLE_CACHE_SIZE = 3  # tables are large (see DEFAULT_WINDOW_BITS)
+_MIN_WINDOW_BITS = 4
 
 
 class Randomizer(Protocol):
@@ -186,7 +191,7 @@ class FixedBaseRandomizer:
         public_key: PaillierPublicKey,
         *,
         mode: str = FULL,
-        window_bits: int = DEFAULT_WINDOW_BITS,
+        window_bits: int | None = None,
         private_key: PaillierPrivateKey | None = None,
     ) -> None:
         n = int(public_key.n)
@@ -198,7 +203,7 @@ class FixedBaseRandomizer:
                 "the fixed-base randomizer needs n = pq with p = q = 3 (mod 4); this modulus "
                 "is not of that shape (n mod 4 != 1): use randomizer='standard'"
             )
-        if not 1 <= window_bits <= 12:
+        if window_bits is not None and not 1 <= window_bits <= 12:
             raise PaillierError(f"window_bits must be in [1, 12], got {window_bits}")
         self.mode = mode
         self._n = n
@@ -249,7 +254,7 @@ def fixed_base_obfuscators(
     h_s: int,
     mode: str,
     factors: tuple[int, int] | None,
-    window_bits: int,
+    window_bits: int | None,
     count: int,
 ) -> list[mpz]:
     """``count`` values h_s^r mod n^2 with fresh exponents of ``mode`` (runs in workers)."""
@@ -267,7 +272,7 @@ def fixed_base_powers(
     n: int,
     h_s: int,
     factors: tuple[int, int] | None,
-    window_bits: int,
+    window_bits: int | None,
     exponents: Sequence[int],
 ) -> list[mpz]:
     """h_s^e mod n^2 for each e; modulo p^2 and q^2 when the factors are given."""
@@ -289,31 +294,77 @@ def fixed_base_powers(
     ]
 
 
-_TABLES: dict[tuple[int, int, int, int], list[list[mpz | None]] | native.FixedBaseTable] = {}
+_TABLES: dict[tuple[int, int, int], list[list[mpz | None]] | native.FixedBaseTable] = {}
+_DRAWN: dict[tuple[int, int, int], int] = {}  # values this process computed per base so far
 _TABLES_LOCK = threading.Lock()
 
 
+def _window_for(values: int, bits: int, largest: int = DEFAULT_WINDOW_BITS) -> int:
+    """The window that makes ``values`` powers cheapest, table included: a w-bit table costs
+    ceil(bits/w) * 2^w multiplications to build and ceil(bits/w) per value."""
+    windows = range(_MIN_WINDOW_BITS, max(largest, _MIN_WINDOW_BITS) + 1)
+    return min(windows, key=lambda w: -(-bits // w) * ((1 << w) + values))
+
+
+def _table_window(table: list[list[mpz | None]] | native.FixedBaseTable) -> int:
+    if isinstance(table, native.FixedBaseTable):
+        return table.window
+    return (len(table[0]) - 1).bit_length()
+
+
+def _chosen_window(
+    table: list[list[mpz | None]] | native.FixedBaseTable | None,
+    drawn: int,
+    bits: int,
+    window_bits: int | None,
+) -> int | None:
+    """The window to (re)build the table at, or None to keep the one there is.
+
+    A fixed ``window_bits`` is kept as asked. Otherwise the table grows: the values drawn so
+    far stand for those still to come, and a larger window is built only when their saving
+    repays its table (so the tables built cost at most about what the values themselves do,
+    and a job of a few thousand values never builds a 380 MB one)."""
+    if window_bits is not None:
+        return None if table is not None and _table_window(table) == window_bits else window_bits
+    best = _window_for(drawn, bits)
+    if table is None:
+        return best
+    current = _table_window(table)
+    if best <= current:
+        return None
+    rows_now, rows_best = -(-bits // current), -(-bits // best)
+    return best if rows_best << best < (rows_now - rows_best) * drawn else None
+
+
 def _powers(
-    modulus: mpz, base: int | mpz, bits: int, window_bits: int, exponents: Sequence[int]
+    modulus: mpz, base: int | mpz, bits: int, window_bits: int | None, exponents: Sequence[int]
 ) -> list[mpz]:
-    key = (int(modulus), int(base), bits, window_bits)
-    table = _TABLES.get(key)
+    key = (int(modulus), int(base), bits)
+    with _TABLES_LOCK:
+        table = _TABLES.get(key)
+        drawn = _DRAWN[key] = _DRAWN.get(key, 0) + len(exponents)
+        while len(_DRAWN) > 4 * _TABLE_CACHE_SIZE:
+            _DRAWN.pop(next(iter(_DRAWN)))
     if table is None and len(exponents) < _TABLE_WORTH:
         # A table pays off only over many values; a few go through GMP's powmod directly.
         return list(gmpy2.powmod_exp_list(mpz(base), [mpz(e) for e in exponents], modulus))
-    if table is None:
+    window = _chosen_window(table, drawn, bits, window_bits)
+    if window is not None:
         # One table per key: the C kernel's (Montgomery form, one block) where it is the
         # faster path, else the mpz rows; never both.
-        rows = -(-bits // window_bits)
+        rows = -(-bits // window)
         if native.preferred(modulus):
-            table = native.FixedBaseTable(modulus, base, rows, window_bits)
+            table = native.FixedBaseTable(modulus, base, rows, window)
         else:
-            table = _fixed_base_table(modulus, mpz(base), bits, window_bits)
+            table = _fixed_base_table(modulus, mpz(base), bits, window)
         with _TABLES_LOCK:
+            _TABLES.pop(key, None)
             while len(_TABLES) >= _TABLE_CACHE_SIZE:
                 _TABLES.pop(next(iter(_TABLES)))
             _TABLES[key] = table
-    digits = _window_digits(exponents, bits, window_bits)
+    assert table is not None
+    window = _table_window(table)
+    digits = _window_digits(exponents, bits, window)
     if isinstance(table, native.FixedBaseTable):
         return table.products(digits)
     results = []

@@ -11,7 +11,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint \
-        peer-flower peer-spu
+        peer-flower peer-spu bench-party-jobs
 
 install: $(STAMP)
 
@@ -87,6 +87,10 @@ bench-endpoint: $(STAMP)
 bench-vertical: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python benchmarks/bench_vertical.py $(BENCH_VERTICAL_ARGS)
+
+bench-party-jobs: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python benchmarks/bench_party_jobs.py
 
 bench-paillier: $(STAMP)
 	$(BIN)/python -m pip install --quiet "sf-heu==0.5.2b0" || echo "sf-heu unavailable: comparing with the anchor numbers"

@@ -25,6 +25,7 @@ seconds: on a shared machine the wall inflates, the CPU much less.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -149,10 +150,9 @@ def vertical_parties(folder: Path, api: str, job: str) -> dict[str, float]:
     # round r starts when the guest sends the hosts [[d]] of round r - 1 ... (its last step
     # that waits for nobody but the hosts): one send to the next is one whole round
     sent = sorted(
-        f.stat().st_mtime
-        for f in (orgs["clinic"].messages / job).rglob("clinic__lab__residual")
+        f.stat().st_mtime for f in (orgs["clinic"].messages / job).rglob("clinic__lab__residual")
     )
-    gaps = [b - a for a, b in zip(sent, sent[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
     rounds = results["clinic"]["rounds_run"]
     return {
         "job": job_seconds,

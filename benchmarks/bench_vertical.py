@@ -114,7 +114,7 @@ class Split:
 
     TARGETS: ClassVar[dict[str, list[tuple[object, str]]]] = {
         "key generation": [(vertical_steps, "generate_keypair")],
-        "encryption": [(cipher, "encrypt"), (cipher, "rerandomize")],
+        "encryption": [(cipher, "encrypt"), (cipher, "rerandomize"), (cipher, "fill_ahead")],
         "X^T [[d]]": [(cipher, "transpose_dot"), (cipher, "weighted_sum")],
         "decryption": [(cipher, "decrypt")],
         "transfer": [(PartyEndpoint, "send"), (PartyEndpoint, "receive")],

@@ -52,7 +52,7 @@ from core.paillier.keys import (
     check_peer_modulus,
     generate_keypair,
 )
-from core.paillier.randomness import ObfuscatorFile, discard_pool, pool_path
+from core.paillier.randomness import ObfuscatorFile, ObfuscatorPool, discard_pool, pool_path
 from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.fixed_point import decode_gradient, encode_features
 from core.vertical_lr.schedule import Schedule
@@ -381,9 +381,23 @@ def _weights_round(round_: int, phase: str) -> int:
 
 def _pool(
     job: VerticalJob, ref: TableRef, public: paillier.PaillierPublicKey
-) -> ObfuscatorFile | None:
-    """The party's own pool of obfuscators for this job's key, if it prepared one."""
-    return cipher.party_pool(ref.database, public, job.randomizer)
+) -> ObfuscatorFile | ObfuscatorPool:
+    """The party's own pool of obfuscators for this job's key if it prepared one, else the
+    ones its process computed ahead (:func:`obfuscators_ahead`; the rest on demand)."""
+    prepared = cipher.party_pool(ref.database, public, job.randomizer)
+    return (
+        prepared if prepared is not None else cipher.ahead_pool(ref.party, public, job.randomizer)
+    )
+
+
+def obfuscators_ahead(job: VerticalJob, ref: TableRef, count: int) -> None:
+    """Before a wait for a peer: compute the ``count`` obfuscators this party draws next, so
+    its encryption runs while it would idle (they do not depend on what they will hide). A
+    party with a prepared pool draws from that instead and computes nothing here."""
+    public = _public_key(job, ref)
+    pool = _pool(job, ref, public)
+    if isinstance(pool, ObfuscatorPool):
+        cipher.fill_ahead(pool, count)
 
 
 # ---- set-up -------------------------------------------------------------------------------
@@ -597,6 +611,8 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
     y = labels_pm1(labels[rows])
     public = stored.public
     endpoint = job.endpoint(ref.party)
+    if stored.sent[kinds[0]] is None:  # while the hosts encrypt: [[d]]'s and the loss's
+        obfuscators_ahead(job, ref, len(rows) + 1 if phase == "train" else 1)
     total: list[int] | None = None
     loss_terms: list[int] = []
     for host in job.hosts:
@@ -811,6 +827,7 @@ def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[
         n = artifacts.get(_key(job, "public_key"))
     if n is not None:  # the key retires with the job: its leftover obfuscators go too
         discard_pool(pool_path(ref.database, int(n), job.randomizer))
+        cipher.forget_ahead(ref.party, int(n))
     return {"key": key, "coefficients": dict(zip(names, weights.tolist(), strict=True))}
 
 

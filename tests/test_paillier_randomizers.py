@@ -255,3 +255,22 @@ def test_the_fixed_base_table_grows_with_the_values_drawn_and_powers_stay_exact(
     assert windows == sorted(windows) and windows[-1] > windows[0]  # grown, never shrunk
     assert randomness._window_for(10**7, 2048) == randomness.DEFAULT_WINDOW_BITS
     randomness._TABLES.clear()
+
+
+def test_obfuscators_computed_ahead_are_the_owners_each_used_once_and_forgotten(keys) -> None:
+    public, private = keys
+    pool = cipher.ahead_pool("lab", public)
+    assert cipher.ahead_pool("lab", public) is pool  # one per owner, key and mode
+    assert cipher.ahead_pool("clinic", public) is not pool  # never another party's values
+    assert cipher.fill_ahead(pool, 5) == 5 and cipher.fill_ahead(pool, 3) == 5  # a top-up
+    kept = list(pool._values)
+    encrypted = cipher.encrypt(public, [7, -7, 0], pool=pool)
+    assert cipher.decrypt(private, encrypted) == [7, -7, 0] and len(pool) == 2
+    again = cipher.rerandomize(public, encrypted, pool=pool)  # 2 left, 1 computed on demand
+    assert len(pool) == 0 and pool.computed_on_demand == 1
+    assert cipher.decrypt(private, again) == [7, -7, 0]
+    used = [(c * pow(1 + m * public.n, -1, public.nsquare)) % public.nsquare
+            for c, m in zip(encrypted, [7, public.n - 7, 0], strict=True)]  # fmt: skip
+    assert used == [int(v) for v in kept[:3]]  # the values taken, in order, once each
+    cipher.forget_ahead("lab", public.n)
+    assert cipher.ahead_pool("lab", public) is not pool

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from core.paillier.randomness import (
     RANDOMIZER_MODES,
     FixedBaseRandomizer,
     ObfuscatorFile,
+    ObfuscatorPool,
     StandardRandomizer,
     make_randomizer,
     pool_path,
@@ -87,7 +89,7 @@ def _obfuscators(
     count: int,
     kind: str = DEFAULT_RANDOMIZER,
     private: paillier.PaillierPrivateKey | None = None,
-    pool: ObfuscatorFile | None = None,
+    pool: ObfuscatorFile | ObfuscatorPool | None = None,
 ) -> list[gmpy2.mpz]:
     """Fresh n-th residues of the chosen mode; with the key's own ``private`` key the same
     values are computed faster by CRT; a ``pool`` of precomputed ones is drawn from first."""
@@ -126,6 +128,43 @@ def party_pool(
     return ObfuscatorFile(path, _randomizer(public.n, randomizer_mode(randomizer), factors))
 
 
+_AHEAD: dict[tuple[str, int, str], ObfuscatorPool] = {}
+_AHEAD_LOCK = threading.Lock()
+
+
+def ahead_pool(
+    owner: str, public: paillier.PaillierPublicKey, randomizer: str = DEFAULT_RANDOMIZER
+) -> ObfuscatorPool:
+    """``owner``'s obfuscators for this key computed ahead of need, in this process's memory
+    only (never written anywhere), each handed out once; a draw beyond them computes the rest.
+
+    Why: an obfuscator does not depend on the value it will hide, so a party can compute the
+    ones it draws next while it waits for a peer (:func:`fill_ahead`), taking its encryption
+    off the round's critical path. A process keeps one per owner, key and mode; they go when
+    the key does (:func:`forget_ahead`) or the process ends."""
+    key = (owner, int(public.n), randomizer_mode(randomizer))
+    with _AHEAD_LOCK:
+        pool = _AHEAD.get(key)
+        if pool is None:
+            pool = _AHEAD[key] = ObfuscatorPool(_randomizer(public.n, key[2], None))
+        return pool
+
+
+def fill_ahead(pool: ObfuscatorPool, count: int) -> int:
+    """Top ``pool`` up to ``count`` values on this machine's cores; returns how many it holds."""
+    missing = count - len(pool)
+    if missing > 0:
+        pool.fill(missing, backend=_backend(missing))
+    return len(pool)
+
+
+def forget_ahead(owner: str, n: int) -> None:
+    """Drop ``owner``'s values computed ahead for the key ``n`` (its job has ended)."""
+    with _AHEAD_LOCK:
+        for key in [k for k in _AHEAD if k[:2] == (owner, int(n))]:
+            del _AHEAD[key]
+
+
 def fill_pool(pool: ObfuscatorFile, count: int, *, batch: int = 4096) -> int:
     """Add ``count`` obfuscators to ``pool`` on this machine's cores, in batches that are each
     durable once written (an interrupted fill keeps what it finished). Returns the pool's size."""
@@ -143,7 +182,7 @@ def encrypt(
     randomizer: str = DEFAULT_RANDOMIZER,
     *,
     private: paillier.PaillierPrivateKey | None = None,
-    pool: ObfuscatorFile | None = None,
+    pool: ObfuscatorFile | ObfuscatorPool | None = None,
 ) -> Ciphertexts:
     """``(1 + m n) u mod n^2`` for each integer ``m`` (negatives as ``n - |m|``), u fresh.
 
@@ -160,7 +199,7 @@ def rerandomize(
     randomizer: str = DEFAULT_RANDOMIZER,
     *,
     private: paillier.PaillierPrivateKey | None = None,
-    pool: ObfuscatorFile | None = None,
+    pool: ObfuscatorFile | ObfuscatorPool | None = None,
 ) -> Ciphertexts:
     """Same plaintexts, fresh randomness: the receiver cannot link them to earlier values."""
     nsq = _nsquare(public)

@@ -46,6 +46,7 @@ from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
 from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.party_config import active_config
+from storage.party_store import PartyStore
 from storage.workspace import derive_job_id
 from tasks import secure_sum
 from tasks import sparse_lda as steps
@@ -462,19 +463,21 @@ def sparse_lda_coordinator(
     names = _party_names(parties)
     job, rule = _job(job_id, _own_folder(workspace), names, **_shared(locals()))
     features = steps.open_job(job, join_timeout)
-    if method == "centralized_reference":
-        get_run_logger().warning("job %s: pooling every site's rows (NOT PRIVATE)", job_id)
-        model = steps.fit_pooled_reference(job)
-    else:
-        ctx = steps.call_sum(job, len(features), rule, stage_timeout)
-        if not steps.sum_done(ctx):  # a restarted coordinator goes straight to the model
-            secure_sum.unmask_sum(ctx, secure_sum.drive_session(ctx))
-        model = steps.build_model(job, ctx, rule)  # and sends it to every site
-    dropped = [p for p in names if p not in model["contributors"]]
-    scores = []
-    if holdout_fraction > 0:  # the figures: the held-out rows of the sites in the model
-        scores = steps.collect_scores(job, model["contributors"], stage_timeout)
-    return {**_finish(job, model, {}, _figures(job, model, scores)), "dropped": dropped}
+    # held through the job (it exists once the job is open): no opening of it per step
+    with secure_sum.coordinator_store(job.workspace).session():
+        if method == "centralized_reference":
+            get_run_logger().warning("job %s: pooling every site's rows (NOT PRIVATE)", job_id)
+            model = steps.fit_pooled_reference(job)
+        else:
+            ctx = steps.call_sum(job, len(features), rule, stage_timeout)
+            if not steps.sum_done(ctx):  # a restarted coordinator goes straight to the model
+                secure_sum.unmask_sum(ctx, secure_sum.drive_session(ctx))
+            model = steps.build_model(job, ctx, rule)  # and sends it to every site
+        dropped = [p for p in names if p not in model["contributors"]]
+        scores = []
+        if holdout_fraction > 0:  # the figures: the held-out rows of the sites in the model
+            scores = steps.collect_scores(job, model["contributors"], stage_timeout)
+        return {**_finish(job, model, {}, _figures(job, model, scores)), "dropped": dropped}
 
 
 @flow(name="sparse_lda_party", flow_run_name="sparse_lda {job_id}: {own[party]}")
@@ -536,26 +539,27 @@ def sparse_lda_party(
             f"one of {names}"
         )
     job, rule = _job(job_id, None, names, **_shared(locals()))
-    steps.check_table(ref, job)
-    steps.join_job(ref, job)  # budget check (a stored release is not charged again)
-    release, ctx = None, None
-    if method == "centralized_reference":
-        steps.send_rows_not_private(ref, job)
-    else:
-        release = steps.release_contribution(ref, job)
-        ctx = steps.await_sum_call(ref, job, rule)
-        if not steps.model_out(ref, job):  # the sum is still open: take part in it
-            secure_sum.contribute(
-                ref,
-                ctx,
-                lambda: secure_sum.mask_stored_input(ref, ctx, steps.input_key(job.job_id)),
-                lambda: steps.model_out(ref, job),
-                inject_fault,
-            )
-    model = steps.keep_model(ref, job, ctx)
-    score = None
-    if holdout_fraction > 0 and ref.party in model["contributors"]:  # for the figures
-        score = steps.score_holdout(ref, job)
+    with PartyStore.of(ref).session():  # held through the job: no opening of it per step
+        steps.check_table(ref, job)
+        steps.join_job(ref, job)  # budget check (a stored release is not charged again)
+        release, ctx = None, None
+        if method == "centralized_reference":
+            steps.send_rows_not_private(ref, job)
+        else:
+            release = steps.release_contribution(ref, job)
+            ctx = steps.await_sum_call(ref, job, rule)
+            if not steps.model_out(ref, job):  # the sum is still open: take part in it
+                secure_sum.contribute(
+                    ref,
+                    ctx,
+                    lambda: secure_sum.mask_stored_input(ref, ctx, steps.input_key(job.job_id)),
+                    lambda: steps.model_out(ref, job),
+                    inject_fault,
+                )
+        model = steps.keep_model(ref, job, ctx)
+        score = None
+        if holdout_fraction > 0 and ref.party in model["contributors"]:  # for the figures
+            score = steps.score_holdout(ref, job)
     arrays = ("direction", "mean_positive", "mean_negative")
     return {
         **{k: v for k, v in model.items() if k not in arrays},

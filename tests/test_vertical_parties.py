@@ -159,7 +159,7 @@ def assert_same_model(
 
 
 def own_messages_only(org: Org) -> None:
-    files = [f for f in org.messages.rglob("r*/*") if not f.name.startswith(".")]
+    files = [f for f in org.messages.rglob("r*/*") if f.is_file() and not f.name.startswith(".")]
     assert files and all(org.party in f.name.split("__")[:2] for f in files)
 
 

@@ -302,6 +302,11 @@ def flow_rows(rounds: int, one_process_too: bool = True, flower_rounds: int = 0)
         )
     headers = ["mode", "round s (median)", "target s (met)", "wall s per round, start-up incl."]
     print(markdown_table(headers, rows))
+    cpu = ", ".join(f"{n} hospitals {figures['cpu']:.2f} s" for n, figures in parties.items())
+    print(
+        f"\nCPU seconds per round of all party processes and their endpoints, start-up "
+        f"included ({os.cpu_count()} cores here): {cpu}."
+    )
     task_ms, store_ms = costs["task run"] * 1000, costs["store opening"] * 1000
     print(
         f"\nfixed costs here (medians): a Prefect task run {task_ms:.1f} ms, opening a party's "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import resource
 import statistics
 import subprocess
 import time
@@ -86,8 +87,10 @@ def one_process(folder: Path, rounds: int) -> dict[str, float]:
 
 def party_processes(folder: Path, rounds: int, api: str, count: int = 3) -> dict[str, float]:
     """Coordinator and ``count`` hospitals as their own processes over mutual TLS: the
-    median round (start to next start) and the wall time per round from the coordinator's
-    process start to its end."""
+    median round (start to next start), the wall time per round from the coordinator's
+    process start to its end, and the CPU seconds per round of all those processes and their
+    message endpoints (start-up included: a machine's other load does not show in it)."""
+    cpu_before = _children_cpu()
     names = hospital_names(count)
     orgs = make_orgs(folder, ["coordinator", *names], receive_timeout=600)
     refs = _tables(folder / "tables", count)
@@ -119,7 +122,14 @@ def party_processes(folder: Path, rounds: int, api: str, count: int = 3) -> dict
                 process.terminate()
                 process.wait(timeout=10)
     history = results["coordinator"]["history"]
-    return {"round": _per_round(history), "wall": wall / rounds}
+    cpu = (_children_cpu() - cpu_before) / rounds
+    return {"round": _per_round(history), "wall": wall / rounds, "cpu": cpu}
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user and system) of this process's ended and waited-for children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def fixed_costs(folder: Path, repeats: int = 30) -> dict[str, float]:

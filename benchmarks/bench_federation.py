@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.horizontal_rounds import HOSPITALS, _tables
 from core.lifetime import descendants
 from demo.orgs import Org, make_orgs, serve_all, start
-from demo.parties import prepare, small_main_job
+from demo.parties import SMALL_KEYS, prepare, small_main_job
 from flows.jobs import read_job
 
 ROOT = Path(__file__).resolve().parents[1]
-PATIENCE = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
+PATIENCE = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300", **SMALL_KEYS}
 
 
 def sides(orgs: dict[str, Org], run: str, logs: Path) -> dict[str, subprocess.Popen]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import socket
 import sys
 import tempfile
@@ -39,6 +40,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+from core.paillier.keys import MIN_SECURE_KEY_BITS, SMALL_KEYS_VARIABLE, small_keys_allowed
 from demo.orgs import Org, free_port, make_orgs, serve, start
 from storage.artifacts import ArtifactStore
 from storage.channel import Channel
@@ -135,6 +137,8 @@ def grpc_parties(folder: Path, rows: int, options: dict[str, Any], api: str) -> 
         counter.target = real_ports[peer]
     refs = dict(zip(("guest", "host"), tables(folder, rows), strict=True))
     extra = {"PREFECT_API_URL": api}
+    if small_keys_allowed():  # each party process's own opt-in, as this process's
+        extra[SMALL_KEYS_VARIABLE] = "1"
     servers = [serve(org, extra) for org in orgs.values()]
     runs: dict[str, Any] = {}
     try:
@@ -183,6 +187,8 @@ def main() -> None:
     parser.add_argument("--key-size", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=4096)
     args = parser.parse_args()
+    if args.key_size < MIN_SECURE_KEY_BITS:
+        os.environ[SMALL_KEYS_VARIABLE] = "1"  # a benchmark's opt-in to a smaller key
     options = {
         "epochs": 1,
         "batch_size": args.batch_size,
@@ -190,7 +196,6 @@ def main() -> None:
         "momentum": 0.9,
         "clip_features": 3.0,
         "key_size": args.key_size,
-        "allow_insecure_key_size": args.key_size < 2048,
         "tol": 0.0,
     }
     from prefect.settings import PREFECT_API_URL

@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.paillier.keys import SMALL_KEYS_VARIABLE
 from demo.orgs import CLI, Org, env_of, make_orgs, serve_all, start
 from flows.jobs import read_job
 from flows.pipeline_party import organisations, participants
@@ -37,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ORGS = ROOT / "var" / "orgs"
 JOB_FILE = "jobs/demo.json"
 STARTUP = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+SMALL_KEYS = {SMALL_KEYS_VARIABLE: "1"}
+"""A party process's own opt-in to :func:`small_main_job`'s keys (``extra`` environment)."""
 
 
 def prepare(
@@ -59,11 +62,12 @@ def prepare(
 
 def small_main_job(source: Path) -> None:
     """The demo's main job shrunk for tests and benchmarks, under ``source/jobs/demo.json``:
-    no sub-jobs, no WALR, one vertical epoch, 1024-bit keys (``source/demo`` links the data)."""
+    no sub-jobs, no WALR, one vertical epoch, 1024-bit keys (``source/demo`` links the data;
+    each party process that runs it needs :data:`SMALL_KEYS` in its environment)."""
     job = read_job(ROOT / JOB_FILE)
     job.pop("subjobs")
     job.pop("walr")
-    job["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
+    job["vertical"].update(epochs=1, key_size=1024)
     (source / "jobs").mkdir(parents=True)
     (source / JOB_FILE).write_text(json.dumps(job))
     (source / "demo").symlink_to(ROOT / "demo")

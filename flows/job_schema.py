@@ -141,15 +141,13 @@ class VerticalOptions(_Strict):
     decay: NonNegative = Field(0.0, description="learning-rate decay per epoch")
     l2: NonNegative = Field(0.0, description="ridge penalty")
     tol: NonNegative = Field(1e-5, description="stop when the loss changes less than this")
-    key_size: int = Field(2048, ge=256, description="Paillier modulus bits (< 2048: tests)")
+    key_size: int = Field(2048, ge=256, description="Paillier modulus bits (< 2048: tests only)")
     seed: int = Field(0, ge=0, description="seeds the hold-out split and the batches")
     holdout_fraction: Fraction = Field(0.1, description="rows held out to score the model")
     arbiter: bool = Field(True, description="a third party holds the key (false: two-party)")
     arbiter_database: str | None = Field(None, description="the arbiter's store")
     randomizer: Randomizer = Field(DEFAULT_RANDOMIZER, description="Paillier obfuscators")
     clip_features: Positive | None = Field(None, description="clip each feature to +-this")
-    allow_insecure_key_size: bool = Field(False, description="tests only: keys below 2048 bits")
-    fail_at_round: int | None = Field(None, ge=1, description="tests only: fail in this round")
 
 
 class WalrOptions(_Strict):
@@ -160,8 +158,7 @@ class WalrOptions(_Strict):
     mode: Literal["binary", "clipped"] = Field("clipped", description="sensitivity bound")
     clip_norm: Positive | None = Field(None, description="row norm bound for clipped mode")
     l2: NonNegative = Field(1e-3, description="ridge penalty of the fit")
-    key_size: int = Field(2048, ge=256, description="Paillier modulus bits (< 2048: tests)")
-    allow_insecure_key_size: bool = Field(False, description="tests only: keys below 2048 bits")
+    key_size: int = Field(2048, ge=256, description="Paillier modulus bits (< 2048: tests only)")
     noise: bool = Field(True, description="false only with the owner's noiseless permission")
     evaluate: bool = Field(False, description="score held-out rows")
     protected_table: Identifier | None = Field(None, description="table charged (default: source)")

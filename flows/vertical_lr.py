@@ -12,6 +12,7 @@ two-party mode; see the README for what each side learns then).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 from core.outcomes import BELOW_BASELINE, check_loss, classifier_verdict
+from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.schedule import Schedule
@@ -32,18 +34,24 @@ from tasks.loading import fingerprint
 from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
 from tasks.summaries import current_attempt, vertical_round_history, vertical_summary
 
+FAULT_VARIABLE = "PRIVREG_TEST_FAIL_ROUND"
+"""Tests only: ``PRIVREG_TEST_FAIL_ROUND=<job id>:<round>`` in the environment of the process
+that runs the one-process flow makes that job's round fail on the flow run's first try (past
+the round's own retries); a retry of the flow run passes. No flow parameter or job-file key
+has it, so no deployment form offers it."""
+
 
 class InjectedFaultError(RuntimeError):
-    """Raised by the test-only ``fail_at_round`` parameter."""
+    """Raised by the test-only fault switch (:data:`FAULT_VARIABLE`)."""
+
+
+def _injected_fault(job_id: str, round_: int) -> bool:
+    return os.environ.get(FAULT_VARIABLE) == f"{job_id}:{round_}" and flow_run.run_count <= 1
 
 
 @task(name="vertical-round", task_run_name="round {round_}", retries=1, retry_delay_seconds=2)
 def train_round(
-    job: steps.VerticalJob,
-    guest: TableRef,
-    hosts: list[TableRef],
-    round_: int,
-    fail_at_round: int | None = None,
+    job: steps.VerticalJob, guest: TableRef, hosts: list[TableRef], round_: int
 ) -> dict[str, Any]:
     """One mini-batch, every party's steps; re-running it recomputes the round whole."""
     started = time.perf_counter()
@@ -55,10 +63,8 @@ def train_round(
     for host in hosts:
         steps.host_gradient(job, host, round_)
     loss = steps.key_holder_decrypt(job, round_)
-    if fail_at_round == round_ and flow_run.run_count <= 1:
-        # test-only fault: fires on every attempt of the flow run's first try, so the round
-        # fails past its retries; a retry of the flow run (run_count 2) passes
-        raise InjectedFaultError(f"injected fault in round {round_} (test-only fail_at_round)")
+    if _injected_fault(job.job_id, round_):  # every attempt of the first try: past retries
+        raise InjectedFaultError(f"injected fault in round {round_} ({FAULT_VARIABLE})")
     squared = steps.update_weights(job, guest, round_, "guest")
     squared += sum(steps.update_weights(job, host, round_, "host") for host in hosts)
     metrics = {
@@ -103,8 +109,6 @@ def vertical_lr(
     job_id: str | None = None,
     randomizer: str = DEFAULT_RANDOMIZER,
     clip_features: float | None = None,
-    allow_insecure_key_size: bool = False,
-    fail_at_round: int | None = None,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any] | State:
     """Train; returns the guest's slice (its coefficients, metrics, scores table) and the
@@ -117,7 +121,6 @@ def vertical_lr(
     r < n, semantically secure under DCR alone), ``"short"`` (``"djn"``: r of k/2 bits, about
     1.6x cheaper, needs an extra short-exponent assumption) or ``"standard"`` (textbook r^n,
     slowest); see core/paillier/randomness.py for the security statement.
-    ``allow_insecure_key_size`` and ``fail_at_round`` exist for tests only.
 
     Args:
         guest: Descriptor of the guest's aligned table (holds the labels and some features).
@@ -140,8 +143,6 @@ def vertical_lr(
         randomizer: Paillier obfuscators: "full" (default), "short" (also "djn": about 1.6x
             cheaper, an extra assumption) or "standard" (textbook, slowest).
         clip_features: Clip every party's features to [-c, c] locally; None keeps them.
-        allow_insecure_key_size: Allow keys under 2048 bits (tests only).
-        fail_at_round: Inject a failure in this round on the first try (tests only).
         preprocessing: The job's preprocessing (scaling, imputation; default: standardise):
             each party fits it on its own columns, nothing leaves it.
 
@@ -151,6 +152,7 @@ def vertical_lr(
     """
     logger = get_run_logger()
     randomizer_mode(randomizer)  # an unknown name fails here, before any key is made
+    check_key_size(key_size)  # below 2048 bits: this process's opt-in (tests only)
     spec = PreprocessingSpec.from_dict(preprocessing)
     guest_ref = TableRef.from_dict(guest)
     host_refs = [TableRef.from_dict(h) for h in hosts]
@@ -203,7 +205,6 @@ def vertical_lr(
         clip_features=clip_features,
         preprocessing=spec,
         key_size=key_size,
-        allow_insecure_key_size=allow_insecure_key_size,
     )
     info = steps.check_party(provisional, guest_ref, "guest")
     host_features = {
@@ -214,7 +215,7 @@ def vertical_lr(
     steps.check_batches(schedule, host_features)  # the guest refuses batches that leak labels
     widths = ((guest_ref.party, info["features"] + 1), *host_features.items())
     job = dataclasses.replace(provisional, schedule=schedule, widths=widths)
-    steps.create_keys(job, key_size, allow_insecure_key_size)
+    steps.create_keys(job, key_size)
     # Resume: the smallest last round any party finished; parties ahead roll back.
     finished = [steps.last_round(job, r) for r in (guest_ref, *host_refs)]
     resume_from = min(finished)
@@ -235,7 +236,7 @@ def vertical_lr(
     last_done = resume_from
     first_loss = steps.stored_losses(job, job.key_holder_database).get(0)
     for round_ in range(resume_from + 1, total_rounds if stopped is None else 0):
-        result = train_round(job, guest_ref, host_refs, round_, fail_at_round)
+        result = train_round(job, guest_ref, host_refs, round_)
         first_loss = result["loss"] if first_loss is None else first_loss
         check_loss("vertical_lr", job_id, round_, result["loss"], first_loss)
         epoch, index = schedule.position(round_)

@@ -41,6 +41,7 @@ from prefect import flow, task
 from prefect.states import Completed, State
 
 from core.outcomes import BELOW_BASELINE, check_loss, classifier_verdict
+from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.schedule import Schedule
@@ -77,7 +78,6 @@ def vertical_lr_party(
     holdout_fraction: float = 0.1,
     randomizer: str = DEFAULT_RANDOMIZER,
     clip_features: float | None = None,
-    allow_insecure_key_size: bool = False,
     workspace: str | None = None,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any] | State:
@@ -103,12 +103,12 @@ def vertical_lr_party(
         holdout_fraction: Share of rows held out for the hold-out loss and metrics.
         randomizer: Paillier randomizer ("full", "short" or "standard").
         clip_features: Clip this party's features to [-c, c] locally; None keeps them.
-        allow_insecure_key_size: Allow keys under 2048 bits (tests only).
         workspace: The shared message folder when every party runs in one process (embedded).
         preprocessing: The job's preprocessing (default: standardise); this party fits it on
             its own columns only, nothing leaves it. Every party passes the job's same object.
     """
     randomizer_mode(randomizer)  # an unknown name fails here, before any key is made
+    check_key_size(key_size)  # below 2048 bits: this party's own opt-in (tests only)
     ref = _own_table(role, own, guest, hosts, arbiter)
     job = steps.VerticalJob(
         job_id=job_id,
@@ -126,13 +126,11 @@ def vertical_lr_party(
         clip_features=clip_features,
         preprocessing=PreprocessingSpec.from_dict(preprocessing),
         key_size=key_size,
-        allow_insecure_key_size=allow_insecure_key_size,
     )
     shape = {"batch_size": batch_size, "holdout_fraction": holdout_fraction}
-    key = {"key_size": key_size, "allow_insecure_key_size": allow_insecure_key_size}
     started = time.time()
     if ref is None:
-        steps.create_keys(job, **key)
+        steps.create_keys(job, key_size)
         with PartyStore(job.key_holder_database).session():  # held through the job
             result = _arbiter(steps.receive_setup(job, job.key_holder, **shape), epochs, tol)
     elif role == "host":
@@ -146,7 +144,7 @@ def vertical_lr_party(
             steps.check_alignment(job, ref)
             job = steps.guest_agree(job, ref, info, **shape)
             if not job.with_arbiter:
-                steps.create_keys(job, **key)
+                steps.create_keys(job, key_size)
             result = _guest(job, ref, epochs, tol)
     result = {**result, "started_at": started, "finished_at": time.time()}
     if str(result.get("outcome", "")).startswith(BELOW_BASELINE):  # COMPLETED, named so

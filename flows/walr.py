@@ -45,6 +45,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from core.dp.gaussian import validate_epsilon_delta
+from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
 from storage.descriptor import TableRef
@@ -67,7 +68,6 @@ def _check_options(
     clip_norm: float | None,
     l2: float,
     key_size: int,
-    allow_insecure_key_size: bool,
     noise: bool,
     allow_noiseless_release_for_tests: bool,
     holdout_fraction: float = 0.0,
@@ -87,7 +87,7 @@ def _check_options(
         raise steps.WalrSetupError(f"clip_norm must be finite and > 0, got {clip_norm!r}")
     if not (math.isfinite(l2) and l2 > 0):
         raise steps.WalrSetupError(f"l2 must be finite and > 0 (noisy sums need it), got {l2!r}")
-    steps.check_key_size(key_size, allow_insecure_key_size)
+    check_key_size(key_size)  # below 2048 bits: this process's opt-in (tests only)
     if not noise and not allow_noiseless_release_for_tests:
         raise steps.WalrSetupError(
             "noise=False releases the exact label-weighted sum (no privacy); it is for tests "
@@ -171,11 +171,11 @@ def _make_job(
     allow_noiseless_release_for_tests: bool,
     randomizer: str,
     holdout_fraction: float = 0.0,
-    key: tuple[int, bool] = (2048, False),
+    key_size: int = 2048,
     preprocessing: PreprocessingSpec | None = None,
 ) -> steps.WalrJob:
     """The public job both parties hold: names, release parameters, fingerprints known so far,
-    and ``key``: the labels party's key size and whether smaller keys are allowed (tests)."""
+    and the labels party's key size."""
     if features_party == labels_party:
         raise steps.WalrSetupError(f"both tables belong to {features_party!r}")
     return steps.WalrJob(
@@ -190,8 +190,7 @@ def _make_job(
         noiseless_for_tests=not noise and allow_noiseless_release_for_tests,
         randomizer=randomizer,
         holdout_fraction=holdout_fraction,
-        key_size=key[0],
-        allow_insecure_key_size=key[1],
+        key_size=key_size,
         preprocessing=preprocessing or PreprocessingSpec(),
         **release,
     )
@@ -237,7 +236,6 @@ def walr(
     key_size: int = 2048,
     workspace: str | None = None,
     job_id: str | None = None,
-    allow_insecure_key_size: bool = False,
     noise: bool = True,
     evaluate: bool = False,
     protected_table: str | None = None,
@@ -270,7 +268,6 @@ def walr(
         key_size: Paillier modulus bits of the labels party's key.
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
         job_id: Job to continue; default derived from the tables and options.
-        allow_insecure_key_size: Allow keys under 2048 bits (tests only).
         noise: Add the calibrated noise (False only for tests).
         evaluate: Send predictions to the labels party for an AUC (not covered by the DP).
         protected_table: The labels table or its source (checked by the labels party).
@@ -289,7 +286,6 @@ def walr(
         clip_norm,
         l2,
         key_size,
-        allow_insecure_key_size,
         noise,
         allow_noiseless_release_for_tests,
         holdout_fraction,
@@ -325,7 +321,7 @@ def walr(
         allow_noiseless_release_for_tests,
         randomizer,
         holdout_fraction,
-        (key_size, allow_insecure_key_size),
+        key_size,
         spec,
     )
     # each party's steps in turn, in the order the messages need
@@ -337,7 +333,7 @@ def walr(
     if checked["reused"]:
         get_run_logger().info("unchanged inputs: reused the stored release (nothing charged)")
     else:
-        steps.encrypt_labels(job, labels_ref, key_size, allow_insecure_key_size)
+        steps.encrypt_labels(job, labels_ref, key_size)
     if steps.receive_plan(job, features_ref):
         steps.masked_sums(job, features_ref)
     steps.release_noisy_sums(job, labels_ref)  # a stored release is kept as it is
@@ -393,7 +389,6 @@ def walr_party(
     clip_norm: float | None = None,
     l2: float = 1e-3,
     key_size: int = 2048,
-    allow_insecure_key_size: bool = False,
     noise: bool = True,
     evaluate: bool = False,
     protected_table: str | None = None,
@@ -419,7 +414,6 @@ def walr_party(
         clip_norm: Row-norm bound of clipped mode, chosen without looking at the labels.
         l2: L2 penalty of the logistic regression (> 0; used by the features party).
         key_size: Paillier modulus bits of the labels party's key.
-        allow_insecure_key_size: Allow keys under 2048 bits (tests only).
         noise: Add the calibrated noise (False only for tests).
         evaluate: Predictions go to the labels party for an AUC (not covered by the DP).
         protected_table: The labels table or its source (checked by the labels party).
@@ -436,8 +430,8 @@ def walr_party(
     randomizer_mode(randomizer)
     validate_epsilon_delta(epsilon, delta)
     _check_options(
-        mode, clip_norm, l2, key_size, allow_insecure_key_size, noise,
-        allow_noiseless_release_for_tests, holdout_fraction,
+        mode, clip_norm, l2, key_size, noise, allow_noiseless_release_for_tests,
+        holdout_fraction,
     )  # fmt: skip
     ref = TableRef.from_dict(own)
     release = {"epsilon": epsilon, "delta": delta, "mode": mode, "clip_norm": clip_norm}
@@ -450,16 +444,16 @@ def walr_party(
     job = _make_job(
         names[0], names[1], job_id, None, names[2], prints, release, noise,
         allow_noiseless_release_for_tests, randomizer, holdout_fraction,
-        (key_size, allow_insecure_key_size), spec,
+        key_size, spec,
     )  # fmt: skip
     scored = evaluate or holdout_fraction > 0
     if role == "labels":
-        return _labels_side(job, ref, key_size, allow_insecure_key_size, scored)
+        return _labels_side(job, ref, key_size, scored)
     return _features_side(job, ref, l2, scored)
 
 
 def _labels_side(
-    job: steps.WalrJob, ref: TableRef, key_size: int, allow_insecure: bool, evaluate: bool
+    job: steps.WalrJob, ref: TableRef, key_size: int, evaluate: bool
 ) -> dict[str, Any]:
     """The labels party's column: refuse before computing, release once, re-send on re-runs."""
     job = replace(job, **steps.receive_features_facts(job, ref))  # names the release key
@@ -469,7 +463,7 @@ def _labels_side(
     if checked["reused"]:  # its key names both tables' fingerprints: the same inputs
         get_run_logger().info("unchanged inputs: reused the stored release (nothing charged)")
     else:
-        steps.encrypt_labels(job, ref, key_size, allow_insecure)
+        steps.encrypt_labels(job, ref, key_size)
     steps.release_noisy_sums(job, ref)  # a stored release is kept as it is
     sent = steps.send_release(job, ref)
     metrics = steps.evaluate(job, ref) if evaluate else {}

@@ -349,7 +349,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     walr.add_argument("--clip-norm", type=float, help="row norm bound, clipped mode")
     walr.add_argument("--l2", type=float, help=f"ridge penalty; {FLOW_DEFAULT}")
     walr.add_argument("--key-size", type=int, help=f"Paillier bits; {FLOW_DEFAULT}")
-    walr.add_argument("--allow-insecure-key-size", action="store_true", help="tests only")
     walr.add_argument("--protected-table", help="the labels table or its source (labels)")
     walr.add_argument("--randomizer", help="Paillier obfuscators: full, short or standard")
     walr.add_argument("--holdout-fraction", type=float, help="both parties must pass the same")

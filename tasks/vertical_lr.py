@@ -48,9 +48,10 @@ from core.paillier import cipher
 from core.paillier.errors import PaillierError
 from core.paillier.keys import (
     DEFAULT_KEY_BITS,
-    MIN_SECURE_KEY_BITS,
+    check_key_size,
     check_peer_modulus,
     generate_keypair,
+    small_keys_allowed,
 )
 from core.paillier.randomness import ObfuscatorFile, ObfuscatorPool, discard_pool, pool_path
 from core.preprocessing import PreprocessingSpec
@@ -116,7 +117,6 @@ class VerticalJob:
     # the key the job's terms state: every encrypting party checks the key holder's n against
     # it before encrypting anything (core.paillier.keys.check_peer_modulus)
     key_size: int = DEFAULT_KEY_BITS
-    allow_insecure_key_size: bool = False
 
     @property
     def with_arbiter(self) -> bool:
@@ -341,7 +341,7 @@ def _public_key(
             n = check_peer_modulus(
                 job.endpoint(ref.party).receive(job.key_holder, "public_key"),
                 expected_bits=job.key_size,
-                allow_insecure_key_size=job.allow_insecure_key_size,
+                allow_insecure_key_size=small_keys_allowed(),  # this party's own opt-in
                 holder=job.key_holder,
             )
         artifacts.put(_key(job, "public_key"), n, "public-key")
@@ -402,27 +402,22 @@ def obfuscators_ahead(job: VerticalJob, ref: TableRef, count: int) -> None:
 
 # ---- set-up -------------------------------------------------------------------------------
 @task(name="vertical-keys", task_run_name="{job.key_holder}: key pair", **PARTY_STEP)
-def create_keys(job: VerticalJob, key_size: int, allow_insecure_key_size: bool = False) -> int:
+def create_keys(job: VerticalJob, key_size: int) -> int:
     """The key holder's Paillier key pair, created once per job and kept in its store only."""
-    return prepare_key(job, key_size, allow_insecure_key_size)
+    return prepare_key(job, key_size)
 
 
-def prepare_key(job: VerticalJob, key_size: int, allow_insecure_key_size: bool = False) -> int:
+def prepare_key(job: VerticalJob, key_size: int) -> int:
     """Create the job's key pair unless it exists (ahead of the run, or at its start) and send
-    ``n`` to every other party (the same bytes each time). Returns the modulus bits."""
-    if key_size < MIN_SECURE_KEY_BITS and not allow_insecure_key_size:
-        raise VerticalSetupError(
-            f"key_size={key_size} is below {MIN_SECURE_KEY_BITS} bits; smaller keys are for "
-            "tests only and need allow_insecure_key_size=True"
-        )
+    ``n`` to every other party (the same bytes each time). Returns the modulus bits. Keys
+    below 2048 bits need the key holder's own opt-in (``core.paillier.keys``)."""
+    check_key_size(key_size)
     artifacts = _artifacts(job.key_holder_database)
     stored = artifacts.get(_key(job, "keypair"))
     if stored is not None and key_retired(job):
         get_run_logger().info("job %s has ended: its private key is deleted", job.job_id)
     if stored is None:
-        public, private = generate_keypair(
-            key_size, allow_insecure_key_size=allow_insecure_key_size
-        )
+        public, private = generate_keypair(key_size, allow_insecure_key_size=small_keys_allowed())
         stored = {"n": public.n}
         with artifacts.store.transaction() as con:  # n in the clear, p and q sealed: together
             artifacts.put(_key(job, "keypair"), stored, "public-key", con=con)
@@ -447,7 +442,6 @@ def keys_job(
     workspace: str | None = None,
     randomizer: str = cipher.DEFAULT_RANDOMIZER,
     key_size: int = DEFAULT_KEY_BITS,
-    allow_insecure_key_size: bool = False,
 ) -> VerticalJob:
     """The parts of a job that key and pool preparation need (the training options play no
     part; the schedule is a placeholder until :func:`agreed_job`)."""
@@ -465,7 +459,6 @@ def keys_job(
         l2=0.0,
         randomizer=cipher.randomizer_mode(randomizer),
         key_size=key_size,
-        allow_insecure_key_size=allow_insecure_key_size,
     )
 
 

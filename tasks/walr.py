@@ -66,9 +66,10 @@ from core.paillier import cipher
 from core.paillier.errors import PaillierError
 from core.paillier.keys import (
     DEFAULT_KEY_BITS,
-    MIN_SECURE_KEY_BITS,
+    check_key_size,
     check_peer_modulus,
     generate_keypair,
+    small_keys_allowed,
 )
 from core.preprocessing import FittedPreprocessing, PreprocessingSpec, fit_local
 from core.walr import (
@@ -130,7 +131,6 @@ class WalrJob:
     # the labels party's key as the job's terms state it: the features party checks the n it
     # receives against it before encrypting anything (core.paillier.keys.check_peer_modulus)
     key_size: int = DEFAULT_KEY_BITS
-    allow_insecure_key_size: bool = False
     # the features party's own preprocessing (fitted on its training rows, applied before the
     # grid encoding); the labels party never uses it
     preprocessing: PreprocessingSpec = field(default_factory=PreprocessingSpec)
@@ -213,14 +213,6 @@ class FeaturesFacts:
         if facts.columns < 1 or not isinstance(facts.fingerprint, str):
             raise WalrSetupError(f"{sender} sent {facts.columns} columns or no fingerprint")
         return facts
-
-
-def check_key_size(key_size: int, allow_insecure_key_size: bool) -> None:
-    if key_size < MIN_SECURE_KEY_BITS and not allow_insecure_key_size:
-        raise WalrSetupError(
-            f"key_size={key_size} is below {MIN_SECURE_KEY_BITS} bits; smaller keys are for "
-            "tests only and need allow_insecure_key_size=True"
-        )
 
 
 def labels_only(ref: TableRef) -> TableRef:
@@ -416,13 +408,13 @@ def receive_plan(job: WalrJob, ref: TableRef) -> bool:
 
 
 @task(name="walr-encrypt-labels", task_run_name="{ref.party}: key pair and [[y]]", **PARTY_STEP)
-def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int, allow_insecure: bool) -> int:
+def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int) -> int:
     """The labels party's own key pair (kept in its store only) and its encrypted labels."""
-    check_key_size(key_size, allow_insecure)
+    check_key_size(key_size)
     artifacts = ArtifactStore(PartyStore.of(ref))
     stored = artifacts.get(job.key("keypair"))
     if stored is None:
-        public, private = generate_keypair(key_size, allow_insecure_key_size=allow_insecure)
+        public, private = generate_keypair(key_size, allow_insecure_key_size=small_keys_allowed())
         stored = {"n": public.n}
         with artifacts.store.transaction() as con:  # n in the clear, p and q sealed: together
             artifacts.put(job.key("keypair"), stored, "public-key", con=con)
@@ -460,7 +452,7 @@ def masked_sums(job: WalrJob, ref: TableRef) -> int:
         key = check_peer_modulus(
             endpoint.receive(job.labels_party, "walr_public_key"),
             expected_bits=job.key_size,
-            allow_insecure_key_size=job.allow_insecure_key_size,
+            allow_insecure_key_size=small_keys_allowed(),  # this party's own opt-in
             holder=job.labels_party,
         )
         public = paillier.PaillierPublicKey(key)

@@ -10,6 +10,9 @@ import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+# The test process opts into small Paillier keys (1024 or 512 bits: seconds, not minutes);
+# the tests of refusal remove the switch, and party processes get it only when a test says so.
+os.environ["PRIVREG_INSECURE_TEST_KEYS"] = "1"
 if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers: one
     home = Path(os.environ.get("PREFECT_HOME", "var/prefect")) / worker  # Prefect home each
     home.mkdir(parents=True, exist_ok=True)

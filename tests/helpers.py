@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from core.paillier.keys import SMALL_KEYS_VARIABLE
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -69,12 +70,15 @@ def vertical_slices(job_id: str, *descriptors: dict) -> dict[str, list[float]]:
     return slices
 
 
-def party_env(folder: Path) -> dict[str, str]:
+def party_env(folder: Path, small_keys: bool = True) -> dict[str, str]:
     """A party process's environment: no PRIVREG_* settings of this process, its own
-    Prefect home under ``folder``, the test server's API."""
+    Prefect home under ``folder``, the test server's API, and (``small_keys``) the party's own
+    opt-in to keys below 2048 bits."""
     from prefect.settings import PREFECT_API_URL
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIVREG_")}
+    if small_keys:
+        env[SMALL_KEYS_VARIABLE] = "1"
     env.update(
         PYTHONPATH=str(ROOT),
         PREFECT_API_URL=str(PREFECT_API_URL.value()),

@@ -24,7 +24,7 @@ import pytest
 from core.job_terms import differences, digest, job_terms
 from core.lifetime import descendants
 from demo.orgs import Org, env_of, serve_all, start
-from demo.parties import prepare, small_main_job
+from demo.parties import SMALL_KEYS, prepare, small_main_job
 from flows.jobs import read_job
 from storage import codec, watchers
 from storage.channel import Channel, FileTransport, MessageTimeoutError, TermsBindingError
@@ -295,7 +295,11 @@ def _api() -> dict[str, str]:
     """The session's test Prefect server, shared by every party process."""
     from prefect.settings import PREFECT_API_URL
 
-    return {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_CLIENT_MAX_RETRIES": "8"}
+    return {
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "PREFECT_CLIENT_MAX_RETRIES": "8",
+        **SMALL_KEYS,  # each party's own opt-in to the small job's 1024-bit keys
+    }
 
 
 def _run_everywhere(orgs: dict[str, Org], run: str) -> dict[str, tuple[float, int, str]]:

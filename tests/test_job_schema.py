@@ -203,11 +203,16 @@ def _flows() -> dict[type, list[tuple[Any, set[str]]]]:
     }
 
 
+TEST_SWITCHES = {"allow_insecure_key_size", "fail_at_round"}
+
+
 def test_every_stage_option_is_a_flow_parameter_with_the_same_default() -> None:
     for model, stage_flows in _flows().items():
         accepted: set[str] = set()
         for stage_flow, structural in stage_flows:
             parameters = inspect.signature(stage_flow.fn).parameters
+            # small keys and injected faults are environment switches of tests, never options
+            assert not TEST_SWITCHES & set(parameters), (stage_flow.name, TEST_SWITCHES)
             options = {n: p for n, p in parameters.items() if n not in structural}
             accepted |= set(options)
             for name, parameter in options.items():

@@ -18,7 +18,7 @@ import pytest
 from helpers import found_in
 from prefect.logging import disable_run_logger
 
-from flows.vertical_lr import InjectedFaultError, vertical_lr
+from flows.vertical_lr import FAULT_VARIABLE, InjectedFaultError, vertical_lr
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
@@ -103,7 +103,7 @@ def test_the_scan_finds_what_a_rewritten_row_leaves_in_a_duckdb_file(tmp_path: P
 
 
 def test_vertical_key_survives_an_interrupted_run_and_is_gone_after_the_job(
-    workspace: Path,
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guest, host = vertical_tables(workspace)
     arbiter = workspace / "arbiter" / "arbiter.duckdb"
@@ -113,13 +113,14 @@ def test_vertical_key_survives_an_interrupted_run_and_is_gone_after_the_job(
         "epochs": 2,
         "tol": 0.0,
         "key_size": KEY_BITS,
-        "allow_insecure_key_size": True,
         "workspace": str(workspace),
         "arbiter_database": str(arbiter),
         "job_id": "secrets",
     }
+    monkeypatch.setenv(FAULT_VARIABLE, "secrets:1")
     with pytest.raises(InjectedFaultError):
-        vertical_lr(guest.to_dict(), [host.to_dict()], fail_at_round=1, **options)
+        vertical_lr(guest.to_dict(), [host.to_dict()], **options)
+    monkeypatch.delenv(FAULT_VARIABLE)
     sealed = SealedArtifacts(PartyStore(arbiter), "vertical/secrets")
     factors = sealed.get("vertical/secrets/factors")  # alive while the job is
     key_file = sealed.secrets.path
@@ -151,10 +152,10 @@ def test_walr_key_is_gone_after_the_release(workspace: Path) -> None:
         job_id="walr-secrets", workspace=str(workspace), features_party="pub",
         labels_party="shop", epsilon=1.0, delta=1e-4, mode="clipped", clip_norm=3.0,
         protected_table="conversions", labels_fingerprint="l", features_fingerprint="f",
-        columns=3, key_size=KEY_BITS, allow_insecure_key_size=True,
+        columns=3, key_size=KEY_BITS,
     )  # fmt: skip
     with disable_run_logger():
-        walr_steps.encrypt_labels.fn(job, labels, KEY_BITS, True)
+        walr_steps.encrypt_labels.fn(job, labels, KEY_BITS)
         walr_steps.masked_sums.fn(job, features)
         factors = job.secrets(labels).get(job.key("factors"))
         walr_steps.release_noisy_sums.fn(job, labels)

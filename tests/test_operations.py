@@ -17,6 +17,7 @@ from helpers import vertical_slices as _slices
 from prefect_api import PREFECT, ROOT, api, api_get, prefect_server_process
 from prefect_api import artifact as _artifact
 
+from flows.vertical_lr import FAULT_VARIABLE
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
@@ -78,12 +79,14 @@ def test_deployments_from_prefect_yaml_get_scheduled_runs(server: dict[str, str]
 
 #: Small knobs so every deployment runs in seconds (the demo's own values otherwise).
 SMALL = {
-    "demo-vertical": {"epochs": 2, "key_size": 1024, "allow_insecure_key_size": True},
-    "demo-walr": {"key_size": 1024, "allow_insecure_key_size": True},
+    "demo-vertical": {"epochs": 2, "key_size": 1024},
+    "demo-walr": {"key_size": 1024},
     "demo-horizontal": {"rounds": 1},
 }
-#: The worker's demo-vertical run fails in its second round and is retried like the UI does.
-FAULTS = {"demo-vertical": {"fail_at_round": 1, "job_id": "retried"}}
+#: The worker's demo-vertical run fails in its second round and is retried like the UI does:
+#: the worker's environment has the tests-only fault switch for that job's round 1.
+FAULTS = {"demo-vertical": {"job_id": "retried"}}
+FAULTY_ROUND = {FAULT_VARIABLE: "retried:1"}
 #: Worker deployments run first (the pipeline loads and aligns every table the others use).
 ORDER = [
     "demo-pipeline",
@@ -268,7 +271,9 @@ def test_every_deployment_runs_on_a_process_worker(
         ] == str(ROOT)  # recorded at deploy time, not left for the worker
 
     worker = _background(
-        [PREFECT, "worker", "start", "--pool", "privreg-process"], server, tmp_path / "worker.log"
+        [PREFECT, "worker", "start", "--pool", "privreg-process"],
+        {**server, **FAULTY_ROUND},
+        tmp_path / "worker.log",
     )
     try:
         runs = _run_all(server, demo, faults=FAULTS)

@@ -207,7 +207,7 @@ SCRIPT = textwrap.dedent(
     PartyStore.of(host_ref).import_frame(host.reset_index(), host_ref)
     result = vertical_lr(
         guest_ref.to_dict(), [host_ref.to_dict()], epochs=1, batch_size=144, key_size=512,
-        allow_insecure_key_size=True, workspace=str(workspace),
+        workspace=str(workspace),
     )
     print("BACKEND", type(cipher._parallel_backend).__name__, "LOSSES", len(result["losses"]))
     """

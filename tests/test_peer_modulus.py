@@ -17,7 +17,7 @@ import pytest
 from prefect.logging import disable_run_logger
 
 from core.paillier.errors import PeerKeyError
-from core.paillier.keys import check_peer_modulus, generate_keypair
+from core.paillier.keys import SMALL_KEYS_VARIABLE, check_peer_modulus, generate_keypair
 from core.vertical_lr.schedule import Schedule
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -79,9 +79,7 @@ def test_the_check_accepts_a_real_key_and_refuses_each_flaw(modulus_1024: int) -
         assert "arbiter" in str(refused.value)
 
 
-def vertical_job(
-    workspace, key_bits: int, allow: bool
-) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
+def vertical_job(workspace, key_bits: int) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
     rng = np.random.default_rng(2)
     ids = [f"r{i}" for i in range(ROWS)]
     guest = TableRef(str(workspace / "clinic.duckdb"), "t", label_column="y")
@@ -94,17 +92,19 @@ def vertical_job(
         hosts=("lab",), key_holder="arbiter", key_holder_database=str(workspace / "arb.duckdb"),
         schedule=Schedule(ROWS, ROWS, 0, 0.0), learning_rate=0.1, momentum=0.0, decay=0.0,
         l2=0.0, widths=(("clinic", 2), ("lab", 1)), key_size=key_bits,
-        allow_insecure_key_size=allow,
     )  # fmt: skip
     return job, guest, host
 
 
 @pytest.mark.parametrize("flaw", ["1024-bit", "even", "small factor"])
 def test_guest_and_host_refuse_a_bad_modulus_before_encrypting(
-    workspace, bad_moduli, flaw: str
+    workspace, bad_moduli, flaw: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Each party decides from its own process's opt-in: without it a 1024-bit key is refused."""
     n, allow, reason = bad_moduli[flaw]
-    job, guest, host = vertical_job(workspace, 1024, allow)
+    if not allow:
+        monkeypatch.delenv(SMALL_KEYS_VARIABLE)
+    job, guest, host = vertical_job(workspace, 1024)
     for party in ("clinic", "lab"):  # the key holder hands out its n
         job.endpoint("arbiter").send(party, "public_key", n)
     with disable_run_logger():
@@ -119,7 +119,7 @@ def test_guest_and_host_refuse_a_bad_modulus_before_encrypting(
 
 
 def test_a_sound_modulus_of_the_stated_size_is_used(workspace, modulus_1024: int) -> None:
-    job, _, host = vertical_job(workspace, 1024, True)
+    job, _, host = vertical_job(workspace, 1024)
     job.endpoint("arbiter").send("lab", "public_key", modulus_1024)
     with disable_run_logger():
         vlr.host_forward.fn(job, host, 0)
@@ -136,7 +136,7 @@ def test_walr_features_party_refuses_a_small_factor_modulus(workspace) -> None:
         job_id="walr-modulus", workspace=str(workspace), features_party="pub",
         labels_party="shop", epsilon=1.0, delta=1e-5, mode="clipped", clip_norm=2.0,
         protected_table="conversions", labels_fingerprint="l", features_fingerprint="f",
-        columns=1, key_size=1024, allow_insecure_key_size=True,
+        columns=1, key_size=1024,
     )  # fmt: skip
     endpoint = job.endpoint("shop")
     endpoint.send("pub", "walr_public_key", small_factor_modulus(1024))

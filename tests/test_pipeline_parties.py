@@ -27,7 +27,7 @@ from helpers import vertical_slices
 from prefect.artifacts import Artifact
 
 from demo.orgs import Org
-from demo.parties import prepare, run_job
+from demo.parties import SMALL_KEYS, prepare, run_job
 from flows.jobs import read_job
 from flows.pipeline import pipeline
 from flows.pipeline_party import PipelineRefusalError, pipeline_party
@@ -49,8 +49,8 @@ def small_jobs(folder: Path) -> dict[str, dict[str, Any]]:
     """The demo's job files, shrunk, under ``folder/jobs`` (paths as in the bundled files)."""
     jobs = {path.name: read_job(path) for path in (ROOT / "jobs").glob("*.json")}
     main = jobs["demo.json"]
-    main["vertical"].update(epochs=1, key_size=1024, allow_insecure_key_size=True)
-    main["walr"].update(key_size=1024, allow_insecure_key_size=True, noise=False)
+    main["vertical"].update(epochs=1, key_size=1024)
+    main["walr"].update(key_size=1024, noise=False)
     # WALR's hold-out takes rows by position in PSI's order, which is each run's own (as for
     # vertical LR); without it both runs release the sum over the same rows
     main["walr"]["holdout_fraction"] = 0.0
@@ -114,7 +114,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     orgs = prepare(tmp_path_factory.mktemp("orgs"), source=source, receive_timeout=120)
     allow_noiseless(source, lambda party, database: orgs[party].folder / database)
     # seven processes write to one SQLite-backed test server: let a busy one be retried longer
-    extra = {"PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_CLIENT_MAX_RETRIES": "8"}
+    extra = {
+        "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+        "PREFECT_CLIENT_MAX_RETRIES": "8",
+        **SMALL_KEYS,  # each party's own opt-in to the shrunk job's 1024-bit keys
+    }
     parties = run_job(orgs, extra=extra, timeout=600)
 
     single = tmp_path_factory.mktemp("one-process")

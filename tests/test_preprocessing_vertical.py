@@ -32,7 +32,6 @@ OPTIONS = {
     "l2": 0.01,
     "seed": SEED,
     "key_size": 1024,
-    "allow_insecure_key_size": True,
     "tol": 0.0,
     "holdout_fraction": HOLDOUT,
 }

@@ -18,6 +18,7 @@ from helpers import vertical_slices as _slices
 from prefect_api import PREFECT, ROOT, api, api_get, prefect_server_process
 from prefect_api import artifact as _artifact
 
+from flows.vertical_lr import FAULT_VARIABLE
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -54,15 +55,14 @@ def _run_vertical(
     workspace: Path,
     guest: dict,
     host: dict,
-    extra: str = "",
     wait: bool = True,
 ) -> subprocess.Popen | subprocess.CompletedProcess:
     script = textwrap.dedent(f"""
         import json
         from flows.vertical_lr import vertical_lr
         result = vertical_lr({guest!r}, [{host!r}], epochs={EPOCHS}, batch_size=90, seed=1,
-                             key_size=1024, allow_insecure_key_size=True, tol=0.0,
-                             workspace={str(workspace)!r}, job_id="ops-job"{extra})
+                             key_size=1024, tol=0.0,
+                             workspace={str(workspace)!r}, job_id="ops-job")
         print("RESULT", json.dumps({{"resumed_from": result["resumed_from"],
               "rounds_run": result["rounds_run"], "metrics": result["metrics"]}}))
     """)
@@ -97,7 +97,8 @@ def test_flow_run_retry_resumes_from_the_finished_rounds(
     server: dict[str, str], tmp_path: Path, uninterrupted: dict[str, list[float]]
 ) -> None:
     guest, host = _breast_job(tmp_path)
-    failed = _run_vertical(server, tmp_path, guest, host, extra=", fail_at_round=4")
+    faulty = {**server, FAULT_VARIABLE: "ops-job:4"}  # the tests-only switch, this process only
+    failed = _run_vertical(faulty, tmp_path, guest, host)
     assert failed.returncode != 0
     runs = api(
         server,

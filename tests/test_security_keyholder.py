@@ -84,9 +84,8 @@ def _vertical(workspace: Path) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
         l2=0.0,
         widths=(("guest", 2), ("mallory", HOST_FEATURES)),
         key_size=KEY_BITS,
-        allow_insecure_key_size=True,
     )
-    vlr.create_keys.fn(job, KEY_BITS, allow_insecure_key_size=True)
+    vlr.create_keys.fn(job, KEY_BITS)
     vlr.host_forward.fn(job, host_ref, 0)
     vlr.guest_residual.fn(job, guest_ref, 0)
     return job, guest_ref, host_ref
@@ -268,7 +267,6 @@ def test_the_arbiter_deletes_its_private_key_when_the_job_ends(workspace: Path) 
         "batch_size": ROWS,
         "holdout_fraction": 0.0,
         "key_size": KEY_BITS,
-        "allow_insecure_key_size": True,
         "workspace": str(workspace),
         "arbiter_database": str(workspace / "arb.duckdb"),
     }

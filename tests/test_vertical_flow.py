@@ -13,12 +13,14 @@ from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 from prefect.artifacts import Artifact
 
 from core.paillier import cipher
+from core.paillier.errors import KeySizeError
+from core.paillier.keys import SMALL_KEYS_VARIABLE
 from core.paillier.randomness import pool_path
 from core.preprocessing import PreprocessingSpec, fit_local
 from core.vertical_lr.reference import train_reference
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import Optimizer
-from flows.vertical_lr import InjectedFaultError, vertical_lr
+from flows.vertical_lr import FAULT_VARIABLE, InjectedFaultError, vertical_lr
 from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -47,7 +49,6 @@ OPTIONS = {
     "l2": 0.01,
     "seed": SEED,
     "key_size": 1024,
-    "allow_insecure_key_size": True,
     "tol": 0.0,
 }
 
@@ -108,9 +109,8 @@ def prepare_pools(workspace: Path, guest_ref: TableRef, host_refs: list[TableRef
         key_holder_database=str(workspace / "parties" / "arbiter.duckdb"),
         workspace=str(workspace),
         key_size=1024,
-        allow_insecure_key_size=True,
     )
-    prepare_key(job, 1024, allow_insecure_key_size=True)
+    prepare_key(job, 1024)
     job = agreed_job(job, ROWS, {}, BATCH, 0.1)
     for ref in (guest_ref, *host_refs):
         assert prepare_pool(job, ref, obfuscators_needed(job, ref.party, EPOCHS)) > 0
@@ -208,16 +208,14 @@ def test_no_plaintext_residual_gradient_or_feature_crosses(workspace: Path) -> N
     assert {r.sender for r in channel.log() if r.kind == "scores"} == {h.party for h in host_refs}
 
 
-def test_bad_inputs_are_refused(workspace: Path) -> None:
+def test_bad_inputs_are_refused(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     guest_ref, host_refs, *_ = breast(workspace)
     hosts = [h.to_dict() for h in host_refs]
-    with pytest.raises(VerticalSetupError, match="below 2048 bits"):
-        vertical_lr(
-            guest_ref.to_dict(),
-            hosts,
-            workspace=str(workspace),
-            **{**OPTIONS, "allow_insecure_key_size": False},
-        )
+    with monkeypatch.context() as without_opt_in:  # a process that did not opt in
+        without_opt_in.delenv(SMALL_KEYS_VARIABLE)
+        with pytest.raises(KeySizeError, match=f"below 2048 bits.*{SMALL_KEYS_VARIABLE}=1"):
+            vertical_lr(guest_ref.to_dict(), hosts, workspace=str(workspace), **OPTIONS)
+    assert not (workspace / "parties" / "arbiter.duckdb").exists()  # refused before any key
     host_with_label = TableRef(database=host_refs[0].database, table="labs", label_column="x0")
     with pytest.raises(VerticalSetupError, match="only the guest may hold labels"):
         vertical_lr(
@@ -235,14 +233,17 @@ def test_bad_inputs_are_refused(workspace: Path) -> None:
         vertical_lr(all_ones.to_dict(), hosts, workspace=str(workspace), **OPTIONS)
 
 
-def test_a_failed_run_resumes_and_ends_with_the_same_model(workspace: Path) -> None:
+def test_a_failed_run_resumes_and_ends_with_the_same_model(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     guest_ref, host_refs, guest_X, host_X, y = breast(workspace)
     hosts = [h.to_dict() for h in host_refs]
+    run = {"workspace": str(workspace), "job_id": "faulty", **OPTIONS}
+    monkeypatch.setenv(FAULT_VARIABLE, "faulty:3")  # the tests-only fault switch
     with pytest.raises(InjectedFaultError):
-        vertical_lr(
-            guest_ref.to_dict(), hosts, workspace=str(workspace), fail_at_round=3, **OPTIONS
-        )
-    resumed = vertical_lr(guest_ref.to_dict(), hosts, workspace=str(workspace), **OPTIONS)
+        vertical_lr(guest_ref.to_dict(), hosts, **run)
+    monkeypatch.delenv(FAULT_VARIABLE)
+    resumed = vertical_lr(guest_ref.to_dict(), hosts, **run)
     assert resumed["resumed_from"] == 2  # rounds 0-2 finished before the fault in round 3
     total = EPOCHS * Schedule(ROWS, BATCH, SEED, 0.1).batches_per_epoch
     assert resumed["rounds_run"] == total - 3 > 0

@@ -22,6 +22,7 @@ import pytest
 from helpers import found_in
 
 from demo.orgs import Org, make_orgs, start
+from demo.parties import SMALL_KEYS
 from flows.vertical_lr import vertical_lr
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -40,7 +41,6 @@ OPTIONS = {
     "l2": 0.01,
     "seed": 3,
     "key_size": 1024,
-    "allow_insecure_key_size": True,
     "tol": 0.0,
 }
 
@@ -113,7 +113,8 @@ class Parties:
             name: serve(PartyConfig.load(org.config))[0] for name, org in self.orgs.items()
         }
         # the test's shared server, or each organisation's own Prefect (under its folder)
-        self.api = {} if own_prefect else {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        api = {} if own_prefect else {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        self.api = {**api, **SMALL_KEYS}  # each party's own opt-in to the 1024-bit test keys
         self.job, self.arbiter = job, arbiter
         self.runs: dict[str, subprocess.Popen] = {}
 

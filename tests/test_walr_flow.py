@@ -13,6 +13,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
 
 from core.dp.errors import PrivacyParameterError
+from core.paillier.errors import KeySizeError
+from core.paillier.keys import SMALL_KEYS_VARIABLE
 from core.walr import (
     PrivacyWarning,
     WalrFit,
@@ -36,7 +38,7 @@ from tasks.walr import ReleaseRefusalError, WalrSetupError
 pytestmark = pytest.mark.usefixtures("prefect_server")
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"
 ROWS, CLIP, L2 = 300, 5.0, 0.01
-FAST = {"key_size": 1024, "allow_insecure_key_size": True, "l2": L2}
+FAST = {"key_size": 1024, "l2": L2}
 NO_NOISE = {"noise": False, "allow_noiseless_release_for_tests": True}
 
 
@@ -179,7 +181,9 @@ def test_over_budget_is_refused_before_any_message(workspace: Path) -> None:
     assert messages(workspace) == []
 
 
-def test_bad_inputs_are_refused_with_clear_errors(workspace: Path) -> None:
+def test_bad_inputs_are_refused_with_clear_errors(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     features, labels, *_ = parties(workspace)
     with pytest.raises(WalrInputError, match=r"column 'x0', row 1: .* is not binary"):
         run(features, labels, workspace, mode="binary", clip_norm=None)
@@ -200,8 +204,10 @@ def test_bad_inputs_are_refused_with_clear_errors(workspace: Path) -> None:
             run(features, labels, workspace, epsilon=epsilon, delta=delta)
     with pytest.raises(WalrSetupError, match="allow_noiseless_release_for_tests"):
         run(features, labels, workspace, noise=False)
-    with pytest.raises(WalrSetupError, match="below 2048 bits"):
-        run(features, labels, workspace, allow_insecure_key_size=False)
+    with monkeypatch.context() as without_opt_in:  # a process that did not opt in
+        without_opt_in.delenv(SMALL_KEYS_VARIABLE)
+        with pytest.raises(KeySizeError, match="below 2048 bits"):
+            run(features, labels, workspace)
     with pytest.raises(WalrSetupError, match="needs clip_norm"):
         run(features, labels, workspace, clip_norm=None)
     assert messages(workspace) == []

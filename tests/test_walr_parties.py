@@ -199,13 +199,13 @@ def test_walr_retried_randomised_steps_resend_the_same_bytes(workspace: Path) ->
         job_id="walr-retried", workspace=str(workspace), features_party=FEATURES,
         labels_party=LABELS, epsilon=1.0, delta=1e-4, mode="clipped", clip_norm=5.0,
         protected_table="conversions", labels_fingerprint="l", features_fingerprint="f",
-        columns=20, key_size=1024, allow_insecure_key_size=True,
+        columns=20, key_size=1024,
     )  # fmt: skip
     channel = channel_for(job.job_id, str(workspace))
     sent = []
     with disable_run_logger():
         for _ in range(2):
-            steps.encrypt_labels.fn(job, tables[LABELS], 1024, True)
+            steps.encrypt_labels.fn(job, tables[LABELS], 1024)
             steps.masked_sums.fn(job, tables[FEATURES])
             sent.append({r.kind: r.sha256 for r in channel.log()})
     assert sent[0] == sent[1] and len(sent[0]) == 3  # key, [[y]], masked sums
@@ -220,7 +220,7 @@ def test_walr_parties_as_processes_release_once_and_match_one_process(
     # room for exactly one release: a second charge would be refused and fail the run
     PrivacyLedger(PartyStore.of(tables[LABELS])).set_budget("conversions", 1.0, 1e-4)
     shared = ["--epsilon", "1", "--delta", "1e-4", "--clip-norm", "5", "--l2", "0.01"]
-    key = ["--key-size", "1024", "--allow-insecure-key-size"]  # both check the same terms
+    key = ["--key-size", "1024"]  # both check the same terms (each opted into small keys)
     options = {LABELS: [*shared, *key], FEATURES: [*shared, *key]}
     job = "walr-two-processes"
     result = run_killing_the_labels_party(parties, "walr", job, tables, options, "walr_release")
@@ -237,7 +237,7 @@ def test_walr_parties_as_processes_release_once_and_match_one_process(
         TableRef(str(stores[FEATURES]), "impressions").to_dict(),
         TableRef(str(stores[LABELS]), "conversions", label_column="y").to_dict(),
         epsilon=1.0, delta=1e-4, clip_norm=5.0, l2=0.01, key_size=1024,
-        allow_insecure_key_size=True, workspace=str(tmp_path / "one"), job_id=job,
+        workspace=str(tmp_path / "one"), job_id=job,
     )  # fmt: skip
     assert one["reused_release"] and one["release_job_id"] == job
     assert one["noisy_sum"] == features["noisy_sum"]
@@ -256,7 +256,7 @@ def test_walr_parties_hold_out_and_score_the_rows_the_one_process_flow_does(
     PrivacyLedger(PartyStore.of(tables[LABELS])).set_budget("conversions", 5.0, 1e-3)
     shared = ["--epsilon", "1", "--delta", "1e-4", "--clip-norm", "5", "--l2", "0.01",
               "--holdout-fraction", "0.2"]  # fmt: skip
-    key = ["--key-size", "1024", "--allow-insecure-key-size"]  # both check the same terms
+    key = ["--key-size", "1024"]  # both check the same terms (each opted into small keys)
     options = {LABELS: [*shared, *key], FEATURES: [*shared, *key]}
     job = "walr-held-out"
     # no --evaluate: the hold-out alone makes the features party score the held-out rows
@@ -270,7 +270,7 @@ def test_walr_parties_hold_out_and_score_the_rows_the_one_process_flow_does(
         TableRef(str(stores[FEATURES]), "impressions").to_dict(),
         TableRef(str(stores[LABELS]), "conversions", label_column="y").to_dict(),
         epsilon=1.0, delta=1e-4, clip_norm=5.0, l2=0.01, key_size=1024,
-        allow_insecure_key_size=True, workspace=str(tmp_path / "one"), job_id=job,
+        workspace=str(tmp_path / "one"), job_id=job,
         holdout_fraction=0.2,
     )  # fmt: skip
     assert one["reused_release"] and one["coefficients"] == features["coefficients"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 import secrets
 from typing import Any
 
@@ -23,6 +24,32 @@ DEFAULT_KEY_BITS = 2048
 
 MIN_SECURE_KEY_BITS = 2048
 """Below this a key is only accepted with ``allow_insecure_key_size=True`` (tests, demos)."""
+
+SMALL_KEYS_VARIABLE = "PRIVREG_INSECURE_TEST_KEYS"
+"""``PRIVREG_INSECURE_TEST_KEYS=1`` in a process's environment: that process (one party in
+party mode, every party of a one-process flow) makes and accepts keys below
+:data:`MIN_SECURE_KEY_BITS`. Tests and benchmarks only; no flow or job file has the switch."""
+
+
+def small_keys_allowed() -> bool:
+    """Whether this process opted into keys below 2048 bits (:data:`SMALL_KEYS_VARIABLE`).
+
+    Why an environment switch and not a flow parameter: a job file or deployment form is
+    written by whoever starts the job, while each party decides for itself whether it accepts
+    a key its data would be encrypted under; in party mode a process's environment is its
+    own organisation's (peers' settings never reach it)."""
+    return os.environ.get(SMALL_KEYS_VARIABLE) == "1"
+
+
+def check_key_size(key_size: int) -> None:
+    """A flow's ``key_size``, refused below 2048 bits unless this process opted in; checked
+    before anything is read or sent."""
+    if key_size < MIN_SECURE_KEY_BITS and not small_keys_allowed():
+        raise KeySizeError(
+            f"key_size={key_size} is below {MIN_SECURE_KEY_BITS} bits; smaller keys are for "
+            f"tests and benchmarks only and need {SMALL_KEYS_VARIABLE}=1 in the environment"
+        )
+
 
 _MIN_ANY_KEY_BITS = 256
 _PRIME_TEST_ROUNDS = 40
@@ -62,7 +89,8 @@ def _validate_key_length(n_length: int, allow_insecure_key_size: bool) -> None:
     if n_length < MIN_SECURE_KEY_BITS and not allow_insecure_key_size:
         raise KeySizeError(
             f"n_length={n_length} is below {MIN_SECURE_KEY_BITS} bits and not secure; "
-            "pass allow_insecure_key_size=True only for tests or demos"
+            "pass allow_insecure_key_size=True only for tests or demos (flows: "
+            f"{SMALL_KEYS_VARIABLE}=1)"
         )
 
 
@@ -107,7 +135,7 @@ def check_peer_modulus(
     """The modulus ``n`` a key holder sent, checked before this party encrypts anything under it.
 
     Why: whoever encrypts under a modulus the key holder chose trusts it to be hard to factor.
-    A small key (a key holder run with ``allow_insecure_key_size``, or a malicious one) lets a
+    A small key (a key holder that opted into small keys, or a malicious one) lets a
     peer that factors it read every value encrypted under it. So this party refuses, naming
     the key holder: a modulus shorter than :data:`MIN_SECURE_KEY_BITS` unless this party also
     opted into small keys; one of another size than the job's terms state; an even one; a
@@ -122,7 +150,7 @@ def check_peer_modulus(
     if bits < MIN_SECURE_KEY_BITS and not allow_insecure_key_size:
         raise PeerKeyError(
             f"{refusal}: it is below {MIN_SECURE_KEY_BITS} bits, and this party did not opt "
-            "into smaller keys (allow_insecure_key_size, tests only)"
+            f"into smaller keys ({SMALL_KEYS_VARIABLE}=1, tests only)"
         )
     if bits != expected_bits:
         raise PeerKeyError(f"{refusal}: the job's terms state a {expected_bits}-bit key")

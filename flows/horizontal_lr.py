@@ -59,9 +59,21 @@ from tasks import secure_rounds, secure_sum
 from tasks.charts import publish_training_charts
 from tasks.horizontal_lr import COORDINATOR, predict_proba
 from tasks.loading import load_table
-from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
+from tasks.reporting import (
+    Progress,
+    artifact_key,
+    flow_short,
+    publish_model_link,
+    publish_table,
+    run_namer,
+)
 from tasks.secure_sum import Faults, SimulatedCrashError
-from tasks.summaries import horizontal_party_summary, horizontal_summary
+from tasks.summaries import (
+    attempt_columns,
+    current_attempt,
+    horizontal_party_summary,
+    horizontal_summary,
+)
 
 __all__ = [
     "CRASH_POINTS",
@@ -219,6 +231,7 @@ def _run_round(
 
 def _publish(job_id: str, model: dict[str, Any], workspace: str | None) -> None:
     short = job_id.removeprefix("horizontal-lr-")
+    now = current_attempt()
     rows = [
         {
             "round": e["round"],
@@ -227,6 +240,7 @@ def _publish(job_id: str, model: dict[str, Any], workspace: str | None) -> None:
             "survivors": len(e["survivors"]),
             "parties": ", ".join(e["survivors"]),
             "max weight change": e["change"],
+            **attempt_columns(e.get("attempt"), now),
         }
         for e in model["history"]
     ]
@@ -400,13 +414,7 @@ def _ended(result: dict[str, Any]) -> dict[str, Any] | State:
 
 
 def _spec(preprocessing: dict[str, Any] | None) -> PreprocessingSpec:
-    spec = PreprocessingSpec.from_dict(preprocessing)
-    if spec.missing_indicator:  # the agreed column list would differ by party
-        raise ValueError(
-            "horizontal_lr: preprocessing.missing_indicator is not supported for rows split "
-            "across parties; impute without it"
-        )
-    return spec
+    return pre.pooled_spec(preprocessing, "horizontal_lr")
 
 
 class _LossWatch:
@@ -533,6 +541,8 @@ def horizontal_lr_coordinator(
     model = steps.coordinator_model(job_id, workspace)
     steps.stop_parties(round_ctx(model["rounds"]), options)
     _publish(job_id, model, workspace)
+    # the securely aggregated loss only: the coordinator holds no labels, so no ROC here
+    publish_training_charts(flow_short(), job_id, [e["loss"] for e in model["history"]])
     return {
         "job_id": job_id,
         "features": model["features"],
@@ -605,9 +615,10 @@ def horizontal_lr_party(
     with steps.store_held(PartyStore.of(ref)):  # no opening of its database per step
         while steps.party_round(ref, job_id, round_, names, options, inject_fault):
             round_ += 1
-    model = steps.keep_model(ref, job_id)
+    model = steps.keep_model(ref, job_id, holdout_fraction)
     steps.forget_rounds(ref, job_id, names)
     summary = horizontal_party_summary(job_id, ref, model, holdout_fraction)
+    publish_training_charts(flow_short(), job_id, [], summary["curves"])  # its own rows' ROC
     return {
         "job_id": job_id,
         "party": ref.party,

@@ -50,9 +50,10 @@ from storage.party_config import active_config
 from storage.party_store import PartyStore
 from storage.workspace import workspace_root
 from tasks import vertical_lr as steps
+from tasks.charts import own_rows_roc, publish_training_charts
 from tasks.policy import PARTY_STEP
-from tasks.reporting import artifact_key, publish_model_link, publish_table
-from tasks.summaries import vertical_round_history, vertical_summary
+from tasks.reporting import artifact_key, flow_short, publish_model_link, publish_table
+from tasks.summaries import current_attempt, vertical_round_history, vertical_summary
 
 ROLES = ("guest", "host", "arbiter")
 
@@ -382,7 +383,11 @@ def _guest_round(
         _decrypt_round(job, round_)
     inner.obfuscators_ahead(job, ref, ahead)  # while the key holder decrypts
     squared = inner.update_weights(job, ref, round_, "guest")
-    metrics = {"gradient_norm": squared**0.5, "seconds": time.perf_counter() - started}
+    metrics = {
+        "gradient_norm": squared**0.5,
+        "seconds": time.perf_counter() - started,
+        "attempt": current_attempt(),  # the rounds table says which attempt ran the round
+    }
     loss = inner.guest_loss(job, ref, round_, "train", metrics)
     epoch, index = job.schedule.position(round_)
     return {"round": round_, "epoch": epoch, "batch": index, "loss": loss, **metrics}
@@ -453,6 +458,9 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
         history_rows,
         outcome=outcome,
     )
+    rows = (job.schedule.train_rows, job.schedule.holdout_rows)
+    roc = own_rows_roc(ref, prediction["probabilities"], *rows)  # at the guest, its labels
+    publish_training_charts(flow_short(), job.job_id, [r["loss"] for r in history_rows], roc)
     coefficients = dict(model["coefficients"])
     return {
         "job_id": job.job_id,

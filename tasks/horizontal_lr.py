@@ -59,7 +59,7 @@ from tasks.policy import PARTY_STEP
 from tasks.preprocessing import stored_fitted
 from tasks.reporting import job_name, provenance
 from tasks.secure_sum import COORDINATOR, RoundStateError, coordinator_store
-from tasks.summaries import holdout_split
+from tasks.summaries import current_attempt, holdout_split
 
 PROTOCOL = "horizontal"
 
@@ -545,16 +545,18 @@ def _finish(
     )
     weights = verified_model(message, before, options, ref.party, ctx.round, own_sum)
     cps = checkpoints(store, ctx.job_id)
+    rows = _model_rows(ref, store, ctx.job_id, options.holdout_fraction) if final else None
     with store.transaction() as con:
         cps.save(ctx.round, {"weights": weights, "change": message["change"]}, con=con)
         if known is not None:  # the round's answer, stored with its checkpoint
             secure_rounds.save_record(store, ctx.job, ref.party, record, con)
-        if final:
+        if rows is not None:
             fitted = stored_fitted(ref.database, ctx.job_id)
             model = model_record(
                 ctx.job_id, features, weights, ctx.round + 1, fitted and fitted.to_dict()
             )
-            ArtifactStore(store).put(model_key(ctx.job_id), model, "model", con=con)
+            saved = ModelRecord.from_dict(model)
+            models.ModelStore(store).save(model_key(ctx.job_id), saved, *rows, con=con)
     if final:
         cps.prune(keep_last=2)
         secure_rounds.forget_job(store, ctx.job)
@@ -627,6 +629,7 @@ def _commit_round(
                     "started_at": started,  # the round's period is from one start to the next
                     "survivors": summed.senders,
                     "change": float(np.max(np.abs(weights - before))),
+                    "attempt": current_attempt(),  # the rounds table says who ran the round
                 }
                 saved = {
                     "weights": weights,
@@ -996,8 +999,19 @@ def forget_rounds(ref: TableRef, job_id: str, parties: list[str]) -> None:
 
 
 @task(name="hlr-keep-model", task_run_name="{ref.party}: keep the model", **PARTY_STEP)
-def keep_model(ref: TableRef, job_id: str) -> dict[str, Any]:
-    """After the coordinator's stop: this party's own copy of the last verified model."""
+def _model_rows(
+    ref: TableRef, store: PartyStore, job_id: str, holdout: float
+) -> tuple[list[object], list[object]]:
+    """The ids this party's copy of the model trained on and held out (the job's seeded
+    split), saved with it so scoring's ``in_training`` column says which rows it saw."""
+    ids = store.read_table(ref, allow_missing=True)[ref.id_column].to_numpy(dtype=object)
+    train, held_out = holdout_split(len(ids), holdout, job_id)
+    return ids[train].tolist(), ids[held_out].tolist()
+
+
+def keep_model(ref: TableRef, job_id: str, holdout: float = 0.0) -> dict[str, Any]:
+    """After the coordinator's stop: this party's own copy of the last verified model, with
+    the ids it trained on and held out (``holdout``: this party's own fraction)."""
     store = PartyStore.of(ref)
     cps = checkpoints(store, job_id)
     last = cps.last_round()
@@ -1009,6 +1023,7 @@ def keep_model(ref: TableRef, job_id: str) -> dict[str, Any]:
     model = model_record(
         job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict(), provenance(ref)
     )
-    models.ModelStore(store).save(model_key(job_id), ModelRecord.from_dict(model))
+    rows = _model_rows(ref, store, job_id, holdout)
+    models.ModelStore(store).save(model_key(job_id), ModelRecord.from_dict(model), *rows)
     cps.prune(keep_last=2)
     return {**model, "weights": model_weights(model).tolist()}

@@ -21,7 +21,7 @@ all parties at 2^-24), so every moment is sent as two exact parts, ``v = hi * 2^
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,11 @@ from tasks.summaries import holdout_split
 
 PROTOCOL = "preprocessing"
 _SPLIT = 2.0**32
+
+Holdout = float | Callable[[int], np.ndarray]
+"""A party's held-out rows, which stay out of the sums as out of training: a share split by
+the job id (``tasks.summaries.holdout_split``, horizontal LR) or a function from the row count
+to the held-out rows (a flow with its own split, sparse LDA's ``SparseLDAJob.holdout_rows``)."""
 
 
 class PreprocessingRefusalError(ValueError):
@@ -71,6 +76,19 @@ def needs_statistics(spec: pp.PreprocessingSpec) -> bool:
     return spec.scaling != "none" or spec.impute != "none"
 
 
+def pooled_spec(preprocessing: dict[str, Any] | None, flow: str) -> pp.PreprocessingSpec:
+    """The job's spec for rows split across parties (horizontal LR, sparse LDA): every party
+    must end with the same columns, so a missing-value indicator (its own columns with gaps)
+    is refused."""
+    spec = pp.PreprocessingSpec.from_dict(preprocessing)
+    if spec.missing_indicator:
+        raise ValueError(
+            f"{flow}: preprocessing.missing_indicator is not supported for rows split "
+            "across parties; impute without it"
+        )
+    return spec
+
+
 def _context(
     job_id: str,
     stage: int,
@@ -85,15 +103,20 @@ def _context(
     return SumContext(PROTOCOL, job, stage, session, tuple(parties), threshold, dimension, **kw)
 
 
-def _training_matrix(ref: TableRef, job_id: str, features: list[str], holdout: float) -> np.ndarray:
-    """The party's training rows (its held-out share, if any, stays out as in training)."""
+def _training_matrix(
+    ref: TableRef, job_id: str, features: list[str], holdout: Holdout
+) -> np.ndarray:
+    """The party's training rows (its held-out rows, if any, stay out as in training)."""
     frame = PartyStore.of(ref).read_table(ref, allow_missing=True)
-    train = holdout_split(len(frame), holdout, job_id)[0]
+    if callable(holdout):
+        train = np.setdiff1d(np.arange(len(frame)), holdout(len(frame)))
+    else:
+        train = holdout_split(len(frame), holdout, job_id)[0]
     return frame.loc[:, features].to_numpy(dtype=float)[train]
 
 
 @task(name="pre-party-moments", task_run_name="{ref.party}: column moments", **PARTY_STEP)
-def store_moments(ref: TableRef, job_id: str, features: list[str], holdout: float) -> None:
+def store_moments(ref: TableRef, job_id: str, features: list[str], holdout: Holdout) -> None:
     """This party's [count | sum | sum of squares] per column and its row count, for the sum."""
     X = _training_matrix(ref, job_id, features, holdout)
     vector = wide(np.append(pp.moments(X), len(X)))
@@ -102,7 +125,7 @@ def store_moments(ref: TableRef, job_id: str, features: list[str], holdout: floa
 
 @task(name="pre-party-histogram", task_run_name="{ref.party}: column histogram", **PARTY_STEP)
 def store_histogram(
-    ref: TableRef, job_id: str, features: list[str], holdout: float, edges: np.ndarray
+    ref: TableRef, job_id: str, features: list[str], holdout: Holdout, edges: np.ndarray
 ) -> None:
     """This party's counts per bin of the public grid, per column, for the sum."""
     X = _training_matrix(ref, job_id, features, holdout)
@@ -217,7 +240,7 @@ def pooled_statistics(
     threshold: int,
     workspace: str | None,
     stage_timeout: float,
-    holdout: float = 0.0,
+    holdout: Holdout = 0.0,
 ) -> dict[str, Any] | None:
     """One process plays every holder: the whole exchange, or a stored result re-sent.
     ``holdout`` is the parties' held-out share (their held-out rows stay out of the sums)."""
@@ -303,7 +326,7 @@ def party_statistics(
     features: list[str],
     spec: pp.PreprocessingSpec,
     parties: Sequence[str],
-    holdout: float,
+    holdout: Holdout,
 ) -> dict[str, Any] | None:
     """A party's side: check the coordinator's call against its own spec and columns, add its
     vectors to the sessions, keep the fitted statistics (a restarted party that kept them

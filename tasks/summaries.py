@@ -11,6 +11,7 @@ import hashlib
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from prefect import get_run_logger, task
 
 from core.horizontal_lr import decision_function, predict_proba
@@ -126,11 +127,7 @@ def evaluate_own_rows(
     train, held_out = holdout_split(len(labels), holdout_fraction, job_id)
     evaluated = held_out if held_out.size else train
     packed = np.asarray([*weights, intercept], dtype=float)
-    if fitted is None:
-        X = frame.loc[:, features].to_numpy(dtype=float)[evaluated]
-    else:
-        X = fitted.transform(frame.loc[:, fitted.input_names].to_numpy(dtype=float)[evaluated])
-        X = X[:, [fitted.output_names.index(f) for f in features]]
+    X = model_matrix(frame, features, fitted)[evaluated]
     figures = classifier_figures(
         labels[evaluated],
         predict_proba(packed, X),
@@ -140,6 +137,17 @@ def evaluate_own_rows(
     scope = holdout_scope(held_out.size, len(labels))
     log_figures(ref.party, figures, scope)
     return {"rows": len(labels), "scope": scope, **figures}
+
+
+def model_matrix(
+    frame: pd.DataFrame, features: list[str], fitted: FittedPreprocessing | None, where: str = ""
+) -> np.ndarray:
+    """``features`` of a party's rows as a model trained with ``fitted`` sees them: its
+    imputation and scaling applied to the stored values first (none: the values as stored)."""
+    if fitted is None:
+        return frame.loc[:, features].to_numpy(dtype=float)
+    X = fitted.transform(frame.loc[:, fitted.input_names].to_numpy(dtype=float), where or "table")
+    return X[:, [fitted.output_names.index(f) for f in features]]
 
 
 def log_figures(party: str, figures: dict[str, Any], scope: str) -> None:
@@ -192,6 +200,13 @@ def current_attempt() -> str:
     return f"{str(flow_run.id or '-')[:8]} try {flow_run.run_count}"
 
 
+def attempt_columns(attempt: str | None, now: str) -> dict[str, str]:
+    """A rounds table's two columns for a round ``attempt`` ran (stored with the round; None
+    for rounds stored before attempts were): that attempt, and "yes" when the attempt
+    publishing the table (``now``, :func:`current_attempt`) reused it rather than ran it."""
+    return {"attempt": attempt or "-", "reused": "yes" if attempt not in (None, now) else ""}
+
+
 def _reused(history: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     reused = sum(1 for row in history if row.get("reused"))
     return [("rounds reused from earlier attempts", reused)] if reused else []
@@ -221,8 +236,7 @@ def vertical_round_history(job: Any, workspace: str | None) -> list[dict[str, An
             "gradient_norm": rows[r].get("gradient_norm"),
             "KiB sent": kib(traffic.get(r, 0)),
             "seconds": rows[r].get("seconds"),
-            "attempt": rows[r].get("attempt", "-"),
-            "reused": "yes" if rows[r].get("attempt") not in (None, now) else "",
+            **attempt_columns(rows[r].get("attempt"), now),
         }
         for r in sorted(rows)
     ]
@@ -405,6 +419,7 @@ def horizontal_summary(
     traffic = _round_bytes(job_id, workspace)
     quality = horizontal_quality(evaluations)
     outcome = _outcome([q for q in quality if q.metric.startswith("log-loss")])
+    now = current_attempt()
     history = [
         {
             "round": e["round"],
@@ -414,6 +429,7 @@ def horizontal_summary(
             "parties": len(e["survivors"]),
             "KiB sent": kib(traffic.get(e["round"], 0)),
             "seconds": e["seconds"],
+            **attempt_columns(e.get("attempt"), now),
         }
         for e in model["history"]
     ]
@@ -425,7 +441,11 @@ def horizontal_summary(
             bytes_sent=bytes_sent([job_id], workspace),
             rounds=len(history),
             rounds_table=history,
-            details=[("outcome", outcome), ("rounds run in this attempt", rounds_run)],
+            details=[
+                ("outcome", outcome),
+                ("rounds run in this attempt", rounds_run),
+                *_reused(history),
+            ],
         )
     ) | {
         "outcome": outcome,
@@ -469,26 +489,30 @@ def horizontal_party_summary(
             bytes_sent=bytes_sent([job_id], None),
             rounds=int(model["rounds"]),
         )
-    )
+    ) | {"curves": {f"{ref.party}'s {evaluation['scope']}": evaluation["roc"]}}
 
 
 @task(name="lda-accuracy", task_run_name="{ref.party}: classify own rows", **PARTY_STEP)
 def lda_error_own_rows(ref: TableRef, model: dict[str, Any]) -> dict[str, Any]:
     """A party applies the sparse discriminant to its own rows: misclassification rate and
-    the majority-class baseline's (aggregates only)."""
-    frame = PartyStore.of(ref).read_table(ref)
+    the majority-class baseline's (aggregates only), and the ROC's operating points of its
+    rows. The model's pooled statistics (``preprocessing``) are applied first, as in training."""
+    stats = model.get("preprocessing")
+    fitted = None if stats is None else FittedPreprocessing.from_dict(stats)
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None)
     labels = frame[ref.label_column].to_numpy(dtype=float)
     rule = LinearDiscriminant(
         np.asarray(model["direction"], dtype=float),
         np.asarray(model["mean_positive"], dtype=float),
         np.asarray(model["mean_negative"], dtype=float),
     )
-    error = rule.error_rate(frame.loc[:, model["features"]].to_numpy(dtype=float), labels)
+    X = model_matrix(frame, list(model["features"]), fitted, f"party {ref.party}")
     positive = float(np.mean(labels))
     return {
         "rows": len(labels),
-        "error": error,
+        "error": rule.error_rate(X, labels),
         "baseline_error": min(positive, 1 - positive),
+        "roc": held_out_roc(labels, rule.decision_scores(X)),
     }
 
 
@@ -540,7 +564,7 @@ def sparse_lda_summary(
             rounds=1,
             details=[("method", job.method), ("features kept", kept)],
         )
-    )
+    ) | {"curves": {f"{party}'s rows (in-sample)": e["roc"] for party, e in errors.items()}}
 
 
 def pipeline_summary(

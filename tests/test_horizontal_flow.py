@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import arrays_in, summary_quality
+from prefect.artifacts import Artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, ArtifactFilterType
 from sklearn.metrics import log_loss, roc_auc_score
@@ -24,6 +26,7 @@ from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.channel import Channel
 from storage.descriptor import TableRef
+from storage.models import ModelStore
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
 from tasks import horizontal_lr as steps
@@ -168,6 +171,10 @@ def test_gradient_averaging_equals_centralized_gd_and_coordinator_sees_no_update
     more = run(refs, workspace, rounds=3, **FAST)
     assert more["job_id"] == job and more["resumed_from"] == 2 and more["rounds_run"] == 1
     np.testing.assert_allclose(more["weights"], hlr.centralized_gd(X, y, L2, LR, 3), atol=1e-6)
+    # its rounds table names the attempt that ran each round, and marks the two it reused
+    rounds = json.loads(Artifact.get(f"{key}rounds").data)
+    assert [r["reused"] for r in rounds] == ["yes", "yes", ""]
+    assert rounds[0]["attempt"] == rounds[1]["attempt"] != rounds[2]["attempt"]
 
 
 def test_held_out_rows_stay_out_of_training_and_each_party_scores_its_own(
@@ -197,6 +204,13 @@ def test_held_out_rows_stay_out_of_training_and_each_party_scores_its_own(
     assert rows == f"{int(sums[0])} held-out rows of all parties"
     assert pooled_model == pytest.approx(sums[1] / sums[0], rel=1e-5)
     assert pooled_baseline == pytest.approx(sums[2] / sums[0], rel=1e-5)
+    # each hospital's copy of the model keeps the ids it trained on and held out, so
+    # scoring's in_training column says which rows the model saw
+    for ref, (train, held) in zip(refs, splits, strict=True):
+        ids = PartyStore.of(ref).read_table(ref)[ref.id_column].tolist()
+        roles = ModelStore(PartyStore.of(ref)).row_roles(steps.model_key(result["job_id"]), ids)
+        assert [i for i, r in enumerate(roles) if r == "held out"] == held.tolist()
+        assert [i for i, r in enumerate(roles) if r == "train"] == train.tolist()
 
 
 def test_a_failing_and_a_hanging_party_leave_the_survivors_model(

@@ -25,6 +25,15 @@ sites. A restarted site reuses its stored release (charged once) and re-sends it
 steps from its own records; a restarted coordinator re-sends its call and does not redo a
 stored sum or model. ``sparse_lda`` runs the same steps, each party's in turn, in one process.
 
+Scaling (on by default, ``preprocessing``): before any release, one secure-aggregation round
+of each party's training rows' column moments (``tasks.preprocessing``, the round horizontal
+LR uses) gives the pooled mean and variance; every party standardises its rows with them
+before it clips, fits or sums, and the model carries them, so scoring applies the same
+transform. What the coordinator (and every party, which receives the result) learns from that
+round, exactly and without noise: the pooled row count and, per column, the pooled count of
+observed cells, mean and variance; no party's own. These statistics are not covered by the DP
+guarantee, which stays on the discriminant's release (its noise and budget are unchanged).
+
 ``sparse_lda_job`` runs a job file end to end: load each party's table, set each party's
 budget from the job file, then run the flow (``python -m flows.sparse_lda <job file>``).
 """
@@ -40,6 +49,7 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from core import secagg
+from core.preprocessing import PreprocessingSpec
 from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
 from core.sparse_lda.aggregation import DEFAULT_THRESHOLD_SCALE
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
@@ -48,11 +58,14 @@ from storage.descriptor import TableRef
 from storage.party_config import active_config
 from storage.party_store import PartyStore
 from storage.workspace import derive_job_id
+from tasks import preprocessing as pre
 from tasks import secure_sum
 from tasks import sparse_lda as steps
+from tasks.charts import publish_training_charts
 from tasks.loading import load_table
 from tasks.reporting import (
     artifact_key,
+    flow_short,
     markdown_table,
     publish_markdown,
     publish_model_link,
@@ -190,6 +203,7 @@ SHARED_OPTIONS = (
     "colluding_parties",
     "threshold",
     "noise_disabled_for_testing",
+    "preprocessing",
 )
 
 
@@ -205,10 +219,12 @@ def _job(
     threshold: int | None,
     hard_threshold_scale: float,
     hard_threshold_noise_multiplier: float | None,
+    preprocessing: dict[str, Any] | None,
     **options: Any,
 ) -> tuple[steps.SparseLDAJob, ThresholdRule]:
     """The job every step agrees on and the model's hard-threshold rule; unusable options are
     refused here, before any party does anything."""
+    options["preprocessing"] = pre.pooled_spec(preprocessing, "sparse_lda").to_dict()
     threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
     secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
     job = steps.SparseLDAJob(job_id, workspace, tuple(names), threshold=threshold, **options)
@@ -237,6 +253,7 @@ def sparse_lda(
     job_id: str | None = None,
     noise_disabled_for_testing: bool = False,
     inject_dropouts: dict[str, list[str]] | None = None,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fit a sparse LDA model across parties; each party's release is (epsilon, delta)-DP.
 
@@ -278,6 +295,8 @@ def sparse_lda(
         privacy_unit: "row" (one row at any party, the default) or "party" (a whole party).
         row_clip_norm: Bound on one row's norm under the row unit (set without the data).
         holdout_fraction: Share of each party's rows kept out of training for the error.
+        preprocessing: The job's preprocessing (default: standardise with the pooled mean and
+            variance of one secure sum; see the module docstring for what that reveals).
     """
     refs = _party_refs(parties)
     names = [ref.party for ref in refs]
@@ -297,6 +316,9 @@ def sparse_lda(
         steps.join_job(ref, job)
     features = steps.open_job(job)
     by_name = dict(zip(names, refs, strict=True))
+    pre.pooled_statistics(  # before any release: every party scales with the same statistics
+        by_name, job_id, features, job.spec, job.threshold, workspace, 60.0, job.holdout_rows
+    )
 
     releases: dict[str, Any] = {}
     ctx = None
@@ -311,11 +333,14 @@ def sparse_lda(
         secure_sum.sum_stored_vectors(by_name, ctx, steps.input_key(job_id), list(releases), faults)
         model = steps.build_model(job, ctx, rule)
     secure_sum.each_party(steps.keep_model, by_name, names, job, ctx)  # dropped ones too
-    scores = []
+    scored: dict[str, dict[str, Any]] = {}
     if holdout_fraction > 0:  # the figures: the held-out rows of the sites in the model
         scoring = [p for p in names if p in model["contributors"]]
-        scores = list(secure_sum.each_party(steps.score_holdout, by_name, scoring, job).values())
-    sparse_lda_summary(job, refs, model, releases, scores)
+        scored = secure_sum.each_party(steps.score_holdout, by_name, scoring, job)
+    curves = {f"{p}'s {s['rows']} held-out rows": s.pop("roc") for p, s in scored.items()}
+    scores = list(scored.values())
+    summary = sparse_lda_summary(job, refs, model, releases, scores)
+    publish_training_charts("sparse-lda", job_id, [], curves or summary["curves"])
     return _finish(job, model, releases, _figures(job, model, scores))
 
 
@@ -429,8 +454,10 @@ def sparse_lda_coordinator(
     stage_timeout: float = 60.0,
     join_timeout: float = 600.0,
     workspace: str | None = None,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The coordinator's side: compare columns, drive the secure sum, fit, send the model.
+    """The coordinator's side: compare columns, pooled statistics, drive the secure sum, fit,
+    send the model.
 
     A site that does not answer a secure-sum stage by its deadline (``stage_timeout`` after
     the stage opens), whatever the reason, is dropped; the sum goes on while at least
@@ -459,12 +486,17 @@ def sparse_lda_coordinator(
         stage_timeout: Seconds each secure-sum stage waits before silent sites are dropped.
         join_timeout: Seconds to wait for the sites to announce their columns (start-up).
         workspace: Folder of the coordinator's store (default: its party folder).
+        preprocessing: The job's preprocessing (every site passes the same); the pooled
+            statistics come from one secure sum before any release.
     """
     names = _party_names(parties)
     job, rule = _job(job_id, _own_folder(workspace), names, **_shared(locals()))
     features = steps.open_job(job, join_timeout)
     # held through the job (it exists once the job is open): no opening of it per step
     with secure_sum.coordinator_store(job.workspace).session():
+        pre.coordinator_statistics(
+            job_id, features, job.spec, names, job.threshold, job.workspace, stage_timeout
+        )
         if method == "centralized_reference":
             get_run_logger().warning("job %s: pooling every site's rows (NOT PRIVATE)", job_id)
             model = steps.fit_pooled_reference(job)
@@ -501,6 +533,7 @@ def sparse_lda_party(
     threshold: int | None = None,
     noise_disabled_for_testing: bool = False,
     inject_fault: str | None = None,
+    preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One site's side: check its table and budget, announce its columns, store (and charge,
     once) its noisy release, take part in the secure sum, keep the coordinator's model.
@@ -530,6 +563,7 @@ def sparse_lda_party(
         threshold: Fewest sites whose vectors may be unmasked (default: strict majority).
         noise_disabled_for_testing: Exact vectors, no noise, nothing charged (tests only).
         inject_fault: "0:<stage>:kill|raise" before a secure-sum stage (tests only).
+        preprocessing: The job's preprocessing (the coordinator's call must ask for the same).
     """
     ref = TableRef.from_dict(own)
     names = _party_names(parties)
@@ -542,6 +576,8 @@ def sparse_lda_party(
     with PartyStore.of(ref).session():  # held through the job: no opening of it per step
         steps.check_table(ref, job)
         steps.join_job(ref, job)  # budget check (a stored release is not charged again)
+        features = steps.agreed_features(job, ref.party)
+        pre.party_statistics(ref, job_id, features, job.spec, names, job.holdout_rows)
         release, ctx = None, None
         if method == "centralized_reference":
             steps.send_rows_not_private(ref, job)
@@ -560,6 +596,8 @@ def sparse_lda_party(
         score = None
         if holdout_fraction > 0 and ref.party in model["contributors"]:  # for the figures
             score = steps.score_holdout(ref, job)
+            roc = {f"{ref.party}'s {score['rows']} held-out rows": score.pop("roc")}
+            publish_training_charts(flow_short(), job_id, [], roc)  # its own chart
     arrays = ("direction", "mean_positive", "mean_negative")
     return {
         **{k: v for k, v in model.items() if k not in arrays},
@@ -582,13 +620,18 @@ def sparse_lda_job(
     """
     job = read_job(job_file)
     descriptors = []
+    spec = PreprocessingSpec.from_dict(job.get("preprocessing"))
     for party in job["parties"].values():
         ref = TableRef.from_dict(party["table"])
-        load_table(party["source"], ref, party.get("privacy_budget"))  # only if none is set
+        own = spec.with_party(party.get("preprocessing")).to_dict()  # its missing values
+        load_table(party["source"], ref, party.get("privacy_budget"), own)  # budget: if none
         descriptors.append(ref.to_dict())
-    result = sparse_lda(descriptors, workspace=workspace, **job["sparse_lda"])
+    result = sparse_lda(
+        descriptors, workspace=workspace, preprocessing=spec.to_dict(), **job["sparse_lda"]
+    )
     if result["figures"]["holdout_rows"]:
-        references = _naive_reference_errors(descriptors, result, job["sparse_lda"])
+        options = {**job["sparse_lda"], "preprocessing": spec.to_dict()}
+        references = _naive_reference_errors(descriptors, result, options)
         result["figures"] = {**result["figures"], **references}
     print(f"job {result['job_id']}: {summary_line(result)}")
     return result
@@ -612,9 +655,9 @@ def _naive_reference_errors(
     comparison favours the baseline."""
     refs = [TableRef.from_dict(d) for d in descriptors]
     parties_names = tuple(r.party for r in refs)
-    split = steps.SparseLDAJob(
-        "reference", None, parties_names, "naive", 1.0, 0.5, None, None, len(refs),
-        holdout_fraction=options["holdout_fraction"],
+    split = steps.SparseLDAJob(  # the job's split and its pooled statistics, kept by each party
+        result["job_id"], None, parties_names, "naive", 1.0, 0.5, None, None, len(refs),
+        holdout_fraction=options["holdout_fraction"], preprocessing=options["preprocessing"],
     )  # fmt: skip
     columns = list(result["features"])
     parties = [steps.read_party(ref, columns, split) for ref in refs]

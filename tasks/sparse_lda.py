@@ -41,7 +41,7 @@ import hashlib
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ from prefect import get_run_logger, task
 
 from core.holdout import seeded_holdout_rows
 from core.model_format import ModelRecord
+from core.preprocessing import FittedPreprocessing, PreprocessingSpec
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.sparse_lda import (
     MAX_FEATURES,
@@ -87,10 +88,13 @@ from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.workspace import channel_for
 from tasks import secure_sum
+from tasks.charts import held_out_roc
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
+from tasks.preprocessing import needs_statistics, stored_fitted
 from tasks.reporting import job_name, provenance
 from tasks.secure_sum import COORDINATOR, SumContext, coordinator_store
+from tasks.summaries import model_matrix
 
 PROTOCOL = "sparse_lda"
 RELEASE_VERSION = "sparse-lda/v2"
@@ -124,6 +128,15 @@ class SparseLDAJob:
     row_clip_norm: float | None = None
     holdout_fraction: float = 0.0
     holdout_seed: int = 0
+    # the job's preprocessing (``core.preprocessing.PreprocessingSpec.to_dict``): the flows
+    # pass theirs (standardise by default); a job built without one uses the stored values
+    preprocessing: dict[str, Any] = field(
+        default_factory=lambda: PreprocessingSpec(scaling="none").to_dict()
+    )
+
+    @property
+    def spec(self) -> PreprocessingSpec:
+        return PreprocessingSpec.from_dict(self.preprocessing)
 
     @property
     def private(self) -> bool:
@@ -288,22 +301,50 @@ def _schema_key(job_id: str) -> str:
     return f"{PROTOCOL}/{job_id}/schema"
 
 
+def job_statistics(ref: TableRef, job: SparseLDAJob) -> FittedPreprocessing | None:
+    """The pooled statistics this party kept for the job (``tasks.preprocessing``), None when
+    the job scales nothing; refused when the job needs them and the party has none yet."""
+    if not needs_statistics(job.spec):
+        return None
+    fitted = stored_fitted(ref.database, job.job_id)
+    if fitted is None:
+        raise SparseLDASetupError(
+            f"party {ref.party!r}: job {job.job_id} scales its features, and this party has "
+            "no pooled statistics for it yet (they come from the job's first secure sum)"
+        )
+    return fitted
+
+
+def _frame_and_features(
+    ref: TableRef, columns: list[str] | None, job: SparseLDAJob | None, scaled: bool
+) -> tuple[Any, np.ndarray, list[str]]:
+    """The party's table and its feature matrix in ``columns`` order (default: every column
+    but the id and the label), scaled with the job's pooled statistics when ``scaled``."""
+    fitted = job_statistics(ref, job) if job is not None and scaled else None
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None)
+    if columns is None:
+        columns = [c for c in frame.columns if c not in (ref.id_column, ref.label_column)]
+    where = f"party {ref.party}, table {ref.table!r}"
+    return frame, model_matrix(frame, list(columns), fitted, where), list(columns)
+
+
 def read_party(
-    ref: TableRef, columns: list[str] | None = None, job: SparseLDAJob | None = None
+    ref: TableRef,
+    columns: list[str] | None = None,
+    job: SparseLDAJob | None = None,
+    scaled: bool = True,
 ) -> PartyData:
     """The party's rows as validated :class:`PartyData` (0/1 labels, d within the limit).
 
     ``columns`` fixes the feature order (the coordinator's agreed one); by default every
     column but the id and the label, in storage order. With ``job``, only the training rows
-    (the job's held-out rows removed).
+    (the job's held-out rows removed), scaled with the job's pooled statistics (unless not
+    ``scaled``: before they exist).
     """
     if ref.label_column is None:
         raise SparseLDASetupError(f"party {ref.party!r}: the descriptor names no label_column")
     _check_width(ref)
-    frame = PartyStore.of(ref).read_table(ref)
-    if columns is None:
-        columns = [c for c in frame.columns if c not in (ref.id_column, ref.label_column)]
-    features = frame[columns].to_numpy(dtype=np.float64)
+    frame, features, columns = _frame_and_features(ref, columns, job, scaled)
     labels = frame[ref.label_column].to_numpy()
     if job is not None and job.holdout_fraction > 0:
         keep = np.setdiff1d(np.arange(len(labels)), job.holdout_rows(len(labels)))
@@ -312,10 +353,11 @@ def read_party(
 
 
 def read_holdout(ref: TableRef, columns: list[str], job: SparseLDAJob) -> tuple:
-    """The party's held-out rows (features, labels), in the agreed column order."""
-    frame = PartyStore.of(ref).read_table(ref)
+    """The party's held-out rows (features, labels), in the agreed column order, scaled with
+    the job's pooled statistics."""
+    frame, features, _ = _frame_and_features(ref, columns, job, True)
     rows = job.holdout_rows(len(frame))
-    return frame[columns].to_numpy(dtype=np.float64)[rows], frame[ref.label_column].to_numpy()[rows]
+    return features[rows], frame[ref.label_column].to_numpy()[rows]
 
 
 def _check_width(ref: TableRef) -> None:
@@ -337,7 +379,8 @@ def _check_width(ref: TableRef) -> None:
         )
 
 
-def _agreed_features(job: SparseLDAJob, party: str) -> list[str]:
+def agreed_features(job: SparseLDAJob, party: str) -> list[str]:
+    """The column order the coordinator agreed (its message to ``party``)."""
     return list(job.endpoint(party).receive(COORDINATOR, "schema_agreed"))
 
 
@@ -394,7 +437,9 @@ def join_job(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
             budget = ledger.require_affordable(ref.table, job.epsilon, job.delta).as_dict()
     schema: dict[str, Any] = {"feature_columns": list(data.columns)}
     if not job.row_unit:  # local fits leave these at zero; the coordinator refuses all-flat ones
-        schema["degenerate_columns"] = list(degenerate_columns(read_party(ref, job=job)))
+        # constant within a class at any scale: read before the pooled statistics exist
+        training = read_party(ref, job=job, scaled=False)
+        schema["degenerate_columns"] = list(degenerate_columns(training))
     job.endpoint(ref.party).send(COORDINATOR, "schema", schema)
     return {"reused": reused, "budget": budget}
 
@@ -427,7 +472,7 @@ def release_contribution(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
     """
     check_owner_allows(ref, job)
     store = PartyStore.of(ref)
-    features = _agreed_features(job, ref.party)
+    features = agreed_features(job, ref.party)
     key, reused, budget = None, False, None
     if job.private:
         calibration = noise_calibration(job, len(features))
@@ -472,9 +517,23 @@ def send_rows_not_private(ref: TableRef, job: SparseLDAJob) -> None:
     if job.method != "centralized_reference":
         raise SparseLDASetupError(f"refusing to send rows for method {job.method!r}")
     check_owner_allows(ref, job)
-    data = read_party(ref, _agreed_features(job, ref.party), job)
+    data = read_party(ref, agreed_features(job, ref.party), job)
     payload = {"features": data.features, "labels": data.labels.astype(np.int64)}
     job.endpoint(ref.party).send(COORDINATOR, "rows_not_private", payload)
+
+
+def _model_rows(
+    ref: TableRef, job: SparseLDAJob, model: dict[str, Any]
+) -> tuple[list[object], list[object]]:
+    """The ids of this party's rows the model trained on and held out, saved with its copy so
+    scoring's ``in_training`` column is filled; none when its release is not in the model (a
+    dropped party's rows were never seen)."""
+    if ref.party not in model.get("contributors", []):
+        return [], []
+    ids = PartyStore.of(ref).read_table(ref)[ref.id_column].to_numpy(dtype=object)
+    held_out = job.holdout_rows(len(ids))
+    train = np.setdiff1d(np.arange(len(ids)), held_out)
+    return ids[train].tolist(), ids[held_out].tolist()
 
 
 @task(name="sparse-lda-keep-model", task_run_name="{ref.party}: keep model", **PARTY_STEP)
@@ -485,7 +544,7 @@ def keep_model(ref: TableRef, job: SparseLDAJob, ctx: SumContext | None = None) 
     if model["job_id"] != job.job_id:
         raise SparseLDASetupError(f"{ref.party}: the model message belongs to another job")
     record = replace(ModelRecord.from_dict(model), party=ref.party, **provenance(ref))
-    models.ModelStore(store).save(model_key(job.job_id), record)
+    models.ModelStore(store).save(model_key(job.job_id), record, *_model_rows(ref, job, model))
     model = record.to_dict()
     if ctx is not None:
         secure_sum.forget_session(store, ctx, ref.party)
@@ -546,12 +605,14 @@ def _model_record(
     discriminant's ``(x - (mu1 + mu2)/2) @ direction``, positive for label 1."""
     direction = np.asarray(model.direction, dtype=np.float64)
     midpoint = (np.asarray(model.mean_positive) + np.asarray(model.mean_negative)) / 2.0
+    fitted = stored_fitted(str(coordinator_store(job.workspace).path), job.job_id)
     record = ModelRecord.linear(
         PROTOCOL,
         job.job_id,
         features,
         direction,
         -float(midpoint @ direction),
+        preprocessing=None if fitted is None else fitted.to_dict(),  # scoring applies them
         link="discriminant",
         job=job_name(),
         rows={"train": int(extra.get("total_rows", 0))},
@@ -659,7 +720,7 @@ def fit_pooled_reference(job: SparseLDAJob) -> dict[str, Any]:
 
 
 @task(name="sparse-lda-score", task_run_name="{ref.party}: score held-out rows", **PARTY_STEP)
-def score_holdout(ref: TableRef, job: SparseLDAJob) -> dict[str, int]:
+def score_holdout(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
     """Misclassified held-out rows under the kept model, and how many are label 1 (for the
     majority-class baseline): three counts, no rows, leave (to the coordinator, too)."""
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
@@ -668,7 +729,10 @@ def score_holdout(ref: TableRef, job: SparseLDAJob) -> dict[str, int]:
     positives = int(np.count_nonzero(labels == 1))
     score = {"rows": int(labels.size), "errors": wrong, "positives": positives}
     job.endpoint(ref.party).send(COORDINATOR, "holdout_score", score)
-    return score
+    # the ROC of its held-out rows stays with this party (its own chart; the one-process
+    # flow's), never sent to the coordinator
+    roc = held_out_roc(labels.astype(float), discriminant(model).decision_scores(features))
+    return {**score, "roc": roc}
 
 
 def discriminant(model: dict[str, Any]) -> LinearDiscriminant:
@@ -732,7 +796,7 @@ def await_sum_call(ref: TableRef, job: SparseLDAJob, rule: ThresholdRule) -> Sum
             f"{ref.party}: the coordinator's call for job {job.job_id} asks for "
             f"{'; '.join(differ)}; refusing to contribute"
         )
-    n_features = len(_agreed_features(job, ref.party))
+    n_features = len(agreed_features(job, ref.party))
     return sum_context(job, n_features, call["session_id"], float(call["stage_timeout"]))
 
 

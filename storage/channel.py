@@ -381,7 +381,8 @@ class FileTransport:
                 raise MessageTimeoutError(
                     f"gave up after {timeout:g} s waiting for the {key.describe()}"
                 )
-            folder_watch.wait_for(self.folder.path(key), remaining, _peers_alive)
+            wake = watchers.check_within(remaining)  # a peer's failure ends the wait
+            folder_watch.wait_for(self.folder.path(key), wake, _peers_alive)
         return data
 
     def store(self) -> MessageFolder:

@@ -285,6 +285,10 @@ class Federation:
                 except Exception as error:  # a view, never a reason to end the side
                     self.log.debug("job %s: status not shown: %s", self.job, error)
 
+    def check_every(self) -> float:
+        """As often as the listener hears peers, and as the shown state refreshes."""
+        return min(self.interval, self.show_every) if self.show else self.interval
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:

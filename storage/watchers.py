@@ -29,6 +29,10 @@ class Watcher(Protocol):
         """Whether a wait for ``what`` that reached its timeout should go on: its sender is
         alive and has not reached this job yet (busy with an earlier job of its own)."""
 
+    def check_every(self) -> float:
+        """Seconds between the waiting thread's calls of :meth:`check` that this job needs
+        (how soon a peer's failure ends the wait, how often the shown state refreshes)."""
+
 
 _ACTIVE: list[Watcher] = []
 _TERMS: dict[str, str] = {}  # message job id ─▶ the agreed terms' digest
@@ -56,6 +60,12 @@ def check_peers() -> None:
     """Called between a wait's polls: raises the first active job's failure."""
     for watcher in list(_ACTIVE):
         watcher.check()
+
+
+def check_within(longest: float) -> float:
+    """How long a wait may sleep before it calls :func:`check_peers` again: a wait woken by
+    its message's arrival still wakes this often, so a peer's failure ends it promptly."""
+    return min([longest, *(watcher.check_every() for watcher in list(_ACTIVE))])
 
 
 def patient(key: Any) -> bool:

@@ -998,7 +998,6 @@ def forget_rounds(ref: TableRef, job_id: str, parties: list[str]) -> None:
     secure_rounds.forget_job(PartyStore.of(ref), job)
 
 
-@task(name="hlr-keep-model", task_run_name="{ref.party}: keep the model", **PARTY_STEP)
 def _model_rows(
     ref: TableRef, store: PartyStore, job_id: str, holdout: float
 ) -> tuple[list[object], list[object]]:
@@ -1009,6 +1008,7 @@ def _model_rows(
     return ids[train].tolist(), ids[held_out].tolist()
 
 
+@task(name="hlr-keep-model", task_run_name="{ref.party}: keep the model", **PARTY_STEP)
 def keep_model(ref: TableRef, job_id: str, holdout: float = 0.0) -> dict[str, Any]:
     """After the coordinator's stop: this party's own copy of the last verified model, with
     the ids it trained on and held out (``holdout``: this party's own fraction)."""

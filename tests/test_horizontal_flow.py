@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import arrays_in, summary_quality
+from prefect import Task
 from prefect.artifacts import Artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, ArtifactFilterType
@@ -211,6 +212,13 @@ def test_held_out_rows_stay_out_of_training_and_each_party_scores_its_own(
         roles = ModelStore(PartyStore.of(ref)).row_roles(steps.model_key(result["job_id"]), ids)
         assert [i for i, r in enumerate(roles) if r == "held out"] == held.tolist()
         assert [i for i, r in enumerate(roles) if r == "train"] == train.tolist()
+
+
+def test_a_partys_copy_of_the_model_is_a_step_of_its_own_run() -> None:
+    """Party mode: keeping the model is a task run in the party's flow run (the UI shows it);
+    reading the ids it trained on is a plain call inside it and inside a round's last save."""
+    assert isinstance(steps.keep_model, Task)
+    assert not isinstance(steps._model_rows, Task)
 
 
 def test_a_failing_and_a_hanging_party_leave_the_survivors_model(

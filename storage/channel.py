@@ -198,7 +198,7 @@ class MessageFolder:
         """
         groups: dict[str, tuple[bytes, list[MessageKey]]] = {}
         for key, data in items:
-            groups.setdefault(hashlib.sha256(data).hexdigest(), (data, []))[1].append(key)
+            groups.setdefault(_sha256(data), (data, []))[1].append(key)
         staged: list[tuple[Path, str, list[MessageKey]]] = []
         try:
             for digest, (data, keys) in groups.items():
@@ -234,20 +234,12 @@ class MessageFolder:
             return False
         return True
 
-    def commit(self, key: MessageKey, tmp: Path, durable: bool = True) -> None:
-        """Move a fully written ``tmp`` into place, unless the key holds other bytes (refused).
-
-        ``durable=False`` is for a received copy: the sender keeps the durable one for the
-        job, so a copy lost or torn by a crash is fetched again (see :meth:`note_received`).
-        """
+    def commit_received(self, key: MessageKey, tmp: Path) -> None:
+        """Move a fully written received copy into place, unsynced, unless the key holds other
+        bytes (refused): the sender keeps the durable one for the job, so a copy lost or torn
+        by a crash is fetched again (see :meth:`note_received`)."""
         try:
-            if durable:
-                with open(tmp, "rb+") as handle:
-                    os.fsync(handle.fileno())
-            if self._link(tmp, key):
-                if durable:
-                    _fsync_folder(tmp.parent)  # the new name survives a crash too
-            elif _digest(self.path(key)) != _digest(tmp):
+            if not self._link(tmp, key) and _digest(self.path(key)) != _digest(tmp):
                 raise _conflict(key)
         finally:
             tmp.unlink(missing_ok=True)
@@ -276,10 +268,6 @@ class MessageFolder:
             return path.stat().st_size == int(size) and _digest(path) == sha256
         except (OSError, ValueError):
             return False
-
-    def drop_torn(self, key: MessageKey) -> None:
-        """Remove a received copy that is not what its sender sent (see :meth:`received_intact`)."""
-        self.path(key).unlink(missing_ok=True)
 
     def status_path(self, run: str, party: str) -> Path:
         """Where ``party`` keeps its current status of ``run`` (see storage.federation)."""
@@ -314,7 +302,7 @@ class MessageFolder:
                     receiver,
                     kind,
                     len(data),
-                    hashlib.sha256(data).hexdigest(),
+                    _sha256(data),
                 )
             )
         return records
@@ -424,18 +412,15 @@ class Channel:
     def _write(
         self, round_: int, sender: str, receiver: str, kind: str, payload: Any
     ) -> MessageRecord:
-        """Encode and hand to the transport: the one place a message is written."""
-        key = self.key(round_, sender, receiver, kind)
-        data = codec.dumps(payload, terms=watchers.terms_of(self.run))
-        self.transport.put(key, data)
-        digest = hashlib.sha256(data).hexdigest()
-        return MessageRecord(key.run, key.round, sender, receiver, kind, len(data), digest)
+        """One message: :meth:`_write_each` with one receiver."""
+        return self._write_each(round_, sender, kind, {receiver: payload})[0]
 
     def _write_each(
         self, round_: int, sender: str, kind: str, payloads: Mapping[str, Any]
     ) -> list[MessageRecord]:
-        """A payload per receiver, stored together (:meth:`MessageFolder.put_all`); a payload
-        object given to several receivers is encoded once."""
+        """Encode and hand to the transport, the one place messages are written: a payload per
+        receiver, stored together (:meth:`MessageFolder.put_all`); a payload object given to
+        several receivers is encoded once."""
         encoded: dict[int, bytes] = {}
         items = []
         for receiver, payload in payloads.items():
@@ -538,5 +523,5 @@ class PartyEndpoint:
         data = self.channel.transport.store().find(key)
         if data is None:
             return self.send(receiver, kind, make(), round=round)
-        digest = hashlib.sha256(data).hexdigest()
+        digest = _sha256(data)
         return MessageRecord(key.run, key.round, key.sender, receiver, kind, len(data), digest)

@@ -551,7 +551,7 @@ class GrpcTransport:
         if path.exists() and key not in self._intact and not self.folder.received_intact(key):
             os.replace(tmp, path)  # torn by a crash: the sender's signed copy takes its place
         else:
-            self.folder.commit(key, tmp, durable=False)
+            self.folder.commit_received(key, tmp)
         self._intact.add(key)
 
     def _fetch_stream(self, key: MessageKey, deadline: float) -> bytes | memoryview:

@@ -369,6 +369,7 @@ def _write(
 
 def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
     _KEYS.pop((str(store.path), job_id), None)
+    kkrt.forget_base_ots()
     _BUCKETED.discard((str(store.path), _tables(job_id)[0]))
     for held in [k for k in _RECEIVER_STATES if k[:2] == (str(store.path), job_id)]:
         del _RECEIVER_STATES[held]

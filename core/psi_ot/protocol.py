@@ -353,6 +353,14 @@ def _base_ot_chosen(key: bytes, setup: bytes) -> base_ot.ReceiverChoice:
     return base_ot.receiver_choose(setup, _choice_bits(key).tolist(), key, _BASE_OT_RECEIVER)
 
 
+def forget_base_ots() -> None:
+    """Drop the base-OT seeds kept for the steps of this process's jobs: called when a job's
+    secrets are destroyed, so none outlives it in memory either (another running job
+    recomputes its own at its next step)."""
+    _base_ot_pairs.cache_clear()
+    _base_ot_chosen.cache_clear()
+
+
 def _base_ot_choice(key: bytes, hello_message: object, peer: str) -> base_ot.ReceiverChoice:
     setup = _bytes(hello_message, "base_ot", 2 * base_ot.POINT_BYTES, "hello", peer)
     return _base_ot(lambda: _base_ot_chosen(key, setup), "hello", peer)

@@ -174,6 +174,10 @@ class SparseLDAJob:
             rows, self.holdout_fraction, self.holdout_seed, keep_for_training=4
         )
 
+    def train_rows(self, rows: int) -> np.ndarray:
+        """The other rows: what the release (and the pooled statistics) are computed from."""
+        return np.setdiff1d(np.arange(rows), self.holdout_rows(rows))
+
     def release_parameters(self) -> dict[str, Any]:
         """Everything that shapes a party's release (not the workspace)."""
         values = asdict(self)
@@ -347,7 +351,7 @@ def read_party(
     frame, features, columns = _frame_and_features(ref, columns, job, scaled)
     labels = frame[ref.label_column].to_numpy()
     if job is not None and job.holdout_fraction > 0:
-        keep = np.setdiff1d(np.arange(len(labels)), job.holdout_rows(len(labels)))
+        keep = job.train_rows(len(labels))
         features, labels = features[keep], labels[keep]
     return PartyData(ref.party, features, labels, tuple(columns))
 
@@ -531,9 +535,7 @@ def _model_rows(
     if ref.party not in model.get("contributors", []):
         return [], []
     ids = PartyStore.of(ref).read_table(ref)[ref.id_column].to_numpy(dtype=object)
-    held_out = job.holdout_rows(len(ids))
-    train = np.setdiff1d(np.arange(len(ids)), held_out)
-    return ids[train].tolist(), ids[held_out].tolist()
+    return ids[job.train_rows(len(ids))].tolist(), ids[job.holdout_rows(len(ids))].tolist()
 
 
 @task(name="sparse-lda-keep-model", task_run_name="{ref.party}: keep model", **PARTY_STEP)

@@ -12,7 +12,6 @@ two-party mode; see the README for what each side learns then).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
+from core import test_switches
 from core.outcomes import BELOW_BASELINE, check_loss, classifier_verdict
 from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
@@ -34,11 +34,10 @@ from tasks.loading import fingerprint
 from tasks.reporting import Progress, artifact_key, publish_model_link, publish_table, run_namer
 from tasks.summaries import current_attempt, vertical_round_history, vertical_summary
 
-FAULT_VARIABLE = "PRIVREG_TEST_FAIL_ROUND"
+FAULT_VARIABLE = test_switches.FAIL_ROUND_VARIABLE
 """Tests only: ``PRIVREG_TEST_FAIL_ROUND=<job id>:<round>`` in the environment of the process
 that runs the one-process flow makes that job's round fail on the flow run's first try (past
-the round's own retries); a retry of the flow run passes. No flow parameter or job-file key
-has it, so no deployment form offers it."""
+the round's own retries); a retry of the flow run passes (see :mod:`core.test_switches`)."""
 
 
 class InjectedFaultError(RuntimeError):
@@ -46,7 +45,7 @@ class InjectedFaultError(RuntimeError):
 
 
 def _injected_fault(job_id: str, round_: int) -> bool:
-    return os.environ.get(FAULT_VARIABLE) == f"{job_id}:{round_}" and flow_run.run_count <= 1
+    return test_switches.fail_round(job_id) == round_ and flow_run.run_count <= 1
 
 
 @task(name="vertical-round", task_run_name="round {round_}", retries=1, retry_delay_seconds=2)

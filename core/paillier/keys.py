@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
 import secrets
 from typing import Any
 
@@ -18,27 +17,14 @@ import gmpy2
 from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 
 from core.paillier.errors import KeyFormatError, KeySizeError, PeerKeyError
+from core.test_switches import SMALL_KEYS_VARIABLE, small_keys_allowed
 
 DEFAULT_KEY_BITS = 2048
 """Default modulus length: about 112-bit security (NIST SP 800-57 Part 1, Table 2)."""
 
 MIN_SECURE_KEY_BITS = 2048
-"""Below this a key is only accepted with ``allow_insecure_key_size=True`` (tests, demos)."""
-
-SMALL_KEYS_VARIABLE = "PRIVREG_INSECURE_TEST_KEYS"
-"""``PRIVREG_INSECURE_TEST_KEYS=1`` in a process's environment: that process (one party in
-party mode, every party of a one-process flow) makes and accepts keys below
-:data:`MIN_SECURE_KEY_BITS`. Tests and benchmarks only; no flow or job file has the switch."""
-
-
-def small_keys_allowed() -> bool:
-    """Whether this process opted into keys below 2048 bits (:data:`SMALL_KEYS_VARIABLE`).
-
-    Why an environment switch and not a flow parameter: a job file or deployment form is
-    written by whoever starts the job, while each party decides for itself whether it accepts
-    a key its data would be encrypted under; in party mode a process's environment is its
-    own organisation's (peers' settings never reach it)."""
-    return os.environ.get(SMALL_KEYS_VARIABLE) == "1"
+"""Below this a key is only accepted in a process with :data:`SMALL_KEYS_VARIABLE` set
+(tests, benchmarks, demos)."""
 
 
 def check_key_size(key_size: int) -> None:

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.horizontal_rounds import HOSPITALS, _tables
 from core.lifetime import descendants
+from core.test_switches import PARTY_FAULT_VARIABLE
 from demo.orgs import Org, make_orgs, serve_all, start
 from demo.parties import SMALL_KEYS, prepare, small_main_job
 from flows.jobs import read_job
@@ -246,11 +247,11 @@ def rounds_with_a_drop(folder: Path, drop: bool, rounds: int = 10) -> dict[int, 
              "--stage-timeout", "5"], PATIENCE, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         for name in HOSPITALS:
-            fault = ["--inject-fault", "2:mask_input:kill"] if drop and name == "hospital_c" else []
-            args = [*common, "--table", json.dumps(refs[name].to_dict()), *fault]
-            running[name] = start(
-                orgs[name], "horizontal", args, PATIENCE, stderr=subprocess.DEVNULL
-            )
+            args = [*common, "--table", json.dumps(refs[name].to_dict())]
+            env = dict(PATIENCE)
+            if drop and name == "hospital_c":  # the test switch of this process only
+                env[PARTY_FAULT_VARIABLE] = "bench-drop:2:mask_input:kill"
+            running[name] = start(orgs[name], "horizontal", args, env, stderr=subprocess.DEVNULL)
         out, _ = running["coordinator"].communicate(timeout=1800)
         if running["coordinator"].returncode:
             raise RuntimeError("the coordinator failed")

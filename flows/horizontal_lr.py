@@ -45,7 +45,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Completed, State
 
-from core import secagg
+from core import secagg, test_switches
 from core.outcomes import BELOW_BASELINE, check_loss, rising
 from core.preprocessing import PreprocessingSpec
 from flows.jobs import read_job
@@ -84,10 +84,10 @@ __all__ = [
     "predict_proba",
 ]
 
-#: The stages of a round at which a party can drop (``inject_faults``).
+#: The stages of a round at which a party can drop (test switch ``PRIVREG_TEST_FAULTS``).
 STAGES = ("mask_input", "reveal_shares")
-#: Where ``inject_crash_after`` can stop a run: after a stage, or after the coordinator's
-#: commit but before the parties saved the round.
+#: Where ``PRIVREG_TEST_CRASH_AFTER`` can stop a run: after a stage, or after the
+#: coordinator's commit but before the parties saved the round.
 CRASH_POINTS = (*STAGES, "commit")
 
 
@@ -269,8 +269,6 @@ def horizontal_lr(
     workspace: str | None = None,
     job_id: str | None = None,
     stage_timeout: float = 60.0,
-    inject_faults: dict[str, dict[str, str]] | None = None,
-    inject_crash_after: str | None = None,
     holdout_fraction: float = 0.0,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any] | State:
@@ -286,10 +284,10 @@ def horizontal_lr(
     must come from fresh OS randomness. ``stage_timeout`` is how long each secure-aggregation
     stage waits for the parties' answers before counting the silent ones as dropped.
 
-    Fault injection, for tests only: ``inject_faults`` maps ``"<round or *>:<stage>"`` to
-    ``{party: "raise" | "hang"}`` (that party's step fails, or never answers);
-    ``inject_crash_after`` (``"<round>:<point>"``) raises :class:`SimulatedCrashError` there,
-    as if the flow's process were killed.
+    Fault injection, for tests only, comes from the job's test switches in this process's
+    environment (:mod:`core.test_switches`): ``PRIVREG_TEST_FAULTS`` makes a party's step fail
+    or never answer, ``PRIVREG_TEST_CRASH_AFTER`` raises :class:`SimulatedCrashError` at a
+    point of a round, as if the flow's process were killed.
 
     Args:
         parties: Descriptors of every party's table (same columns, a label column each).
@@ -303,8 +301,6 @@ def horizontal_lr(
         workspace: Folder for the coordinator's store and the run's messages.
         job_id: Job to continue; default derived from the tables and options.
         stage_timeout: Seconds a secure-sum stage waits before silent parties count as dropped.
-        inject_faults: Party steps that fail or hang, by "<round or *>:<stage>" (tests only).
-        inject_crash_after: "<round>:<point>" where the run dies (tests only).
         holdout_fraction: Share of each party's rows (< 0.5) kept out of training; each party
             scores its own for the summary (0: none, the figures are then in-sample).
         preprocessing: The job's preprocessing (default: standardise with pooled statistics
@@ -320,7 +316,6 @@ def horizontal_lr(
     threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
     _check_options(rounds, local_epochs, learning_rate, l2, tol, stage_timeout, holdout_fraction)
     secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
-    faults = Faults.parse(inject_faults, inject_crash_after, names, STAGES)
 
     digests = [steps.check_table(ref) for ref in refs]
     if job_id is None:
@@ -336,6 +331,7 @@ def horizontal_lr(
             "horizontal-lr",
             {"parties": described, **shaping, "seed": seed, "threshold": threshold},
         )
+    faults = Faults.of_job(job_id, names, STAGES)  # the test switches naming this job, if any
     status = {ref.party: steps.join_job(ref, job_id, workspace) for ref in refs}
     status[COORDINATOR] = steps.open_job(names, job_id, workspace)
     n_features = len(status[COORDINATOR]["features"])
@@ -569,7 +565,6 @@ def horizontal_lr_party(
     local_epochs: int = 0,
     learning_rate: float = 0.2,
     l2: float = 1e-3,
-    inject_fault: str | None = None,
     holdout_fraction: float = 0.0,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -579,7 +574,8 @@ def horizontal_lr_party(
     A re-run (e.g. after the process was killed) resumes after this party's last saved
     round: rounds it missed are caught up from the coordinator's results (each one checked
     against the previous model), and a round it already contributed to is re-sent from its
-    own records, never masked twice.
+    own records, never masked twice. (Tests kill or fail this process before a stage with
+    the test switch ``PRIVREG_TEST_PARTY_FAULT``; see :mod:`core.test_switches`.)
 
     Args:
         own: Descriptor of this hospital's own table (with its label column).
@@ -588,7 +584,6 @@ def horizontal_lr_party(
         local_epochs: 0 averages gradients; k > 0 runs FedAvg (must match the coordinator).
         learning_rate: Step size agreed for the job (a different one is refused).
         l2: L2 penalty agreed for the job.
-        inject_fault: "<round>:<stage>:kill|raise" (tests only).
         holdout_fraction: Share of this hospital's rows (< 0.5) kept out of training and
             scored for its summary (its own choice; 0: none, the figures are then in-sample).
         preprocessing: The job's preprocessing (the coordinator's call must ask for the same).
@@ -604,6 +599,7 @@ def horizontal_lr_party(
             f"one of {names}"
         )
     options = steps.TrainingOptions(local_epochs, learning_rate, l2, 0.0, holdout_fraction)
+    fault = test_switches.party_fault(job_id)  # tests only; None in production
     steps.check_table(ref)
     round_ = steps.join_job(ref, job_id)["last_round"] + 1
     features = steps.agreed_features(ref, job_id)
@@ -613,7 +609,7 @@ def horizontal_lr_party(
     first = steps.round_context(job_id, round_, names, provisional, len(features))
     steps.join_rounds(ref, first)
     with steps.store_held(PartyStore.of(ref)):  # no opening of its database per step
-        while steps.party_round(ref, job_id, round_, names, options, inject_fault):
+        while steps.party_round(ref, job_id, round_, names, options, fault):
             round_ += 1
     model = steps.keep_model(ref, job_id, holdout_fraction)
     steps.forget_rounds(ref, job_id, names)

@@ -159,10 +159,9 @@ class WalrOptions(_Strict):
     clip_norm: Positive | None = Field(None, description="row norm bound for clipped mode")
     l2: NonNegative = Field(1e-3, description="ridge penalty of the fit")
     key_size: int = Field(2048, ge=256, description="Paillier modulus bits (< 2048: tests only)")
-    noise: bool = Field(True, description="false only with the owner's noiseless permission")
+    noise: bool = Field(True, description="false only in tests: a test switch and owner consent")
     evaluate: bool = Field(False, description="score held-out rows")
     protected_table: Identifier | None = Field(None, description="table charged (default: source)")
-    allow_noiseless_release_for_tests: bool = Field(False, description="tests only")
     randomizer: Randomizer = Field(DEFAULT_RANDOMIZER, description="Paillier obfuscators")
     holdout_fraction: Fraction = Field(0.0, description="rows held out to score the model")
 
@@ -205,9 +204,6 @@ class HorizontalOptions(_Strict):
     stage_timeout: Positive = Field(60.0, description="seconds the coordinator waits per stage")
     join_timeout: Positive = Field(600.0, description="seconds it waits for parties to join")
     holdout_fraction: Fraction = Field(0.0, description="rows each party holds out")
-    inject_faults: dict[str, dict[str, str]] | None = Field(None, description="tests only")
-    inject_crash_after: str | None = Field(None, description="tests only")
-    inject_fault: str | None = Field(None, description="tests only")
 
 
 class SparseLDAOptions(_Strict):
@@ -229,11 +225,8 @@ class SparseLDAOptions(_Strict):
     hard_threshold_noise_multiplier: Positive | None = Field(None, description="cut vs noise")
     colluding_parties: int = Field(0, ge=0, description="parties assumed to collude")
     threshold: int | None = Field(None, ge=2, description="fewest parties a release accepts")
-    noise_disabled_for_testing: bool = Field(False, description="tests only")
     stage_timeout: Positive = Field(60.0, description="seconds the coordinator waits per stage")
     join_timeout: Positive = Field(600.0, description="seconds it waits for parties to join")
-    inject_dropouts: dict[str, list[str]] | None = Field(None, description="tests only")
-    inject_fault: str | None = Field(None, description="tests only")
 
 
 class SubJobs(_Strict):

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from prefect import flow, get_run_logger
 
-from core import secagg
+from core import secagg, test_switches
 from core.preprocessing import PreprocessingSpec
 from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
 from core.sparse_lda.aggregation import DEFAULT_THRESHOLD_SCALE
@@ -202,7 +202,6 @@ SHARED_OPTIONS = (
     "hard_threshold_noise_multiplier",
     "colluding_parties",
     "threshold",
-    "noise_disabled_for_testing",
     "preprocessing",
 )
 
@@ -229,7 +228,24 @@ def _job(
     secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
     job = steps.SparseLDAJob(job_id, workspace, tuple(names), threshold=threshold, **options)
     steps.check_job(job)
-    return job, ThresholdRule(hard_threshold_scale, hard_threshold_noise_multiplier)
+    return _switched(job), ThresholdRule(hard_threshold_scale, hard_threshold_noise_multiplier)
+
+
+def _switched(job: steps.SparseLDAJob) -> steps.SparseLDAJob:
+    """The job, with exact vectors and nothing charged when the test switch
+    ``PRIVREG_TEST_NOISELESS`` of this process names its id (tests only; each table's owner
+    must allow it as well). No flow parameter or job-file key can ask for that."""
+    if not test_switches.noiseless(job.job_id):
+        return job
+    get_run_logger().warning(
+        "job %s: %s names this job: exact vectors without noise, nothing charged; the output "
+        "is NOT private (a test switch)",
+        job.job_id,
+        test_switches.NOISELESS_VARIABLE,
+    )
+    job = replace(job, noise_disabled_for_testing=True)
+    steps.check_job(job)
+    return job
 
 
 @flow(name="sparse_lda", flow_run_name=run_namer("sparse_lda"))
@@ -251,8 +267,6 @@ def sparse_lda(
     threshold: int | None = None,
     workspace: str | None = None,
     job_id: str | None = None,
-    noise_disabled_for_testing: bool = False,
-    inject_dropouts: dict[str, list[str]] | None = None,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fit a sparse LDA model across parties; each party's release is (epsilon, delta)-DP.
@@ -271,9 +285,10 @@ def sparse_lda(
     coordinator may unmask; noise shares are sized so that any such sum minus
     ``colluding_parties`` colluders' shares still carries the calibrated sigma.
 
-    Test only: ``noise_disabled_for_testing`` sends exact, unclipped vectors without noise and
-    charges nothing (NOT private); ``inject_dropouts`` maps a secure-sum stage to parties that
-    fall silent there.
+    Tests only, from the job's test switches in this process's environment
+    (:mod:`core.test_switches`): ``PRIVREG_TEST_NOISELESS`` sends exact, unclipped vectors
+    without noise and charges nothing (NOT private; logged as a warning);
+    ``PRIVREG_TEST_FAULTS`` makes parties fall silent at a secure-sum stage.
 
     Args:
         parties: Descriptors of every party's table (same columns, a 0/1 label each).
@@ -290,8 +305,6 @@ def sparse_lda(
         threshold: Fewest parties whose vectors may be unmasked (default: strict majority).
         workspace: Folder for the coordinator's store and the run's messages.
         job_id: Job to continue; default derived from the tables and options.
-        noise_disabled_for_testing: Exact vectors, no noise, nothing charged (tests only).
-        inject_dropouts: Parties that fall silent, by secure-sum stage (tests only).
         privacy_unit: "row" (one row at any party, the default) or "party" (a whole party).
         row_clip_norm: Bound on one row's norm under the row unit (set without the data).
         holdout_fraction: Share of each party's rows kept out of training for the error.
@@ -301,7 +314,6 @@ def sparse_lda(
     refs = _party_refs(parties)
     names = [ref.party for ref in refs]
     job, rule = _job(job_id or "pending", workspace, names, **_shared(locals()))
-    faults = secure_sum.Faults.silent(inject_dropouts, names)  # test only
 
     digests = [steps.check_table(ref, job) for ref in refs]
     if job_id is None:
@@ -311,7 +323,8 @@ def sparse_lda(
         ]
         shaping = {k: v for k, v in job.release_parameters().items() if k != "job_id"}
         job_id = derive_job_id("sparse-lda", {"parties": described, **shaping})
-        job = replace(job, job_id=job_id)
+        job = _switched(replace(job, job_id=job_id))
+    faults = secure_sum.Faults.of_job(job_id, names)  # test switches naming this job, if any
     for ref in refs:
         steps.join_job(ref, job)
     features = steps.open_job(job)
@@ -450,7 +463,6 @@ def sparse_lda_coordinator(
     hard_threshold_noise_multiplier: float | None = None,
     colluding_parties: int = 0,
     threshold: int | None = None,
-    noise_disabled_for_testing: bool = False,
     stage_timeout: float = 60.0,
     join_timeout: float = 600.0,
     workspace: str | None = None,
@@ -482,7 +494,6 @@ def sparse_lda_coordinator(
         hard_threshold_noise_multiplier: Noise multiple in the threshold (None: sqrt(2 log d)).
         colluding_parties: Colluders whose noise shares the calibration discounts.
         threshold: Fewest sites whose vectors may be unmasked (default: strict majority).
-        noise_disabled_for_testing: Exact vectors, no noise, nothing charged (tests only).
         stage_timeout: Seconds each secure-sum stage waits before silent sites are dropped.
         join_timeout: Seconds to wait for the sites to announce their columns (start-up).
         workspace: Folder of the coordinator's store (default: its party folder).
@@ -531,8 +542,6 @@ def sparse_lda_party(
     hard_threshold_noise_multiplier: float | None = None,
     colluding_parties: int = 0,
     threshold: int | None = None,
-    noise_disabled_for_testing: bool = False,
-    inject_fault: str | None = None,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One site's side: check its table and budget, announce its columns, store (and charge,
@@ -561,8 +570,6 @@ def sparse_lda_party(
         hard_threshold_noise_multiplier: Noise multiple in the threshold (agreed, checked).
         colluding_parties: Colluders whose noise shares the calibration discounts.
         threshold: Fewest sites whose vectors may be unmasked (default: strict majority).
-        noise_disabled_for_testing: Exact vectors, no noise, nothing charged (tests only).
-        inject_fault: "0:<stage>:kill|raise" before a secure-sum stage (tests only).
         preprocessing: The job's preprocessing (the coordinator's call must ask for the same).
     """
     ref = TableRef.from_dict(own)
@@ -573,6 +580,7 @@ def sparse_lda_party(
             f"one of {names}"
         )
     job, rule = _job(job_id, None, names, **_shared(locals()))
+    fault = test_switches.party_fault(job_id)  # tests only (PRIVREG_TEST_PARTY_FAULT)
     with PartyStore.of(ref).session():  # held through the job: no opening of it per step
         steps.check_table(ref, job)
         steps.join_job(ref, job)  # budget check (a stored release is not charged again)
@@ -590,7 +598,7 @@ def sparse_lda_party(
                     ctx,
                     lambda: secure_sum.mask_stored_input(ref, ctx, steps.input_key(job.job_id)),
                     lambda: steps.model_out(ref, job),
-                    inject_fault,
+                    fault,
                 )
         model = steps.keep_model(ref, job, ctx)
         score = None

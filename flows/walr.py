@@ -44,6 +44,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from core import test_switches
 from core.dp.gaussian import validate_epsilon_delta
 from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
@@ -68,8 +69,6 @@ def _check_options(
     clip_norm: float | None,
     l2: float,
     key_size: int,
-    noise: bool,
-    allow_noiseless_release_for_tests: bool,
     holdout_fraction: float = 0.0,
 ) -> None:
     if not 0.0 <= holdout_fraction < 0.5:
@@ -88,11 +87,27 @@ def _check_options(
     if not (math.isfinite(l2) and l2 > 0):
         raise steps.WalrSetupError(f"l2 must be finite and > 0 (noisy sums need it), got {l2!r}")
     check_key_size(key_size)  # below 2048 bits: this process's opt-in (tests only)
-    if not noise and not allow_noiseless_release_for_tests:
+
+
+def _noiseless_for_tests(noise: bool, job_id: str) -> bool:
+    """Whether this release is exact: ``noise=False`` is refused unless the test switch
+    ``PRIVREG_TEST_NOISELESS`` in this process's environment names the job (no flow
+    parameter or job-file key can confirm it), and the run then warns it is NOT private."""
+    if noise:
+        return False
+    if not test_switches.noiseless(job_id):
         raise steps.WalrSetupError(
             "noise=False releases the exact label-weighted sum (no privacy); it is for tests "
-            "only and needs allow_noiseless_release_for_tests=True"
+            f"only and needs the test switch {test_switches.NOISELESS_VARIABLE}={job_id} in the "
+            "environment"
         )
+    get_run_logger().warning(
+        "job %s: noise=False with %s naming this job: the label-weighted sum is released "
+        "exactly; the output is NOT private (a test switch)",
+        job_id,
+        test_switches.NOISELESS_VARIABLE,
+    )
+    return True
 
 
 _CALIBRATION = {"binary": "exact delta for 0/1 shifts", "clipped": "zCDP bound"}
@@ -168,7 +183,6 @@ def _make_job(
     fingerprints: tuple[str, str],
     release: dict[str, Any],
     noise: bool,
-    allow_noiseless_release_for_tests: bool,
     randomizer: str,
     holdout_fraction: float = 0.0,
     key_size: int = 2048,
@@ -187,7 +201,7 @@ def _make_job(
         labels_fingerprint=fingerprints[0],
         features_fingerprint=fingerprints[1],
         noise=noise,
-        noiseless_for_tests=not noise and allow_noiseless_release_for_tests,
+        noiseless_for_tests=_noiseless_for_tests(noise, job_id),
         randomizer=randomizer,
         holdout_fraction=holdout_fraction,
         key_size=key_size,
@@ -239,7 +253,6 @@ def walr(
     noise: bool = True,
     evaluate: bool = False,
     protected_table: str | None = None,
-    allow_noiseless_release_for_tests: bool = False,
     randomizer: str = DEFAULT_RANDOMIZER,
     holdout_fraction: float = 0.0,
     preprocessing: dict[str, Any] | None = None,
@@ -252,8 +265,9 @@ def walr(
     or the labels table, else the labels party refuses. ``evaluate=True`` sends the
     predictions to the labels party, which returns their AUC on the true labels: that reveals
     every row's prediction to the labels party and is not covered by the DP guarantee.
-    ``noise=False`` (tests only) needs ``allow_noiseless_release_for_tests=True`` and the
-    labels owner's policy (``privreg policy set ... --allow-noiseless-release``).
+    ``noise=False`` (tests only) needs the test switch ``PRIVREG_TEST_NOISELESS=<job id>`` in
+    the environment (see core/test_switches.py) and the labels owner's policy (``privreg
+    policy set ... --allow-noiseless-release``).
     ``randomizer`` picks the Paillier obfuscators: ``"full"`` (default, DCR only), ``"short"``
     (faster, extra assumption) or ``"standard"`` (textbook r^n); see core/paillier/randomness.py.
 
@@ -268,10 +282,9 @@ def walr(
         key_size: Paillier modulus bits of the labels party's key.
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
         job_id: Job to continue; default derived from the tables and options.
-        noise: Add the calibrated noise (False only for tests).
+        noise: Add the calibrated noise (False only for tests, with the test switch).
         evaluate: Send predictions to the labels party for an AUC (not covered by the DP).
         protected_table: The labels table or its source (checked by the labels party).
-        allow_noiseless_release_for_tests: Confirms noise=False (tests only).
         randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
         holdout_fraction: Share of rows (< 0.5) kept out of the release and scored for the
             summary's held-out AUC and log-loss (0: none; evaluate=True is then in-sample).
@@ -281,15 +294,7 @@ def walr(
     spec = PreprocessingSpec.from_dict(preprocessing)
     randomizer_mode(randomizer)
     validate_epsilon_delta(epsilon, delta)
-    _check_options(
-        mode,
-        clip_norm,
-        l2,
-        key_size,
-        noise,
-        allow_noiseless_release_for_tests,
-        holdout_fraction,
-    )
+    _check_options(mode, clip_norm, l2, key_size, holdout_fraction)
     features_ref, labels_ref = TableRef.from_dict(features), TableRef.from_dict(labels)
     if features_ref.party == labels_ref.party:  # before anything is read or fingerprinted
         raise steps.WalrSetupError(f"both tables belong to {features_ref.party!r}")
@@ -318,7 +323,6 @@ def walr(
         (prints["labels"], prints["features"]),
         release,
         noise,
-        allow_noiseless_release_for_tests,
         randomizer,
         holdout_fraction,
         key_size,
@@ -392,7 +396,6 @@ def walr_party(
     noise: bool = True,
     evaluate: bool = False,
     protected_table: str | None = None,
-    allow_noiseless_release_for_tests: bool = False,
     randomizer: str = DEFAULT_RANDOMIZER,
     holdout_fraction: float = 0.0,
     preprocessing: dict[str, Any] | None = None,
@@ -414,10 +417,10 @@ def walr_party(
         clip_norm: Row-norm bound of clipped mode, chosen without looking at the labels.
         l2: L2 penalty of the logistic regression (> 0; used by the features party).
         key_size: Paillier modulus bits of the labels party's key.
-        noise: Add the calibrated noise (False only for tests).
+        noise: Add the calibrated noise (False only for tests, with the test switch
+            ``PRIVREG_TEST_NOISELESS`` naming the job in this party's environment).
         evaluate: Predictions go to the labels party for an AUC (not covered by the DP).
         protected_table: The labels table or its source (checked by the labels party).
-        allow_noiseless_release_for_tests: Confirms noise=False (tests only).
         randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
         holdout_fraction: Share of rows (< 0.5) kept out of the release and scored at the
             labels party (both parties must pass the same; 0: none).
@@ -429,10 +432,7 @@ def walr_party(
         raise steps.WalrSetupError(f"role must be one of {ROLES}, got {role!r}")
     randomizer_mode(randomizer)
     validate_epsilon_delta(epsilon, delta)
-    _check_options(
-        mode, clip_norm, l2, key_size, noise, allow_noiseless_release_for_tests,
-        holdout_fraction,
-    )  # fmt: skip
+    _check_options(mode, clip_norm, l2, key_size, holdout_fraction)
     ref = TableRef.from_dict(own)
     release = {"epsilon": epsilon, "delta": delta, "mode": mode, "clip_norm": clip_norm}
     if role == "labels":
@@ -442,9 +442,8 @@ def walr_party(
         prints = ("", steps.features_fingerprint(ref, spec))
         names = (ref.party, peer, "")
     job = _make_job(
-        names[0], names[1], job_id, None, names[2], prints, release, noise,
-        allow_noiseless_release_for_tests, randomizer, holdout_fraction,
-        key_size, spec,
+        names[0], names[1], job_id, None, names[2], prints, release, noise, randomizer,
+        holdout_fraction, key_size, spec,
     )  # fmt: skip
     scored = evaluate or holdout_fraction > 0
     if role == "labels":

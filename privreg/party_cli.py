@@ -238,9 +238,8 @@ def _horizontal(args: argparse.Namespace) -> None:
             raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
         own = _own_table(config, args.table)
         result = horizontal_lr_party(
-            own, parties, args.job, inject_fault=args.inject_fault,
-            holdout_fraction=args.holdout_fraction, **shared,
-        )  # fmt: skip
+            own, parties, args.job, holdout_fraction=args.holdout_fraction, **shared
+        )
     print(json.dumps(result, default=float))
 
 
@@ -290,7 +289,7 @@ def _sparse_lda(args: argparse.Namespace) -> None:
     parties = [p.strip() for p in args.parties.split(",") if p.strip()]
     options = _descriptor(args.options) if args.options else {}
     takes = {  # one options file for every party: each takes the options of its role
-        f: set(inspect.signature(f.fn).parameters) - {"own", "parties", "job_id", "inject_fault"}
+        f: set(inspect.signature(f.fn).parameters) - {"own", "parties", "job_id"}
         for f in (sparse_lda_coordinator, sparse_lda_party)
     }
     if unknown := sorted(set(options) - takes[sparse_lda_coordinator] - takes[sparse_lda_party]):
@@ -305,7 +304,7 @@ def _sparse_lda(args: argparse.Namespace) -> None:
             raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
         own = _own_table(config, args.table)
         mine = {k: v for k, v in options.items() if k in takes[sparse_lda_party]}
-        result = sparse_lda_party(own, parties, args.job, inject_fault=args.inject_fault, **mine)
+        result = sparse_lda_party(own, parties, args.job, **mine)
     print(json.dumps(result, default=float))
 
 
@@ -395,7 +394,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         "in the log every 5 s (coordinator)",
     )
     hlr.add_argument("--holdout-fraction", type=float, default=0.0, help="own rows (hospitals)")
-    hlr.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "<round>:<stage>:kill"
     hlr.set_defaults(handler=as_side(_horizontal, sides.hospitals))
     vertical = actions.add_parser("vertical", help="this party's side of vertical_lr")
     vertical.add_argument("--config", required=True, help=CONFIG_HELP)
@@ -430,5 +428,4 @@ def register(commands: argparse._SubParsersAction) -> None:
         "dropped) and join_timeout (default 600 s: the coordinator's wait for the sites' "
         "columns at start, naming the missing ones in the log every 5 s)",
     )
-    lda.add_argument("--inject-fault", help=argparse.SUPPRESS)  # tests: "0:<stage>:kill"
     lda.set_defaults(handler=as_side(_sparse_lda, sides.hospitals))

@@ -43,6 +43,7 @@ from prefect import get_run_logger, task
 from prefect.runtime import flow_run
 
 from core import horizontal_lr as hlr
+from core import test_switches
 from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
@@ -885,7 +886,7 @@ def party_round(
     round_: int,
     parties: list[str],
     options: TrainingOptions,
-    fault: str | None = None,
+    fault: test_switches.PartyFault | None = None,
 ) -> bool:
     """Party mode: this party's whole round as one task run; False on the coordinator's stop.
 

@@ -48,7 +48,7 @@ from prefect import get_run_logger, task
 from prefect.exceptions import MissingContextError
 from prefect.futures import PrefectFuture, wait
 
-from core import secagg
+from core import secagg, test_switches
 from storage.artifacts import ArtifactStore
 from storage.channel import ChannelError, MessageConflictError, PartyEndpoint
 from storage.descriptor import TableRef
@@ -667,7 +667,8 @@ class SimulatedCrashError(RuntimeError):
 
 @dataclass(frozen=True)
 class Faults:
-    """Test-only fault injection for :func:`run_session`; empty in production.
+    """Test-only fault injection for :func:`run_session`, from this job's test switches
+    (:mod:`core.test_switches`); empty in production.
 
     ``parties`` maps ``"<round or *>:<stage>"`` to ``{party: "raise" | "hang"}``: that party's
     step is replaced by a stand-in task that raises, or that sleeps past the stage deadline
@@ -680,43 +681,33 @@ class Faults:
     crash_after: str | None = None
 
     @classmethod
-    def parse(
-        cls,
-        parties: Mapping[str, Mapping[str, str]] | None,
-        crash_after: str | None,
-        names: Sequence[str],
-        stages: Sequence[str] = secagg.DROPOUT_STAGES,
+    def of_job(
+        cls, job_id: str, names: Sequence[str], stages: Sequence[str] = secagg.DROPOUT_STAGES
     ) -> Faults:
-        """Check a flow's fault options (unknown stages, parties and kinds are refused);
-        ``stages`` are the protocol's (default: the single-session ones)."""
+        """``job_id``'s faults from ``PRIVREG_TEST_FAULTS`` and ``PRIVREG_TEST_CRASH_AFTER``,
+        checked against the protocol's ``stages`` (default: the single-session ones) and the
+        job's parties: an unknown one is refused naming the variable."""
         stages = tuple(stages)
-        for key, faults in (parties or {}).items():
+        parties = test_switches.step_faults(job_id)
+        for key, faults in parties.items():
             round_, _, stage = key.partition(":")
             if not (round_ == "*" or round_.isdigit()) or stage not in stages:
-                raise ValueError(
-                    f"fault key {key!r} must be '<round or *>:<stage>' with a stage in {stages}"
+                raise test_switches.TestSwitchError(
+                    f"{test_switches.FAULTS_VARIABLE}: key {key!r} of job {job_id} must be "
+                    f"'<round or *>:<stage>' with a stage in {stages}"
                 )
-            unknown = sorted(set(faults) - set(names))
-            kinds = sorted(set(faults.values()) - {"raise", "hang"})
-            if unknown or kinds:
-                raise ValueError(f"faults[{key!r}]: unknown parties {unknown} or kinds {kinds}")
-        if crash_after is not None:
-            round_, _, point = crash_after.partition(":")
-            if not round_.isdigit() or point not in (*stages, "commit"):
-                raise ValueError(
-                    f"crash_after {crash_after!r} must be '<round>:<point>' with a point in "
-                    f"{(*stages, 'commit')}"
+            if unknown := sorted(set(faults) - set(names)):
+                raise test_switches.TestSwitchError(
+                    f"{test_switches.FAULTS_VARIABLE}[{job_id!r}][{key!r}]: unknown parties "
+                    f"{unknown} (the job's: {list(names)})"
                 )
-        return cls({k: dict(v) for k, v in (parties or {}).items()}, crash_after)
-
-    @classmethod
-    def silent(cls, stages: Mapping[str, Sequence[str]] | None, names: Sequence[str]) -> Faults:
-        """``{stage: [parties]}`` whose step raises at that stage in every round."""
-        plan = {
-            f"*:{stage}": dict.fromkeys(parties, "raise")
-            for stage, parties in (stages or {}).items()
-        }
-        return cls.parse(plan, None, names)
+        crash_after = test_switches.crash_after(job_id)
+        if crash_after is not None and crash_after.partition(":")[2] not in (*stages, "commit"):
+            raise test_switches.TestSwitchError(
+                f"{test_switches.CRASH_VARIABLE}: the point of {crash_after!r} must be one of "
+                f"{(*stages, 'commit')}"
+            )
+        return cls({k: dict(v) for k, v in parties.items()}, crash_after)
 
     def at(self, round_: int, stage: str) -> dict[str, str]:
         return {**self.parties.get(f"*:{stage}", {}), **self.parties.get(f"{round_}:{stage}", {})}
@@ -950,15 +941,12 @@ PARTY_STAGES: tuple[tuple[str, str | None], ...] = (
 )
 
 
-def party_fault(fault: str | None, round_: int, stage: str) -> None:
-    """Test-only: ``"<round>:<stage>:kill"`` kills this process (SIGKILL) before the stage,
-    ``"<round>:<stage>:raise"`` fails the party's flow there."""
-    if fault is None:
+def party_fault(fault: test_switches.PartyFault | None, round_: int, stage: str) -> None:
+    """Test-only (``PRIVREG_TEST_PARTY_FAULT``): ``kill`` kills this process (SIGKILL) just
+    before ``stage`` of ``round_``, ``raise`` fails the party's flow there."""
+    if fault is None or (fault.round, fault.stage) != (round_, stage):
         return
-    when, _, kind = fault.rpartition(":")
-    if when != f"{round_}:{stage}":
-        return
-    if kind == "kill":
+    if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise SimulatedCrashError(f"injected failure before {stage} in round {round_}")
 
@@ -968,7 +956,7 @@ def contribute(
     ctx: SumContext,
     mask_input: Callable[[], Any],
     ended: Callable[[], bool],
-    fault: str | None = None,
+    fault: test_switches.PartyFault | None = None,
 ) -> None:
     """Party mode: this party's four steps of the session, each once the coordinator's message
     is there; stops early when ``ended()`` says the session is over without it (dropped at a

@@ -399,7 +399,7 @@ def check_owner_allows(ref: TableRef, job: SparseLDAJob) -> None:
         what = "sending its raw rows to the coordinator (method='centralized_reference')"
         policy.require(ref.party, ref.table, "allow_raw_export", what)
     elif job.noise_disabled_for_testing:
-        what = "a release without noise (noise_disabled_for_testing)"
+        what = "a release without noise (test switch PRIVREG_TEST_NOISELESS)"
         policy.require(ref.party, ref.table, "allow_noiseless_release", what)
 
 

@@ -22,6 +22,7 @@ from core import horizontal_lr as hlr
 from core import secagg
 from core.preprocessing import FittedPreprocessing
 from core.secagg import multiround as mr
+from core.test_switches import CRASH_VARIABLE, FAULTS_VARIABLE
 from flows.horizontal_lr import SimulatedCrashError, horizontal_lr, predict_proba
 from storage import codec
 from storage.artifacts import ArtifactStore
@@ -101,8 +102,21 @@ def pooled(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.n
     return np.vstack([X for X, _ in parts]), np.concatenate([y for _, y in parts])
 
 
-def run(refs: list[TableRef], workspace: Path, **options: Any) -> dict[str, Any]:
-    return horizontal_lr([r.to_dict() for r in refs], workspace=str(workspace), **options)
+def run(
+    refs: list[TableRef],
+    workspace: Path,
+    faults: dict[str, dict[str, str]] | None = None,
+    crash_after: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """The one-process flow; ``faults`` and ``crash_after`` become the test switches of its
+    job (``options["job_id"]``) in this process's environment for this run only."""
+    with pytest.MonkeyPatch.context() as switches:
+        if faults:
+            switches.setenv(FAULTS_VARIABLE, json.dumps({options["job_id"]: faults}))
+        if crash_after:
+            switches.setenv(CRASH_VARIABLE, f"{options['job_id']}:{crash_after}")
+        return horizontal_lr([r.to_dict() for r in refs], workspace=str(workspace), **options)
 
 
 def last_rounds(refs: list[TableRef], workspace: Path, job_id: str) -> dict[str, int]:
@@ -228,9 +242,8 @@ def test_a_failing_and_a_hanging_party_leave_the_survivors_model(
     # c's step raises in round 0; b's step hangs past the deadline in round 1 (in this
     # one-process mode, the stand-in for a killed process)
     faults = {"0:mask_input": {"hospital_c": "raise"}, "1:reveal_shares": {"hospital_b": "hang"}}
-    result = run(
-        refs, workspace, rounds=2, threshold=2, stage_timeout=4, inject_faults=faults, **FAST
-    )
+    options = {"rounds": 2, "threshold": 2, "stage_timeout": 4, "job_id": "hlr-faults"}
+    result = run(refs, workspace, faults, **options, **FAST)
     parts = dict(zip(HOSPITALS, arrays(refs, result), strict=True))
 
     # round 0 sums a and b (c had its job keys agreed, then failed: a and b revealed their
@@ -275,7 +288,7 @@ def test_fewer_survivors_than_threshold_abort_the_round_uncommitted(
             rounds=3,
             job_id="hlr-too-few",
             stage_timeout=3,
-            inject_faults=faults,
+            faults=faults,
             **FAST,
         )
     message = str(e.value)
@@ -333,11 +346,11 @@ def test_killed_run_resumes_and_ends_with_the_uninterrupted_model(
     options = {"rounds": 2, "local_epochs": 2, "job_id": "hlr-resume", **FAST}
     # killed mid-round, after the masked inputs were sent: round 0 left half done
     with pytest.raises(SimulatedCrashError):
-        run(refs, workspace, inject_crash_after="0:mask_input", **options)
+        run(refs, workspace, crash_after="0:mask_input", **options)
     assert set(last_rounds(refs, workspace, "hlr-resume").values()) == {-1}
     # killed after the coordinator committed round 1 but before the parties saved it
     with pytest.raises(SimulatedCrashError):
-        run(refs, workspace, inject_crash_after="1:commit", **options)
+        run(refs, workspace, crash_after="1:commit", **options)
     assert last_rounds(refs, workspace, "hlr-resume") == {
         "hospital_a": 0,
         "hospital_b": 0,
@@ -366,12 +379,12 @@ def test_a_rerun_round_is_never_unmasked_for_other_senders(
     refs = hospitals(workspace)
     options = {"rounds": 1, "job_id": "hlr-guard", **FAST}
     with pytest.raises(SimulatedCrashError):
-        run(refs, workspace, inject_crash_after="0:reveal_shares", **options)
+        run(refs, workspace, crash_after="0:reveal_shares", **options)
     # round 0 was unmasked for all three; redoing it without hospital_c would let the
     # coordinator subtract the two sums and read hospital_c's gradient. The coordinator's
     # stored requests stand (the parties answer one request per round), so the re-run can
     # only finish the round with the senders it had, hospital_c's stored input included
-    rerun = run(refs, workspace, inject_faults={"0:mask_input": {"hospital_c": "raise"}}, **options)
+    rerun = run(refs, workspace, faults={"0:mask_input": {"hospital_c": "raise"}}, **options)
     assert rerun["history"][0]["survivors"] == list(HOSPITALS)
     X, y = pooled(arrays(refs, rerun))
     np.testing.assert_allclose(rerun["weights"], hlr.centralized_gd(X, y, L2, LR, 1), atol=1e-6)
@@ -442,7 +455,7 @@ def test_the_coordinator_cannot_unmask_one_party_across_rounds(
     """Issue 15.2: the same weights twice, then everyone but C: the difference is C's update."""
     refs = hospitals(workspace)
     claim_c_dropped = {"2:mask_input": {"hospital_c": "raise"}}
-    options = {"rounds": 3, "threshold": 2, "inject_faults": claim_c_dropped, **FAST}
+    options = {"rounds": 3, "threshold": 2, "faults": claim_c_dropped, **FAST}
 
     # the repeated model with the real mean update: every party refuses to save round 1
     _tamper_model(monkeypatch, round_=1, freeze=False)
@@ -468,7 +481,7 @@ def test_the_coordinator_cannot_unmask_one_party_across_rounds(
             refs,
             workspace,
             job_id="hlr-attack-b",
-            **{**options, "inject_faults": faults},
+            **{**options, "faults": faults},
             stage_timeout=4,
         )
     log = channel_for("hlr-attack-b", str(workspace)).log()

@@ -24,6 +24,7 @@ from sklearn.metrics import log_loss
 
 from core import horizontal_lr as hlr
 from core.preprocessing import FittedPreprocessing
+from core.test_switches import PARTY_FAULT_VARIABLE
 from demo.orgs import free_port
 from storage import certs
 from storage.descriptor import TableRef
@@ -82,7 +83,9 @@ class Job:
             self.refs[name], self.arrays[name] = ref, (X, y.astype(np.float64))
         self.runs: dict[str, subprocess.Popen[str]] = {}
 
-    def start(self, party: str, job: str, *extra: str) -> None:
+    def start(self, party: str, job: str, *extra: str, fault: str | None = None) -> None:
+        """The party's process; ``fault`` ("<round>:<stage>:kill|raise") is the test switch of
+        its environment for ``job``."""
         command = [sys.executable, "-m", "privreg.cli", "party", "horizontal"]
         command += ["--config", str(self.configs[party]), "--job", job]
         command += ["--parties", ",".join(self.hospitals), "--learning-rate", str(LR)]
@@ -98,6 +101,8 @@ class Job:
             PREFECT_HOME=str(self.folder / party / "prefect"),
             GRPC_VERBOSITY="NONE",
         )
+        if fault is not None:
+            env[PARTY_FAULT_VARIABLE] = f"{job}:{fault}"
         self.runs[party] = subprocess.Popen(
             command,
             cwd=self.folder / party,
@@ -162,10 +167,10 @@ def test_hospital_processes_train_the_plaintext_model_across_a_restart(make_job:
     job = make_job(hospitals)
     holdout = ["--holdout-fraction", "0.25"]  # each hospital's own; the coordinator's none
     for party in [COORDINATOR, *hospitals]:
-        fault = ["--inject-fault", "1:mask_input:kill"] if party == "hospital_c" else []
+        fault = "1:mask_input:kill" if party == "hospital_c" else None
         own = holdout if party != COORDINATOR else []
         job.start(party, "hlr-three", "--rounds", "2", "--tol", "0", "--stage-timeout", "90",
-                  *fault, *own)  # fmt: skip
+                  *own, fault=fault)  # fmt: skip
     # hospital_c's process dies (SIGKILL) before masking round 1 (its job keys were agreed
     # before round 0); restarted with the same command, it resumes from its own records
     # (the same keys) within the stage deadline
@@ -210,7 +215,7 @@ def test_a_killed_and_a_failing_hospital_leave_the_survivors_model(make_job: Any
     for party in hospitals:
         # the second round (index 1) and the third (index 2)
         fault = {"hospital_b": "1:mask_input:kill", "hospital_d": "2:mask_input:raise"}.get(party)
-        job.start(party, "hlr-dropouts", *(["--inject-fault", fault] if fault else []))
+        job.start(party, "hlr-dropouts", fault=fault)
 
     code, _, _ = job.finish("hospital_b")  # killed before masking in round 1: gone for good
     assert code == -9
@@ -238,9 +243,7 @@ def test_below_the_threshold_the_coordinator_fails_naming_the_missing(make_job: 
     job.start(COORDINATOR, "hlr-too-few", *options)
     faults = {"hospital_b": "0:mask_input:raise", "hospital_c": "0:mask_input:kill"}
     for party in hospitals:
-        job.start(
-            party, "hlr-too-few", *(["--inject-fault", faults[party]] if party in faults else [])
-        )
+        job.start(party, "hlr-too-few", fault=faults.get(party))
 
     code, _, err = job.finish(COORDINATOR)
     assert code != 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -31,6 +33,7 @@ from core.sparse_lda import (
     sum_sensitivity,
 )
 from core.sparse_lda.privacy import clip_to_norm, round_to_grid
+from core.test_switches import FAULTS_VARIABLE, NOISELESS_VARIABLE
 from flows.sparse_lda import sparse_lda, summary_line
 from storage import codec
 from storage.artifacts import ArtifactStore
@@ -113,13 +116,33 @@ def fits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return ran
 
 
-def run(refs: list[TableRef], workspace: Path, **options: Any) -> dict[str, Any]:
+_EXACT_JOBS = itertools.count()
+
+
+def run(
+    refs: list[TableRef],
+    workspace: Path,
+    exact: bool = False,
+    silent: dict[str, list[str]] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
     """The flow on the stored values (``scaling: none``, so the plain fits are comparable);
-    the scaling test passes the default."""
+    the scaling test passes the default. ``exact`` (no noise) and ``silent`` (parties that
+    fall silent, by stage) are the test switches of the job, set for this run only."""
     options = {"epsilon": EPS, "delta": DELTA, "direction_clip_norm": CLIP,
                "mean_clip_norm": CLIP, "privacy_unit": "party",
                "preprocessing": {"scaling": "none"}, **options}  # fmt: skip
-    return sparse_lda([r.to_dict() for r in refs], workspace=str(workspace), **options)
+    with pytest.MonkeyPatch.context() as switches:
+        if exact or silent:  # a switch names its job
+            job_id = options.setdefault("job_id", f"slda-exact-{next(_EXACT_JOBS)}")
+        if exact:
+            switches.setenv(NOISELESS_VARIABLE, job_id)
+        if silent:
+            faults = {
+                f"*:{stage}": dict.fromkeys(names, "raise") for stage, names in silent.items()
+            }
+            switches.setenv(FAULTS_VARIABLE, json.dumps({job_id: faults}))
+        return sparse_lda([r.to_dict() for r in refs], workspace=str(workspace), **options)
 
 
 def local_estimates(refs: list[TableRef], debiased: bool = True) -> list[Any]:
@@ -153,7 +176,7 @@ def test_noiseless_average_equals_the_plain_average_of_debiased_fits(
     hospitals: Loader, workspace: Path
 ) -> None:
     refs = hospitals(workspace)
-    result = run(refs, workspace, noise_disabled_for_testing=True, **NO_THRESHOLD)
+    result = run(refs, workspace, exact=True, **NO_THRESHOLD)
 
     estimates = local_estimates(refs)
     plain = [
@@ -319,7 +342,7 @@ def test_row_unit_takes_a_site_with_one_class_and_refuses_a_class_missing_everyw
     the model is the plain moments fit of all rows, and no site was refused by its labels."""
     demo = {n: pd.read_csv(ROOT / "demo" / "horizontal" / f"{n}.csv") for n in HOSPITALS}
     refs = hospitals(workspace, {"hospital_c": _one_class(demo["hospital_c"])})
-    options = {"privacy_unit": "row", "row_clip_norm": 3.0, "noise_disabled_for_testing": True}
+    options = {"privacy_unit": "row", "row_clip_norm": 3.0, "exact": True}
     exact = run(refs, workspace, **options)
     assert exact["contributors"] == list(HOSPITALS)
     parties = [steps.read_party(r, exact["features"]) for r in refs]
@@ -345,7 +368,7 @@ def test_bad_options_are_refused(hospitals: Loader, workspace: Path) -> None:
 
 def test_naive_and_pooled_reference_methods(hospitals: Loader, workspace: Path) -> None:
     refs = hospitals(workspace)
-    naive = run(refs, workspace, method="naive", noise_disabled_for_testing=True)
+    naive = run(refs, workspace, method="naive", exact=True)
     biased = np.mean([e.sparse_direction for e in local_estimates(refs, debiased=False)], axis=0)
     np.testing.assert_allclose(naive["direction"], biased, rtol=0, atol=1e-7)
     assert naive["hard_threshold"] == 0.0
@@ -366,8 +389,8 @@ def test_a_party_dropping_out_leaves_the_average_of_the_others(
         refs,
         workspace,
         threshold=2,
-        noise_disabled_for_testing=True,
-        inject_dropouts={"mask_input": ["hospital_c"]},
+        exact=True,
+        silent={"mask_input": ["hospital_c"]},
         **NO_THRESHOLD,
     )
     survivors = local_estimates(refs[:2])
@@ -396,7 +419,7 @@ def test_row_level_release_is_the_plain_moments_fit_and_reports_held_out_figures
 ) -> None:
     refs = hospitals(workspace)
     options = {"privacy_unit": "row", "row_clip_norm": 3.0, "holdout_fraction": 0.2}
-    exact = run(refs, workspace, noise_disabled_for_testing=True, **options)
+    exact = run(refs, workspace, exact=True, **options)
     job = steps.SparseLDAJob("x", None, HOSPITALS, "debiased", EPS, DELTA, None, None, 2,
                              holdout_fraction=0.2)  # fmt: skip
     parties = [steps.read_party(r, exact["features"], job) for r in refs]
@@ -416,7 +439,9 @@ def test_row_level_release_is_the_plain_moments_fit_and_reports_held_out_figures
     assert summary["baseline"] == pytest.approx(min(positive, 1.0 - positive))
     assert all(not s for s in spends(refs))
 
-    private = run(refs, workspace, **options)
+    with pytest.MonkeyPatch.context() as switches:  # a switch naming another job: no effect
+        switches.setenv(NOISELESS_VARIABLE, exact["job_id"])
+        private = run(refs, workspace, **options)
     figures = private["figures"]
     assert figures["privacy_unit"] == "row" and figures["epsilon"] == EPS
     assert figures["features_kept"] > 0 and 0.0 <= figures["holdout_error"] < 0.25
@@ -439,7 +464,7 @@ def test_pooled_scaling_gives_raw_columns_the_standardised_model_and_scoring_app
     statistics travel with each hospital's copy: scoring the raw rows equals scoring the demo
     rows, and says which rows trained and were held out."""
     options = {"privacy_unit": "row", "row_clip_norm": 3.0, "holdout_fraction": 0.2,
-               "noise_disabled_for_testing": True, "preprocessing": None}  # fmt: skip
+               "exact": True, "preprocessing": None}  # fmt: skip
     demo_refs = hospitals(workspace / "demo")
     demo = run(demo_refs, workspace / "demo", **options)
     raw_frames = {}

@@ -4,11 +4,12 @@ Each process is given only its own ``party.toml`` and, for a hospital, its own d
 hospitals join; one is killed (SIGKILL) for good in the middle of the secure sum, after
 sharing its keys. The three survivors and the coordinator must end with, bit for bit, the
 model the one-process ``sparse_lda`` computes on the same tables and options with that
-hospital silent at the same stage. The releases are exact (``noise_disabled_for_testing``,
-allowed by each table's owner), so equality is exact: the secure sum, the fit and the
-post-processing are the same code either way, and a noisy run differs only by each party's
-own noise share. The message endpoints are served from this test process (as ``privreg party
-serve`` would), so the killed hospital's endpoint is stopped with it.
+hospital silent at the same stage. The releases are exact (the test switch
+``PRIVREG_TEST_NOISELESS`` of every process names the job, and each table's owner allows it),
+so equality is exact: the secure sum, the fit and the post-processing are the same code
+either way, and a noisy run differs only by each party's own noise share. The message
+endpoints are served from this test process (as ``privreg party serve`` would), so the killed
+hospital's endpoint is stopped with it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from test_vertical_parties import found_in, own_messages_only, table_values
 
 from core.secagg.errors import ProtocolViolationError
 from core.sparse_lda import ThresholdRule
+from core.test_switches import FAULTS_VARIABLE, NOISELESS_VARIABLE, PARTY_FAULT_VARIABLE
 from demo.orgs import make_orgs, start
 from flows.sparse_lda import sparse_lda
 from storage.artifacts import ArtifactStore
@@ -49,7 +51,6 @@ OPTIONS = {
     "method": "debiased",
     "threshold": 3,
     "holdout_fraction": 0.2,
-    "noise_disabled_for_testing": True,  # exact releases: the models must agree bit for bit
 }
 MODEL = ("features", "direction", "mean_positive", "mean_negative", "support", "contributors")
 
@@ -74,12 +75,16 @@ def hospital_table(folder: Path, name: str) -> TableRef:
     return ref
 
 
-def one_process(folder: Path) -> dict[str, Any]:
-    """The one-process flow on the same tables, the killed hospital silent at the same stage."""
+def one_process(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The one-process flow on the same tables, exact, the killed hospital silent at the same
+    stage (the test switches of this process name its job)."""
     folder.mkdir()
     refs = [hospital_table(folder, name).to_dict() for name in HOSPITALS]
-    dropout = {"mask_input": [KILLED]}
-    return sparse_lda(refs, workspace=str(folder), inject_dropouts=dropout, **OPTIONS)
+    monkeypatch.setenv(NOISELESS_VARIABLE, "slda-one")
+    monkeypatch.setenv(
+        FAULTS_VARIABLE, json.dumps({"slda-one": {"*:mask_input": {KILLED: "raise"}}})
+    )
+    return sparse_lda(refs, workspace=str(folder), job_id="slda-one", **OPTIONS)
 
 
 class Parties:
@@ -92,7 +97,7 @@ class Parties:
         self.orgs = make_orgs(folder, [COORDINATOR, *HOSPITALS], receive_timeout=120)
         self.refs = {name: hospital_table(self.orgs[name].folder, name) for name in HOSPITALS}
         self.servers = {n: serve(PartyConfig.load(o.config))[0] for n, o in self.orgs.items()}
-        self.api = {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        self.api = {"PREFECT_API_URL": str(PREFECT_API_URL.value()), NOISELESS_VARIABLE: job}
         self.job = job
         self.runs: dict[str, subprocess.Popen] = {}
 
@@ -101,9 +106,9 @@ class Parties:
         args += ["--options", json.dumps(options)]
         if party in self.refs:
             args += ["--table", json.dumps(self.refs[party].to_dict())]
-        args += ["--inject-fault", fault] if fault else []
+        env = {**self.api, **({PARTY_FAULT_VARIABLE: f"{self.job}:{fault}"} if fault else {})}
         with open(self.orgs[party].folder / "stderr.log", "a") as log:
-            self.runs[party] = start(self.orgs[party], "sparse-lda", args, self.api, stderr=log)
+            self.runs[party] = start(self.orgs[party], "sparse-lda", args, env, stderr=log)
 
     def finish(self, party: str, timeout: float = 300) -> tuple[int, str, str]:
         out, _ = self.runs[party].communicate(timeout=timeout)
@@ -164,7 +169,7 @@ def assert_same_model(result: dict[str, Any], reference: dict[str, Any]) -> None
 
 
 def test_hospital_processes_fit_the_one_process_model_without_a_killed_one(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parties = Parties(tmp_path / "orgs", "slda-parties")
     try:
@@ -176,7 +181,7 @@ def test_hospital_processes_fit_the_one_process_model_without_a_killed_one(
         results = {party: parties.result(party) for party in parties.runs if party != KILLED}
     finally:
         parties.close()
-    reference = one_process(tmp_path / "one")
+    reference = one_process(tmp_path / "one", monkeypatch)
 
     coordinator = results.pop(COORDINATOR)
     survivors = [name for name in HOSPITALS if name != KILLED]

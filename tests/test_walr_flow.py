@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from core.dp.errors import PrivacyParameterError
 from core.paillier.errors import KeySizeError
-from core.paillier.keys import SMALL_KEYS_VARIABLE
+from core.test_switches import NOISELESS_VARIABLE, SMALL_KEYS_VARIABLE
 from core.walr import (
     PrivacyWarning,
     WalrFit,
@@ -39,7 +40,13 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"
 ROWS, CLIP, L2 = 300, 5.0, 0.01
 FAST = {"key_size": 1024, "l2": L2}
-NO_NOISE = {"noise": False, "allow_noiseless_release_for_tests": True}
+
+
+def no_noise(monkeypatch: pytest.MonkeyPatch, *job_ids: str) -> dict[str, Any]:
+    """Options of exact releases for ``job_ids`` (the first, unless another is passed), which
+    the test switch of this process names: nothing else can confirm ``noise=False``."""
+    monkeypatch.setenv(NOISELESS_VARIABLE, ",".join(job_ids))
+    return {"noise": False, "job_id": job_ids[0]}
 
 
 def parties(workspace: Path, binary: bool = False, budget: tuple[float, float] = (10.0, 1e-3)):
@@ -92,12 +99,18 @@ def messages(workspace: Path) -> list[Path]:
 
 @pytest.mark.parametrize("mode", ["binary", "clipped"])
 def test_noiseless_release_is_the_exact_sum_and_the_fit_matches_sklearn(
-    workspace: Path, mode: str
+    workspace: Path, mode: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     features, labels, X, y = parties(workspace, binary=mode == "binary")
     OwnerPolicy(PartyStore.of(labels)).set("conversions", allow_noiseless_release=True)
     clip = {"clip_norm": CLIP if mode == "clipped" else None}
-    result = run(features, labels, workspace, mode=mode, **clip, **NO_NOISE)
+    with caplog.at_level(logging.WARNING):
+        result = run(
+            features, labels, workspace, mode=mode, **clip, **no_noise(monkeypatch, "walr-exact")
+        )
+    assert any(
+        "NOT private" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records
+    )
     prepared = prepare_binary_features(X) if mode == "binary" else prepare_clipped_features(X, CLIP)
     exact = label_weighted_sum(prepared, y)
     np.testing.assert_array_equal(result["noisy_sum"], exact)
@@ -202,8 +215,12 @@ def test_bad_inputs_are_refused_with_clear_errors(
     ):
         with pytest.raises(PrivacyParameterError, match=problem):
             run(features, labels, workspace, epsilon=epsilon, delta=delta)
-    with pytest.raises(WalrSetupError, match="allow_noiseless_release_for_tests"):
-        run(features, labels, workspace, noise=False)
+    with pytest.raises(WalrSetupError, match=f"{NOISELESS_VARIABLE}=walr-unsure"):
+        run(features, labels, workspace, noise=False, job_id="walr-unsure")
+    monkeypatch.setenv(NOISELESS_VARIABLE, "walr-other")  # a switch for another job only
+    with pytest.raises(WalrSetupError, match="no privacy"):
+        run(features, labels, workspace, noise=False, job_id="walr-unsure")
+    monkeypatch.delenv(NOISELESS_VARIABLE)
     with monkeypatch.context() as without_opt_in:  # a process that did not opt in
         without_opt_in.delenv(SMALL_KEYS_VARIABLE)
         with pytest.raises(KeySizeError, match="below 2048 bits"):
@@ -230,11 +247,12 @@ def test_large_delta_warns_and_evaluation_reveals_only_predictions(workspace: Pa
 
 
 def test_held_out_rows_stay_out_of_the_release_and_are_scored_for_the_summary(
-    workspace: Path,
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     features, labels, X, y = parties(workspace)
     OwnerPolicy(PartyStore.of(labels)).set("conversions", allow_noiseless_release=True)
-    result = run(features, labels, workspace, holdout_fraction=0.2, **NO_NOISE)
+    exact = no_noise(monkeypatch, "walr-held-out")
+    result = run(features, labels, workspace, holdout_fraction=0.2, **exact)
     train, held_out = holdout_split(ROWS, 0.2, "walr")
     assert len(held_out) == 60 and len(np.intersect1d(train, held_out)) == 0
     # the release is the plaintext label-weighted sum over the training rows only
@@ -263,16 +281,17 @@ def test_held_out_rows_stay_out_of_the_release_and_are_scored_for_the_summary(
 
 
 def test_standardised_by_default_on_training_rows_and_the_model_carries_it(
-    workspace: Path,
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     features, labels, X, _ = parties(workspace, budget=(10.0, 1e-2))
     OwnerPolicy(PartyStore.of(labels)).set("conversions", allow_noiseless_release=True)
     frame = PartyStore.of(features).read_table(features)
     skewed = features.with_table("skewed")  # x0 in other units: times 1e3, shifted
     PartyStore.of(features).import_frame(frame.assign(x0=frame["x0"] * 1e3 + 5e4), skewed)
-    options = {"holdout_fraction": 0.2, "preprocessing": None, **NO_NOISE}
-    plain = run(features, labels, workspace, **options)
-    scaled = run(skewed, labels, workspace, **options)
+    options = {"holdout_fraction": 0.2, "preprocessing": None}
+    exact = no_noise(monkeypatch, "walr-plain", "walr-scaled")
+    plain = run(features, labels, workspace, **options, **exact)
+    scaled = run(skewed, labels, workspace, **options, **{**exact, "job_id": "walr-scaled"})
     assert not scaled["reused_release"]  # other features: another sum
     for metric in ("auc", "log_loss"):
         assert scaled["metrics"][metric] == pytest.approx(plain["metrics"][metric], abs=1e-3)

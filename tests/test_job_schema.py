@@ -4,7 +4,9 @@ schema's own text."""
 
 from __future__ import annotations
 
+import argparse
 import copy
+import importlib
 import inspect
 import json
 from collections.abc import Callable
@@ -12,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from prefect import Flow
+from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from flows import job_schema as schema
 from flows.job_reference import BEGIN, markdown, readme_section
 from flows.jobs import load_job, read_job
-from privreg.cli import main
+from privreg.cli import build_parser, main
 from storage.descriptor import TableRef
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +208,62 @@ def _flows() -> dict[type, list[tuple[Any, set[str]]]]:
     }
 
 
-TEST_SWITCHES = {"allow_insecure_key_size", "fail_at_round"}
+def _test_only(name: str) -> bool:
+    """A name only a test would set: faults, small keys, releases without noise. Those are the
+    test switches of ``core.test_switches``, read from the environment, never options."""
+    return (
+        name.startswith("inject_")
+        or "test" in name
+        or "noise_disabled" in name
+        or "noiseless" in name
+        or name in {"allow_insecure_key_size", "fail_at_round"}
+    )
+
+
+def _user_facing_flows() -> dict[str, Flow]:
+    """Every flow a deployment form or a party process can start: each one defined in
+    ``flows/`` (the party flows among them) and each deployment's entrypoint."""
+    found: dict[str, Flow] = {}
+    for path in sorted((ROOT / "flows").glob("*.py")):
+        module = importlib.import_module(f"flows.{path.stem}")
+        found.update(
+            {v.name: v for v in vars(module).values() if isinstance(v, Flow)}  # imported too
+        )
+    deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    for deployment in deployments:
+        file, name = deployment["entrypoint"].split(":")
+        stage_flow = getattr(importlib.import_module(file[: -len(".py")].replace("/", ".")), name)
+        found[stage_flow.name] = stage_flow
+        assert not [k for k in deployment.get("parameters", {}) if _test_only(k)], deployment
+    return found
+
+
+def test_no_user_facing_flow_job_file_or_command_has_a_test_only_option() -> None:
+    """Issue 25.8: the deployment form, job files and ``privreg party`` never offer a test's
+    fault, small key or release without noise (each is a test switch in the environment)."""
+    flows = _user_facing_flows()
+    assert {"horizontal_lr", "horizontal_lr_party", "sparse_lda_party", "walr_party"} <= set(flows)
+    offered = {
+        f"{name}({parameter})"
+        for name, stage_flow in flows.items()
+        for parameter in inspect.signature(stage_flow.fn).parameters
+        if _test_only(parameter)
+    }
+    models = [v for v in vars(schema).values() if isinstance(v, type) and issubclass(v, BaseModel)]
+    assert set(_flows()) <= set(models)
+    offered |= {f"{m.__name__}.{k}" for m in models for k in m.model_fields if _test_only(k)}
+    commands = [build_parser()]
+    while commands:  # every option of every (sub)command but the owner's consent to test runs
+        parser = commands.pop()
+        if parser.prog == "privreg policy":
+            continue
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                commands.extend(action.choices.values())
+            for option in action.option_strings:
+                if _test_only(option.lstrip("-").replace("-", "_")):
+                    offered.add(f"{parser.prog} {option}")
+    assert offered == set()
 
 
 def test_every_stage_option_is_a_flow_parameter_with_the_same_default() -> None:
@@ -211,8 +271,6 @@ def test_every_stage_option_is_a_flow_parameter_with_the_same_default() -> None:
         accepted: set[str] = set()
         for stage_flow, structural in stage_flows:
             parameters = inspect.signature(stage_flow.fn).parameters
-            # small keys and injected faults are environment switches of tests, never options
-            assert not TEST_SWITCHES & set(parameters), (stage_flow.name, TEST_SWITCHES)
             options = {n: p for n, p in parameters.items() if n not in structural}
             accepted |= set(options)
             for name, parameter in options.items():

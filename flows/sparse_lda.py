@@ -33,6 +33,16 @@ transform. What the coordinator (and every party, which receives the result) lea
 round, exactly and without noise: the pooled row count and, per column, the pooled count of
 observed cells, mean and variance; no party's own. These statistics are not covered by the DP
 guarantee, which stays on the discriminant's release (its noise and budget are unchanged).
+Imputation (``preprocessing.impute``: mean, median or constant) uses the same round and the
+same fitted record: each party fills its missing cells with the pooled fill before it scales,
+and the model carries the fill into scoring. A median (or ``scaling="robust"``) adds a second
+secure sum of per-bin counts on a public grid (the pooled mean +- 8 pooled standard
+deviations, 1024 bins), so the coordinator also learns that pooled histogram per column;
+missing counts are the row count minus the observed ones. Before the round, a party's own
+checks (classes, flat columns) fill its missing cells from its own rows; those statistics
+stay with it (the party unit sends only the names of its flat columns, as without gaps).
+Without ``impute``, a missing cell is refused at its party, naming every affected column
+with its count and the option to set.
 
 ``sparse_lda_job`` runs a job file end to end: load each party's table, set each party's
 budget from the job file, then run the flow (``python -m flows.sparse_lda <job file>``).

@@ -50,6 +50,7 @@ from prefect import get_run_logger, task
 from core.holdout import seeded_holdout_rows
 from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing, PreprocessingSpec
+from core.preprocessing import fit_local as fit_own_statistics
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.sparse_lda import (
     MAX_FEATURES,
@@ -313,23 +314,43 @@ def job_statistics(ref: TableRef, job: SparseLDAJob) -> FittedPreprocessing | No
     fitted = stored_fitted(ref.database, job.job_id)
     if fitted is None:
         raise SparseLDASetupError(
-            f"party {ref.party!r}: job {job.job_id} scales its features, and this party has "
-            "no pooled statistics for it yet (they come from the job's first secure sum)"
+            f"party {ref.party!r}: job {job.job_id} scales or imputes its features, and this "
+            "party has no pooled statistics for it yet (they come from the job's first secure "
+            "sum)"
         )
     return fitted
+
+
+def _own_fill(X: np.ndarray, columns: list[str], spec: PreprocessingSpec) -> np.ndarray:
+    """``X`` with its missing cells filled by the job's rule from this party's own observed
+    cells, unscaled: for its checks before the pooled statistics exist (which classes, which
+    columns are flat), never for a release. A column it never observes is filled with 0 (flat
+    at this party whatever the pooled fill)."""
+    seen = ~np.isnan(X).all(axis=0)
+    names = [c for c, s in zip(columns, seen, strict=True) if s]
+    own = fit_own_statistics(X[:, seen], names, replace(spec, scaling="none"))
+    filled = np.zeros_like(X)
+    filled[:, seen] = own.transform(X[:, seen])
+    return filled
 
 
 def _frame_and_features(
     ref: TableRef, columns: list[str] | None, job: SparseLDAJob | None, scaled: bool
 ) -> tuple[Any, np.ndarray, list[str]]:
     """The party's table and its feature matrix in ``columns`` order (default: every column
-    but the id and the label), scaled with the job's pooled statistics when ``scaled``."""
+    but the id and the label), scaled and imputed with the job's pooled statistics when
+    ``scaled``. Missing cells are refused (naming every column) unless the job imputes;
+    unscaled, they are filled with the party's own statistics (:func:`_own_fill`)."""
     fitted = job_statistics(ref, job) if job is not None and scaled else None
-    frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None)
+    imputes = job is not None and job.spec.impute != "none"
+    frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None or imputes)
     if columns is None:
         columns = [c for c in frame.columns if c not in (ref.id_column, ref.label_column)]
     where = f"party {ref.party}, table {ref.table!r}"
-    return frame, model_matrix(frame, list(columns), fitted, where), list(columns)
+    features = model_matrix(frame, list(columns), fitted, where)
+    if job is not None and fitted is None and imputes:
+        features = _own_fill(features, list(columns), job.spec)
+    return frame, features, list(columns)
 
 
 def read_party(
@@ -408,12 +429,14 @@ def check_table(ref: TableRef, job: SparseLDAJob) -> str:
     """Validate the own table before anything is computed or sent; return its salted digest.
 
     Refuses labels other than 0/1, more features than the LP solver's limit, non-finite
-    values, a table whose columns are all constant within classes and, for the party unit's
-    local fit, a missing class (fewer than two rows of label 0 or 1), naming party and
-    column. The row unit sums any site's rows, so a site with one class takes part (a class
-    missing at every site is refused from the released counts). Nothing is charged yet.
+    values, missing cells unless the job imputes them (every affected column named with its
+    count and ``preprocessing.impute``), training rows whose columns are all constant within
+    classes and, for the party unit's local fit, a missing class (fewer than two training
+    rows of label 0 or 1), naming party and column. The row unit sums any site's rows, so a
+    site with one class takes part (a class missing at every site is refused from the
+    released counts). Nothing is charged yet.
     """
-    data = read_party(ref)
+    data = read_party(ref, job=job, scaled=False)  # before the pooled statistics exist
     if not job.row_unit:
         require_both_classes(data)
     flat = degenerate_columns(data)
@@ -430,7 +453,7 @@ def join_job(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
     """Refuse a release the budget cannot pay for, then send the coordinator the feature
     column names (no rows, no row count). A stored release of the same job is not charged."""
     check_owner_allows(ref, job)
-    data = read_party(ref)
+    data = read_party(ref, job=job, scaled=False)  # before the pooled statistics exist
     reused, budget = False, None
     if job.private:
         ledger = PrivacyLedger(PartyStore.of(ref))
@@ -441,9 +464,8 @@ def join_job(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
             budget = ledger.require_affordable(ref.table, job.epsilon, job.delta).as_dict()
     schema: dict[str, Any] = {"feature_columns": list(data.columns)}
     if not job.row_unit:  # local fits leave these at zero; the coordinator refuses all-flat ones
-        # constant within a class at any scale: read before the pooled statistics exist
-        training = read_party(ref, job=job, scaled=False)
-        schema["degenerate_columns"] = list(degenerate_columns(training))
+        # constant within a class at any scale (missing cells: the party's own fill)
+        schema["degenerate_columns"] = list(degenerate_columns(data))
     job.endpoint(ref.party).send(COORDINATOR, "schema", schema)
     return {"reused": reused, "budget": budget}
 
@@ -534,7 +556,7 @@ def _model_rows(
     dropped party's rows were never seen)."""
     if ref.party not in model.get("contributors", []):
         return [], []
-    ids = PartyStore.of(ref).read_table(ref)[ref.id_column].to_numpy(dtype=object)
+    ids = PartyStore.of(ref).read_table(ref, allow_missing=True)[ref.id_column].to_numpy(object)
     return ids[job.train_rows(len(ids))].tolist(), ids[job.holdout_rows(len(ids))].tolist()
 
 

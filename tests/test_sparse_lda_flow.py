@@ -19,12 +19,14 @@ from prefect.logging import disable_run_logger
 
 from core import secagg
 from core.dp import analytic_gaussian_sigma, zcdp_sigma
+from core.preprocessing import FittedPreprocessing, PreprocessingSpec
 from core.sparse_lda import (
     ColumnMismatchError,
     DegenerateDataError,
     DimensionLimitError,
     LocalFitSettings,
     MissingClassError,
+    PartyData,
     PrivacySettings,
     calibrate,
     fit_centralized,
@@ -42,6 +44,7 @@ from storage.descriptor import TableRef
 from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
+from storage.validation import MissingValuesError
 from storage.workspace import channel_for
 from tasks import secure_sum
 from tasks import sparse_lda as steps
@@ -72,7 +75,13 @@ def hospitals() -> Iterator[Loader]:
     """
     handles: list[duckdb.DuckDBPyConnection] = []
 
-    def load(workspace: Path, frames: dict[str, pd.DataFrame] | None = None) -> list[TableRef]:
+    def load(
+        workspace: Path,
+        frames: dict[str, pd.DataFrame] | None = None,
+        spec: PreprocessingSpec | None = None,
+    ) -> list[TableRef]:
+        """``spec``: imported as a job file's load does (its missing values read as missing);
+        without one, stored as given."""
         refs = []
         for name in HOSPITALS:
             ref = TableRef(
@@ -84,7 +93,10 @@ def hospitals() -> Iterator[Loader]:
             frame = (frames or {}).get(name)
             if frame is None:
                 frame = pd.read_csv(ROOT / "demo" / "horizontal" / f"{name}.csv")
-            PartyStore.of(ref).write_table(ref.table, frame)
+            if spec is None:
+                PartyStore.of(ref).write_table(ref.table, frame)
+            else:
+                PartyStore.of(ref).import_frame(frame, ref, spec)
             PrivacyLedger(PartyStore.of(ref)).set_budget(ref.table, 3 * EPS, 3 * DELTA)
             # the owners allow the test-only options (exact releases, the pooled reference)
             OwnerPolicy(PartyStore.of(ref)).set(
@@ -493,3 +505,90 @@ def test_pooled_scaling_gives_raw_columns_the_standardised_model_and_scoring_app
         ).holdout_rows(ROWS[raw_ref.party]))  # fmt: skip
         expected = {"train": ROWS[raw_ref.party] - held_out, "held out": held_out, "unseen": 0}
         assert on_raw.in_training == on_demo.in_training == expected
+
+
+def _with_gaps(seed: int) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """The demo hospitals with 9 missing cells in each of three columns, and hospital_b's
+    first three ``mean_radius`` values a disguised missing 0 (the job declares 0 missing)."""
+    rng = np.random.default_rng(seed)
+    frames = {}
+    for name in HOSPITALS:
+        frame = pd.read_csv(ROOT / "demo" / "horizontal" / f"{name}.csv")
+        columns = [c for c in frame.columns if c not in ("patient_id", "diagnosis")][:3]
+        for column in columns:
+            frame.loc[rng.choice(len(frame), 9, replace=False), column] = np.nan
+        frames[name] = frame
+    frames["hospital_b"].loc[[0, 1, 2], columns[0]] = 0.0
+    return frames, columns
+
+
+def test_missing_cells_are_imputed_with_the_pooled_statistics_and_scoring_imputes_alike(
+    hospitals: Loader, workspace: Path
+) -> None:
+    """The fill (median) and the scaling (mean, deviation) are the pooled training rows'
+    statistics in the clear (the median to within one bin of the public grid), the model is
+    the moments fit of the rows imputed by hand, and scoring new rows with missing cells
+    applies the same transform. (Mean and constant fills come from the same fitted record:
+    ``tests/test_preprocessing.py``.)"""
+    frames, columns = _with_gaps(7)
+    job = {"impute": "median", "missing_values": {columns[0]: [0]}}
+    refs = hospitals(workspace, frames, PreprocessingSpec.from_dict(job))
+    options = {"privacy_unit": "row", "row_clip_norm": 3.0, "holdout_fraction": 0.2,
+               "exact": True, "preprocessing": job}  # fmt: skip
+    result = run(refs, workspace, **options)
+    split = steps.SparseLDAJob("x", None, HOSPITALS, "debiased", EPS, DELTA, None, None, 2,
+                               holdout_fraction=0.2)  # fmt: skip
+    train = {n: f.iloc[split.train_rows(len(f))] for n, f in frames.items()}
+    clear = {
+        n: f[result["features"]].replace({columns[0]: {0.0: np.nan}}) for n, f in train.items()
+    }
+    truth = pd.concat(clear.values())
+
+    fitted = FittedPreprocessing.from_dict(result["preprocessing"])
+    assert fitted.rows == len(truth) == result["total_rows"]
+    for stats in fitted.columns:
+        observed = np.sort(truth[stats.name].dropna().to_numpy())
+        assert stats.missing == len(truth) - len(observed)
+        # to the secure sum's fixed point (2^-24 per party's sum)
+        assert stats.center == pytest.approx(observed.mean(), rel=1e-9, abs=1e-8)
+        assert stats.scale == pytest.approx(observed.std(), rel=1e-6, abs=1e-6)
+        half, width = len(observed) // 2, 16 * stats.scale / 1024  # one bin of the grid
+        assert observed[half - 1] - width <= stats.fill <= observed[half] + width
+    assert all(c.missing > 0 for c in fitted.columns[:3])
+
+    parties = [
+        PartyData(n, fitted.transform(clear[n].to_numpy()), f["diagnosis"].to_numpy(),
+                  tuple(result["features"]))
+        for n, f in train.items()
+    ]  # fmt: skip
+    plain = PrivacySettings.row_level(EPS, DELTA, 3.0, noise_disabled_for_testing=True)
+    expected = fit_moments_release(parties, plain)
+    np.testing.assert_allclose(result["direction"], expected.direction, rtol=0, atol=1e-6)
+    assert result["figures"]["holdout_error"] < 0.1
+
+    new = frames["hospital_a"].head(6).assign(patient_id=lambda f: f["patient_id"] + 10**6)
+    new.loc[0, columns[0]], new.loc[1, columns[1]], new.loc[2, columns[0]] = 0.0, np.nan, np.nan
+    new_ref = TableRef(refs[0].database, "new_patients", "patient_id", "diagnosis")
+    PartyStore.of(new_ref).import_frame(new, new_ref, PreprocessingSpec.from_dict(job))
+    with disable_run_logger():
+        local_scores.fn(new_ref, steps.model_key(result["job_id"]))
+    X = new[result["features"]].replace({columns[0]: {0.0: np.nan}}).to_numpy(dtype=float)
+    X = np.where(np.isnan(X), [c.fill for c in fitted.columns], X)
+    X = (X - [c.center for c in fitted.columns]) / [c.scale for c in fitted.columns]
+    by_hand = X @ np.asarray(result["direction"]) + result["intercept"]
+    with PartyStore.of(new_ref).connect() as con:
+        scored = con.execute('SELECT score FROM "new_patients_scored"').df()["score"]
+    np.testing.assert_allclose(scored.to_numpy(), by_hand, rtol=0, atol=1e-9)
+
+
+def test_missing_cells_without_an_imputation_are_refused_naming_every_column(
+    hospitals: Loader, workspace: Path, fits: list[str]
+) -> None:
+    frames, columns = _with_gaps(7)
+    refs = hospitals(workspace, frames)  # stored with their gaps
+    listed = r".*".join(rf"column '{c}': 9 of \d+ rows" for c in columns)
+    with pytest.raises(
+        MissingValuesError, match=rf"3 column\(s\): {listed}.*preprocessing\.impute"
+    ):
+        run(refs, workspace, job_id="slda-gaps", preprocessing=None)
+    assert fits == [] and all(not s for s in spends(refs))

@@ -86,3 +86,13 @@ def artifact(env: dict[str, str], key: str) -> dict:
     found = api(env, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key]}}})
     assert found, f"no artifact {key}"
     return found[0]
+
+
+def run_artifacts(env: dict[str, str], run_name: str) -> tuple[dict, dict[str, dict]]:
+    """The latest flow run named ``run_name`` and its artifacts by what they are (the key's
+    last part: ``rounds``, ``charts``, ``summary``...)."""
+    runs = api(env, "/flow_runs/filter", {"flow_runs": {"name": {"any_": [run_name]}},
+                                          "sort": "START_TIME_DESC", "limit": 1})  # fmt: skip
+    assert runs, f"no flow run {run_name!r}"
+    found = api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [runs[0]["id"]]}}})
+    return runs[0], {a["key"].rsplit("-", 1)[1]: a for a in found if a.get("key")}

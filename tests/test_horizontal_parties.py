@@ -20,6 +20,9 @@ import grpc
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import chart_images
+from prefect.settings import PREFECT_API_URL
+from prefect_api import run_artifacts
 from sklearn.metrics import log_loss
 
 from core import horizontal_lr as hlr
@@ -205,6 +208,21 @@ def test_hospital_processes_train_the_plaintext_model_across_a_restart(make_job:
     for party in [COORDINATOR, *hospitals]:
         files = list((job.folder / party / "home" / "runs").rglob("r*/*__*"))
         assert files and all(party in f.name.split("__")[:2] for f in files)
+    # the coordinator's rounds table names the attempt that ran each round: hospital_c's
+    # restart ran no round of the coordinator's, so both carry its one run's first try and
+    # neither is reused (a re-run marks earlier rounds reused: test_horizontal_flow)
+    env = {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    run, published = run_artifacts(env, f"horizontal_lr hlr-three: {COORDINATOR}")
+    rounds = json.loads(published["rounds"]["data"])
+    assert [(r["round"], r["attempt"], r["reused"]) for r in rounds] == [
+        (r, f"{run['id'][:8]} try 1", "") for r in (0, 1)
+    ]
+    # its chart: the aggregated loss per round (it holds no labels); each hospital's: its ROC
+    (loss,) = chart_images(published["charts"]["data"])
+    assert loss.startswith("<svg") and "training loss per round" in published["charts"]["data"]
+    _, restarted = run_artifacts(env, "horizontal_lr hlr-three: hospital_c")
+    assert "ROC, hospital_c's" in restarted["charts"]["data"]
+    assert [c[:4] for c in chart_images(restarted["charts"]["data"])] == ["<svg"]
 
 
 def test_a_killed_and_a_failing_hospital_leave_the_survivors_model(make_job: Any) -> None:

@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import found_in
+from helpers import chart_images, found_in
+from prefect.settings import PREFECT_API_URL
+from prefect_api import run_artifacts
 
 from demo.orgs import Org, make_orgs, start
 from demo.parties import SMALL_KEYS
@@ -199,6 +201,18 @@ def test_a_killed_host_of_two_restarts_and_the_job_ends_with_the_same_model(
     # the peers waited for it: each ran every round exactly once
     assert {results[p]["rounds_run"] for p in ("clinic", "lab2", "arbiter")} == {ROUNDS}
     assert {results[p]["resumed_from"] for p in ("clinic", "lab2", "arbiter")} == {-1}
+    # so the guest's rounds table names its one run's first try for every round, none reused
+    # (rounds of an earlier attempt are marked reused: test_operations), and its charts draw
+    # the loss per round and the ROC of its held-out rows
+    env = {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    run, published = run_artifacts(env, "vertical_lr vertical-kill: guest")
+    rounds = json.loads(published["rounds"]["data"])
+    assert [(r["round"], r["attempt"], r["reused"]) for r in rounds] == [
+        (r, f"{run['id'][:8]} try 1", "") for r in range(ROUNDS)
+    ]
+    charts = published["charts"]["data"]
+    assert "training loss per round" in charts and "ROC, " in charts
+    assert [c[:4] for c in chart_images(charts)] == ["<svg", "<svg"]
 
 
 def table_values(ref: TableRef) -> set[str]:

@@ -145,8 +145,13 @@ def _serve_flows(party: str) -> None:
 
 
 def _descriptor(text: str) -> dict[str, Any]:
-    path = Path(text)
-    return json.loads(path.read_text() if path.exists() else text)
+    """Inline JSON, or the path of a file holding it. An object is never looked up as a path:
+    one longer than a file name may be (255 bytes) made the lookup fail."""
+    if not text.lstrip().startswith("{"):
+        path = Path(text)
+        if path.exists():
+            return json.loads(path.read_text())
+    return json.loads(text)
 
 
 def _psi(args: argparse.Namespace) -> None:

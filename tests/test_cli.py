@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 from core.model_format import ModelRecord
 from privreg.cli import main
+from privreg.party_cli import _descriptor
 from storage.artifacts import ArtifactStore
 from storage.party_store import PartyStore
 from tasks.horizontal_lr import model_key, model_record
@@ -101,3 +103,13 @@ def test_models_list_and_show_every_flow_s_models(
     )
     shown = capsys.readouterr().out.splitlines()
     assert "  intercept: 0.5" in shown and any(line.split() == ["glucose", "2"] for line in shown)
+
+
+def test_party_options_are_inline_json_of_any_length_or_a_file(tmp_path: Path) -> None:
+    """A job's options with its preprocessing run past 255 bytes, the longest file name: they
+    are read as JSON, not looked up as a path (which failed with 'File name too long')."""
+    options = {"preprocessing": {"impute": "median"}, "note": "x" * 300}
+    assert _descriptor(json.dumps(options)) == options
+    saved = tmp_path / "options.json"
+    saved.write_text(json.dumps(options))
+    assert _descriptor(str(saved)) == options

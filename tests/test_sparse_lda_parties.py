@@ -51,13 +51,15 @@ OPTIONS = {
     "method": "debiased",
     "threshold": 3,
     "holdout_fraction": 0.2,
+    "preprocessing": {"impute": "median"},  # every table has gaps: the pooled median fills them
 }
 MODEL = ("features", "direction", "mean_positive", "mean_negative", "support", "contributors")
 
 
 def hospital_table(folder: Path, name: str) -> TableRef:
     """The demo hospital's rows in a database of its own, whose owner allows exact releases
-    (hospital_d: the second half of hospital_a's demo patients, hospital_a the first)."""
+    (hospital_d: the second half of hospital_a's demo patients, hospital_a the first), with
+    missing cells in two columns."""
     ref = TableRef(
         database=str(folder / f"{name}.duckdb"),
         table="patients",
@@ -70,6 +72,8 @@ def hospital_table(folder: Path, name: str) -> TableRef:
     if source == "hospital_a":
         half = len(frame) // 2
         frame = frame.iloc[half:] if name == KILLED else frame.iloc[:half]
+    frame = frame.reset_index(drop=True)
+    frame.loc[[1, 6, 11], "mean_radius"] = frame.loc[[3, 8], "mean_texture"] = np.nan
     PartyStore.of(ref).write_table(ref.table, frame)
     OwnerPolicy(PartyStore.of(ref)).set(ref.table, allow_noiseless_release=True)
     return ref
@@ -187,6 +191,10 @@ def test_hospital_processes_fit_the_one_process_model_without_a_killed_one(
     survivors = [name for name in HOSPITALS if name != KILLED]
     assert_same_model(coordinator, reference)
     assert coordinator["contributors"] == survivors and coordinator["dropped"] == [KILLED]
+    # the gaps were filled with the pooled statistics of the same round as in one process
+    assert coordinator["preprocessing"] == reference["preprocessing"]
+    gaps = {c["name"]: c["missing"] for c in coordinator["preprocessing"]["columns"]}
+    assert gaps["mean_radius"] > 0 and gaps["mean_texture"] > 0
     for name, result in results.items():  # every survivor kept the same model in its store
         assert_same_model(result, reference)
         stored = ArtifactStore(PartyStore.of(parties.refs[name])).get(result["model_key"])

@@ -13,6 +13,13 @@ durable and idempotent: sending the same bytes under a key again is a no-op, sen
 bytes under a key already used is refused with a :class:`ChannelError` naming the key.
 ``receive`` waits up to a timeout and then raises :class:`MessageTimeoutError` naming the peer, job,
 round and kind. A party can send only as itself and receive only what is addressed to it.
+
+A party may *relay* messages it received (:meth:`PartyEndpoint.relay`): one message carrying
+each original's bytes with its sender's proof, so that a receiver checks every entry as its
+sender's (:meth:`PartyEndpoint.receive_relayed`) and the relaying party cannot alter, swap or
+replay one unnoticed. The transport says what a proof is: over the network the sender's
+signature of the original's key and digest, on one shared folder none (the folder is trusted,
+and the receiver compares each entry with the original there).
 """
 
 from __future__ import annotations
@@ -51,6 +58,11 @@ class MessageTimeoutError(ChannelError):
 
 class TermsBindingError(ChannelError):
     """A message bound to other terms than this party agreed for the job (or to none)."""
+
+
+class RelayError(ChannelError):
+    """A relayed entry is not what its named sender sent (altered, swapped, replayed) or is
+    missing; the message names that sender."""
 
 
 class PeerUnreachableError(ChannelError):
@@ -147,6 +159,14 @@ class Transport(Protocol):
     def peer_status(self, run: str, peer: str) -> bytes | None:
         """``peer``'s current status record of ``run``, ``None`` if it has none yet; raises
         :class:`PeerUnreachableError` when the peer cannot be asked."""
+
+    def proof(self, key: MessageKey) -> bytes:
+        """What shows that ``key.sender`` sent the stored message under ``key`` (to relay
+        it); ``b""`` where the transport needs none."""
+
+    def check_relayed(self, key: MessageKey, data: bytes, proof: bytes) -> None:
+        """Raise :class:`ChannelError` unless ``data`` is what ``key.sender`` sent under
+        ``key``, as ``proof`` (from :meth:`proof` at the relaying party) shows."""
 
 
 class MessageFolder:
@@ -249,25 +269,35 @@ class MessageFolder:
         relative = key.relative_path()
         return self.root / "runs" / key.run / "received" / relative.parent.name / relative.name
 
-    def note_received(self, key: MessageKey, size: int, sha256: str) -> None:
+    def note_received(self, key: MessageKey, size: int, sha256: str, proof: bytes = b"") -> None:
         """Note what the sender announced (and signed) for a copy about to be stored unsynced.
 
         Why: a received copy is not synced (that cost ~10 ms a message); after a crash of the
         machine it may be torn or empty, and :meth:`received_intact` tells so by this note.
         Written before the copy gets its name, so a copy with a name always has a note unless
         the machine crashed (then the note may be missing or torn too: the copy is fetched
-        again, never trusted)."""
+        again, never trusted). ``proof``: the sender's proof, kept so this party can relay
+        the message (:meth:`PartyEndpoint.relay`)."""
         path = self.received_path(key)
-        self._in_folder(path.parent, lambda: path.write_text(f"{size} {sha256}\n"))
+        note = f"{size} {sha256}\n{proof.hex()}\n"
+        self._in_folder(path.parent, lambda: path.write_text(note))
 
     def received_intact(self, key: MessageKey) -> bool:
         """Whether the stored copy of a received message has the size and digest noted."""
         try:
-            size, sha256 = self.received_path(key).read_text().split()
+            size, sha256 = self.received_path(key).read_text().split("\n", 1)[0].split()
             path = self.path(key)
             return path.stat().st_size == int(size) and _digest(path) == sha256
         except (OSError, ValueError):
             return False
+
+    def received_proof(self, key: MessageKey) -> bytes:
+        """The sender's proof noted with a received copy (``b""`` if none was noted)."""
+        try:
+            lines = self.received_path(key).read_text().split("\n")
+            return bytes.fromhex(lines[1]) if len(lines) > 1 else b""
+        except (OSError, ValueError):
+            return b""
 
     def status_path(self, run: str, party: str) -> Path:
         """Where ``party`` keeps its current status of ``run`` (see storage.federation)."""
@@ -381,6 +411,16 @@ class FileTransport:
 
     def peer_status(self, run: str, peer: str) -> bytes | None:
         return self.folder.read_status(run, peer)
+
+    def proof(self, key: MessageKey) -> bytes:
+        return b""  # the shared folder itself holds the original
+
+    def check_relayed(self, key: MessageKey, data: bytes, proof: bytes) -> None:
+        """The shared folder is trusted: ``data`` must be the original it holds."""
+        original = self.folder.find(key)
+        if original is None or _sha256(original) != _sha256(data):
+            found = "holds other bytes" if original is not None else "holds no such message"
+            raise ChannelError(f"the shared folder {found} as the {key.describe()}")
 
 
 class Channel:
@@ -503,6 +543,69 @@ class PartyEndpoint:
             return codec.loads(data)
         except codec.CodecError as error:
             raise ChannelError(f"refused the {key.describe()}: {error}") from error
+
+    def relay(
+        self,
+        receivers: Sequence[str],
+        kind: str,
+        source_kind: str,
+        senders: Sequence[str],
+        round: int = 0,
+    ) -> list[MessageRecord]:
+        """Forward the ``source_kind`` messages of ``round`` that ``senders`` sent to this
+        party, as one ``kind`` message to each receiver: each original's bytes with its
+        sender's proof (:meth:`Transport.proof`), checked by :meth:`receive_relayed`.
+
+        Each of them must have been received already. A receiver that has its copy keeps it
+        (a retry sends nothing new): a proof may be randomised, so a rebuilt message could
+        differ from the one sent."""
+        store = self.channel.transport.store()
+        pending = [
+            r for r in receivers if store.find(self.channel.key(round, self.party, r, kind)) is None
+        ]
+        if not pending:
+            return []
+        transport, entries = self.channel.transport, {}
+        for sender in senders:
+            key = self.channel.key(round, sender, self.party, source_kind)
+            data = transport.get(key, 0.0)
+            entries[sender] = {"data": bytes(data), "proof": transport.proof(key)}
+        return self.send_many(pending, kind, entries, round=round)
+
+    def receive_relayed(
+        self,
+        relay: str,
+        kind: str,
+        source_kind: str,
+        senders: Sequence[str],
+        round: int = 0,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """The payload of the ``source_kind`` message each of ``senders`` sent to ``relay``
+        in ``round``, from ``relay``'s one ``kind`` message (:meth:`relay`). Each entry is
+        checked as its sender's (the transport's proof, the job's terms) before it is read;
+        one missing, altered, swapped or from another round, job or kind is refused with a
+        :class:`RelayError` naming its sender."""
+        entries = self.receive(relay, kind, round=round, timeout=timeout)
+        if not isinstance(entries, dict):
+            raise RelayError(f"refused {relay}'s {kind!r} message of round {round}: not a relay")
+        out = {}
+        for sender in senders:
+            key = self.channel.key(round, sender, relay, source_kind)
+            entry = entries.get(sender)
+            if entry is None:
+                raise RelayError(f"{relay}'s {kind!r} message lacks the {key.describe()}")
+            try:
+                data, proof = bytes(entry["data"]), bytes(entry["proof"])
+                self.channel.transport.check_relayed(key, data, proof)
+                _check_terms(key, data)
+                out[sender] = codec.loads(data)
+            except (ChannelError, codec.CodecError, KeyError, TypeError) as error:
+                raise RelayError(
+                    f"refused the {key.describe()} as relayed by {relay}: it is not what "
+                    f"{sender} sent ({error})"
+                ) from None
+        return out
 
     def sent(self, receiver: str, kind: str, round: int = 0) -> Any | None:
         """What this party already sent under the key, or ``None``."""

@@ -458,6 +458,23 @@ class GrpcTransport:
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, 1.0)
 
+    def proof(self, key: MessageKey) -> bytes:
+        """The sender's certificate and signature, as noted when this party received the
+        message (:meth:`_store`)."""
+        proof = self.folder.received_proof(key)
+        if not proof:
+            raise ChannelError(f"party {self.party} holds no proof of the {key.describe()}")
+        return proof
+
+    def check_relayed(self, key: MessageKey, data: bytes, proof: bytes) -> None:
+        """``key.sender``'s certificate (the chain, rule and pin) signed ``key`` with the size
+        and digest of ``data``, within the kind's cap: the checks of a fetched message."""
+        try:
+            header = codec.loads(proof, codec.Limits(max_bytes=_HEADER_BYTES))
+        except codec.CodecError as error:
+            raise ChannelError(f"a bad proof ({error})") from None
+        self._check_header(key, header, len(data), hashlib.sha256(data).hexdigest())
+
     def publish_status(self, run: str, party: str, data: bytes) -> None:
         if party != self.party:
             raise ChannelError(f"party {self.party} cannot publish {party}'s status")
@@ -538,15 +555,17 @@ class GrpcTransport:
         tmp = self.folder.staging(key)
         try:
             tmp.write_bytes(payload)
-            self._store(key, tmp, size, expected)
+            self._store(key, tmp, header)
         finally:
             tmp.unlink(missing_ok=True)
         return bytes(payload)
 
-    def _store(self, key: MessageKey, tmp: Path, size: int, sha256: str) -> None:
-        """Put a checked copy in place, unsynced (:meth:`MessageFolder.note_received`); a
+    def _store(self, key: MessageKey, tmp: Path, header: dict[str, Any]) -> None:
+        """Put a checked copy in place, unsynced (:meth:`MessageFolder.note_received`, with
+        the sender's certificate and signature: its proof if this party relays the copy); a
         stored copy that failed its check is replaced by the sender's."""
-        self.folder.note_received(key, size, sha256)
+        proof = codec.dumps({"cert": bytes(header["cert"]), "proof": bytes(header["proof"])})
+        self.folder.note_received(key, int(header["size"]), str(header["sha256"]), proof)
         path = self.folder.path(key)
         if path.exists() and key not in self._intact and not self.folder.received_intact(key):
             os.replace(tmp, path)  # torn by a crash: the sender's signed copy takes its place
@@ -578,7 +597,7 @@ class GrpcTransport:
                     f"refused the {key.describe()}: {received} bytes received, {size} announced, "
                     "or the SHA-256 does not match; nothing stored"
                 )
-            self._store(key, tmp, size, expected)
+            self._store(key, tmp, header)
             tmp = None
         except grpc.RpcError as error:
             raise self._classify(key, error) from None

@@ -5,6 +5,7 @@ Every server listens on an ephemeral port of 127.0.0.1.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -17,8 +18,8 @@ import numpy as np
 import pytest
 
 from demo.orgs import free_port
-from storage import certs, codec
-from storage.channel import Channel, ChannelError, MessageTimeoutError
+from storage import certs, codec, identity
+from storage.channel import Channel, ChannelError, MessageTimeoutError, RelayError
 from storage.party_config import PartyConfig, PartyConfigError
 from storage.transport_grpc import GrpcTransport, serve
 
@@ -90,6 +91,47 @@ def test_message_crosses_and_is_stored_once_on_each_side(
         channel(bank_conf).endpoint("bank").send("ads", "scores", np.ones(5), round=2)
     assert ads.receive("bank", "scores", round=2).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert channel(ads_conf).log() == [record] == channel(bank_conf).log()
+
+
+def test_a_relayed_message_is_checked_as_its_senders(
+    pki: dict[str, certs.Issued], tmp_path: Path, bank: tuple[PartyConfig, int]
+) -> None:
+    """Ads sends to the bank, the bank relays to eve with ads's signature: eve reads it as
+    ads's; a relay whose entry the bank altered, or signed itself, is refused naming ads."""
+    _, bank_port = bank
+    ads_conf = config(pki, "ads", tmp_path)
+    ads_server, ads_port = serve(ads_conf)
+    try:
+        channel(ads_conf).endpoint("ads").send("bank", "x", {"w": [0.5, 1.5]}, round=2)
+        bank = channel(config(pki, "bank", tmp_path, {"ads": ads_port})).endpoint("bank")
+        bank.receive("ads", "x", round=2)
+        bank.relay(["eve"], "x_relay", "x", ["ads"], round=2)
+    finally:
+        ads_server.stop(None)
+    eve = channel(config(pki, "eve", tmp_path, {"bank": bank_port})).endpoint("eve")
+    assert eve.receive_relayed("bank", "x_relay", "x", ["ads"], round=2) == {
+        "ads": {"w": [0.5, 1.5]}
+    }
+
+    (entry,) = eve.receive("bank", "x_relay", round=2).values()
+    other = codec.dumps({"w": [0.5, 2.5]})
+    key = bank.channel.key(2, "ads", "bank", "x")
+    own = identity.load_own("bank", pki["bank"].cert, pki["bank"].key)
+    signed = identity.sign(
+        own, identity.statement(vars(key), len(other), hashlib.sha256(other).hexdigest())
+    )
+    forgeries = {
+        "altered": {**entry, "data": other},
+        "signed by the relay": {
+            "data": other,
+            "proof": codec.dumps({"cert": own.chain_pem, "proof": signed}),
+        },
+    }
+    for n, (what, forged) in enumerate(forgeries.items()):
+        bank.send("eve", f"y{n}_relay", {"ads": forged}, round=2)
+        with pytest.raises(RelayError, match="'x' message from ads to bank in round 2") as error:
+            eve.receive_relayed("bank", f"y{n}_relay", "x", ["ads"], round=2)
+        assert ("names 'bank', not 'ads'" in str(error.value)) == (what != "altered"), what
 
 
 def test_a_party_acts_only_as_itself(pki: dict[str, certs.Issued], tmp_path: Path) -> None:

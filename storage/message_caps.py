@@ -53,6 +53,9 @@ KIND_CAPS: dict[str, int] = {
     # per job or per re-key; the call ("round") lists the active parties' keys
     "secagg_job_keys": _CONTROL,
     "rejoin": _CONTROL,
+    # the coordinator's relay of every sender's masked input or answer, with its proof
+    "secagg_masked_relay": 512 * MiB,
+    "secagg_unmask_response_relay": 512 * MiB,
     # one value per feature
     "masked_gradient": _VECTOR,
     "model": _VECTOR,

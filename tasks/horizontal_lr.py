@@ -652,6 +652,9 @@ def _commit_round(
         "revealers": saved.get("revealers"),
         "change": saved["change"],
     }
+    secure_rounds.coordinator_relay_answers(
+        ctx.job, ctx.round, message["survivors"], message["revealers"] or []
+    )
     endpoint.send_many(ctx.parties, "model", message, round=ctx.round)
     if final:
         secure_rounds.forget_job(store, ctx.job)
@@ -911,12 +914,12 @@ def party_round(
     elif not model_out:
         secure_sum.party_fault(fault, round_, "mask_input")
         before, record = _mask(ref, store, ctx, call, options)
-        active, wait = call.protocol["active"] if call.protocol else [], ctx.stage_timeout
-        secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.MASKED, active, round_, wait)
+        wait = ctx.stage_timeout
+        secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.MASKED_RELAY, round_, wait)
         if _wait_for_request(ctx, ref.party):
             secure_sum.party_fault(fault, round_, "reveal_shares")
             record = _answer(ref, store, ctx, record)  # stored with the checkpoint below
-            secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.RESPONSE, active, round_, wait)
+            secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.RESPONSE_RELAY, round_, wait)
             _finish(ref, store, ctx, call, options, False, (before, record))
             return True
     _finish(ref, store, ctx, call, options, final=False)

@@ -16,14 +16,22 @@ kind                        sender -> receiver                    when
 =========================  ====================================  ===========================
 ``secagg_job_keys``         party -> coordinator                  once per job (round 0)
 ``round`` (the call)        coordinator -> every party            each round: active + keys
-``secagg_masked``           party -> coordinator and each peer    each round
+``secagg_masked``           party -> coordinator                  each round
 ``secagg_unmask_request``   coordinator -> each sender            each round
-``secagg_unmask_response``  sender -> coordinator and each peer   each round
+``secagg_masked_relay``     coordinator -> each sender            with the requests
+``secagg_unmask_response``  sender -> coordinator                 each round
+``secagg_unmask_response_   coordinator -> each sender            before the model
+relay``
 ``rejoin``                  left-out party -> coordinator         with its new keys (re-key)
 =========================  ====================================  ===========================
 
-The peers' copies let every party that answered unmask the round's sum itself and check the
-coordinator's announcement (:func:`party_sum`).
+The relays let every party that answered unmask the round's sum itself and check the
+coordinator's announcement (:func:`party_sum`). A relay is one message carrying every
+sender's original message with that sender's proof (:meth:`PartyEndpoint.relay`): a party
+checks each entry as its sender's, so the coordinator can drop, alter, swap or replay none
+unnoticed, as when each party sent its peers a copy. Why through the coordinator: with n
+parties a copy to each peer cost every party 2(n - 1) fetches a round (~3 ms of CPU each);
+a relay costs it two.
 """
 
 from __future__ import annotations
@@ -43,11 +51,11 @@ from core.secagg import wire
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.secagg.fixed_point import DEFAULT_SCALE_BITS, decode
 from core.secagg.graph import choose_parameters
-from storage.channel import PartyEndpoint
+from storage.channel import PartyEndpoint, RelayError
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts
 from storage.workspace import channel_for
-from tasks.secure_sum import collect, receivers
+from tasks.secure_sum import receivers
 
 COORDINATOR = "coordinator"
 JOB_KEYS, MASKED, REQUEST, RESPONSE, REJOIN = (
@@ -57,6 +65,7 @@ JOB_KEYS, MASKED, REQUEST, RESPONSE, REJOIN = (
     "secagg_unmask_response",
     "rejoin",
 )
+MASKED_RELAY, RESPONSE_RELAY = f"{MASKED}_relay", f"{RESPONSE}_relay"
 
 
 @functools.lru_cache(maxsize=16)
@@ -197,9 +206,9 @@ def party_mask(
     vector: np.ndarray,
     guard: Any = None,
 ) -> dict[str, Any]:
-    """Mask ``vector`` for the started round, store, then send it to the coordinator and the
-    other active parties; a retry re-sends the stored message (a round is masked once).
-    Returns the stored record.
+    """Mask ``vector`` for the started round, store, then send it to the coordinator (who
+    relays it to the other senders); a retry re-sends the stored message (a round is masked
+    once). Returns the stored record.
 
     ``guard(con)`` runs in the same transaction before masking (e.g. one contribution per
     model point) and may refuse.
@@ -227,8 +236,7 @@ def party_mask(
                 "rejoining": False,
             }
             save_record(store, job, party, record, con)
-    peers = [p for p in start.active if p != party]
-    job.endpoint(party).send_many([COORDINATOR, *peers], MASKED, stored, round=r)
+    job.endpoint(party).send(COORDINATOR, MASKED, stored, round=r)
     return record
 
 
@@ -267,28 +275,22 @@ def party_answer(
                 record = {**record, "state": wire.party_state_to_plain(state)}
                 save_record(store, job, party, record, con)
     plain = wire.response_to_plain(response)
-    peers = [p for p in before.active if p != party]
-    job.endpoint(party).send_many([COORDINATOR, *peers], RESPONSE, plain, round=round_)
+    job.endpoint(party).send(COORDINATOR, RESPONSE, plain, round=round_)
     return record
 
 
-def prefetch(
-    job: RoundsJob, party: str, kind: str, peers: Sequence[str], round_: int, timeout: float
-) -> None:
-    """Start fetching the peers' copies of ``kind`` in the background, each a wait that
-    returns when the copy arrives (or after ``timeout`` seconds); returns at once.
+def prefetch(job: RoundsJob, party: str, kind: str, round_: int, timeout: float) -> None:
+    """Start fetching the coordinator's relay ``kind`` of the round in the background, a wait
+    that returns when it arrives (or after ``timeout`` seconds); returns at once.
 
-    Why: a party checks the round's sum from its peers' copies once the model arrives;
-    fetching them while the coordinator is still collecting and unmasking takes them off the
-    round's critical path (a fetched copy is kept and read locally later; a check that asks
-    for one still being fetched waits for that fetch). On one shared folder there is nothing
-    to fetch."""
+    Why: a party checks the round's sum from the relays once the model arrives; fetching them
+    while the coordinator is still collecting and unmasking takes them off the round's
+    critical path (a fetched message is kept and read locally later; a check that asks for
+    one still being fetched waits for that fetch). On one shared folder there is nothing to
+    fetch."""
     endpoint = job.endpoint(party)
-    if endpoint.channel.transport.party is None:
-        return
-    for peer in peers:
-        if peer != party:
-            receivers().submit(_fetch_quietly, endpoint, peer, kind, round_, timeout)
+    if endpoint.channel.transport.party is not None:
+        receivers().submit(_fetch_quietly, endpoint, COORDINATOR, kind, round_, timeout)
 
 
 def _fetch_quietly(
@@ -296,6 +298,26 @@ def _fetch_quietly(
 ) -> None:
     with contextlib.suppress(Exception):  # the round's own wait for it reports any failure
         endpoint.receive(peer, kind, round=round_, timeout=timeout)
+
+
+def _relayed(
+    endpoint: PartyEndpoint, kind: str, senders: Sequence[str], round_: int, deadline: float
+) -> dict[str, Any]:
+    """The senders' ``kind`` messages from the coordinator's relay, each checked as its
+    sender's; the coordinator's sum is refused, naming the sender, if one is not."""
+    try:
+        return endpoint.receive_relayed(
+            COORDINATOR,
+            f"{kind}_relay",
+            kind,
+            senders,
+            round=round_,
+            timeout=max(deadline - time.monotonic(), 0.0),
+        )
+    except RelayError as error:
+        raise ProtocolViolationError(
+            f"party {endpoint.party!r}: {error}; refusing the coordinator's sum of round {round_}"
+        ) from None
 
 
 def party_sum(
@@ -307,12 +329,13 @@ def party_sum(
     revealers: Sequence[str] | None,
     timeout: float,
 ) -> np.ndarray | None:
-    """The round's sum as this party unmasks it itself from its peers' copies (None if it did
-    not answer this round's request: it then has nothing to check).
+    """The round's sum as this party unmasks it itself from its peers' messages (None if it
+    did not answer this round's request: it then has nothing to check).
 
     Why: otherwise a coordinator could announce any sum (e.g. one that barely moves the
     model, so that a later round with one party claimed dropped reveals that party's update).
-    It runs the coordinator's own steps on the peers' masked inputs and answers; it learns the
+    It runs the coordinator's own steps on the peers' masked inputs and answers, as the
+    coordinator relayed them, each checked as its sender's (:func:`_relayed`); it learns the
     sum (the coordinator's view), no more.
     """
     if not record:
@@ -322,17 +345,10 @@ def party_sum(
         return None
     request, own_response = state.answered
     own_masked = wire.masked_from_plain(record["masked"], party)
-    where = f"party {party!r}: round {round_} of job {job.job_id}"
     endpoint = job.endpoint(party)
     deadline = time.monotonic() + timeout
     others = [p for p in request.senders if p != party]
-    masked = collect(endpoint, MASKED, others, round_, deadline)
-    missing = sorted(set(others) - set(masked))
-    if missing:
-        raise ProtocolViolationError(
-            f"{where}: the coordinator counts {missing} as senders, but their masked inputs "
-            "never reached this party; refusing its sum"
-        )
+    masked = _relayed(endpoint, MASKED, others, round_, deadline)
     keys = {p: wire.keys_from_plain(k) for p, k in call["keys"].items()}
     replica = mr.JobCoordinatorState(
         job.config(), keys, tuple(call["active"]), round_, "collecting"
@@ -340,13 +356,7 @@ def party_sum(
     inputs = [own_masked, *(wire.masked_from_plain(masked[p], p) for p in others)]
     replica, _ = mr.collect_inputs(replica, inputs)
     helpers = [p for p in (request.senders if revealers is None else revealers) if p != party]
-    answers = collect(endpoint, RESPONSE, helpers, round_, deadline)
-    missing = sorted(set(helpers) - set(answers))
-    if missing:
-        raise ProtocolViolationError(
-            f"{where}: the unmask answers of {missing} never reached this party; refusing "
-            "the coordinator's sum"
-        )
+    answers = _relayed(endpoint, RESPONSE, helpers, round_, deadline)
     responses = [own_response, *(wire.response_from_plain(answers[p], p) for p in helpers)]
     _, result = mr.unmask(replica, responses)
     return decode(result.ring_sum, job.scale_bits)
@@ -450,8 +460,19 @@ def coordinator_collect(
             }
             save_record(store, job, COORDINATOR, record, con)
     remember(store, job, record)
-    job.endpoint(COORDINATOR).send_each(record["requests"], REQUEST, round=round_)
+    endpoint = job.endpoint(COORDINATOR)
+    endpoint.send_each(record["requests"], REQUEST, round=round_)
+    senders = list(state.senders)
+    endpoint.relay(senders, MASKED_RELAY, MASKED, senders, round=round_)
     return list(state.senders), list(state.dropped)
+
+
+def coordinator_relay_answers(
+    job: RoundsJob, round_: int, senders: Sequence[str], responders: Sequence[str]
+) -> None:
+    """Before the round's model: relay the answers it was unmasked with to every sender, so
+    each that answered can check the sum (:func:`party_sum`); a re-send is a no-op."""
+    job.endpoint(COORDINATOR).relay(senders, RESPONSE_RELAY, RESPONSE, responders, round=round_)
 
 
 def coordinator_unmask(

@@ -21,7 +21,15 @@ from core.secagg.graph import (
 )
 from core.secagg.simulation import out_of_session, rejoin, run_round, start_job
 from storage.message_caps import MessageCaps
-from tasks.secure_rounds import JOB_KEYS, MASKED, REJOIN, REQUEST, RESPONSE
+from tasks.secure_rounds import (
+    JOB_KEYS,
+    MASKED,
+    MASKED_RELAY,
+    REJOIN,
+    REQUEST,
+    RESPONSE,
+    RESPONSE_RELAY,
+)
 
 RNG = np.random.default_rng(2611)
 
@@ -373,6 +381,7 @@ def test_states_and_messages_survive_the_stored_form_exactly():
 
 def test_every_kind_the_round_protocol_sends_has_a_cap():
     kinds = [JOB_KEYS, MASKED, REQUEST, RESPONSE, REJOIN, "round", "model", "schema"]
+    kinds += [MASKED_RELAY, RESPONSE_RELAY]
     kinds += ["secagg_keys", "secagg_directory", "secagg_shares", "secagg_commitment"]
     for kind in kinds:
         cap, where = MessageCaps().cap(kind)

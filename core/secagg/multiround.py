@@ -57,6 +57,15 @@ Why it is as safe as the per-round protocol (the argument, step by step):
    job's key file): a restarted party re-sends the stored masked input or answer instead of
    masking or answering again, and a restarted coordinator re-sends its stored unmask
    requests, so a round is never unmasked for a second set of senders.
+6. *The coordinator's sum can be checked by every sender that answered*: it runs
+   :func:`collect_inputs` and :func:`unmask` itself on the round's masked inputs and answers
+   (it then knows the sum, the coordinator's view, and nothing more: the masks it cannot
+   remove alone are the same). It needs them exactly as their senders sent them, and gets
+   them through the coordinator's relay (:mod:`tasks.secure_rounds`), each entry with its
+   sender's proof of what it sent (its signature of job, round, sender, receiver, kind and
+   digest over the network): a coordinator can drop, alter, swap or replay no entry without
+   the check refusing the round, naming the sender, as if each party had sent its peers
+   copies directly.
 
 Why the unmask exchange runs every round, not only after a dropout: a round without self-masks
 would be unmasked by the pair masks cancelling alone, but then a coordinator that declares a

@@ -13,10 +13,10 @@ then its messages and a few commits, not Prefect's or DuckDB's openings.
 Across rounds (a coordinator unmasking one party by broadcasting the same model twice, then
 claiming that party dropped): each party checks that the model it is sent is exactly the
 previous model moved by the mean update sent along, and, if it helped unmask the round, that
-this mean is the one of the sum it unmasked itself from its peers' direct copies
-(:func:`verified_model`); and it contributes at one model in one round only (:func:`_mask`).
-What is left for an honest-but-curious coordinator: two
-consecutive sums with senders S and S - {C} differ by C's weighted update plus
+this mean is the one of the sum it unmasked itself from its peers' messages, which the
+coordinator relays with their senders' proofs (:func:`verified_model`); and it contributes
+at one model in one round only (:func:`_mask`). What is left for an honest-but-curious
+coordinator: two consecutive sums with senders S and S - {C} differ by C's weighted update plus
 ``sum over S - {C} of n_j (g_j(w_r) - g_j(w_r+1))``, at most ``N L |w_r+1 - w_r|`` with
 ``L <= max |(x, 1)|^2 / 4 + l2`` in gradient mode: not C's update while the model moves, an
 approximation of it near convergence (and C's row count exactly). Only per-round noise would

@@ -22,6 +22,9 @@ A :class:`Federation` runs beside one party's side of a job and, once a second:
   absence is logged and shown but ends nobody's side; the protocol's own stage deadlines drop
   them, and its threshold decides whether the job goes on (a coordinator below threshold
   fails, and that failure, naming the missing parties, ends every survivor's side).
+  Such a peer is heard every :data:`TOLERATED_EVERY` seconds, not every second: its state is
+  only shown (and keeps a wait for it patient, well within ``down_after``), and among ten
+  hospitals hearing each other every second was most of a round's CPU.
 
 A failure record written more than :data:`STALE_AFTER` seconds before this side started is an
 earlier attempt's: the peer counts as down until it restarts (it is not a new failure).
@@ -50,6 +53,7 @@ LIVE = ("queued", "agreeing", "approval", "running", "waiting")  # a heartbeat i
 ENDED_BADLY = ("failed", "aborted")
 STALE_AFTER = 5.0
 INTERVAL = 1.0
+TOLERATED_EVERY = 10.0
 DOWN_AFTER = 30.0
 RESTART_GRACE = 600.0
 
@@ -127,6 +131,7 @@ class PeerView:
     down_since: float | None = None
     error: str = ""
     dropped: str = ""  # a tolerated peer's failure, as logged (once)
+    observed: float | None = None  # when this party last asked for its record (monotonic)
 
     def line(self, now: float) -> str:
         if self.status is None:
@@ -161,6 +166,7 @@ class Federation:
     show: Callable[[Federation], None] | None = None  # e.g. the job-status artifact
     show_every: float = 10.0
     tolerated: tuple[str, ...] = ()  # peers whose failure is a dropout the protocol survives
+    tolerated_every: float = TOLERATED_EVERY  # how often a tolerated peer is heard
     state: str = "queued"
     detail: str = ""
     peers: dict[str, PeerView] = field(default_factory=dict)
@@ -302,13 +308,21 @@ class Federation:
             if self.state in LIVE:
                 self._publish("")
         for view in self.peers.values():
-            self._observe(view)
+            if self._due(view):
+                self._observe(view)
         if (request := self._abort_request()) is not None and self.failure is None:
             self.failure = AbortedHereError(
                 self.job, self.party, f"aborted by an operator: {request}"
             )
 
+    def _due(self, view: PeerView) -> bool:
+        """Every peer each interval, but a tolerated one every :attr:`tolerated_every`."""
+        if view.party not in self.tolerated or view.observed is None:
+            return True
+        return time.monotonic() - view.observed >= self.tolerated_every
+
     def _observe(self, view: PeerView) -> None:
+        view.observed = time.monotonic()
         now = time.time()
         try:
             data = self.transport.peer_status(self.job, view.party)

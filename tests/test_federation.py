@@ -133,7 +133,9 @@ def test_a_hospitals_failure_is_a_dropout_but_the_coordinators_ends_every_surviv
     transport = FileTransport(tmp_path)
     parties = ("coordinator", "hospital_a", "hospital_b")
     sides = {
-        p: Federation(transport, "hlr", p, parties, interval=0.05, tolerated=parties[1:])
+        p: Federation(
+            transport, "hlr", p, parties, interval=0.05, tolerated=parties[1:], tolerated_every=0.1
+        )
         for p in parties
     }
     for side in sides.values():
@@ -152,6 +154,29 @@ def test_a_hospitals_failure_is_a_dropout_but_the_coordinators_ends_every_surviv
     finally:
         for side in sides.values():
             side.finish()
+
+
+def test_a_hospital_hears_the_coordinator_every_interval_and_its_peers_seldom(
+    tmp_path: Path,
+) -> None:
+    """Hospitals that may drop are only shown, so a hospital asks for their records every
+    ``tolerated_every`` seconds; the coordinator, whose failure ends it, every interval."""
+    asked: list[str] = []
+
+    class Counting(FileTransport):
+        def peer_status(self, run: str, peer: str) -> bytes | None:
+            asked.append(peer)
+            return super().peer_status(run, peer)
+
+    parties = ("coordinator", "hospital_a", "hospital_b", "hospital_c")
+    side = Federation(
+        Counting(tmp_path), "hlr", "hospital_a", parties, tolerated=parties[1:],
+        tolerated_every=10.0,
+    )  # fmt: skip
+    for _ in range(20):  # twenty intervals' polls, within one tolerated_every
+        side.poll()
+    assert asked.count("coordinator") == 20
+    assert asked.count("hospital_b") == asked.count("hospital_c") == 1
 
 
 def test_a_long_wait_refreshes_the_shown_state_from_the_waiting_thread(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from core.psi_ot.primitives import KEY_BYTES, prg
 
@@ -54,8 +55,7 @@ def _public(scalar: int) -> ec.EllipticCurvePublicKey:
 
 
 def encode(point: ec.EllipticCurvePublicKey) -> bytes:
-    numbers = point.public_numbers()
-    return b"\x04" + numbers.x.to_bytes(32, "big") + numbers.y.to_bytes(32, "big")
+    return point.public_bytes(Encoding.X962, PublicFormat.UncompressedPoint)
 
 
 def decode(data: bytes, what: str) -> ec.EllipticCurvePublicKey:
@@ -68,22 +68,28 @@ def decode(data: bytes, what: str) -> ec.EllipticCurvePublicKey:
         raise BaseOtError(f"{what} is not a point of P-256: {error}") from None
 
 
+def _xy(point: ec.EllipticCurvePublicKey) -> tuple[int, int]:
+    numbers = point.public_numbers()
+    return numbers.x, numbers.y
+
+
 def subtract(
     a: ec.EllipticCurvePublicKey, b: ec.EllipticCurvePublicKey
 ) -> ec.EllipticCurvePublicKey:
     """``a - b`` in affine coordinates (public points only: no secret flows through here)."""
-    ax, ay = a.public_numbers().x, a.public_numbers().y
-    bx, by = b.public_numbers().x, (-b.public_numbers().y) % P
+    return _subtract_xy(_xy(a), _xy(b))
+
+
+def _subtract_xy(a: tuple[int, int], b: tuple[int, int]) -> ec.EllipticCurvePublicKey:
+    """:func:`subtract` from coordinates (a caller subtracting from one ``a`` many times reads
+    its coordinates once: reading them out of OpenSSL costs about as much as the sum)."""
+    (ax, ay), bx, by = a, b[0], (-b[1]) % P
     if ax == bx:
         raise BaseOtError("C - PK is the point at infinity or needs doubling: refused")
     slope = (by - ay) * pow(bx - ax, -1, P) % P
     x = (slope * slope - ax - bx) % P
     y = (slope * (ax - x) - ay) % P
     return ec.EllipticCurvePublicNumbers(x, y, CURVE).public_key()
-
-
-def _shared_x(scalar: int, point: ec.EllipticCurvePublicKey) -> bytes:
-    return ec.derive_private_key(scalar, CURVE).exchange(ec.ECDH(), point)
 
 
 def _key(index: int, shared_x: bytes) -> bytes:
@@ -120,12 +126,13 @@ def receiver_choose(
         raise BaseOtError(f"the base-OT setup has {len(setup)} bytes, not {2 * POINT_BYTES}")
     c_point = decode(setup[:POINT_BYTES], "the base-OT point C")
     r_point = decode(setup[POINT_BYTES:], "the base-OT point R")
-    parts, keys = [], []
+    c_xy, parts, keys = _xy(c_point), [], []
     for index, (bit, k) in enumerate(zip(choices, scalars(key, len(choices), stream), strict=True)):
-        chosen = _public(k)
-        other = subtract(c_point, chosen)  # computed for either bit: same work both ways
+        secret = ec.derive_private_key(k, CURVE)  # once per k: its public point and its DH
+        chosen = secret.public_key()
+        other = _subtract_xy(c_xy, _xy(chosen))  # computed for either bit: same work both ways
         parts.append(encode(other if bit else chosen))
-        keys.append(_key(index, _shared_x(k, r_point)))
+        keys.append(_key(index, secret.exchange(ec.ECDH(), r_point)))
     return ReceiverChoice(b"".join(parts), keys)
 
 
@@ -135,10 +142,10 @@ def sender_keys(secret: SenderSecret, message: bytes, count: int) -> list[tuple[
         raise BaseOtError(
             f"the base-OT choice message has {len(message)} bytes, not {count} points"
         )
-    c_point = _public(secret.c)
-    pairs = []
+    c_xy, r_secret, pairs = _xy(_public(secret.c)), ec.derive_private_key(secret.r, CURVE), []
     for index in range(count):
         pk0 = decode(message[index * POINT_BYTES : (index + 1) * POINT_BYTES], f"PK_0 #{index}")
-        pk1 = subtract(c_point, pk0)
-        pairs.append((_key(index, _shared_x(secret.r, pk0)), _key(index, _shared_x(secret.r, pk1))))
+        pk1 = _subtract_xy(c_xy, _xy(pk0))
+        shared = (r_secret.exchange(ec.ECDH(), pk) for pk in (pk0, pk1))
+        pairs.append(tuple(_key(index, x) for x in shared))
     return pairs

@@ -170,8 +170,8 @@ def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
     order, so reading one bucket touches only its own row groups (not a scan of every id per
     bucket). Idempotent: a retry finds the column there (a step of this process, in a set)."""
     table = _tables(job_id)[0]
-    if (str(store.path), table) in _BUCKETED:
-        return
+    if plan.buckets == 1 or (str(store.path), table) in _BUCKETED:
+        return  # one bucket: every row is in it, no order to make
     with store.transaction() as con:
         columns = con.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]
@@ -197,7 +197,7 @@ def _bucket(
     if bucket is not None:
         _by_bucket(store, job_id, plan)
     with store.connect() as con:
-        if bucket is None:
+        if bucket is None or plan.buckets == 1:
             query = con.execute(f'SELECT row, d0, d1 FROM "{table}" ORDER BY row')
         else:
             query = con.execute(
@@ -244,41 +244,44 @@ _RECEIVER_STATES: dict[tuple[str, str, int], tuple[np.ndarray, kkrt.ReceiverStat
 
 def _receiver_bucket(
     ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None
-) -> tuple[dict[str, Any], np.ndarray, kkrt.ReceiverState]:
-    """R's matrix message for one bucket, its rows and its OPRF outputs (deterministic)."""
+) -> tuple[np.ndarray, kkrt.ReceiverExtension]:
+    """R's rows of one bucket and its extension (deterministic: a recomputation gives the very
+    matrix sent before). The cuckoo table is built before S's reply is awaited."""
     store = PartyStore.of(ref)
     with store.session():  # one opening of the database for the step's reads
         plan = plan_for(ref, peer, job_id, workspace)
         key = _key(store, job_id)
         rows, digests = _bucket(store, job_id, plan, None if plan.one_table else bucket)
+    table = kkrt.receiver_table(key, digests, plan, bucket)
     reply = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, kkrt.KIND_REPLY)
-    message, state = kkrt.matrix(key, digests, reply, plan, bucket, peer)
-    return message, rows, state
+    return rows, kkrt.extend(key, table, reply, plan, bucket, peer)
 
 
 @task(name="psi-kkrt-matrix", task_run_name="{ref.party}: matrix, bucket {bucket}", **PARTY_STEP)
 def send_matrix(
     ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None = None
 ) -> None:
-    """Step 3 (receiver): one bucket's OT-extension columns; keeps its OPRF outputs."""
+    """Step 3 (receiver): one bucket's OT-extension columns; keeps its OPRF outputs, computed
+    once the columns are sent (while the sender evaluates)."""
     store = PartyStore.of(ref)
     with store.session():
         if ArtifactStore(store).has(_done(job_id, bucket)):
             return  # matched by an earlier attempt: not redone
         if plan_for(ref, peer, job_id, workspace).matrix_round(bucket) != bucket:
             return  # one table for every bucket: bucket 0's matrix serves them all
-    message, rows, state = _receiver_bucket(ref, peer, job_id, bucket, workspace)
-    _RECEIVER_STATES[(str(store.path), job_id, bucket)] = (rows, state)
+    rows, extension = _receiver_bucket(ref, peer, job_id, bucket, workspace)
     channel_for(job_id, workspace).endpoint(ref.party).send(
-        peer, kkrt.KIND_MATRIX, message, round=bucket
+        peer, kkrt.KIND_MATRIX, extension.message, round=bucket
     )
+    _RECEIVER_STATES[(str(store.path), job_id, bucket)] = (rows, extension.state())
 
 
 @task(name="psi-kkrt-values", task_run_name="{ref.party}: values, bucket {bucket}", **PARTY_STEP)
 def send_values(
     ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None = None
 ) -> None:
-    """Step 4 (sender): the OPRF of one bucket's items under each hash function."""
+    """Step 4 (sender): the OPRF of one bucket's items under each hash function; the items
+    are padded, ordered and encoded before R's matrix is awaited."""
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     with store.session():  # one opening of the database for the step's reads
@@ -287,10 +290,11 @@ def send_values(
         key = _key(store, job_id)
         plan = plan_for(ref, peer, job_id, workspace)
         _, digests = _bucket(store, job_id, plan, bucket)
+    prepared = kkrt.sender_bucket(key, digests, plan, bucket)
     endpoint = channel_for(job_id, workspace).endpoint(ref.party)
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
     matrix = endpoint.receive(peer, kkrt.KIND_MATRIX, round=plan.matrix_round(bucket))
-    message = kkrt.values(key, digests, hello, matrix, plan, bucket, peer)
+    message = kkrt.evaluate(key, prepared, hello, matrix, plan, bucket, peer)
     endpoint.send(peer, kkrt.KIND_VALUES, message, round=bucket)
     artifacts.put(_done(job_id, bucket), {"sent": True}, "psi-state")
 
@@ -309,8 +313,8 @@ def match_bucket(
     table = (str(store.path), job_id, plan.matrix_round(bucket))
     saved = _RECEIVER_STATES.get(table)
     if saved is None:  # matched in another process than the matrix: recomputed
-        saved = _receiver_bucket(ref, peer, job_id, table[2], workspace)[1:]
-        _RECEIVER_STATES[table] = saved
+        rows, extension = _receiver_bucket(ref, peer, job_id, table[2], workspace)
+        saved = _RECEIVER_STATES[table] = (rows, extension.state())
     rows, state = saved
     values = (
         channel_for(job_id, workspace)
@@ -465,7 +469,18 @@ def party_side(
     call: Step = _call,
 ) -> dict[str, Any]:
     """One party's whole side in its role's order. ``call(task, *args)`` runs each step (as a
-    Prefect task by default; a benchmark passes one that calls ``task.fn``)."""
+    Prefect task by default; a benchmark passes one that calls ``task.fn``).
+
+    The party's database stays open through the side (one opening, not one per step and
+    read: an opening cost 30-90 ms of CPU, twenty of them a job at 100k ids); other processes
+    wait for it meanwhile, as in party-mode vertical LR."""
+    with PartyStore.of(ref).session():
+        return _side(ref, peer, job_id, min_rows, workspace, call)
+
+
+def _side(
+    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None, call: Step
+) -> dict[str, Any]:
     size = call(prepare_ids, ref, job_id)
     call(send_size, ref, peer, job_id, size, workspace)
     plan = call(agree_plan, ref, peer, job_id, workspace)
@@ -492,6 +507,13 @@ def run_both(
     a: TableRef, b: TableRef, job_id: str, min_rows: int, workspace: str | None
 ) -> list[dict[str, Any]]:
     """Both parties in one process (for ``psi_align``); results in the order ``a, b``."""
+    with PartyStore.of(a).session(), PartyStore.of(b).session():  # as in party_side
+        return _both(a, b, job_id, min_rows, workspace)
+
+
+def _both(
+    a: TableRef, b: TableRef, job_id: str, min_rows: int, workspace: str | None
+) -> list[dict[str, Any]]:
     sizes = [prepare_ids(ref, job_id) for ref in (a, b)]  # both refuse bad ids first
     send_size(a, b.party, job_id, sizes[0], workspace)
     send_size(b, a.party, job_id, sizes[1], workspace)

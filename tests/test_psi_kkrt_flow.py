@@ -143,7 +143,8 @@ def test_many_buckets_and_a_resume_that_skips_finished_buckets(
     a, b, expected = make_parties(workspace, shared=300, only_a=100, only_b=200)
     monkeypatch.setattr(buckets, "BUCKET_IDS", 64)  # 500 ids at the larger side: 8 buckets
     calls: dict[str, list[int]] = {"matrix": [], "values": [], "match": []}
-    real = {name: getattr(kkrt, name) for name in calls}
+    steps = {"matrix": "extend", "values": "evaluate", "match": "match"}  # their functions
+    real = {name: getattr(kkrt, steps[name]) for name in calls}
 
     def counted(name: str, fail_at: int | None):
         def step(*args):
@@ -158,14 +159,14 @@ def test_many_buckets_and_a_resume_that_skips_finished_buckets(
         return step
 
     for name in calls:
-        monkeypatch.setattr(kkrt, name, counted(name, 3))
+        monkeypatch.setattr(kkrt, steps[name], counted(name, 3))
     with pytest.raises(KilledError):  # buckets 0, 1, 2 matched, then the receiver stops
         _both(a.to_dict(), b.to_dict(), "kkrt-resume", str(workspace))
     _nothing_aligned(a, b)
     assert calls["matrix"] == [0, 1, 2, 3] and calls["values"] == [0, 1, 2, 3]
     for name in calls:
         calls[name].clear()
-        monkeypatch.setattr(kkrt, name, counted(name, None))
+        monkeypatch.setattr(kkrt, steps[name], counted(name, None))
     results = _both(a.to_dict(), b.to_dict(), "kkrt-resume", str(workspace))
     assert calls["matrix"] == [3, 4, 5, 6, 7] and calls["values"] == [4, 5, 6, 7]  # not redone
     assert len(calls["match"]) == 5

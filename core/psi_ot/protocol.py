@@ -224,31 +224,76 @@ def _placement(
     raise PsiError(f"cuckoo hashing failed {_HASH_ATTEMPTS} times for {len(digests)} ids")
 
 
-def matrix(
-    key: bytes, digests: np.ndarray, reply: object, plan: Plan, bucket: int, peer: str
-) -> tuple[dict[str, Any], ReceiverState]:
-    """Step 3 (R): the OT-extension matrix for one bucket's cuckoo table (R's ``digests`` of
-    the bucket, padded with dummies; with ``plan.one_table``, bucket 0 holds R's whole set,
-    unpadded), and R's outputs for its real items."""
-    code_key = _bytes(reply, "code_key", 16, "reply", peer)
-    choice_message = _bytes(reply, "base_ot", kkrt.WIDTH * base_ot.POINT_BYTES, "reply", peer)
-    pairs = _base_ot(lambda: _base_ot_pairs(key, choice_message), "reply", peer)
+@dataclass(frozen=True)
+class ReceiverTable:
+    """R's cuckoo table of one bucket: its own digests padded with dummies and placed. It
+    needs only R's key, so R builds it while S's reply is on its way."""
+
+    real: int  # R's real items (the first rows of ``digests``)
+    digests: np.ndarray
+    hash_key: bytes
+    bins: int
+    table: np.ndarray
+    choice: np.ndarray
+
+
+def receiver_table(key: bytes, digests: np.ndarray, plan: Plan, bucket: int) -> ReceiverTable:
+    """Step 3 (R), first half: the bucket's cuckoo table (with ``plan.one_table``, bucket 0
+    holds R's whole set, unpadded)."""
     real = len(digests)
     where = f"bucket {bucket}"
     digests = buckets.pad(digests, plan.own_padded, key, _stream(_DUMMIES, bucket), where)
     hash_key, bins, table, choice = _placement(key, digests, bucket)
-    occupied = np.flatnonzero(table >= 0)
-    items = table[occupied]
-    inputs = digests[items].copy()
-    inputs[:, 15] = choice[items]
-    codes = np.zeros((bins, kkrt.CODE_BYTES), dtype=np.uint8)
+    return ReceiverTable(real, digests, hash_key, bins, table, choice)
+
+
+@dataclass(frozen=True)
+class ReceiverExtension:
+    """Step 3 (R), second half: the matrix message, and what R's outputs are computed from
+    once it is sent (:meth:`state`: ``H`` runs while S evaluates, not before S can start)."""
+
+    message: dict[str, Any]
+    table: ReceiverTable
+    rows: np.ndarray  # the extension's rows ``t_i`` of the occupied bins
+    width: int
+    peer_size: int
+
+    def state(self) -> ReceiverState:
+        occupied = np.flatnonzero(self.table.table >= 0)
+        items = self.table.table[occupied]
+        outputs = np.empty((len(self.table.digests), self.width), dtype=np.uint8)
+        outputs[items] = kkrt.receiver_outputs(self.rows, self.width)
+        real = self.table.real
+        return ReceiverState(outputs[:real], self.table.choice[:real], self.peer_size)
+
+
+def extend(
+    key: bytes, table: ReceiverTable, reply: object, plan: Plan, bucket: int, peer: str
+) -> ReceiverExtension:
+    """Step 3 (R), once S's reply is here: the code words of the table's bins and the
+    OT-extension columns ``u`` (a fresh stream of the base OTs' PRG per bucket)."""
+    code_key = _bytes(reply, "code_key", 16, "reply", peer)
+    choice_message = _bytes(reply, "base_ot", kkrt.WIDTH * base_ot.POINT_BYTES, "reply", peer)
+    pairs = _base_ot(lambda: _base_ot_pairs(key, choice_message), "reply", peer)
+    occupied = np.flatnonzero(table.table >= 0)
+    items = table.table[occupied]
+    inputs = table.digests[items].copy()
+    inputs[:, 15] = table.choice[items]
+    codes = np.zeros((table.bins, kkrt.CODE_BYTES), dtype=np.uint8)
     codes[occupied] = kkrt.pseudorandom_code(kkrt.code_keys(code_key), inputs)
     u, t_rows = kkrt.receiver_matrices(pairs, codes, stream=bucket)
-    width = output_bytes(bins, plan.peer_padded * plan.compared_buckets)
-    outputs = np.empty((len(digests), width), dtype=np.uint8)
-    outputs[items] = kkrt.receiver_outputs(t_rows[occupied], outputs.shape[1])
-    message = {"u": u, "hash_key": hash_key, "bins": bins}
-    return message, ReceiverState(outputs[:real], choice[:real], plan.peer_padded)
+    width = output_bytes(table.bins, plan.peer_padded * plan.compared_buckets)
+    message = {"u": u, "hash_key": table.hash_key, "bins": table.bins}
+    return ReceiverExtension(message, table, t_rows[occupied], width, plan.peer_padded)
+
+
+def matrix(
+    key: bytes, digests: np.ndarray, reply: object, plan: Plan, bucket: int, peer: str
+) -> tuple[dict[str, Any], ReceiverState]:
+    """Step 3 (R) whole: the OT-extension matrix for one bucket's cuckoo table and R's
+    outputs for its real items (:func:`receiver_table`, :func:`extend`, then the state)."""
+    extension = extend(key, receiver_table(key, digests, plan, bucket), reply, plan, bucket, peer)
+    return extension.message, extension.state()
 
 
 def _prefix_keys(values: np.ndarray) -> np.ndarray:
@@ -374,17 +419,42 @@ def reply(key: bytes, hello_message: object, peer: str) -> dict[str, Any]:
     }
 
 
-def values(
+@dataclass(frozen=True)
+class SenderBucket:
+    """S's items of one bucket, padded, in its secret order, with their code words under each
+    hash function: all from S's own key, so S computes them while R's matrix is on its way."""
+
+    ordered: np.ndarray  # (n_S, 16) padded digests in S's order
+    codes: np.ndarray  # (HASHES, n_S, 64): C(y || c)
+
+
+def sender_bucket(key: bytes, digests: np.ndarray, plan: Plan, bucket: int) -> SenderBucket:
+    """Step 4 (S), first half: pad, permute and encode the bucket's items."""
+    digests = buckets.pad(
+        digests, plan.own_padded, key, _stream(_DUMMIES, bucket), f"bucket {bucket}"
+    )
+    order = random_permutation(key, len(digests), _stream(_PERMUTATION, bucket))
+    ordered = digests[order]
+    code = kkrt.code_keys(prg(key, 16, _CODE_KEY))
+    codes = np.empty((cuckoo.HASHES, len(ordered), kkrt.CODE_BYTES), dtype=np.uint8)
+    inputs = ordered.copy()
+    for c in range(cuckoo.HASHES):
+        inputs[:, 15] = c
+        codes[c] = kkrt.pseudorandom_code(code, inputs)
+    return SenderBucket(ordered, codes)
+
+
+def evaluate(
     key: bytes,
-    digests: np.ndarray,
+    prepared: SenderBucket,
     hello_message: object,
     matrix_message: object,
     plan: Plan,
     bucket: int,
     peer: str,
 ) -> dict[str, Any]:
-    """Step 4 (S): the OPRF of each own item of one bucket (padded with dummies) under each
-    hash function, in S's secret order."""
+    """Step 4 (S), once R's matrix is here: the OPRF of each prepared item under each hash
+    function, in S's secret order."""
     expected = cuckoo.table_size(plan.peer_padded)
     bins = _field(matrix_message, "bins", "matrix", peer)
     if bins != expected:
@@ -398,21 +468,27 @@ def values(
     bits = _choice_bits(key)
     q_rows = kkrt.sender_rows(chosen.keys, bits, u, bins, stream=plan.matrix_round(bucket))
     mask = kkrt.choice_mask(bits)
-    digests = buckets.pad(
-        digests, plan.own_padded, key, _stream(_DUMMIES, bucket), f"bucket {bucket}"
-    )
-    order = random_permutation(key, len(digests), _stream(_PERMUTATION, bucket))
-    ordered = digests[order]
-    candidates = cuckoo.candidate_bins(hash_key, ordered, bins)
-    code = kkrt.code_keys(prg(key, 16, _CODE_KEY))
-    width = output_bytes(bins, len(digests) * plan.compared_buckets)
-    out = np.empty((cuckoo.HASHES, len(digests), width), dtype=np.uint8)
+    candidates = cuckoo.candidate_bins(hash_key, prepared.ordered, bins)
+    count = len(prepared.ordered)
+    width = output_bytes(bins, count * plan.compared_buckets)
+    out = np.empty((cuckoo.HASHES, count, width), dtype=np.uint8)
     for c in range(cuckoo.HASHES):
-        inputs = ordered.copy()
-        inputs[:, 15] = c
-        codes = kkrt.pseudorandom_code(code, inputs)
-        out[c] = kkrt.sender_outputs(q_rows, mask, candidates[:, c], codes, width)
+        out[c] = kkrt.sender_outputs(q_rows, mask, candidates[:, c], prepared.codes[c], width)
     return {"values": out}
+
+
+def values(
+    key: bytes,
+    digests: np.ndarray,
+    hello_message: object,
+    matrix_message: object,
+    plan: Plan,
+    bucket: int,
+    peer: str,
+) -> dict[str, Any]:
+    """Step 4 (S) whole: :func:`sender_bucket`, then :func:`evaluate`."""
+    prepared = sender_bucket(key, digests, plan, bucket)
+    return evaluate(key, prepared, hello_message, matrix_message, plan, bucket, peer)
 
 
 def released_size(result: object, peer: str) -> int:

@@ -19,6 +19,7 @@ recomputes them from the key).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -88,39 +89,81 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFrame) -> 
         con.unregister("_privreg_psi_rows")
 
 
-def _digest_rows(con: duckdb.DuckDBPyConnection, ref: TableRef, table: str) -> tuple[int, str]:
-    """Stream the source table, piece by piece, into ``table`` (row, d0, d1); refuses a bad or
-    duplicate id naming party, table, column and rows. Returns the row count and the table's
-    fingerprint, taken in the same read (:class:`storage.party_store.Fingerprint`)."""
+#: Rows of the digest table that one step over all of it (the duplicate check, the rewrite in
+#: bucket order) holds at once: such a step runs slice by slice, each slice a range of the
+#: digests' first word, so its memory follows the slice, not the table. 2^20 (a million ids)
+#: keeps every job up to a million ids in one slice.
+SLICE_ROWS = 1 << 20
+
+
+def _slices(rows: int) -> list[tuple[int, int | None]]:
+    """``(low, high)`` ranges of the first digest word (``high`` None: up to 2^64) that split
+    ``rows`` uniform digests into slices of about :data:`SLICE_ROWS` rows."""
+    count = max(1, math.ceil(rows / SLICE_ROWS))
+    edges = [k * (1 << 64) // count for k in range(count)]
+    return list(zip(edges, [*edges[1:], None], strict=True))
+
+
+def _in_slice(low: int, high: int | None) -> str:
+    return f"d0 >= {low}" + ("" if high is None else f" AND d0 < {high}")
+
+
+def _digest_rows(store: PartyStore, ref: TableRef, table: str) -> tuple[int, str]:
+    """Stream the source table, piece by piece, into ``table`` (row, d0, d1), each piece its
+    own transaction (an uncommitted table is held in memory whole); refuses a bad id naming
+    party, table, column and row. Returns the row count and the table's fingerprint, taken in
+    the same read (:class:`storage.party_store.Fingerprint`)."""
     source, column = ref.table, ref.id_column
-    con.execute(f'CREATE OR REPLACE TABLE "{table}" (row BIGINT, d0 UBIGINT, d1 UBIGINT)')
+    with store.connect() as con:
+        con.execute(f'CREATE OR REPLACE TABLE "{table}" (row BIGINT, d0 UBIGINT, d1 UBIGINT)')
     fingerprint, count = Fingerprint(ref, ids_checked=True), 0  # item_digests checks them
-    for rowids, chunk in table_chunks(con, source):
-        digests = kkrt.item_digests(chunk[column].tolist(), _where(ref), first_row=int(rowids[0]))
-        words = digests.view("<u8")
-        frame = pd.DataFrame({"row": rowids})
-        frame["d0"], frame["d1"] = words[:, 0], words[:, 1]
-        _insert(con, table, frame)
-        fingerprint.update(chunk)
-        count += len(chunk)
-    repeat = con.execute(
-        f'SELECT row, first FROM (SELECT row, min(row) OVER (PARTITION BY d0, d1) AS first FROM "{table}") '  # noqa: E501
-        "WHERE row <> first ORDER BY row LIMIT 1"
-    ).fetchone()
-    if repeat is not None:
-        value = con.execute(f'SELECT "{column}" FROM "{source}" WHERE rowid = ?', [repeat[0]])
-        raise psi.PsiError(
-            f"{_where(ref)}: id at row {repeat[0] + 1} duplicates row {repeat[1] + 1} "
-            f"({value.fetchone()[0]!r})"
-        )
+    with store.connect() as reader:
+        for rowids, chunk in table_chunks(reader, source):
+            ids = chunk[column].tolist()
+            digests = kkrt.item_digests(ids, _where(ref), first_row=int(rowids[0]))
+            words = digests.view("<u8")
+            frame = pd.DataFrame({"row": rowids})
+            frame["d0"], frame["d1"] = words[:, 0], words[:, 1]
+            with store.transaction() as con:
+                _insert(con, table, frame)
+            fingerprint.update(chunk)
+            count += len(chunk)
     return count, fingerprint.hexdigest()
+
+
+def _repeat_in(
+    con: duckdb.DuckDBPyConnection, table: str, low: int, high: int | None
+) -> tuple[int, int] | None:
+    """``(row, first)``: the lowest row of one slice whose digest an earlier row has."""
+    return con.execute(
+        f"SELECT row, first FROM (SELECT row, min(row) OVER (PARTITION BY d0, d1) AS first "
+        f'FROM "{table}" WHERE {_in_slice(low, high)}) WHERE row <> first ORDER BY row LIMIT 1'
+    ).fetchone()
+
+
+def _refuse_duplicates(store: PartyStore, ref: TableRef, table: str, rows: int) -> None:
+    """Refuses the lowest row whose id an earlier row has, naming both rows. Equal ids have
+    equal digests, so they meet in one slice; the slices are checked one at a time."""
+    with store.connect() as con:
+        found = [_repeat_in(con, table, low, high) for low, high in _slices(rows)]
+        repeats = sorted(r for r in found if r is not None)
+        if repeats:
+            row, first = repeats[0]
+            value = con.execute(
+                f'SELECT "{ref.id_column}" FROM "{ref.table}" WHERE rowid = ?', [row]
+            )
+            raise psi.PsiError(
+                f"{_where(ref)}: id at row {row + 1} duplicates row {first + 1} "
+                f"({value.fetchone()[0]!r})"
+            )
 
 
 @task(name="psi-kkrt-ids", task_run_name="{ref.party}: hash own ids", **PARTY_STEP)
 def prepare_ids(ref: TableRef, job_id: str) -> int:
     """Own ids as protocol inputs, in the party's digest table; returns the set size.
 
-    Refusals (a null, unsupported or duplicate id) come before anything is sent or kept."""
+    Refusals (a null, unsupported or duplicate id) come before anything is sent or kept: a
+    refused table's digests are dropped, and the ids count as prepared only once checked."""
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     done = artifacts.get(_prefix(job_id) + "ids")
@@ -128,10 +171,15 @@ def prepare_ids(ref: TableRef, job_id: str) -> int:
         return int(done["size"])
     if not store.has_table(ref.table):
         raise psi.PsiError(f"{ref.party}: no table {ref.table!r} in {store.path.name}")
-    with store.transaction() as con:
-        size, digest = _digest_rows(con, ref, _tables(job_id)[0])
-        state = {"size": size, "fingerprint": digest}
-        artifacts.put(_prefix(job_id) + "ids", state, "psi-state", con=con)
+    table = _tables(job_id)[0]
+    try:
+        size, digest = _digest_rows(store, ref, table)
+        _refuse_duplicates(store, ref, table, size)
+    except BaseException:
+        with store.connect() as con:
+            con.execute(f'DROP TABLE IF EXISTS "{table}"')
+        raise
+    artifacts.put(_prefix(job_id) + "ids", {"size": size, "fingerprint": digest}, "psi-state")
     return size
 
 
@@ -168,20 +216,43 @@ def agree_plan(ref: TableRef, peer: str, job_id: str, workspace: str | None = No
 def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
     """Once the plan is known: the digest table gets each row's bucket and is stored in bucket
     order, so reading one bucket touches only its own row groups (not a scan of every id per
-    bucket). Idempotent: a retry finds the column there (a step of this process, in a set)."""
+    bucket). Written into a new table a group of buckets at a time (about
+    :data:`SLICE_ROWS` rows each, so no sort holds the whole table), which then replaces the
+    old one in one transaction. Idempotent: a retry finds the column there (a step of this
+    process, in a set), and a rewrite cut short is started again."""
     table = _tables(job_id)[0]
     if plan.buckets == 1 or (str(store.path), table) in _BUCKETED:
         return  # one bucket: every row is in it, no order to make
-    with store.transaction() as con:
+    with store.connect() as con:
         columns = con.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]
         ).fetchall()
-        if ("bucket",) not in columns:
+    if ("bucket",) not in columns:
+        ordered, count = f"{table}_by_bucket", int(plan.buckets)
+        with store.connect() as con:
             con.execute(
-                f'CREATE OR REPLACE TABLE "{table}" AS SELECT d0 % {int(plan.buckets)} AS bucket, '
-                f'row, d0, d1 FROM "{table}" ORDER BY bucket, row'
+                f'CREATE OR REPLACE TABLE "{ordered}" '
+                "(bucket BIGINT, row BIGINT, d0 UBIGINT, d1 UBIGINT)"
             )
+        group = max(1, SLICE_ROWS * count // max(plan.own_size, 1))
+        for low in range(0, count, group):
+            with store.transaction() as con:
+                _insert_buckets(con, table, ordered, count, range(low, min(low + group, count)))
+        with store.transaction() as con:
+            con.execute(f'DROP TABLE "{table}"')
+            con.execute(f'ALTER TABLE "{ordered}" RENAME TO "{table}"')
     _BUCKETED.add((str(store.path), table))
+
+
+def _insert_buckets(
+    con: duckdb.DuckDBPyConnection, table: str, ordered: str, count: int, group: range
+) -> None:
+    """Appends the rows of the buckets ``group`` (of ``count``) to ``ordered``, in order."""
+    con.execute(
+        f'INSERT INTO "{ordered}" SELECT d0 % {count} AS bucket, row, d0, d1 FROM "{table}" '
+        f"WHERE d0 % {count} >= {group.start} AND d0 % {count} < {group.stop} "
+        "ORDER BY bucket, row"
+    )
 
 
 #: The digest tables this process has put in bucket order (dropped with the job's tables).
@@ -366,8 +437,8 @@ def _write(
     artifacts.put(_prefix(job_id) + "result", summary, "psi-result", con=con)
     lineage = Lineage(ref.table, source_digest, table, job_id)
     record(store, _prefix(job_id), lineage, con)  # what a re-run may reuse it for
-    con.execute(f'DROP TABLE IF EXISTS "{ids}"')
-    con.execute(f'DROP TABLE IF EXISTS "{matches}"')
+    for working in (ids, f"{ids}_by_bucket", matches):  # with a rewrite cut short
+        con.execute(f'DROP TABLE IF EXISTS "{working}"')
     return summary
 
 

@@ -23,7 +23,7 @@ from core.psi_ot import protocol as kkrt
 from demo.orgs import free_port
 from flows.align import psi_align
 from privreg.cli import main as privreg
-from storage import codec
+from storage import codec, party_store
 from storage.channel import ChannelError, MessageConflictError
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -210,6 +210,57 @@ def test_duplicate_ids_are_refused_before_anything_is_sent(workspace: Path) -> N
         tables = con.execute("SELECT table_name FROM information_schema.tables").fetchall()
     assert not any(name.startswith("privreg_psi") for (name,) in tables)
     assert not list(workspace.glob("runs/*/messages/*/*"))  # neither party sent a thing
+
+
+def test_steps_over_the_whole_digest_table_hold_one_slice(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory follows the slice, not the table: the ids are stored piece by piece, and the
+    duplicate check and the rewrite in bucket order each see one slice of rows at a time;
+    together the slices cover every row once, and a duplicate two pieces apart is found."""
+    a, b, expected = make_parties(workspace, shared=300, only_a=100, only_b=200)
+    monkeypatch.setattr(party_store, "CHUNK_ROWS", 50)
+    monkeypatch.setattr(psi_kkrt, "SLICE_ROWS", 64)
+    monkeypatch.setattr(buckets, "BUCKET_IDS", 64)  # 8 buckets
+    seen: dict[str, list[int]] = {"check": [], "rewrite": []}
+    check, rewrite = psi_kkrt._repeat_in, psi_kkrt._insert_buckets
+
+    def counted_check(con, table, low, high):
+        where = psi_kkrt._in_slice(low, high)
+        seen["check"].append(
+            con.execute(f'SELECT count(*) FROM "{table}" WHERE {where}').fetchone()[0]
+        )
+        return check(con, table, low, high)
+
+    def counted_rewrite(con, table, ordered, count, group):
+        before = con.execute(f'SELECT count(*) FROM "{ordered}"').fetchone()[0]
+        rewrite(con, table, ordered, count, group)
+        seen["rewrite"].append(
+            con.execute(f'SELECT count(*) FROM "{ordered}"').fetchone()[0] - before
+        )
+
+    monkeypatch.setattr(psi_kkrt, "_repeat_in", counted_check)
+    monkeypatch.setattr(psi_kkrt, "_insert_buckets", counted_rewrite)
+    results = _both(a.to_dict(), b.to_dict(), "kkrt-slices", str(workspace))
+    ids = [
+        PartyStore.of(ref).read_table(ref.with_table(result["table"]))["id"].tolist()
+        for ref, result in zip((a, b), results, strict=True)
+    ]
+    assert ids[0] == ids[1] and set(ids[0]) == expected
+    for step, rows in seen.items():  # both parties' slices: 400 + 500 rows
+        assert sum(rows) == 900 and len(rows) >= 900 // 64, step
+        assert max(rows) <= 2 * 64, (step, rows)  # a slice, not the table (mean 56-64)
+
+    store = PartyStore.of(b)
+    with store.connect() as con:
+        frame = con.execute('SELECT * FROM "orders" ORDER BY rowid').df()
+    frame.loc[300, "id"] = frame.loc[7, "id"]  # pieces 0 and 6 of 50 rows
+    store.write_table("orders", frame)
+    with pytest.raises(psi.PsiError, match=r"shop \(orders.id\): id at row 301 duplicates row 8"):
+        _both(a.to_dict(), b.to_dict(), "kkrt-slices-dup", str(workspace))
+    with store.connect() as con:
+        tables = con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    assert not any(name.startswith("privreg_psi") for (name,) in tables)  # digests dropped
 
 
 _DRIVER = """

@@ -11,7 +11,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint \
-        peer-flower peer-spu bench-party-jobs
+        peer-flower peer-spu peer-openmined bench-party-jobs
 
 install: $(STAMP)
 
@@ -36,8 +36,7 @@ test: lint
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
-bench-psi: $(STAMP) peer-spu
-	$(BIN)/python -m pip install --quiet "openmined-psi==2.0.6"
+bench-psi: $(STAMP) peer-spu peer-openmined
 	$(BIN)/python benchmarks/bench_psi.py --size 100000 --repeats 3
 	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --repeats 1
 	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --small 10000 --repeats 1 --no-baseline --no-ecdh
@@ -112,6 +111,7 @@ PEERS := var/peers
 
 peer-flower: $(PEERS)/flower/.installed
 peer-spu: $(PEERS)/spu/.installed
+peer-openmined: $(PEERS)/openmined/.installed
 
 $(PEERS)/flower/.installed:
 	$(PYTHON) -m venv $(PEERS)/flower
@@ -122,6 +122,12 @@ $(PEERS)/flower/.installed:
 $(PEERS)/spu/.installed:
 	$(PYTHON) -m venv $(PEERS)/spu
 	$(PEERS)/spu/bin/python -m pip install --quiet "spu==0.9.5"
+	touch $@
+
+# OpenMined's PSI (ECDH over P-256), the baseline of bench-psi
+$(PEERS)/openmined/.installed:
+	$(PYTHON) -m venv $(PEERS)/openmined
+	$(PEERS)/openmined/bin/python -m pip install --quiet "openmined-psi==2.0.6"
 	touch $@
 
 bench-sparse-lda: $(STAMP)

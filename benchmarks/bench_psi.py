@@ -20,11 +20,12 @@ per second of the whole protocol, as openmined-psi's published figure does.
 * SecretFlow's RR22 and KKRT16 (``spu`` 0.9.5, libpsi) at 100k and 1M, balanced sets only: two
   processes over loopback, both learn, run from spu's own virtualenv (``make bench-psi`` makes
   it; without it the rows say "not measured") by ``benchmarks/peers/spu_psi.py``.
-* openmined-psi: client and server in this process, 1e-9 false-positive rate, raw data
-  structure (exact), the client learns only.
+* openmined-psi 2.0.6: client and server in one process, 1e-9 false-positive rate, raw data
+  structure (exact), the client learns only; run from its own virtualenv (``make bench-psi``
+  makes it; without it the row says "not measured") by ``benchmarks/peers/openmined_psi.py``.
 
 "cpu s" is user + system time of all processes; peak MiB is the largest resident set of one
-party process (KKRT) or of this process and its children (ECDH, openmined-psi).
+party process (KKRT), of this process and its children (ECDH) or of the peer's processes.
 """
 
 from __future__ import annotations
@@ -282,21 +283,6 @@ def run_ecdh(small: int, size: int) -> Run:
     return Run(time.perf_counter() - started, result_a.size, _cpu() - cpu, _peak_mib(), wire)
 
 
-def run_openmined(small: int, size: int) -> Run:
-    import private_set_intersection.python as om
-
-    a, b = make_sets(small, size)
-    started, cpu = time.perf_counter(), _cpu()
-    client = om.client.CreateWithNewKey(True)
-    server = om.server.CreateWithNewKey(True)
-    setup = server.CreateSetupMessage(1e-9, len(a), b, om.DataStructure.RAW)
-    request = client.CreateRequest(a)
-    response = server.ProcessRequest(request)
-    found = len(client.GetIntersection(setup, response))
-    wire = sum(len(m.SerializeToString()) for m in (setup, request, response))
-    return Run(time.perf_counter() - started, found, _cpu() - cpu, _peak_mib(), wire)
-
-
 def kkrt_formula_bytes(plan: buckets.Plan) -> tuple[int, int]:
     """KKRT16's communication by construction, from the receiver's plan: the OT-extension
     matrix (``k`` = 512 bits per cuckoo bin of the receiver, per bucket or once with one
@@ -328,12 +314,14 @@ def print_phases(run: Run) -> None:
         print(f"| {name} | {' | '.join(cells)} |")
 
 
-def peer_rows_for(size: int, repeats: int) -> list[list[str]]:
-    """SecretFlow's rows, rerun now (after privreg's runs, so they never share the cores)."""
+def peer_rows_for(small: int, size: int, repeats: int, openmined: bool) -> list[list[str]]:
+    """The peers' rows, rerun now (after privreg's runs, so they never share the cores), each
+    from its own virtualenv: openmined-psi, then SecretFlow's (balanced sizes it runs at)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks.peers.beside import spu_rows
+    from benchmarks.peers.beside import openmined_rows, spu_rows
 
-    return spu_rows(size, repeats)
+    rows = openmined_rows(small, size, repeats) if openmined else []
+    return rows + (spu_rows(size, repeats) if small == size and size in SPU_SIZES else [])
 
 
 def main() -> None:
@@ -359,15 +347,13 @@ def main() -> None:
     }
     if not args.no_ecdh:
         runners["privreg X25519 ECDH, one process (both learn)"] = run_ecdh
-    if not args.no_baseline:
-        runners["openmined-psi 2.x P-256 (client learns)"] = run_openmined
     runs: dict[str, list[Run]] = {name: [] for name in runners}
     for _ in range(args.repeats):
         for name, run in runners.items():
             outcome = run(small, n)
             assert outcome.found == small // 2, (name, outcome.found)
             runs[name].append(outcome)
-    peer_rows = peer_rows_for(n, args.repeats) if small == n and n in SPU_SIZES else []
+    peer_rows = peer_rows_for(small, n, args.repeats, not args.no_baseline)
     print(f"\n### PSI, {small:,} x {n:,} ids, {small // 2:,} shared, median of {args.repeats}\n")
     print("| implementation | median s | ids/s | cpu s | peak MiB | wire bytes/id |")
     print("|---|---|---|---|---|---|")

@@ -24,6 +24,29 @@ def test_an_absent_peer_is_not_measured_and_names_its_make_target(tmp_path, monk
     (spu,) = beside.spu_rows(100_000, repeats=1)
     assert spu[1] == "not measured: run `make bench-psi` (it installs spu first)"
     assert spu[2:] == ["", "", "", ""]
+    (openmined,) = beside.openmined_rows(1_000, 100_000, repeats=1)
+    assert openmined[1] == "not measured: run `make bench-psi` (it installs openmined first)"
+    assert openmined[2:] == ["", "", "", ""]
+
+
+def test_peers_install_into_their_own_virtualenvs_never_privregs():
+    """Only the install rule puts packages into privreg's .venv (and bench-paillier, whose
+    sf-heu has not moved out yet); each peer's make target installs into var/peers/<name>, and
+    bench_psi imports no peer itself."""
+    root = Path(__file__).resolve().parents[1]
+    rule, into_venv, into_peers = "", [], {}
+    for line in (root / "Makefile").read_text().splitlines():
+        if line and not line[0].isspace() and ":" in line:
+            rule = line.split(":")[0]
+        elif "pip install" in line and "$(BIN)/python" in line:
+            into_venv.append(rule)
+        elif "pip install" in line and "$(PEERS)/" in line:
+            into_peers[line.split("$(PEERS)/")[1].split("/")[0]] = rule
+    assert set(into_venv) == {"$(STAMP)", "bench-paillier"}
+    assert into_peers == {name: f"$(PEERS)/{name}/.installed" for name in into_peers}
+    assert {"flower", "spu", "openmined"} <= set(into_peers)
+    bench = (root / "benchmarks" / "bench_psi.py").read_text()
+    assert "private_set_intersection" not in bench and "import spu" not in bench
 
 
 def test_a_failing_driver_is_not_measured(tmp_path, monkeypatch, capfd):

@@ -2,8 +2,9 @@
 
 ``flower_beside``: Flower 1.42's SecAgg+ on its deployment engine at the party counts
 bench_horizontal ran privreg with; ``spu_rows``: SecretFlow's RR22 and KKRT (spu 0.9.5) at
-bench_psi's size. Both run the peer's driver (``runner.run_peer``) after privreg's own runs,
-one at a time, so the two never compete for the machine's cores.
+bench_psi's size; ``openmined_rows``: openmined-psi 2.0.6 at bench_psi's sizes. Each runs the
+peer's driver (``runner.run_peer``) after privreg's own runs, one at a time, so the two never
+compete for the machine's cores.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from .runner import run_peer
 
 #: seconds a peer's run may take before its row says so (Flower polls every few seconds and
 #: starts a process per message: tens of seconds a round under load)
-FLOWER_TIMEOUT_PER_ROUND, SPU_TIMEOUT = 600.0, 3600.0
+FLOWER_TIMEOUT_PER_ROUND, SPU_TIMEOUT, OPENMINED_TIMEOUT = 600.0, 3600.0, 3600.0
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -101,3 +102,25 @@ def spu_rows(size: int, repeats: int) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def openmined_rows(small: int, size: int, repeats: int) -> list[list[str]]:
+    """A row for bench_psi's table (as :func:`spu_rows`): openmined-psi at ``small`` x
+    ``size``, client and server in one process, rerun here."""
+    name = "openmined-psi 2.x P-256, one process (client learns)"
+    args = ["--size", str(size), "--small", str(small), "--repeats", str(repeats)]
+    run = run_peer("openmined", "openmined_psi.py", args, "bench-psi", OPENMINED_TIMEOUT)
+    if run.data is None:
+        return [[name, run.note, "", "", "", ""]]
+    figures = run.data
+    seconds = figures["seconds"]
+    return [
+        [
+            name.replace("2.x", figures["openmined_psi"]),
+            f"{seconds:.2f}",
+            f"{(small + size) / seconds:,.0f}",
+            f"{figures['cpu']:.1f}",
+            f"{figures['peak_mib']:,.0f}",
+            f"{figures['wire_bytes'] / size:.1f}",
+        ]
+    ]

@@ -2,9 +2,10 @@
 :mod:`core.psi_ot.protocol`.
 
 Memory follows the bucket, not the table: the source table streams from DuckDB in pieces into
-the party's own digest table (``privreg_psi_ids_<job>``; the table's lineage fingerprint is
-taken in the same read), which is put in bucket order once the bucket count is known; each
-bucket is read back from it alone, the matched
+the party's own digest table (``privreg_psi_ids_<job>``, a transaction per piece; the table's
+lineage fingerprint is taken in the same read), which is checked for duplicates and put in
+bucket order once the bucket count is known, both a slice of about :data:`SLICE_ROWS` rows at
+a time; each bucket is read back from it alone, the matched
 rows go to ``privreg_psi_matches_<job>``, and the aligned table is written by one ordered
 ``CREATE TABLE ... AS SELECT`` that DuckDB streams. A finished bucket is recorded in the same
 transaction as its rows, so a run that stops mid-way resumes at the first unfinished bucket.

@@ -41,7 +41,7 @@ bench-psi: $(STAMP) peer-spu peer-openmined
 	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --repeats 1
 	$(BIN)/python benchmarks/bench_psi.py --size 1000000 --small 10000 --repeats 1 --no-baseline --no-ecdh
 
-# KKRT16 at 10M x 10M: time and peak memory per party (ten buckets; long on two cores)
+# KKRT16 at 10M x 10M: time and peak memory per party (77 buckets; long on two cores)
 bench-psi-10m: $(STAMP)
 	$(BIN)/python benchmarks/bench_psi.py --size 10000000 --repeats 1 --no-baseline --no-ecdh
 

@@ -59,6 +59,7 @@ import math
 import os
 import secrets
 import stat
+import sys
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -414,12 +415,30 @@ def _fixed_base_table(
     return rows
 
 
+SUPPLY_NICENESS = 10
+"""How far below its process a supplying thread runs: at nice 10 the scheduler gives a busy
+thread of nice 0 about nine tenths of a contended core."""
+
+
+def _lower_thread_priority(steps: int) -> None:
+    """Lower the calling thread's scheduling priority by ``steps`` (Linux, where priorities
+    are per thread; elsewhere it would lower the whole process, so nothing is done)."""
+    if sys.platform != "linux" or steps <= 0:
+        return
+    thread = threading.get_native_id()
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + steps))
+    except OSError:
+        return
+
+
 class ObfuscatorPool:
     """Obfuscators computed ahead of need in memory, each handed out at most once.
 
-    ``fill`` computes a batch (in parallel with a backend); ``start_background_fill`` keeps a
-    daemon thread topping the pool up. When the pool runs dry, :meth:`obfuscators` computes the
-    shortfall on demand rather than failing.
+    ``fill`` computes a batch now (in parallel with a backend); ``supply`` keeps a daemon
+    thread computing them at a lower OS priority. When the pool runs dry, :meth:`obfuscators`
+    computes the shortfall on demand rather than failing or waiting.
     """
 
     def __init__(self, source: Randomizer) -> None:
@@ -429,6 +448,8 @@ class ObfuscatorPool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._background_error: BaseException | None = None
+        self._target = 0
+        self.produced = 0  # values computed for this pool so far: filled, supplied, on demand
         self.computed_on_demand = 0
 
     @property
@@ -445,45 +466,69 @@ class ObfuscatorPool:
         fresh = self._source.obfuscators(count, backend=backend)
         with self._lock:
             self._values.extend(fresh)
+            self.produced += count
 
-    def start_background_fill(self, target_size: int, *, batch_size: int = 32) -> None:
-        """Top the pool up to ``target_size`` in a daemon thread (no-op if one is running)."""
-        _check_count(target_size)
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._background_loop, args=(target_size, batch_size), daemon=True
-        )
-        self._thread.start()
+    def supply(self, total: int, *, batch_size: int = 64, nice: int = SUPPLY_NICENESS) -> None:
+        """Compute values in a daemon thread until this pool has produced ``total`` in all
+        (handed out, held or computed on demand); a later call raises the total.
 
-    def _background_loop(self, target_size: int, batch_size: int) -> None:
+        Why: an obfuscator does not depend on what it will hide, so a party can compute the
+        ones it draws next during the whole of the protocol's waits rather than in a block
+        before one of them. The thread runs at ``nice`` steps below its process's priority
+        (Linux), so the protocol's own steps, here and in the peers' processes on the same
+        machine, take the CPU first; a draw never waits for it (a shortfall is computed on
+        demand at the caller's priority, and counts towards ``total``)."""
+        _check_count(total)
+        with self._lock:
+            self._target = max(self._target, total)
+            if self.produced >= self._target or self._thread is not None:
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._supply_loop, args=(batch_size, nice), daemon=True,
+                name="obfuscator-supply",
+            )  # fmt: skip
+            self._thread.start()
+
+    def _supply_loop(self, batch_size: int, nice: int) -> None:
+        _lower_thread_priority(nice)
         try:
             while not self._stop.is_set():
-                missing = target_size - len(self)
-                if missing <= 0:
-                    return
-                self.fill(min(batch_size, missing))
-        except BaseException as exc:  # surfaced by wait_for_background_fill
+                with self._lock:  # claimed before computing: a draw's shortfall is not redone
+                    take = min(batch_size, self._target - self.produced)
+                    if take <= 0:
+                        self._thread = None
+                        return
+                    self.produced += take
+                fresh = self._source.obfuscators(take, backend=SERIAL)
+                with self._lock:
+                    self._values.extend(fresh)
+        except BaseException as exc:  # surfaced by the next draw
             self._background_error = exc
+        with self._lock:
+            self._thread = None
 
-    def wait_for_background_fill(self, timeout: float | None = None) -> None:
-        """Block until the background thread finished; re-raise its error if it failed."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+    def wait_supplied(self, timeout: float | None = None) -> None:
+        """Block until the supplying thread has finished; re-raise its error if it failed."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
         if self._background_error is not None:
-            raise PaillierError("background obfuscator fill failed") from self._background_error
+            raise PaillierError("background obfuscator supply failed") from self._background_error
 
-    def stop_background_fill(self) -> None:
-        """Ask the background thread to stop after its current batch and wait for it."""
+    def stop_supply(self) -> None:
+        """Ask the supplying thread to stop after its current batch and wait for it."""
         self._stop.set()
-        self.wait_for_background_fill()
+        self.wait_supplied()
 
     def obfuscators(self, count: int, *, backend: Backend | None = None) -> list[mpz]:
         _check_count(count)
+        if self._background_error is not None:
+            raise PaillierError("background obfuscator supply failed") from self._background_error
         with self._lock:
             taken = [self._values.popleft() for _ in range(min(count, len(self._values)))]
-        shortfall = count - len(taken)
+            shortfall = count - len(taken)
+            self.produced += shortfall
         if shortfall:
             self.computed_on_demand += shortfall
             taken.extend(self._source.obfuscators(shortfall, backend=backend))

@@ -246,3 +246,40 @@ def test_two_party_mode_processes_train_the_same_model(tmp_path: Path, one_proce
     value = sorted(table_values(parties.refs["lab"]))[0]
     (control / "log.txt").write_text(f"weights [{value}, 2.5]")
     assert found_in(control, table_values(parties.refs["lab"])) == {value}
+
+
+def test_each_party_supplies_one_round_ahead_from_where_it_starts(monkeypatch) -> None:
+    """The background supply covers the round a party runs and the next one, counted from
+    its own last checkpoint (a restarted process too), never past the job's last round."""
+    from flows import vertical_party
+    from tasks import vertical_lr as steps
+
+    job = steps.agreed_job(steps.keys_job("j", "clinic", ("lab",)), 200, {}, 90, 0.1)
+    drawn = {r: steps.obfuscators_drawn(job, "lab", r) for r in range(4)}  # 2 epochs of 2
+    assert drawn[1] == 90 + 1 + 20 + 1  # the batch and square, the hold-out and square
+    totals: list[int] = []
+    monkeypatch.setattr(steps, "supply_obfuscators", lambda _job, _ref, total: totals.append(total))
+    ref = TableRef("lab.duckdb", "t", party="lab", id_column="id")
+    supply = vertical_party._Supply(job, ref, last=-1, epochs=2)
+    for round_ in (0, 0, 1, 2, 3):
+        supply.ahead_of(round_)
+    through = [sum(drawn[r] for r in range(last + 1)) for last in range(4)]
+    assert totals == [through[1], through[1], through[2], through[3], through[3]]
+    totals.clear()
+    vertical_party._Supply(job, ref, last=1, epochs=2).ahead_of(2)  # restarted after round 1
+    assert totals == [drawn[2] + drawn[3]]
+
+
+def test_the_key_holder_sends_the_stop_decision_before_the_hold_out_loss(monkeypatch) -> None:
+    """The stop decision reads training losses only: it goes out first, so the parties start
+    the next round while the hold-out loss is decrypted."""
+    from flows import vertical_party
+    from tasks import vertical_lr as steps
+
+    job = steps.agreed_job(steps.keys_job("j", "clinic", ("lab",)), 200, {}, 90, 0.1)
+    calls: list[str] = []
+    monkeypatch.setattr(steps, "decide_stop", lambda *a, **k: calls.append("stop") or False)
+    monkeypatch.setattr(steps, "key_holder_decrypt", lambda *a: calls.append("decrypt") or 0.5)
+    monkeypatch.setattr(steps, "share_loss", lambda *a: calls.append("share"))
+    assert vertical_party._key_holder_epoch_end(job, 1, 0.0) is False
+    assert calls == ["stop", "decrypt", "share"]

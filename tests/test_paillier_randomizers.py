@@ -279,18 +279,16 @@ def test_obfuscators_computed_ahead_are_the_owners_each_used_once_and_forgotten(
 
 
 class _Counting:
-    """A randomizer stand-in whose values are serial numbers (a value seen twice would be
-    randomness used twice) and which records the priority of the thread computing them."""
+    """A randomizer stand-in whose values are serial numbers: a value seen twice would be
+    randomness used twice."""
 
     n = 35
 
     def __init__(self) -> None:
-        self.next, self.niceness = 1, set()
+        self.next = 1
         self._lock = threading.Lock()
 
     def obfuscators(self, count: int, *, backend=None) -> list[mpz]:
-        thread = threading.get_native_id()
-        self.niceness.add(os.getpriority(os.PRIO_PROCESS, thread))
         with self._lock:
             start, self.next = self.next, self.next + count
         time.sleep(0.001)  # a draw and the supply interleave
@@ -309,17 +307,6 @@ def test_supplied_obfuscators_are_each_handed_out_once_up_to_the_total() -> None
     drawn += pool.obfuscators(len(pool))
     assert pool.produced == 350 and len(drawn) == 350 == len(set(drawn))
     assert sorted(int(v) for v in drawn) == list(range(1, 351))  # nothing computed is lost
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="per-thread priorities are Linux's")
-def test_the_supply_runs_below_the_protocols_priority() -> None:
-    source = _Counting()
-    pool = ObfuscatorPool(source)
-    pool.supply(10)
-    pool.wait_supplied(30)
-    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    assert source.niceness == {min(19, own + randomness.SUPPLY_NICENESS)}
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # caller's kept
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: no process pool")

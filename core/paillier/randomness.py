@@ -59,7 +59,6 @@ import math
 import os
 import secrets
 import stat
-import sys
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -415,24 +414,6 @@ def _fixed_base_table(
     return rows
 
 
-SUPPLY_NICENESS = 10
-"""How far below its process a supplying thread runs: at nice 10 the scheduler gives a busy
-thread of nice 0 about nine tenths of a contended core."""
-
-
-def _lower_thread_priority(steps: int) -> None:
-    """Lower the calling thread's scheduling priority by ``steps`` (Linux, where priorities
-    are per thread; elsewhere it would lower the whole process, so nothing is done)."""
-    if sys.platform != "linux" or steps <= 0:
-        return
-    thread = threading.get_native_id()
-    try:
-        current = os.getpriority(os.PRIO_PROCESS, thread)
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + steps))
-    except OSError:
-        return
-
-
 class ObfuscatorPool:
     """Obfuscators computed ahead of need in memory, each handed out at most once.
 
@@ -468,16 +449,16 @@ class ObfuscatorPool:
             self._values.extend(fresh)
             self.produced += count
 
-    def supply(self, total: int, *, batch_size: int = 64, nice: int = SUPPLY_NICENESS) -> None:
+    def supply(self, total: int, *, batch_size: int = 64) -> None:
         """Compute values in a daemon thread until this pool has produced ``total`` in all
         (handed out, held or computed on demand); a later call raises the total.
 
         Why: an obfuscator does not depend on what it will hide, so a party can compute the
-        ones it draws next during the whole of the protocol's waits rather than in a block
-        before one of them. The thread runs at ``nice`` steps below its process's priority
-        (Linux), so the protocol's own steps, here and in the peers' processes on the same
-        machine, take the CPU first; a draw never waits for it (a shortfall is computed on
-        demand at the caller's priority, and counts towards ``total``)."""
+        ones it draws next during all of the protocol's waits rather than in a block before
+        one of them. A draw never waits for the thread: a shortfall is computed on demand
+        and counts towards ``total``. The thread runs at its process's priority: run below
+        it, it was starved whenever other work shared the machine, and the draws then
+        computed nearly every value on demand, on the round's critical path."""
         _check_count(total)
         with self._lock:
             self._target = max(self._target, total)
@@ -485,13 +466,11 @@ class ObfuscatorPool:
                 return
             self._stop.clear()
             self._thread = threading.Thread(
-                target=self._supply_loop, args=(batch_size, nice), daemon=True,
-                name="obfuscator-supply",
-            )  # fmt: skip
+                target=self._supply_loop, args=(batch_size,), daemon=True, name="obfuscators"
+            )
             self._thread.start()
 
-    def _supply_loop(self, batch_size: int, nice: int) -> None:
-        _lower_thread_priority(nice)
+    def _supply_loop(self, batch_size: int) -> None:
         try:
             while not self._stop.is_set():
                 with self._lock:  # claimed before computing: a draw's shortfall is not redone

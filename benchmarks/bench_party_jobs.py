@@ -18,8 +18,10 @@ loopback, all against one Prefect API started here, and prints:
 * sparse LDA on the demo's three hospitals (the demo job's options: row-level, epsilon 1):
   the coordinator's flow run from start to end, and each party's.
 
-CPU seconds of the party processes (their pool workers included) stand beside the wall
-seconds: on a shared machine the wall inflates, the CPU much less.
+CPU seconds of the party processes stand beside the wall seconds: on a shared machine the
+wall inflates, the CPU much less. Their pool workers are not counted: they are children of
+multiprocessing's fork server, and their time does not reach the party process's
+``RUSAGE_CHILDREN``; work a party does in its own threads is counted.
 """
 
 from __future__ import annotations
@@ -272,7 +274,7 @@ def print_vertical(parties: dict[str, float], crypto: dict[str, float], load: fl
     print(
         f"\ncryptography per round: {split}; key generation {crypto['keys']:.2f} s once per job "
         f"(in the job's time). Processes: {parties['wall']:.1f} s wall from launch, "
-        f"{parties['cpu']:.1f} CPU s (endpoints and pool workers included); flow starts after "
+        f"{parties['cpu']:.1f} CPU s (endpoints included, pool workers not); flow starts after "
         f"the first: {starts}. One-process run: {crypto['wall']:.1f} s."
     )
 

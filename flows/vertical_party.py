@@ -41,7 +41,6 @@ from prefect import flow, task
 from prefect.states import Completed, State
 
 from core.outcomes import BELOW_BASELINE, check_loss, classifier_verdict
-from core.paillier import cipher
 from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
@@ -136,13 +135,11 @@ def vertical_lr_party(
         with PartyStore(job.key_holder_database).session():  # held through the job
             result = _arbiter(steps.receive_setup(job, job.key_holder, **shape), epochs, tol)
     elif role == "host":
-        cipher.start_workers()  # up while the party checks its table and agrees the set-up
         with PartyStore.of(ref).session():  # held through the job: no opening per step
             result = _host(_host_setup(job, ref, shape), ref, epochs)
     else:
         # the evaluation at the job's end needs scikit-learn: imported while the job runs
         threading.Thread(target=importlib.import_module, args=("sklearn.metrics",)).start()
-        cipher.start_workers()
         with PartyStore.of(ref).session():
             info = steps.check_party(job, ref, "guest")
             steps.check_alignment(job, ref)
@@ -251,24 +248,18 @@ def _is_epoch_end(job: steps.VerticalJob, round_: int) -> bool:
     return job.schedule.position(round_)[1] == job.schedule.batches_per_epoch - 1
 
 
-class _Supply:
-    """A party's background supply of obfuscators, kept one round ahead of its draws: in
-    round r its process computes what rounds r and r + 1 draw, in the protocol's waits
-    (``steps.supply_obfuscators``), from the round it starts at (a restarted process too)."""
-
-    def __init__(self, job: steps.VerticalJob, ref: TableRef, last: int, epochs: int) -> None:
-        self.job, self.ref = job, ref
-        self.through = last  # the rounds after this one are the ones still to draw for
-        self.final = epochs * job.schedule.batches_per_epoch - 1
-        self.total = 0
-
-    def ahead_of(self, round_: int) -> None:
-        """Raise the supply to everything this process draws through round ``round_ + 1``."""
-        while self.through < min(round_ + 1, self.final):
-            self.through += 1
-            self.total += steps.obfuscators_drawn(self.job, self.ref.party, self.through)
-        if self.total:
-            steps.supply_obfuscators(self.job, self.ref, self.total)
+def _draws_after(job: steps.VerticalJob, role: str, round_: int, epochs: int) -> int:
+    """Obfuscators a party draws after this round's gradient: at an epoch's end the hold-out
+    step (the host's share of each row and its square; the guest's loss), then the next
+    round's (a share or a re-randomised [[d]] per row, plus one). A party computes them while
+    it waits for the key holder's decryption (``steps.obfuscators_ahead``)."""
+    schedule = job.schedule
+    count = 0
+    if _is_epoch_end(job, round_) and len(schedule.holdout_rows):
+        count += (len(schedule.holdout_rows) if role == "host" else 0) + 1
+    if round_ + 1 < epochs * schedule.batches_per_epoch:
+        count += len(schedule.batch(*schedule.position(round_ + 1))) + 1
+    return count
 
 
 # ---- the key holder (the arbiter, or the guest in two-party mode) ------------------------------
@@ -277,13 +268,10 @@ def _decrypt_round(job: steps.VerticalJob, round_: int) -> None:
 
 
 def _key_holder_epoch_end(job: steps.VerticalJob, round_: int, tol: float) -> bool:
-    """The stop decision reads the epoch's training losses only, so it goes out before the
-    hold-out loss is decrypted: the next round starts while the hold-out check finishes."""
-    stop = inner.decide_stop(job, round_, tol, tell=True)
     if len(job.schedule.holdout_rows):
         holdout = inner.key_holder_decrypt(job, round_, "holdout")
         inner.share_loss(job, round_, "holdout", holdout)
-    return stop
+    return inner.decide_stop(job, round_, tol, tell=True)
 
 
 def _check_key(job: steps.VerticalJob, last: int, epochs: int) -> bool:
@@ -339,12 +327,15 @@ def _host_setup(job: steps.VerticalJob, ref: TableRef, shape: dict[str, Any]) ->
     return job
 
 
-def _host_round(job: steps.VerticalJob, ref: TableRef, round_: int, phase: str = "train") -> None:
+def _host_round(
+    job: steps.VerticalJob, ref: TableRef, round_: int, phase: str = "train", ahead: int = 0
+) -> None:
     inner.host_forward(job, ref, round_, phase)
     if ref.party != job.hosts[0]:  # the first host has no earlier host's share to fold
         inner.host_cross_terms(job, ref, round_, phase)
     if phase == "train":
         inner.host_gradient(job, ref, round_)
+        inner.obfuscators_ahead(job, ref, ahead)  # while the key holder decrypts
         inner.update_weights(job, ref, round_, "host")
 
 
@@ -357,19 +348,12 @@ def _host_epoch_end(job: steps.VerticalJob, ref: TableRef, round_: int) -> bool:
 def _host(job: steps.VerticalJob, ref: TableRef, epochs: int) -> dict[str, Any]:
     last = steps.last_round(job, ref)
     ended = steps.model_round(job, ref) is not None  # a finished job: re-send the scores only
-    supply = _Supply(job, ref, last, 0 if ended else epochs)
-    supply.ahead_of(last + 1)  # from the key's arrival on, before the first round's task
-
-    def round_body(round_: int) -> None:
-        supply.ahead_of(round_)
-        _host_round(job, ref, round_)
-
     rounds = _run_rounds(
         job,
         ref.party,
         last,
         0 if ended else epochs,
-        round_body,
+        lambda r: _host_round(job, ref, r, ahead=_draws_after(job, "host", r, epochs)),
         lambda r: _host_epoch_end(job, ref, r),
     )
     final = steps.last_round(job, ref)
@@ -388,13 +372,16 @@ def _host(job: steps.VerticalJob, ref: TableRef, epochs: int) -> dict[str, Any]:
 
 
 # ---- the guest ---------------------------------------------------------------------------------
-def _guest_round(job: steps.VerticalJob, ref: TableRef, round_: int) -> dict[str, Any]:
+def _guest_round(
+    job: steps.VerticalJob, ref: TableRef, round_: int, ahead: int = 0
+) -> dict[str, Any]:
     """One mini-batch at the guest (plus the key holder's decryption in two-party mode). Its
     gradient norm is the guest's own slice's: the hosts' norms never reach it."""
     started = time.perf_counter()
     inner.guest_residual(job, ref, round_)
     if not job.with_arbiter:
         _decrypt_round(job, round_)
+    inner.obfuscators_ahead(job, ref, ahead)  # while the key holder decrypts
     squared = inner.update_weights(job, ref, round_, "guest")
     metrics = {
         "gradient_norm": squared**0.5,
@@ -432,14 +419,10 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
         record = history[-1] if history and history[-1]["round"] == round_ else {}
         return _guest_epoch_end(job, ref, round_, tol, record)
 
-    supply = _Supply(job, ref, last, 0 if ended else epochs)
-    supply.ahead_of(last + 1)  # from the key's arrival on, before the first round's task
-
     def round_body(round_: int) -> None:
-        supply.ahead_of(round_)
         if history and history[-1]["round"] == round_:  # a retried round replaces its record
             history.pop()
-        history.append(_guest_round(job, ref, round_))
+        history.append(_guest_round(job, ref, round_, _draws_after(job, "guest", round_, epochs)))
 
     first = steps.stored_losses(job, ref.database).get(0)
 

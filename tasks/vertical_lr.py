@@ -383,22 +383,11 @@ def _pool(
     job: VerticalJob, ref: TableRef, public: paillier.PaillierPublicKey
 ) -> ObfuscatorFile | ObfuscatorPool:
     """The party's own pool of obfuscators for this job's key if it prepared one, else the
-    ones its process computed ahead (:func:`supply_obfuscators`, :func:`obfuscators_ahead`;
-    the rest on demand)."""
+    ones its process computed ahead (:func:`obfuscators_ahead`; the rest on demand)."""
     prepared = cipher.party_pool(ref.database, public, job.randomizer)
     return (
         prepared if prepared is not None else cipher.ahead_pool(ref.party, public, job.randomizer)
     )
-
-
-def supply_obfuscators(job: VerticalJob, ref: TableRef, total: int) -> None:
-    """Keep computing this party's obfuscators for the job's key in the background until
-    its process has made ``total`` (waiting for the key holder's ``n`` if it has not come):
-    they are ready when a round draws them (:meth:`ObfuscatorPool.supply`). A party with a
-    prepared pool draws from that instead and computes nothing here."""
-    pool = _pool(job, ref, _public_key(job, ref))
-    if isinstance(pool, ObfuscatorPool):
-        cipher.supply_ahead(pool, total)
 
 
 def obfuscators_ahead(job: VerticalJob, ref: TableRef, count: int) -> None:
@@ -473,24 +462,18 @@ def keys_job(
     )
 
 
-def obfuscators_drawn(job: VerticalJob, party: str, round_: int) -> int:
-    """How many obfuscators ``party`` draws in round ``round_`` of the agreed schedule, its
-    epoch's hold-out check included: a host one per batch row plus its ``[[sum a^2]]`` and
-    cross terms, the guest one per batch row (the re-randomised ``[[d]]``) plus the loss."""
-    schedule = job.schedule
-    epoch, index = schedule.position(round_)
-    rows = len(schedule.batch(epoch, index))
-    check = index == schedule.batches_per_epoch - 1 and len(schedule.holdout_rows) > 0
-    if party == job.guest:
-        return rows + 1 + int(check)
-    extra = 1 + job.hosts.index(party)  # the square and one cross term per earlier host
-    return rows + extra + (len(schedule.holdout_rows) + extra if check else 0)
-
-
 def obfuscators_needed(job: VerticalJob, party: str, epochs: int = 1) -> int:
-    """How many obfuscators ``party`` draws in ``epochs`` epochs of the agreed schedule."""
-    rounds = epochs * job.schedule.batches_per_epoch
-    return sum(obfuscators_drawn(job, party, round_) for round_ in range(rounds))
+    """How many obfuscators ``party`` draws in ``epochs`` epochs of the agreed schedule: a host
+    one per batch row plus its ``[[sum a^2]]`` and cross terms, the guest one per training row
+    (the re-randomised ``[[d]]``) plus the loss; the hold-out check likewise (once per epoch)."""
+    schedule = job.schedule
+    rounds = epochs * schedule.batches_per_epoch
+    train_rows = epochs * len(schedule.train_rows)
+    checks = epochs if len(schedule.holdout_rows) else 0
+    if party == job.guest:
+        return train_rows + rounds + checks
+    extra = 1 + job.hosts.index(party)  # the square and one cross term per earlier host
+    return train_rows + checks * len(schedule.holdout_rows) + (rounds + checks) * extra
 
 
 def prepare_pool(job: VerticalJob, ref: TableRef, count: int) -> int:

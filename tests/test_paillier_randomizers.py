@@ -10,8 +10,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 
 import gmpy2
@@ -19,15 +17,13 @@ import pytest
 from gmpy2 import mpz
 from phe.paillier import PaillierPublicKey
 
-from core.paillier import cipher, randomness
+from core.paillier import cipher
 from core.paillier.errors import KeyMismatchError, PaillierError
 from core.paillier.keys import generate_keypair
-from core.paillier.parallel import ProcessBackend
 from core.paillier.randomness import (
     DEFAULT_RANDOMIZER,
     FixedBaseRandomizer,
     ObfuscatorFile,
-    ObfuscatorPool,
     make_randomizer,
     pool_path,
     randomizer_mode,
@@ -243,6 +239,8 @@ def test_the_fixed_base_table_grows_with_the_values_drawn_and_powers_stay_exact(
     """A process that draws a few hundred values builds a small table (a 2048-bit key's
     largest one costs seconds and hundreds of MB), a larger one once many values repay it,
     and every value is h^e whatever the window."""
+    from core.paillier import randomness
+
     public, _ = keys
     modulus, base, bits = mpz(public.nsquare), mpz(12345), 512
     randomness._TABLES.clear()
@@ -276,46 +274,3 @@ def test_obfuscators_computed_ahead_are_the_owners_each_used_once_and_forgotten(
     assert used == [int(v) for v in kept[:3]]  # the values taken, in order, once each
     cipher.forget_ahead("lab", public.n)
     assert cipher.ahead_pool("lab", public) is not pool
-
-
-class _Counting:
-    """A randomizer stand-in whose values are serial numbers: a value seen twice would be
-    randomness used twice."""
-
-    n = 35
-
-    def __init__(self) -> None:
-        self.next = 1
-        self._lock = threading.Lock()
-
-    def obfuscators(self, count: int, *, backend=None) -> list[mpz]:
-        with self._lock:
-            start, self.next = self.next, self.next + count
-        time.sleep(0.001)  # a draw and the supply interleave
-        return [mpz(v) for v in range(start, start + count)]
-
-
-def test_supplied_obfuscators_are_each_handed_out_once_up_to_the_total() -> None:
-    source = _Counting()
-    pool = ObfuscatorPool(source)
-    pool.supply(300, batch_size=7)
-    drawn = [v for _ in range(40) for v in pool.obfuscators(5)]  # while the thread supplies
-    pool.wait_supplied(30)
-    assert pool.produced == 300  # the draws' shortfalls count towards the total
-    pool.supply(350, batch_size=7)  # raised: 50 more, no more
-    pool.wait_supplied(30)
-    drawn += pool.obfuscators(len(pool))
-    assert pool.produced == 350 and len(drawn) == 350 == len(set(drawn))
-    assert sorted(int(v) for v in drawn) == list(range(1, 351))  # nothing computed is lost
-
-
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: no process pool")
-def test_workers_start_before_the_first_call() -> None:
-    """A party starts its pool when its job starts: the workers are up (and have imported
-    the kernels) before any call needs them."""
-    backend = ProcessBackend(2)
-    try:
-        backend.start()
-        assert len(backend._executor._processes) == 2  # before any run()
-    finally:
-        backend.close()

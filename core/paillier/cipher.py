@@ -44,7 +44,6 @@ _PARALLEL_MIN_WORK = 256  # below this, starting work in another process costs m
 _MIN_CHUNK_COLUMNS = 4  # columns per X^T [[d]] chunk: fewer would mostly ship ciphertexts
 DASK_ADDRESS_VARIABLE = "PRIVREG_DASK_ADDRESS"
 _parallel_backend: ProcessBackend | DaskBackend | None = None
-_BACKEND_LOCK = threading.Lock()
 
 
 def _backend(work: int) -> Backend:
@@ -57,34 +56,15 @@ def _backend(work: int) -> Backend:
     global _parallel_backend
     if work < _PARALLEL_MIN_WORK:
         return SERIAL
-    with _BACKEND_LOCK:  # one pool per process, also when a start-up thread asks first
-        if _parallel_backend is None:
-            address = os.environ.get(DASK_ADDRESS_VARIABLE)
-            if address:
-                _parallel_backend = DaskBackend(address)
-            elif (os.cpu_count() or 1) > 1:
-                _parallel_backend = ProcessBackend()
-            else:
-                return SERIAL
+    if _parallel_backend is None:
+        address = os.environ.get(DASK_ADDRESS_VARIABLE)
+        if address:
+            _parallel_backend = DaskBackend(address)
+        elif (os.cpu_count() or 1) > 1:
+            _parallel_backend = ProcessBackend()
+        else:
+            return SERIAL
     return _parallel_backend
-
-
-def start_workers() -> threading.Thread:
-    """Start this process's pool workers in a daemon thread and return it.
-
-    Why: a pool starts its workers at its first large call, and each worker then imports
-    the kernels; in a party's first round that start-up sat between a peer's message and
-    the party's answer. A party calls this when its job starts, so the workers are up
-    while it checks its table and agrees the set-up."""
-    thread = threading.Thread(target=_start_workers, daemon=True, name="paillier-workers")
-    thread.start()
-    return thread
-
-
-def _start_workers() -> None:
-    backend = _backend(_PARALLEL_MIN_WORK)
-    if isinstance(backend, ProcessBackend):
-        backend.start()
 
 
 def _nsquare(public: paillier.PaillierPublicKey) -> gmpy2.mpz:
@@ -159,9 +139,9 @@ def ahead_pool(
     only (never written anywhere), each handed out once; a draw beyond them computes the rest.
 
     Why: an obfuscator does not depend on the value it will hide, so a party can compute the
-    ones it draws next while it waits for a peer (:func:`fill_ahead`, :func:`supply_ahead`),
-    taking its encryption off the round's critical path. A process keeps one per owner, key
-    and mode; they go when the key does (:func:`forget_ahead`) or the process ends."""
+    ones it draws next while it waits for a peer (:func:`fill_ahead`), taking its encryption
+    off the round's critical path. A process keeps one per owner, key and mode; they go when
+    the key does (:func:`forget_ahead`) or the process ends."""
     key = (owner, int(public.n), randomizer_mode(randomizer))
     with _AHEAD_LOCK:
         pool = _AHEAD.get(key)
@@ -178,18 +158,11 @@ def fill_ahead(pool: ObfuscatorPool, count: int) -> int:
     return len(pool)
 
 
-def supply_ahead(pool: ObfuscatorPool, total: int) -> None:
-    """Keep computing ``pool``'s values in the background until it has produced ``total``
-    (see :meth:`ObfuscatorPool.supply`): what a party draws next is made while it waits."""
-    pool.supply(total)
-
-
 def forget_ahead(owner: str, n: int) -> None:
     """Drop ``owner``'s values computed ahead for the key ``n`` (its job has ended)."""
     with _AHEAD_LOCK:
-        dropped = [_AHEAD.pop(k) for k in [k for k in _AHEAD if k[:2] == (owner, int(n))]]
-    for pool in dropped:
-        pool.stop_supply()
+        for key in [k for k in _AHEAD if k[:2] == (owner, int(n))]:
+            del _AHEAD[key]
 
 
 def fill_pool(pool: ObfuscatorFile, count: int, *, batch: int = 4096) -> int:

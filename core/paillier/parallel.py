@@ -8,7 +8,6 @@ operations. Private-key material never goes to a Dask cluster unless explicitly 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.util
@@ -125,38 +124,26 @@ class ProcessBackend:
         self._max_workers = max_workers or os.cpu_count() or 1
         self._start_method = start_method
         self._executor: Executor | None = None
-        self._starting = threading.Lock()
 
     @property
     def parallelism(self) -> int:
         return self._max_workers
 
     def _pool(self) -> Executor:
-        with self._starting:  # a start-up thread and a first call: one executor
-            return self._executor or self._new_pool()
-
-    def _new_pool(self) -> Executor:
-        context = _worker_context(self._start_method)
-        # a worker ends with this process, even one killed by SIGKILL (core.lifetime)
-        executor = ProcessPoolExecutor(
-            self._max_workers,
-            mp_context=context,
-            initializer=exit_with,
-            initargs=(os.getpid(),),
-        )
-        self._executor = executor
-        # shut down before multiprocessing joins this process's children at its exit: a
-        # process that is itself a multiprocessing child (Prefect's runner starts each flow
-        # run so) would otherwise wait forever for the idle workers
-        multiprocessing.util.Finalize(self, self._end_workers, exitpriority=10)
-        return executor
-
-    def start(self) -> None:
-        """Start every worker now and have it import the kernels (otherwise the first
-        large call pays for both)."""
-        pool = self._pool()
-        for future in [pool.submit(_worker_ready) for _ in range(self._max_workers)]:
-            future.result()
+        if self._executor is None:
+            context = _worker_context(self._start_method)
+            # a worker ends with this process, even one killed by SIGKILL (core.lifetime)
+            self._executor = ProcessPoolExecutor(
+                self._max_workers,
+                mp_context=context,
+                initializer=exit_with,
+                initargs=(os.getpid(),),
+            )
+            # shut down before multiprocessing joins this process's children at its exit: a
+            # process that is itself a multiprocessing child (Prefect's runner starts each
+            # flow run so) would otherwise wait forever for the idle workers
+            multiprocessing.util.Finalize(self, self._end_workers, exitpriority=10)
+        return self._executor
 
     def run(
         self,
@@ -189,13 +176,6 @@ class ProcessBackend:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _worker_ready() -> int:
-    """Run in a fresh worker: import what the chunk functions need; returns its pid."""
-    importlib.import_module("core.paillier.kernels")
-    importlib.import_module("core.paillier.randomness")
-    return os.getpid()
 
 
 class DaskBackend:

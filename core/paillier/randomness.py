@@ -417,9 +417,9 @@ def _fixed_base_table(
 class ObfuscatorPool:
     """Obfuscators computed ahead of need in memory, each handed out at most once.
 
-    ``fill`` computes a batch now (in parallel with a backend); ``supply`` keeps a daemon
-    thread computing them at a lower OS priority. When the pool runs dry, :meth:`obfuscators`
-    computes the shortfall on demand rather than failing or waiting.
+    ``fill`` computes a batch (in parallel with a backend); ``start_background_fill`` keeps a
+    daemon thread topping the pool up. When the pool runs dry, :meth:`obfuscators` computes the
+    shortfall on demand rather than failing.
     """
 
     def __init__(self, source: Randomizer) -> None:
@@ -429,8 +429,6 @@ class ObfuscatorPool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._background_error: BaseException | None = None
-        self._target = 0
-        self.produced = 0  # values computed for this pool so far: filled, supplied, on demand
         self.computed_on_demand = 0
 
     @property
@@ -447,67 +445,45 @@ class ObfuscatorPool:
         fresh = self._source.obfuscators(count, backend=backend)
         with self._lock:
             self._values.extend(fresh)
-            self.produced += count
 
-    def supply(self, total: int, *, batch_size: int = 64) -> None:
-        """Compute values in a daemon thread until this pool has produced ``total`` in all
-        (handed out, held or computed on demand); a later call raises the total.
+    def start_background_fill(self, target_size: int, *, batch_size: int = 32) -> None:
+        """Top the pool up to ``target_size`` in a daemon thread (no-op if one is running)."""
+        _check_count(target_size)
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._background_loop, args=(target_size, batch_size), daemon=True
+        )
+        self._thread.start()
 
-        Why: an obfuscator does not depend on what it will hide, so a party can compute the
-        ones it draws next during all of the protocol's waits rather than in a block before
-        one of them. A draw never waits for the thread: a shortfall is computed on demand
-        and counts towards ``total``. The thread runs at its process's priority: run below
-        it, it was starved whenever other work shared the machine, and the draws then
-        computed nearly every value on demand, on the round's critical path."""
-        _check_count(total)
-        with self._lock:
-            self._target = max(self._target, total)
-            if self.produced >= self._target or self._thread is not None:
-                return
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._supply_loop, args=(batch_size,), daemon=True, name="obfuscators"
-            )
-            self._thread.start()
-
-    def _supply_loop(self, batch_size: int) -> None:
+    def _background_loop(self, target_size: int, batch_size: int) -> None:
         try:
             while not self._stop.is_set():
-                with self._lock:  # claimed before computing: a draw's shortfall is not redone
-                    take = min(batch_size, self._target - self.produced)
-                    if take <= 0:
-                        self._thread = None
-                        return
-                    self.produced += take
-                fresh = self._source.obfuscators(take, backend=SERIAL)
-                with self._lock:
-                    self._values.extend(fresh)
-        except BaseException as exc:  # surfaced by the next draw
+                missing = target_size - len(self)
+                if missing <= 0:
+                    return
+                self.fill(min(batch_size, missing))
+        except BaseException as exc:  # surfaced by wait_for_background_fill
             self._background_error = exc
-        with self._lock:
-            self._thread = None
 
-    def wait_supplied(self, timeout: float | None = None) -> None:
-        """Block until the supplying thread has finished; re-raise its error if it failed."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+    def wait_for_background_fill(self, timeout: float | None = None) -> None:
+        """Block until the background thread finished; re-raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join(timeout)
         if self._background_error is not None:
-            raise PaillierError("background obfuscator supply failed") from self._background_error
+            raise PaillierError("background obfuscator fill failed") from self._background_error
 
-    def stop_supply(self) -> None:
-        """Ask the supplying thread to stop after its current batch and wait for it."""
+    def stop_background_fill(self) -> None:
+        """Ask the background thread to stop after its current batch and wait for it."""
         self._stop.set()
-        self.wait_supplied()
+        self.wait_for_background_fill()
 
     def obfuscators(self, count: int, *, backend: Backend | None = None) -> list[mpz]:
         _check_count(count)
-        if self._background_error is not None:
-            raise PaillierError("background obfuscator supply failed") from self._background_error
         with self._lock:
             taken = [self._values.popleft() for _ in range(min(count, len(self._values)))]
-            shortfall = count - len(taken)
-            self.produced += shortfall
+        shortfall = count - len(taken)
         if shortfall:
             self.computed_on_demand += shortfall
             taken.extend(self._source.obfuscators(shortfall, backend=backend))

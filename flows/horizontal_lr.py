@@ -334,7 +334,6 @@ def horizontal_lr(
     faults = Faults.of_job(job_id, names, STAGES)  # the test switches naming this job, if any
     status = {ref.party: steps.join_job(ref, job_id, workspace) for ref in refs}
     status[COORDINATOR] = steps.open_job(names, job_id, workspace)
-    n_features = len(status[COORDINATOR]["features"])
     by_name = dict(zip(names, refs, strict=True))
     pre.pooled_statistics(  # before any round: every party trains on the same scaled columns
         by_name,
@@ -346,6 +345,8 @@ def horizontal_lr(
         stage_timeout,
         holdout_fraction,
     )
+    agreed = status[COORDINATOR]["features"]
+    n_features = len(steps.coordinator_columns(job_id, agreed, workspace))
     options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol, holdout_fraction)
     start = _catch_up(
         by_name, status, job_id, threshold, n_features, options, workspace, stage_timeout,
@@ -410,7 +411,7 @@ def _ended(result: dict[str, Any]) -> dict[str, Any] | State:
 
 
 def _spec(preprocessing: dict[str, Any] | None) -> PreprocessingSpec:
-    return pre.pooled_spec(preprocessing, "horizontal_lr")
+    return pre.pooled_spec(preprocessing, "horizontal_lr", indicators=True)
 
 
 class _LossWatch:
@@ -502,10 +503,11 @@ def horizontal_lr_coordinator(
     workspace = _own_folder(workspace)
     options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol)
     opened = steps.open_job(names, job_id, workspace, threshold, join_timeout)
-    n_features, start = len(opened["features"]), opened["last_round"] + 1
+    start = opened["last_round"] + 1
     pre.coordinator_statistics(
         job_id, opened["features"], spec, names, threshold, workspace, stage_timeout
     )
+    n_features = len(steps.coordinator_columns(job_id, opened["features"], workspace))
 
     def round_ctx(round_: int) -> steps.RoundContext:
         return steps.round_context(
@@ -606,7 +608,8 @@ def horizontal_lr_party(
     pre.party_statistics(ref, job_id, features, spec, names, holdout_fraction)
     # keys once per job (kept across a restart); then one task run per round
     provisional = secagg.default_threshold(len(names))  # the call states the job's own
-    first = steps.round_context(job_id, round_, names, provisional, len(features))
+    width = len(steps.trained_columns(ref.database, job_id, features))  # indicators too
+    first = steps.round_context(job_id, round_, names, provisional, width)
     steps.join_rounds(ref, first)
     with steps.store_held(PartyStore.of(ref)):  # no opening of its database per step
         while steps.party_round(ref, job_id, round_, names, options, fault):

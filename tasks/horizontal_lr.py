@@ -382,6 +382,29 @@ def _features(endpoint: PartyEndpoint) -> list[str]:
 _FEATURES: dict[tuple[str, str], list[str]] = {}
 
 
+def trained_columns(database: str, job_id: str, features: list[str]) -> list[str]:
+    """The model's columns at one holder: the agreed ``features``, then a ``<name>_missing``
+    indicator for each column the job's pooled statistics flag (``missing_indicator``); the
+    same at every holder, since all keep the same statistics."""
+    fitted = stored_fitted(database, job_id)
+    return list(features) if fitted is None else fitted.output_names
+
+
+def coordinator_columns(job_id: str, features: list[str], workspace: str | None) -> list[str]:
+    """:func:`trained_columns` at the coordinator (its store in the workspace)."""
+    return trained_columns(str(coordinator_store(workspace).path), job_id, features)
+
+
+def _columns(endpoint: PartyEndpoint, database: str, job_id: str) -> list[str]:
+    """A hospital's :func:`trained_columns` (read once per process and job, like the
+    agreed features: the statistics are kept before the first round and never change)."""
+    key = (str(endpoint.channel.folder), endpoint.party + "/trained")
+    found = _FEATURES.get(key)
+    if found is None:
+        found = _FEATURES[key] = trained_columns(database, job_id, _features(endpoint))
+    return list(found)
+
+
 def _mask(
     ref: TableRef, store: PartyStore, ctx: RoundContext, call: RoundCall, options: TrainingOptions
 ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -393,9 +416,11 @@ def _mask(
     contributes at one model in one round only: two sums at one model whose senders differ
     by one party give that party's update, and a coordinator could get them across rounds.
     """
-    features = _features(ctx.endpoint(ref.party))
+    endpoint = ctx.endpoint(ref.party)
+    features = _features(endpoint)
     with store.session():  # one opening of the database for the reads and the stored state
-        weights = _weights_before(store, ctx, len(features), ref.party)
+        width = len(_columns(endpoint, ref.database, ctx.job_id))
+        weights = _weights_before(store, ctx, width, ref.party)
         X, y = _training_rows(ref, store, ctx.job_id, features, options.holdout_fraction)
         if options.local_epochs == 0:
             update = hlr.local_gradient(weights, X, y, options.l2)
@@ -528,7 +553,7 @@ def _finish(
     message = endpoint.receive(COORDINATOR, "model", round=ctx.round)
     if message["round"] != ctx.round:
         raise RoundStateError(f"{ref.party}: the model message of round {ctx.round} is another's")
-    features = _features(endpoint)
+    features = _columns(endpoint, ref.database, ctx.job_id)
     if known is None:
         with store.session():
             before = _weights_before(store, ctx, len(features), ref.party)
@@ -617,7 +642,10 @@ def _commit_round(
                 summed = secure_rounds.coordinator_unmask(store, ctx.job, ctx.round, responses, con)
                 mean = unpack_weighted(summed.total)
                 if previous is None:
-                    before, history = hlr.init_model(len(schema["feature_columns"])), []
+                    columns = trained_columns(
+                        str(store.path), ctx.job_id, schema["feature_columns"]
+                    )
+                    before, history = hlr.init_model(len(columns)), []
                 else:
                     before, history = np.asarray(previous["weights"]), previous["history"]
                 weights = hlr.next_model(
@@ -734,8 +762,9 @@ def coordinator_model(job_id: str, workspace: str | None = None) -> dict[str, An
     artifacts, cps = ArtifactStore(store), checkpoints(store, job_id)
     last = cps.last_round()
     saved = cps.load(last)
-    features = _agreed_schema(artifacts, job_id)["feature_columns"]
     fitted = stored_fitted(str(store.path), job_id)
+    agreed = _agreed_schema(artifacts, job_id)["feature_columns"]
+    features = trained_columns(str(store.path), job_id, agreed)
     model = model_record(job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict())
     artifacts.put(model_key(job_id), model, "model")
     cps.prune(keep_last=2)
@@ -902,7 +931,7 @@ def party_round(
     if call.stop:
         return False
     endpoint = channel_for(job_id).endpoint(ref.party)
-    n_features = len(_features(endpoint))
+    n_features = len(_columns(endpoint, ref.database, job_id))
     ctx = round_context(
         job_id, round_, call.parties, call.threshold, n_features, None, call.stage_timeout
     )
@@ -1022,8 +1051,9 @@ def keep_model(ref: TableRef, job_id: str, holdout: float = 0.0) -> dict[str, An
     if last < 0:
         raise RoundStateError(f"{ref.party}: job {job_id} stopped before any round finished")
     saved = cps.load(last)
-    features = _agreed_features(channel_for(job_id).endpoint(ref.party))
     fitted = stored_fitted(ref.database, job_id)
+    agreed = _agreed_features(channel_for(job_id).endpoint(ref.party))
+    features = trained_columns(ref.database, job_id, agreed)
     model = model_record(
         job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict(), provenance(ref)
     )

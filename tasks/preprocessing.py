@@ -76,12 +76,16 @@ def needs_statistics(spec: pp.PreprocessingSpec) -> bool:
     return spec.scaling != "none" or spec.impute != "none"
 
 
-def pooled_spec(preprocessing: dict[str, Any] | None, flow: str) -> pp.PreprocessingSpec:
-    """The job's spec for rows split across parties (horizontal LR, sparse LDA): every party
-    must end with the same columns, so a missing-value indicator (its own columns with gaps)
-    is refused."""
+def pooled_spec(
+    preprocessing: dict[str, Any] | None, flow: str, indicators: bool = False
+) -> pp.PreprocessingSpec:
+    """The job's spec for rows split across parties (horizontal LR, sparse LDA).
+
+    ``indicators``: whether the flow trains on the fitted transform's output columns, so that a
+    missing-value indicator (added for a column the POOLED statistics find gaps in, the same
+    columns at every party) widens every party's model alike; a flow that does not is refused."""
     spec = pp.PreprocessingSpec.from_dict(preprocessing)
-    if spec.missing_indicator:
+    if spec.missing_indicator and not indicators:
         raise ValueError(
             f"{flow}: preprocessing.missing_indicator is not supported for rows split "
             "across parties; impute without it"

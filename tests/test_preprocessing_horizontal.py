@@ -149,3 +149,41 @@ def test_a_model_below_its_baseline_ends_in_a_named_state(workspace: Path) -> No
                 return_state=True)  # fmt: skip
     assert state.is_completed() and state.name == BELOW_BASELINE
     assert state.result()["outcome"].startswith(BELOW_BASELINE)
+
+
+def test_missing_indicators_widen_every_hospitals_model_alike(workspace: Path) -> None:
+    """``missing_indicator`` with pooled statistics: a ``<name>_missing`` column for each
+    column with gaps anywhere in the pooled rows, the same at every hospital; the model has a
+    coefficient for each, and scoring new rows with gaps equals the transform and model by hand."""
+    rng = np.random.default_rng(5)
+    frames = {h: raw(demo(h)).astype(object) for h in HOSPITALS}
+    gappy = list(frames["hospital_a"].columns[2:4])
+    frames["hospital_c"].loc[rng.choice(len(frames["hospital_c"]), 12, replace=False), gappy[0]] = (
+        np.nan
+    )  # gaps at one hospital only: every hospital still gets the indicator
+    frames["hospital_a"].loc[rng.choice(len(frames["hospital_a"]), 7, replace=False), gappy[1]] = (
+        np.nan
+    )
+    job = {"impute": "mean", "scaling": "standard", "missing_indicator": True}
+    refs = load(workspace, frames, PreprocessingSpec.from_dict(job))
+    result = run(refs, workspace, rounds=3, preprocessing=job)
+    indicators = [f"{c}_missing" for c in gappy]
+    assert result["features"][-2:] == indicators
+    assert set(indicators) <= set(result["coefficients"])
+    features = list(frames["hospital_a"].columns[2:]) + indicators
+
+    # hospital_b (no gaps of its own) scores with its own copy of the model: the same columns
+    new = frames["hospital_b"].head(30).assign(patient_id=lambda f: f["patient_id"] + 10**6)
+    new.loc[[0, 3, 4], gappy[0]] = np.nan
+    new_ref = TableRef(refs[1].database, "new_patients", id_column="patient_id",
+                       label_column="diagnosis", party="hospital_b")  # fmt: skip
+    PartyStore.of(new_ref).import_frame(new, new_ref, PreprocessingSpec.from_dict(job))
+    scored = score_local(new_ref.to_dict(), steps.model_key(result["job_id"]))
+    fitted = FittedPreprocessing.from_dict(result["preprocessing"])
+    X = fitted.transform(new[fitted.input_names].to_numpy(dtype=float))
+    assert X.shape[1] == len(features) and set(X[:, -2]) == {0.0, 1.0}
+    weights = [result["coefficients"][name] for name in fitted.output_names]
+    by_hand = X @ np.array(weights) + result["intercept"]
+    with PartyStore.of(new_ref).connect() as con:
+        table = con.execute(f'SELECT * FROM "{scored["scores_table"]}"').df()
+    np.testing.assert_allclose(table["score"].to_numpy(), by_hand, atol=1e-9)

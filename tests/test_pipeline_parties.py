@@ -112,7 +112,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     source = tmp_path_factory.mktemp("repository")
     jobs = small_jobs(source)
-    orgs = prepare(tmp_path_factory.mktemp("orgs"), source=source, receive_timeout=120)
+    # a side that agreed a job may wait minutes for the SQLite-backed test server before its
+    # flow starts (CI saw 2 min between agreement and the coordinator's horizontal run):
+    # its peers' waits for its first message allow for that
+    orgs = prepare(tmp_path_factory.mktemp("orgs"), source=source, receive_timeout=300)
     allow_noiseless(source, lambda party, database: orgs[party].folder / database)
     # seven processes write to one SQLite-backed test server: let a busy one be retried longer
     extra = {

@@ -345,8 +345,7 @@ def horizontal_lr(
         stage_timeout,
         holdout_fraction,
     )
-    agreed = status[COORDINATOR]["features"]
-    n_features = len(steps.coordinator_columns(job_id, agreed, workspace))
+    n_features = steps.coordinator_width(job_id, status[COORDINATOR]["features"], workspace)
     options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol, holdout_fraction)
     start = _catch_up(
         by_name, status, job_id, threshold, n_features, options, workspace, stage_timeout,
@@ -507,7 +506,7 @@ def horizontal_lr_coordinator(
     pre.coordinator_statistics(
         job_id, opened["features"], spec, names, threshold, workspace, stage_timeout
     )
-    n_features = len(steps.coordinator_columns(job_id, opened["features"], workspace))
+    n_features = steps.coordinator_width(job_id, opened["features"], workspace)
 
     def round_ctx(round_: int) -> steps.RoundContext:
         return steps.round_context(
@@ -608,7 +607,7 @@ def horizontal_lr_party(
     pre.party_statistics(ref, job_id, features, spec, names, holdout_fraction)
     # keys once per job (kept across a restart); then one task run per round
     provisional = secagg.default_threshold(len(names))  # the call states the job's own
-    width = len(steps.trained_columns(ref.database, job_id, features))  # indicators too
+    width = steps.model_width(ref.database, job_id, features)  # missing indicators too
     first = steps.round_context(job_id, round_, names, provisional, width)
     steps.join_rounds(ref, first)
     with steps.store_held(PartyStore.of(ref)):  # no opening of its database per step

@@ -84,6 +84,11 @@ class RoundContext:
         return self.job.parties
 
     @property
+    def n_features(self) -> int:
+        """The model's columns (its intercept apart), as the job's packed dimension says."""
+        return self.job.dimension - packed_dimension(1)
+
+    @property
     def threshold(self) -> int:
         return self.job.threshold
 
@@ -151,10 +156,10 @@ def _schema_key(job_id: str) -> str:
     return f"{PROTOCOL}/{job_id}/schema"
 
 
-def _weights_before(store: PartyStore, ctx: RoundContext, n_features: int, who: str) -> np.ndarray:
+def _weights_before(store: PartyStore, ctx: RoundContext, who: str) -> np.ndarray:
     """The model a round starts from: zeros, or this holder's own checkpoint of the last round."""
     if ctx.round == 0:
-        return hlr.init_model(n_features)
+        return hlr.init_model(ctx.n_features)
     try:
         saved = checkpoints(store, ctx.job_id).load(ctx.round - 1)
     except KeyError:
@@ -382,27 +387,34 @@ def _features(endpoint: PartyEndpoint) -> list[str]:
 _FEATURES: dict[tuple[str, str], list[str]] = {}
 
 
-def trained_columns(database: str, job_id: str, features: list[str]) -> list[str]:
-    """The model's columns at one holder: the agreed ``features``, then a ``<name>_missing``
-    indicator for each column the job's pooled statistics flag (``missing_indicator``); the
-    same at every holder, since all keep the same statistics."""
-    fitted = stored_fitted(database, job_id)
+def trained_columns(fitted: FittedPreprocessing | None, features: list[str]) -> list[str]:
+    """The model's columns: the agreed ``features``, then a ``<name>_missing`` indicator for
+    each column the job's pooled statistics flag (``missing_indicator``); the same at every
+    holder, since all keep the same statistics."""
     return list(features) if fitted is None else fitted.output_names
 
 
-def coordinator_columns(job_id: str, features: list[str], workspace: str | None) -> list[str]:
-    """:func:`trained_columns` at the coordinator (its store in the workspace)."""
-    return trained_columns(str(coordinator_store(workspace).path), job_id, features)
+def model_width(database: str, job_id: str, features: list[str]) -> int:
+    """How many columns the job's model has at a holder of its pooled statistics (read from
+    its store once per round context built, before the first round)."""
+    return len(trained_columns(stored_fitted(database, job_id), features))
 
 
-def _columns(endpoint: PartyEndpoint, database: str, job_id: str) -> list[str]:
-    """A hospital's :func:`trained_columns` (read once per process and job, like the
-    agreed features: the statistics are kept before the first round and never change)."""
-    key = (str(endpoint.channel.folder), endpoint.party + "/trained")
-    found = _FEATURES.get(key)
-    if found is None:
-        found = _FEATURES[key] = trained_columns(database, job_id, _features(endpoint))
-    return list(found)
+_WIDTHS: dict[tuple[str, str], int] = {}
+
+
+def _party_width(database: str, job_id: str, endpoint: PartyEndpoint) -> int:
+    """:func:`model_width` at a hospital in party mode, read once per process and job (its
+    rounds are one task run each: no store read per round for a figure that never changes)."""
+    key = (database, job_id)
+    if key not in _WIDTHS:
+        _WIDTHS[key] = model_width(database, job_id, _features(endpoint))
+    return _WIDTHS[key]
+
+
+def coordinator_width(job_id: str, features: list[str], workspace: str | None) -> int:
+    """:func:`model_width` at the coordinator (its store in the workspace)."""
+    return model_width(str(coordinator_store(workspace).path), job_id, features)
 
 
 def _mask(
@@ -416,11 +428,9 @@ def _mask(
     contributes at one model in one round only: two sums at one model whose senders differ
     by one party give that party's update, and a coordinator could get them across rounds.
     """
-    endpoint = ctx.endpoint(ref.party)
-    features = _features(endpoint)
+    features = _features(ctx.endpoint(ref.party))
     with store.session():  # one opening of the database for the reads and the stored state
-        width = len(_columns(endpoint, ref.database, ctx.job_id))
-        weights = _weights_before(store, ctx, width, ref.party)
+        weights = _weights_before(store, ctx, ref.party)
         X, y = _training_rows(ref, store, ctx.job_id, features, options.holdout_fraction)
         if options.local_epochs == 0:
             update = hlr.local_gradient(weights, X, y, options.l2)
@@ -553,10 +563,9 @@ def _finish(
     message = endpoint.receive(COORDINATOR, "model", round=ctx.round)
     if message["round"] != ctx.round:
         raise RoundStateError(f"{ref.party}: the model message of round {ctx.round} is another's")
-    features = _columns(endpoint, ref.database, ctx.job_id)
     if known is None:
         with store.session():
-            before = _weights_before(store, ctx, len(features), ref.party)
+            before = _weights_before(store, ctx, ref.party)
             record = secure_rounds.load_record(store, ctx.job, ref.party)
     else:
         before, record = known
@@ -578,6 +587,7 @@ def _finish(
             secure_rounds.save_record(store, ctx.job, ref.party, record, con)
         if rows is not None:
             fitted = stored_fitted(ref.database, ctx.job_id)
+            features = trained_columns(fitted, _features(endpoint))
             model = model_record(
                 ctx.job_id, features, weights, ctx.round + 1, fitted and fitted.to_dict()
             )
@@ -636,16 +646,12 @@ def _commit_round(
         else:
             answered = list(responders if responders is not None else ctx.parties)
             responses = secure_sum.collect(endpoint, secure_rounds.RESPONSE, answered, ctx.round, 0)
-            schema = _agreed_schema(ArtifactStore(store), ctx.job_id)
             previous = cps.load(ctx.round - 1) if ctx.round > 0 else None
             with store.transaction() as con:
                 summed = secure_rounds.coordinator_unmask(store, ctx.job, ctx.round, responses, con)
                 mean = unpack_weighted(summed.total)
                 if previous is None:
-                    columns = trained_columns(
-                        str(store.path), ctx.job_id, schema["feature_columns"]
-                    )
-                    before, history = hlr.init_model(len(columns)), []
+                    before, history = hlr.init_model(ctx.n_features), []
                 else:
                     before, history = np.asarray(previous["weights"]), previous["history"]
                 weights = hlr.next_model(
@@ -763,8 +769,7 @@ def coordinator_model(job_id: str, workspace: str | None = None) -> dict[str, An
     last = cps.last_round()
     saved = cps.load(last)
     fitted = stored_fitted(str(store.path), job_id)
-    agreed = _agreed_schema(artifacts, job_id)["feature_columns"]
-    features = trained_columns(str(store.path), job_id, agreed)
+    features = trained_columns(fitted, _agreed_schema(artifacts, job_id)["feature_columns"])
     model = model_record(job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict())
     artifacts.put(model_key(job_id), model, "model")
     cps.prune(keep_last=2)
@@ -931,7 +936,7 @@ def party_round(
     if call.stop:
         return False
     endpoint = channel_for(job_id).endpoint(ref.party)
-    n_features = len(_columns(endpoint, ref.database, job_id))
+    n_features = _party_width(ref.database, job_id, endpoint)
     ctx = round_context(
         job_id, round_, call.parties, call.threshold, n_features, None, call.stage_timeout
     )
@@ -1052,8 +1057,7 @@ def keep_model(ref: TableRef, job_id: str, holdout: float = 0.0) -> dict[str, An
         raise RoundStateError(f"{ref.party}: job {job_id} stopped before any round finished")
     saved = cps.load(last)
     fitted = stored_fitted(ref.database, job_id)
-    agreed = _agreed_features(channel_for(job_id).endpoint(ref.party))
-    features = trained_columns(ref.database, job_id, agreed)
+    features = trained_columns(fitted, _agreed_features(channel_for(job_id).endpoint(ref.party)))
     model = model_record(
         job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict(), provenance(ref)
     )

@@ -66,6 +66,7 @@ JOB_KEYS, MASKED, REQUEST, RESPONSE, REJOIN = (
     "rejoin",
 )
 MASKED_RELAY, RESPONSE_RELAY = f"{MASKED}_relay", f"{RESPONSE}_relay"
+_RELAY_OF = {MASKED: MASKED_RELAY, RESPONSE: RESPONSE_RELAY}
 
 
 @functools.lru_cache(maxsize=16)
@@ -308,7 +309,7 @@ def _relayed(
     try:
         return endpoint.receive_relayed(
             COORDINATOR,
-            f"{kind}_relay",
+            _RELAY_OF[kind],
             kind,
             senders,
             round=round_,
@@ -464,7 +465,7 @@ def coordinator_collect(
     endpoint.send_each(record["requests"], REQUEST, round=round_)
     senders = list(state.senders)
     endpoint.relay(senders, MASKED_RELAY, MASKED, senders, round=round_)
-    return list(state.senders), list(state.dropped)
+    return senders, list(state.dropped)
 
 
 def coordinator_relay_answers(

@@ -53,13 +53,16 @@ def _value(variable: str) -> str | None:
 
 def _scoped(variable: str, job_id: str, fields: int, form: str) -> list[str] | None:
     """The ``:``-separated fields after ``<job id>:`` when the variable names ``job_id``
-    (job ids never contain ``:``); None when it is unset or names another job."""
+    (job ids never contain ``:``); None when it is unset or names another job. The first
+    field is always a round, so it must be a number."""
     value = _value(variable)
     if value is None:
         return None
     parts = value.split(":")
     if len(parts) != fields + 1 or not all(parts):
         raise TestSwitchError(f"{variable}={value!r} must be {form}")
+    if not parts[1].isdigit():
+        raise TestSwitchError(f"{variable}: round {parts[1]!r} is not a number")
     return parts[1:] if parts[0] == job_id else None
 
 
@@ -75,11 +78,7 @@ def small_keys_allowed() -> bool:
 def fail_round(job_id: str) -> int | None:
     """The round of ``job_id`` that ``PRIVREG_TEST_FAIL_ROUND`` makes fail, if any."""
     fields = _scoped(FAIL_ROUND_VARIABLE, job_id, 1, "<job id>:<round>")
-    if fields is None:
-        return None
-    if not fields[0].isdigit():
-        raise TestSwitchError(f"{FAIL_ROUND_VARIABLE}: round {fields[0]!r} is not a number")
-    return int(fields[0])
+    return None if fields is None else int(fields[0])
 
 
 def step_faults(job_id: str) -> dict[str, dict[str, str]]:
@@ -108,11 +107,7 @@ def step_faults(job_id: str) -> dict[str, dict[str, str]]:
 def crash_after(job_id: str) -> str | None:
     """``"<round>:<point>"`` where ``PRIVREG_TEST_CRASH_AFTER`` stops ``job_id``'s run."""
     fields = _scoped(CRASH_VARIABLE, job_id, 2, "<job id>:<round>:<stage or commit>")
-    if fields is None:
-        return None
-    if not fields[0].isdigit():
-        raise TestSwitchError(f"{CRASH_VARIABLE}: round {fields[0]!r} is not a number")
-    return ":".join(fields)
+    return None if fields is None else ":".join(fields)
 
 
 @dataclass(frozen=True)
@@ -131,7 +126,7 @@ def party_fault(job_id: str) -> PartyFault | None:
     if fields is None:
         return None
     round_, stage, kind = fields
-    if not round_.isdigit() or kind not in PARTY_FAULT_KINDS:
+    if kind not in PARTY_FAULT_KINDS:
         raise TestSwitchError(f"{PARTY_FAULT_VARIABLE}: {':'.join(fields)!r} must be {form}")
     return PartyFault(int(round_), stage, kind)
 

@@ -254,15 +254,14 @@ class ReceiverExtension:
 
     message: dict[str, Any]
     table: ReceiverTable
-    rows: np.ndarray  # the extension's rows ``t_i`` of the occupied bins
+    items: np.ndarray  # the item in each occupied bin, in bin order
+    rows: np.ndarray  # the extension's rows ``t_i`` of those bins
     width: int
     peer_size: int
 
     def state(self) -> ReceiverState:
-        occupied = np.flatnonzero(self.table.table >= 0)
-        items = self.table.table[occupied]
         outputs = np.empty((len(self.table.digests), self.width), dtype=np.uint8)
-        outputs[items] = kkrt.receiver_outputs(self.rows, self.width)
+        outputs[self.items] = kkrt.receiver_outputs(self.rows, self.width)
         real = self.table.real
         return ReceiverState(outputs[:real], self.table.choice[:real], self.peer_size)
 
@@ -284,7 +283,7 @@ def extend(
     u, t_rows = kkrt.receiver_matrices(pairs, codes, stream=bucket)
     width = output_bytes(table.bins, plan.peer_padded * plan.compared_buckets)
     message = {"u": u, "hash_key": table.hash_key, "bins": table.bins}
-    return ReceiverExtension(message, table, t_rows[occupied], width, plan.peer_padded)
+    return ReceiverExtension(message, table, items, t_rows[occupied], width, plan.peer_padded)
 
 
 def matrix(

@@ -42,6 +42,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.peers.id_sets import make_sets
 from core import psi
 from core.psi_ot import buckets, cuckoo, kkrt
 from core.psi_ot import protocol as kkrt_psi
@@ -53,13 +56,6 @@ KKRT16_REPORTED_BITS, KKRT16_REPORTED_MS, RR22_REPORTED_BITS = 1008, 2073, 180
 #: balanced sizes at which SecretFlow's RR22 and KKRT (spu 0.9.5, installed by ``make bench-psi``
 #: into its own virtualenv) run beside privreg in the same run (benchmarks/peers/spu_psi.py)
 SPU_SIZES = (100_000, 1_000_000)
-
-
-def make_sets(small: int, size: int) -> tuple[list[str], list[str]]:
-    shared = [f"user-{i:09d}" for i in range(small // 2)]
-    a = shared + [f"a-only-{i:09d}" for i in range(small - len(shared))]
-    b = shared + [f"b-only-{i:09d}" for i in range(size - len(shared))]
-    return a, b
 
 
 def _sql_ids(count: int, shared: int, prefix: str) -> str:

@@ -7,7 +7,7 @@ own: openmined-psi is a peer measured beside privreg, not one of its dependencie
 Usage: python benchmarks/peers/openmined_psi.py --size N [--small M] [--repeats R]
 
 The client holds M ids (default N), the server N; they share M / 2, the ids of
-``bench_psi.make_sets``. Client and server run in this one process, 1e-9 false-positive rate,
+``id_sets.make_sets``. Client and server run in this one process, 1e-9 false-positive rate,
 raw data structure (exact), the client learns only. Prints one JSON document on stdout: the
 median seconds, each run's seconds, the median CPU seconds, the peak resident memory, the
 bytes of the three messages and the intersection's size.
@@ -23,13 +23,7 @@ import statistics
 import sys
 import time
 
-
-def make_sets(small: int, size: int) -> tuple[list[str], list[str]]:
-    """The ids of ``bench_psi.make_sets`` (the same text, so both tables are comparable)."""
-    shared = [f"user-{i:09d}" for i in range(small // 2)]
-    a = shared + [f"a-only-{i:09d}" for i in range(small - len(shared))]
-    b = shared + [f"b-only-{i:09d}" for i in range(size - len(shared))]
-    return a, b
+from id_sets import make_sets  # this folder: the driver runs as a script from it
 
 
 def _cpu() -> float:

@@ -5,7 +5,7 @@ spu brings about 440 MB of native libraries and jax, which privreg does not depe
 
 Usage: python benchmarks/peers/spu_psi.py --size N [--protocol RR22 KKRT ECDH] [--repeats R]
 
-Both parties hold N ids and share N / 2, the ids of ``bench_psi.make_sets`` (``user-…``,
+Both parties hold N ids and share N / 2, the ids of ``id_sets.make_sets`` (``user-…``,
 ``a-only-…``, ``b-only-…``), written to one CSV file each. Each party is its own process with
 its own link over loopback (libpsi's brpc link, no TLS), both learn the intersection
 (``broadcast_result``) and both write it aligned (the same rows in the same order), as
@@ -32,18 +32,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from id_sets import party_ids  # this folder: the driver runs as a script from it
+
 PROTOCOLS = ("RR22", "KKRT", "ECDH")
 #: how libpsi's log names the small trace file it leaves after every run (outside TMPDIR)
 TRACE = re.compile(r"Trace has been written to (\S+?)\.?$", re.MULTILINE)
 
 
 def write_ids(path: Path, count: int, shared: int, prefix: str) -> None:
-    """One party's ids, as ``bench_psi.make_sets`` makes them, in a one-column CSV file."""
+    """One party's ids (:func:`id_sets.party_ids`) in a one-column CSV file."""
     with path.open("w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["id"])
-        writer.writerows([f"user-{i:09d}"] for i in range(shared))
-        writer.writerows([f"{prefix}-only-{i:09d}"] for i in range(count - shared))
+        writer.writerows([i] for i in party_ids(count, shared, prefix))
 
 
 def free_ports(count: int) -> list[int]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 
-from storage.artifacts import ArtifactStore
+from storage.artifacts import Artifact, ArtifactStore
 from storage.party_store import PartyStore
 
 
@@ -30,7 +30,11 @@ class RoundCheckpoints:
         self, round_: int, state: dict[str, Any], con: duckdb.DuckDBPyConnection | None = None
     ) -> None:
         """Store the round's state; joins the caller's transaction when ``con`` is given."""
-        self.artifacts.put(self._key(round_), state, "round-state", con=con)
+        self.artifacts.put_many([self.item(round_, state)], con=con)
+
+    def item(self, round_: int, state: dict[str, Any]) -> Artifact:
+        """The round's state, to write with other artifacts in one statement."""
+        return Artifact(self._key(round_), state, "round-state")
 
     def rounds(self, con: duckdb.DuckDBPyConnection | None = None) -> list[int]:
         return [int(key.rsplit("/", 1)[1]) for key, *_ in self.artifacts.list(self.prefix, con)]

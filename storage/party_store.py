@@ -151,6 +151,13 @@ class PartyStore:
                 anchor.close()  # the last connection: DuckDB checkpoints the log into the file
                 _owner_only(self.path)
 
+    def held_session(self) -> object | None:
+        """The open session of this database in this process (an identity: a later session is
+        another object), or None when none is held."""
+        with _SESSIONS_GUARD:
+            held = _SESSIONS.get(self.path.resolve())
+        return None if held is None else held[0]
+
     @contextmanager
     def serialized(self) -> Iterator[None]:
         """One check-then-write at a time on this database within the process.

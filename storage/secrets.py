@@ -34,7 +34,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from storage import codec
-from storage.artifacts import ArtifactStore
+from storage.artifacts import Artifact, ArtifactStore
 from storage.party_store import PartyStore, private_dirs
 
 KEY_BYTES = 32
@@ -192,7 +192,11 @@ class SealedArtifacts:
         self.secrets = JobSecrets.of(store, scope)
 
     def put(self, key: str, value: Any, con: Any = None) -> None:
-        self.artifacts.put(key, self.secrets.seal(value, key), _SEALED_KIND, con=con)
+        self.artifacts.put_many([self.item(key, value)], con=con)
+
+    def item(self, key: str, value: Any) -> Artifact:
+        """``value`` sealed under ``key``, to write with others (:meth:`ArtifactStore.put_many`)."""
+        return Artifact(key, self.secrets.seal(value, key), _SEALED_KIND)
 
     def get(self, key: str, default: Any = None, con: Any = None) -> Any:
         """The value under ``key``; ``default`` when none is stored; :class:`SecretGoneError`

@@ -49,7 +49,7 @@ from core.preprocessing import FittedPreprocessing
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.secagg.weighted import packed_dimension, unpack_weighted
 from storage import models
-from storage.artifacts import ArtifactStore
+from storage.artifacts import Artifact, ArtifactStore
 from storage.channel import PartyEndpoint
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
@@ -440,7 +440,7 @@ def _mask(
             )
         point_key = f"{PROTOCOL}/{ctx.job_id}/point/{model_point(weights)}"
 
-        def one_round_per_model(con: Any) -> None:
+        def one_round_per_model(con: Any) -> list[Artifact]:
             seen = ArtifactStore(store).get(point_key, con=con)
             if seen is not None and seen != ctx.round:
                 raise ProtocolViolationError(
@@ -449,7 +449,7 @@ def _mask(
                     "twice at one model (the difference of two such sums would reveal single "
                     "updates)"
                 )
-            ArtifactStore(store).put(point_key, ctx.round, "secagg-point", con=con)
+            return [Artifact(point_key, ctx.round, "secagg-point")]  # stored with the mask
 
         start = secure_rounds.round_start(ctx.job, ctx.round, call.protocol, ref.party)
         record = secure_rounds.party_mask(
@@ -582,9 +582,11 @@ def _finish(
     cps = checkpoints(store, ctx.job_id)
     rows = _model_rows(ref, store, ctx.job_id, options.holdout_fraction) if final else None
     with store.transaction() as con:
-        cps.save(ctx.round, {"weights": weights, "change": message["change"]}, con=con)
+        checkpoint = cps.item(ctx.round, {"weights": weights, "change": message["change"]})
         if known is not None:  # the round's answer, stored with its checkpoint
-            secure_rounds.save_record(store, ctx.job, ref.party, record, con)
+            secure_rounds.save_record(store, ctx.job, ref.party, record, con, also=[checkpoint])
+        else:
+            cps.save(ctx.round, checkpoint.value, con=con)
         if rows is not None:
             fitted = stored_fitted(ref.database, ctx.job_id)
             features = trained_columns(fitted, _features(endpoint))

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -51,6 +51,7 @@ from core.secagg import wire
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.secagg.fixed_point import DEFAULT_SCALE_BITS, decode
 from core.secagg.graph import choose_parameters
+from storage.artifacts import Artifact
 from storage.channel import PartyEndpoint, RelayError
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts
@@ -120,9 +121,17 @@ def load_record(store: PartyStore, job: RoundsJob, who: str, con: Any = None) ->
 
 
 def save_record(
-    store: PartyStore, job: RoundsJob, who: str, record: dict[str, Any], con: Any
+    store: PartyStore,
+    job: RoundsJob,
+    who: str,
+    record: dict[str, Any],
+    con: Any,
+    also: Sequence[Artifact] = (),
 ) -> None:
-    _records(store, job).put(job.record_key(who), record, con=con)
+    """Store the holder's record (sealed), with ``also`` (e.g. the round's checkpoint) in the
+    same statement."""
+    records = _records(store, job)
+    records.artifacts.put_many([records.item(job.record_key(who), record), *also], con=con)
 
 
 def forget_job(store: PartyStore, job: RoundsJob) -> None:
@@ -205,14 +214,14 @@ def party_mask(
     party: str,
     start: mr.RoundStart,
     vector: np.ndarray,
-    guard: Any = None,
+    guard: Callable[[Any], Sequence[Artifact]] | None = None,
 ) -> dict[str, Any]:
     """Mask ``vector`` for the started round, store, then send it to the coordinator (who
     relays it to the other senders); a retry re-sends the stored message (a round is masked
     once). Returns the stored record.
 
     ``guard(con)`` runs in the same transaction before masking (e.g. one contribution per
-    model point) and may refuse.
+    model point) and may refuse; the artifacts it returns are stored with the record.
     """
     r = start.round
     with store.transaction() as con:
@@ -225,8 +234,7 @@ def party_mask(
                     f"party {party!r}: round {r} of job {job.job_id} was masked already and its "
                     "message is gone; refusing to mask it again"
                 )
-            if guard is not None:
-                guard(con)
+            marks = guard(con) if guard is not None else []
             state = mr.start_round(state, start)
             state, message = mr.mask_round(state, vector)
             stored = wire.masked_to_plain(message)
@@ -236,7 +244,7 @@ def party_mask(
                 "masked": stored,
                 "rejoining": False,
             }
-            save_record(store, job, party, record, con)
+            save_record(store, job, party, record, con, also=marks)
     job.endpoint(party).send(COORDINATOR, MASKED, stored, round=r)
     return record
 

@@ -45,10 +45,14 @@ class RoundCheckpoints:
         return max(rounds) if rounds else -1
 
     def load(self, round_: int) -> dict[str, Any]:
-        state = self.artifacts.get(self._key(round_))
+        state = self.find(round_)
         if state is None:
             raise KeyError(f"no checkpoint for round {round_} under {self.prefix}")
         return state
+
+    def find(self, round_: int) -> dict[str, Any] | None:
+        """The round's state, None if it is not stored (one lookup, not a listing)."""
+        return self.artifacts.get(self._key(round_))
 
     def rollback_to(self, round_: int) -> int:
         """Forget rounds after ``round_``; returns how many were dropped."""

@@ -260,8 +260,9 @@ def check_sender(
 ) -> None:
     """Refuse a message unless ``sender``'s certificate (chained to the CA, named by the one
     rule, matching any pin) signed ``data``."""
-    chain = _trusted_chain(chain_pem, ca_pem, now().replace(minute=0, second=0, microsecond=0))
-    seen = describe(chain[0])
+    chain, seen = _trusted_chain(
+        chain_pem, ca_pem, now().replace(minute=0, second=0, microsecond=0)
+    )
     if (named := seen.party()) != sender:
         raise IdentityError(f"the serving certificate names {named!r}, not {sender!r}")
     check_pin(sender, seen.fingerprint, pins)
@@ -282,8 +283,9 @@ def check_sender(
 @functools.lru_cache(maxsize=64)
 def _trusted_chain(
     chain_pem: bytes, ca_pem: bytes, hour: datetime.datetime
-) -> tuple[x509.Certificate, ...]:
-    """The checked chain, cached for the hour (a peer presents the same bytes every fetch)."""
+) -> tuple[tuple[x509.Certificate, ...], Presented]:
+    """The checked chain and what its certificate presents, cached for the hour (a peer
+    presents the same bytes every fetch, and a relay carries a proof per sender)."""
     chain = load_chain(chain_pem)
     verify_chain(chain, list(_roots(ca_pem)), now())
-    return tuple(chain)
+    return tuple(chain), describe(chain[0])

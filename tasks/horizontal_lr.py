@@ -643,9 +643,8 @@ def _commit_round(
     store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
     cps = checkpoints(store, ctx.job_id)
     with store.session():
-        if cps.last_round() >= ctx.round:  # committed before a retry: only re-send
-            saved = cps.load(ctx.round)
-        else:
+        saved = cps.find(ctx.round)  # committed before a retry: only re-send
+        if saved is None:
             answered = list(responders if responders is not None else ctx.parties)
             responses = secure_sum.collect(endpoint, secure_rounds.RESPONSE, answered, ctx.round, 0)
             previous = cps.load(ctx.round - 1) if ctx.round > 0 else None
@@ -675,7 +674,14 @@ def _commit_round(
                     "history": [*history, entry],
                     "revealers": summed.responders,
                 }
-                cps.save(ctx.round, saved, con=con)
+                secure_rounds.save_record(
+                    store,
+                    ctx.job,
+                    COORDINATOR,
+                    summed.record,
+                    con,
+                    also=[cps.item(ctx.round, saved)],
+                )
             secure_rounds.remember(store, ctx.job, summed.record)
             _logger().info(
                 "round %d: loss %.6f from %d parties", ctx.round, entry["loss"], len(summed.senders)

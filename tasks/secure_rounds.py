@@ -487,8 +487,9 @@ def coordinator_relay_answers(
 def coordinator_unmask(
     store: PartyStore, job: RoundsJob, round_: int, responses: Mapping[str, Any], con: Any
 ) -> RoundSum:
-    """The round's exact sum from the answers; the new state is stored in ``con`` (the
-    caller's transaction, which commits the round)."""
+    """The round's exact sum from the answers, read in ``con`` (the caller's transaction,
+    which commits the round). The caller stores ``record``, the new state, in that same
+    transaction (:func:`save_record`, with the round's checkpoint in one statement)."""
     record = load_record(store, job, COORDINATOR, con)
     state = coordinator_state(record, job)
     if not (state.round == round_ and state.stage == "unmasking"):
@@ -500,7 +501,6 @@ def coordinator_unmask(
     answers = [wire.response_from_plain(m, p) for p, m in responses.items()]
     state, result = mr.unmask(state, answers)
     record = {**record, "state": wire.coordinator_state_to_plain(state), "requests": {}}
-    save_record(store, job, COORDINATOR, record, con)
     total = decode(result.ring_sum, job.scale_bits)
     return RoundSum(total, senders, sorted(responses), record)
 

@@ -95,6 +95,7 @@ def test_a_dropped_hospital_rekeys_asks_to_rejoin_and_is_called_again(tmp_path: 
     answers = collect(coordinator, secure_rounds.RESPONSE, senders, 0, time.monotonic() + 5)
     with stores[COORDINATOR].transaction() as con:
         summed = secure_rounds.coordinator_unmask(stores[COORDINATOR], job, 0, answers, con)
+        secure_rounds.save_record(stores[COORDINATOR], job, COORDINATOR, summed.record, con)
     np.testing.assert_allclose(summed.total, vectors["hospital_a"] + vectors["hospital_c"])
 
     # dropped stays dropped: round 1 leaves b out; b re-keys once, asking back each call

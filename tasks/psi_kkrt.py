@@ -3,12 +3,13 @@
 
 Memory follows the bucket, not the table: the source table streams from DuckDB in pieces into
 the party's own digest table (``privreg_psi_ids_<job>``, a transaction per piece; the table's
-lineage fingerprint is taken in the same read), which is checked for duplicates and put in
-bucket order once the bucket count is known, both a slice of about :data:`SLICE_ROWS` rows at
-a time; each bucket is read back from it alone, the matched
-rows go to ``privreg_psi_matches_<job>``, and the aligned table is written by one ordered
-``CREATE TABLE ... AS SELECT`` that DuckDB streams. A finished bucket is recorded in the same
-transaction as its rows, so a run that stops mid-way resumes at the first unfinished bucket.
+lineage fingerprint is taken in the same read), which is checked for duplicates (in memory
+only when the table came in one piece) and put in bucket order once the bucket count is
+known, both a slice of about :data:`SLICE_ROWS` rows at a time; each bucket is read back
+from it alone, the matched rows go to ``privreg_psi_matches_<job>``, and the aligned table is
+written by one ordered ``CREATE TABLE ... AS SELECT`` that DuckDB streams. A finished bucket
+is recorded in the same transaction as its rows, so a run that stops mid-way resumes at the
+first unfinished bucket.
 
 The party's 16-byte job key is the only secret kept for the whole job (every random value is
 derived from it, so a retried step resends the same bytes), sealed under the job's key file
@@ -22,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -109,15 +111,26 @@ def _in_slice(low: int, high: int | None) -> str:
     return f"d0 >= {low}" + ("" if high is None else f" AND d0 < {high}")
 
 
-def _digest_rows(store: PartyStore, ref: TableRef, table: str) -> tuple[int, str]:
+@dataclass(frozen=True)
+class DigestRows:
+    """What :func:`_digest_rows` stored: the row count, the source table's fingerprint, and how
+    many pieces it was read in (one: :func:`core.psi_ot.protocol.item_digests` has already
+    compared every id with every other)."""
+
+    rows: int
+    fingerprint: str
+    pieces: int
+
+
+def _digest_rows(store: PartyStore, ref: TableRef, table: str) -> DigestRows:
     """Stream the source table, piece by piece, into ``table`` (row, d0, d1), each piece its
-    own transaction (an uncommitted table is held in memory whole); refuses a bad id naming
-    party, table, column and row. Returns the row count and the table's fingerprint, taken in
-    the same read (:class:`storage.party_store.Fingerprint`)."""
+    own transaction (an uncommitted table is held in memory whole); refuses a bad id, or one
+    repeated within a piece, naming party, table, column and row. The table's fingerprint is
+    taken in the same read (:class:`storage.party_store.Fingerprint`)."""
     source, column = ref.table, ref.id_column
     with store.connect() as con:
         con.execute(f'CREATE OR REPLACE TABLE "{table}" (row BIGINT, d0 UBIGINT, d1 UBIGINT)')
-    fingerprint, count = Fingerprint(ref, ids_checked=True), 0  # item_digests checks them
+    fingerprint, count, pieces = Fingerprint(ref, ids_checked=True), 0, 0  # item_digests checks
     with store.connect() as reader:
         for rowids, chunk in table_chunks(reader, source):
             ids = chunk[column].tolist()
@@ -128,8 +141,8 @@ def _digest_rows(store: PartyStore, ref: TableRef, table: str) -> tuple[int, str
             with store.transaction() as con:
                 _insert(con, table, frame)
             fingerprint.update(chunk)
-            count += len(chunk)
-    return count, fingerprint.hexdigest()
+            count, pieces = count + len(chunk), pieces + 1
+    return DigestRows(count, fingerprint.hexdigest(), pieces)
 
 
 def _repeat_in(
@@ -174,14 +187,16 @@ def prepare_ids(ref: TableRef, job_id: str) -> int:
         raise psi.PsiError(f"{ref.party}: no table {ref.table!r} in {store.path.name}")
     table = _tables(job_id)[0]
     try:
-        size, digest = _digest_rows(store, ref, table)
-        _refuse_duplicates(store, ref, table, size)
+        stored = _digest_rows(store, ref, table)
+        if stored.pieces > 1:  # ids of different pieces have not met yet
+            _refuse_duplicates(store, ref, table, stored.rows)
     except BaseException:
         with store.connect() as con:
             con.execute(f'DROP TABLE IF EXISTS "{table}"')
         raise
-    artifacts.put(_prefix(job_id) + "ids", {"size": size, "fingerprint": digest}, "psi-state")
-    return size
+    state = {"size": stored.rows, "fingerprint": stored.fingerprint}
+    artifacts.put(_prefix(job_id) + "ids", state, "psi-state")
+    return stored.rows
 
 
 def _source_digest(store: PartyStore, ref: TableRef, job_id: str) -> str:

@@ -212,6 +212,18 @@ def test_duplicate_ids_are_refused_before_anything_is_sent(workspace: Path) -> N
     assert not list(workspace.glob("runs/*/messages/*/*"))  # neither party sent a thing
 
 
+def test_a_table_read_in_one_piece_skips_the_second_duplicate_pass(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ids read in one piece have all met in memory (the test above: a repeat is refused
+    there), so the pass over the stored digests runs only for tables of several pieces."""
+    a, _, _ = make_parties(workspace)
+    passes: list[tuple] = []
+    monkeypatch.setattr(psi_kkrt, "_repeat_in", lambda *args: passes.append(args))
+    size = psi_kkrt.prepare_ids.fn(a, "kkrt-one-piece")
+    assert size == len(PartyStore.of(a).read_table(a)) and passes == []
+
+
 def test_steps_over_the_whole_digest_table_hold_one_slice(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -571,10 +571,34 @@ def start_side(ref: TableRef, peer: str, job_id: str, workspace: str | None = No
     return plan
 
 
+@task(name="psi-kkrt-receive-one", task_run_name="{ref.party}: matrix, match, store", **PARTY_STEP)
+def receiver_one_bucket(
+    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
+) -> dict[str, Any]:
+    """Steps 3 and 5 of a job of one bucket as one task run (the receiver's rest of the side
+    in two task runs, not three); each step is idempotent, so a retry redoes only what had
+    not finished."""
+    send_matrix.fn(ref, peer, job_id, 0, workspace)
+    match_bucket.fn(ref, peer, job_id, 0, workspace)
+    return release_and_store.fn(ref, peer, job_id, min_rows, workspace)
+
+
+@task(name="psi-kkrt-send-one", task_run_name="{ref.party}: values, store", **PARTY_STEP)
+def sender_one_bucket(
+    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
+) -> dict[str, Any]:
+    """Steps 4 and 6 of a job of one bucket as one task run (as :func:`receiver_one_bucket`)."""
+    send_values.fn(ref, peer, job_id, 0, workspace)
+    return finish_and_store.fn(ref, peer, job_id, min_rows, workspace)
+
+
 def _side(
     ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None, call: Step
 ) -> dict[str, Any]:
     plan = call(start_side, ref, peer, job_id, workspace)
+    if plan.buckets == 1:  # nothing to pipeline: the rest of the side in one task run
+        rest = receiver_one_bucket if plan.receiver else sender_one_bucket
+        return call(rest, ref, peer, job_id, min_rows, workspace)
     if plan.receiver:
         call(send_matrix, ref, peer, job_id, 0, workspace)
         for bucket in range(plan.buckets):  # the next matrix goes out before this match

@@ -605,14 +605,14 @@ def horizontal_lr_party(
     round_ = steps.join_job(ref, job_id)["last_round"] + 1
     features = steps.agreed_features(ref, job_id)
     pre.party_statistics(ref, job_id, features, spec, names, holdout_fraction)
-    # keys once per job (kept across a restart); then one task run per round
+    # keys once per job (kept across a restart); then a task run per group of rounds
     provisional = secagg.default_threshold(len(names))  # the call states the job's own
     width = steps.model_width(ref.database, job_id, features)  # missing indicators too
     first = steps.round_context(job_id, round_, names, provisional, width)
     steps.join_rounds(ref, first)
     with steps.store_held(PartyStore.of(ref)):  # no opening of its database per step
-        while steps.party_round(ref, job_id, round_, names, options, fault):
-            round_ += 1
+        while not (run := steps.party_rounds(ref, job_id, round_, names, options, fault)).stopped:
+            round_ = run.next_round
     model = steps.keep_model(ref, job_id, holdout_fraction)
     steps.forget_rounds(ref, job_id, names)
     summary = horizontal_party_summary(job_id, ref, model, holdout_fraction)

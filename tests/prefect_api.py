@@ -96,3 +96,10 @@ def run_artifacts(env: dict[str, str], run_name: str) -> tuple[dict, dict[str, d
     assert runs, f"no flow run {run_name!r}"
     found = api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [runs[0]["id"]]}}})
     return runs[0], {a["key"].rsplit("-", 1)[1]: a for a in found if a.get("key")}
+
+
+def run_logs(env: dict[str, str], run_id: str) -> list[str]:
+    """The messages a flow run logged (its task runs' included), oldest first."""
+    logs = api(env, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}},
+                                     "sort": "TIMESTAMP_ASC", "limit": 200})  # fmt: skip
+    return [entry["message"] for entry in logs]

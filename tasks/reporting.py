@@ -266,14 +266,28 @@ def publish_model_link(key: str, database: str | Path, model_key: str, party: st
 # Progress and round history
 
 
+PROGRESS_EVERY = 1.0
+"""Seconds between two updates of a progress artifact (and its log line) before the end."""
+
+
 class Progress:
-    """A progress artifact for a flow's rounds (0-100%)."""
+    """A progress artifact for a flow's rounds (0-100%), updated at most every
+    :data:`PROGRESS_EVERY` seconds and at the end.
+
+    Why at most: an update is a call to the Prefect API on the flow's own thread, between two
+    rounds; with rounds of a fraction of a second, one per round was a fixed cost of every
+    round for a bar no one reads that fast."""
 
     def __init__(self, total: int, description: str) -> None:
         self.total = max(total, 1)
         self.id = create_progress_artifact(progress=0.0, description=description)
+        self._shown = -math.inf
 
     def update(self, done: int) -> None:
+        now = time.monotonic()
+        if done < self.total and now - self._shown < PROGRESS_EVERY:
+            return
+        self._shown = now
         if self.id is not None:
             update_progress_artifact(self.id, progress=min(100.0, 100.0 * done / self.total))
         get_run_logger().info("progress: round %d of %d", done, self.total)

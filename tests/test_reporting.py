@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from core.model_format import ModelFormatError, ModelRecord
+from tasks import reporting
 from tasks.reporting import (
     BudgetLine,
     Quality,
@@ -109,3 +110,22 @@ def test_a_party_flow_is_named_by_its_agreed_job_id_and_its_own_table() -> None:
     name, key = walr_party(own, "Q3 Conversions")
     assert key == "q3-conversions-walr-summary"  # not a placeholder job name
     assert name.startswith("q3-conversions ") and name.endswith(": advertiser.conversions")
+
+
+def test_progress_is_shown_at_most_once_a_second_and_always_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import logging
+
+    shown: list[float] = []
+    monkeypatch.setattr(reporting, "create_progress_artifact", lambda **_: "bar")
+    monkeypatch.setattr(
+        reporting, "update_progress_artifact", lambda _, progress: shown.append(progress)
+    )
+    monkeypatch.setattr(reporting, "get_run_logger", lambda: logging.getLogger("test"))
+    clock = iter([0.0, 0.3, 0.6, 1.2, 1.3, 1.4])  # seconds at each update
+    monkeypatch.setattr(reporting.time, "monotonic", lambda: next(clock))
+    bar = reporting.Progress(6, "rounds")
+    for done in range(1, 7):
+        bar.update(done)
+    assert shown == [100 / 6, 400 / 6, 100.0]  # the first, the one a second later, the end

@@ -98,12 +98,33 @@ def job_name() -> str:
     for tag in [*TagsContext.get().current_tags, *(runtime_flow_run.tags or [])]:
         if tag.startswith(_JOB_TAG):
             return _slug(tag.removeprefix(_JOB_TAG))
-    if runtime_deployment.name:
-        return _slug(runtime_deployment.name)
+    deployment = _deployment_name()
+    if deployment:
+        return _slug(deployment)
     if _is_party_flow() and parameters.get("job_id"):  # the id every party agreed on
         return _slug(str(parameters["job_id"]))
     tables = _tables(parameters)
     return _slug(tables[0].split(".", 1)[1]) if tables else "adhoc"
+
+
+_DEPLOYMENT_NAMES: dict[str, str | None] = {}  # by flow run id: a run's deployment never changes
+
+
+def _deployment_name() -> str | None:
+    """The name of the deployment the current flow run came from, None outside one.
+
+    ``prefect.runtime.deployment.name`` fetches the flow run from the API through a new client
+    on every call when the run has no deployment (it looks for the deployment id on the run
+    context, not on its flow run); a job's reports call this a dozen times. The run context's
+    flow run already says whether there is a deployment, and a name read once per run stands."""
+    context = FlowRunContext.get()
+    run = context.flow_run if context is not None else None
+    if run is None:  # no run context here: ask the runtime as before
+        return runtime_deployment.name
+    key = str(run.id)
+    if key not in _DEPLOYMENT_NAMES:
+        _DEPLOYMENT_NAMES[key] = runtime_deployment.name if run.deployment_id else None
+    return _DEPLOYMENT_NAMES[key]
 
 
 def _is_party_flow() -> bool:

@@ -129,3 +129,29 @@ def test_progress_is_shown_at_most_once_a_second_and_always_at_the_end(
     for done in range(1, 7):
         bar.update(done)
     assert shown == [100 / 6, 400 / 6, 100.0]  # the first, the one a second later, the end
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_run_outside_a_deployment_names_its_job_without_asking_the_api_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from prefect import flow
+    from prefect.runtime import deployment
+
+    from tasks.reporting import job_name
+
+    fetched: list[str] = []
+    fetch = deployment._get_flow_run
+
+    async def counted(run_id: str):  # type: ignore[no-untyped-def]
+        fetched.append(run_id)
+        return await fetch(run_id)
+
+    monkeypatch.setattr(deployment, "_get_flow_run", counted)
+
+    @flow(name="walr_party")
+    def walr_party(job_id: str) -> list[str]:
+        return [job_name() for _ in range(5)]
+
+    assert walr_party("Q3 Conversions") == ["q3-conversions"] * 5
+    assert fetched == []  # the run's context says it has no deployment

@@ -29,8 +29,6 @@ would have: parties stay within one round of each other and none ever needs to r
 
 from __future__ import annotations
 
-import importlib
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -138,8 +136,6 @@ def vertical_lr_party(
         with PartyStore.of(ref).session():  # held through the job: no opening per step
             result = _host(_host_setup(job, ref, shape), ref, epochs)
     else:
-        # the evaluation at the job's end needs scikit-learn: imported while the job runs
-        threading.Thread(target=importlib.import_module, args=("sklearn.metrics",)).start()
         with PartyStore.of(ref).session():
             info = steps.check_party(job, ref, "guest")
             steps.check_alignment(job, ref)

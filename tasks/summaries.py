@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from prefect import get_run_logger, task
 
+from core.charts import exact_auc
 from core.horizontal_lr import decision_function, predict_proba
 from core.outcomes import BELOW_BASELINE
 from core.preprocessing import FittedPreprocessing
@@ -39,15 +40,14 @@ from tasks.reporting import (
 _EPS = 1e-15
 
 
-def _log_loss(labels: np.ndarray, probabilities: np.ndarray) -> float:
+def log_loss(labels: np.ndarray, probabilities: np.ndarray) -> float:
+    """Mean binary cross-entropy of 0/1 ``labels`` (numpy: no scikit-learn import in a job)."""
     p = np.clip(probabilities, _EPS, 1 - _EPS)
     return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
 
 
 def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
-    from sklearn.metrics import roc_auc_score
-
-    return float(roc_auc_score(labels, scores)) if len(set(labels.tolist())) == 2 else None
+    return exact_auc(labels, scores) if len(set(labels.tolist())) == 2 else None
 
 
 def _training_mean(
@@ -69,7 +69,7 @@ def label_rate_baseline(
     every evaluated row (AUC 0.5 by construction, log-loss of that constant)."""
     rate, evaluated = _training_mean(ref, train_rows, eval_rows)
     constant = np.full(len(evaluated), rate)
-    return {"auc": 0.5, "log_loss": _log_loss(evaluated, constant), "rate": rate}
+    return {"auc": 0.5, "log_loss": log_loss(evaluated, constant), "rate": rate}
 
 
 def holdout_split(rows: int, fraction: float, seed: str) -> tuple[np.ndarray, np.ndarray]:
@@ -101,9 +101,9 @@ def classifier_figures(
     return {
         "evaluated_rows": int(labels.size),
         "auc": _auc(labels, probabilities if scores is None else scores),
-        "log_loss": _log_loss(labels, probabilities),
+        "log_loss": log_loss(labels, probabilities),
         "baseline_auc": 0.5,
-        "baseline_log_loss": _log_loss(labels, np.full(labels.size, training_rate)),
+        "baseline_log_loss": log_loss(labels, np.full(labels.size, training_rate)),
         "roc": held_out_roc(labels, probabilities if scores is None else scores),
     }
 

@@ -42,6 +42,7 @@ import pandas as pd
 from phe import paillier
 from prefect import get_run_logger, task
 
+from core.charts import exact_auc
 from core.ids import id_order_digest
 from core.model_format import ModelRecord
 from core.paillier import cipher
@@ -77,6 +78,7 @@ from storage.workspace import channel_for
 from tasks.feature_cache import party_features
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
+from tasks.summaries import log_loss
 
 PROTOCOL = "vertical"
 # Rows a mini-batch must have beyond a host's feature count; see check_batches.
@@ -845,8 +847,6 @@ def host_scores(job: VerticalJob, ref: TableRef) -> None:
 )
 def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     """The guest's probabilities for every aligned row, stored in its database, and metrics."""
-    from sklearn.metrics import log_loss, roc_auc_score
-
     model = _artifacts(ref.database).get(model_key("vertical", job.job_id, ref.party))
     X, _, labels = _guest_matrix(ref, job)
     scores = X @ _share_weights(model)
@@ -860,10 +860,10 @@ def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     rate = float(np.clip(labels[job.schedule.train_rows].mean(), 1e-6, 1 - 1e-6))  # the prior
     for name, rows in (("train", job.schedule.train_rows), ("holdout", job.schedule.holdout_rows)):
         if len(rows) and len(set(labels[rows])) == 2:
-            metrics[f"{name}_auc"] = float(roc_auc_score(labels[rows], probabilities[rows]))
+            metrics[f"{name}_auc"] = exact_auc(labels[rows], probabilities[rows])
             metrics[f"{name}_log_loss"] = float(log_loss(labels[rows], probabilities[rows]))
             prior = np.full(len(rows), rate)
-            metrics[f"{name}_prior_log_loss"] = float(log_loss(labels[rows], prior, labels=[0, 1]))
+            metrics[f"{name}_prior_log_loss"] = log_loss(labels[rows], prior)
     return {
         "metrics": metrics,
         "scores_table": f"{ref.table}_scores",

@@ -344,6 +344,7 @@ def _host_epoch_end(job: steps.VerticalJob, ref: TableRef, round_: int) -> bool:
 def _host(job: steps.VerticalJob, ref: TableRef, epochs: int) -> dict[str, Any]:
     last = steps.last_round(job, ref)
     ended = steps.model_round(job, ref) is not None  # a finished job: re-send the scores only
+    steps.plan_obfuscators(job, ref, 0 if ended else epochs)
     rounds = _run_rounds(
         job,
         ref.party,
@@ -427,6 +428,7 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
         first = history[-1]["loss"] if first is None else first
         check_loss("vertical_lr", job.job_id, round_, history[-1]["loss"], first)
 
+    steps.plan_obfuscators(job, ref, 0 if ended else epochs)
     _run_rounds(job, ref.party, last, 0 if ended else epochs, round_body, epoch_end, checked)
     final = steps.last_round(job, ref)
     # the guest's own record of the rounds: losses the key holder sent it, its own metrics

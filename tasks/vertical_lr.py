@@ -402,6 +402,16 @@ def obfuscators_ahead(job: VerticalJob, ref: TableRef, count: int) -> None:
         cipher.fill_ahead(pool, count)
 
 
+def plan_obfuscators(job: VerticalJob, ref: TableRef, epochs: int) -> None:
+    """Tell the party's in-memory pool how many obfuscators it draws in the job (waiting for
+    the key holder's ``n``), so that its workers size their tables for that once."""
+    if epochs <= 0:
+        return
+    pool = _pool(job, ref, _public_key(job, ref))
+    if isinstance(pool, ObfuscatorPool):
+        pool.plan(obfuscators_needed(job, ref.party, epochs))
+
+
 # ---- set-up -------------------------------------------------------------------------------
 @task(name="vertical-keys", task_run_name="{job.key_holder}: key pair", **PARTY_STEP)
 def create_keys(job: VerticalJob, key_size: int) -> int:

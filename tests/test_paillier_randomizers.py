@@ -257,6 +257,34 @@ def test_the_fixed_base_table_grows_with_the_values_drawn_and_powers_stay_exact(
     randomness._TABLES.clear()
 
 
+def test_a_planned_total_sizes_each_worker_s_table_once_and_values_stay_exact(keys) -> None:
+    """Told a job's draws, a pool's workers build the window that suits their share at once
+    instead of growing small tables chunk by chunk; the values are the same powers."""
+    from core.paillier import randomness
+    from core.paillier.parallel import SerialBackend
+
+    class TwoWorkers(SerialBackend):  # chunks as for two workers, run here to see the tables
+        @property
+        def parallelism(self) -> int:
+            return 2
+
+    public, private = keys
+    phi = (private.p - 1) * (private.q - 1)
+    windows = {}
+    for planned in (0, 20_000):
+        randomness._TABLES.clear()
+        pool = cipher.ahead_pool(f"planned-{planned}", public)
+        pool.plan(planned)
+        values = pool.obfuscators(512, backend=TwoWorkers())  # eight chunks of 64
+        assert all(gmpy2.powmod(v, phi, public.nsquare) == 1 for v in values)  # n-th residues
+        assert len(set(values)) == 512
+        (table,) = randomness._TABLES.values()
+        windows[planned] = randomness._table_window(table)
+        cipher.forget_ahead(f"planned-{planned}", public.n)
+    assert windows[20_000] == randomness._window_for(10_000, 512) > windows[0]
+    randomness._TABLES.clear()
+
+
 def test_obfuscators_computed_ahead_are_the_owners_each_used_once_and_forgotten(keys) -> None:
     public, private = keys
     pool = cipher.ahead_pool("lab", public)

@@ -208,6 +208,7 @@ class FixedBaseRandomizer:
         self.mode = mode
         self._n = n
         self._window_bits = window_bits
+        self._planned = 0
         self._factors: tuple[int, int] | None = None
         if private_key is not None:
             if int(private_key.public_key.n) != n:
@@ -233,15 +234,33 @@ class FixedBaseRandomizer:
         bits = self.exponent_bits
         return [secrets.randbits(bits) for _ in range(count)]
 
+    def plan(self, count: int) -> None:
+        """Expect to draw about ``count`` values for this key in all (e.g. a whole job's).
+
+        Only a hint for the table's window: a worker's table otherwise starts small and is
+        rebuilt larger as it draws more, each worker on its own (four tables per worker in a
+        job of a few thousand values); with the total known, each worker builds the window
+        that suits its share once. The values are the same whatever the window."""
+        _check_count(count)
+        self._planned = max(self._planned, count)
+
+    def _window(self, backend: Backend) -> int | None:
+        """The window asked for, else the planned draws' share per worker's (parallel calls
+        only: a small call in this process keeps the window that suits it)."""
+        if self._window_bits is not None or not self._planned or backend.parallelism <= 1:
+            return self._window_bits
+        return _window_for(-(-self._planned // backend.parallelism), self.exponent_bits)
+
     def power(self, exponents: Sequence[int]) -> list[mpz]:
         """h_s^r mod n^2 for given exponents (serially; the tests use it as the reference)."""
         return fixed_base_powers(self._n, self._h_s, self._factors, self._window_bits, exponents)
 
     def obfuscators(self, count: int, *, backend: Backend | None = None) -> list[mpz]:
         _check_count(count)
-        fixed = (self._n, self._h_s, self.mode, self._factors, self._window_bits)
+        backend = backend or SERIAL
+        fixed = (self._n, self._h_s, self.mode, self._factors, self._window(backend))
         return _parallel_generate(
-            backend or SERIAL,
+            backend,
             fixed_base_obfuscators,
             fixed,
             count,
@@ -478,6 +497,12 @@ class ObfuscatorPool:
         """Ask the background thread to stop after its current batch and wait for it."""
         self._stop.set()
         self.wait_for_background_fill()
+
+    def plan(self, count: int) -> None:
+        """Pass the expected total draws on to a source that sizes its tables by it."""
+        plan = getattr(self._source, "plan", None)
+        if plan is not None:
+            plan(count)
 
     def obfuscators(self, count: int, *, backend: Backend | None = None) -> list[mpz]:
         _check_count(count)

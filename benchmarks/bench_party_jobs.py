@@ -19,9 +19,10 @@ loopback, all against one Prefect API started here, and prints:
   the coordinator's flow run from start to end, and each party's.
 
 CPU seconds of the party processes stand beside the wall seconds: on a shared machine the
-wall inflates, the CPU much less. Their pool workers are not counted: they are children of
-multiprocessing's fork server, and their time does not reach the party process's
-``RUSAGE_CHILDREN``; work a party does in its own threads is counted.
+wall inflates, the CPU much less. The total from launch to exit comes from ``RUSAGE_CHILDREN``
+(pool workers not counted: they are children of multiprocessing's fork server, and their time
+does not reach the party process); the vertical job's table splits the CPU spent within the
+job's own span by process, pool workers included (:mod:`benchmarks.process_cpu`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.process_cpu import ProcessCpu
 from demo.orgs import Org, make_orgs, serve_all, start
 from flows.jobs import read_job
 from storage.descriptor import TableRef
@@ -77,14 +79,16 @@ def flow_runs(prefix: str) -> dict[str, tuple[float, float]]:
 
 
 def run_parties(
-    orgs: dict[str, Org], command: str, args: dict[str, list[str]], api: str
+    orgs: dict[str, Org], command: str, args: dict[str, list[str]], api: str, sampler: ProcessCpu
 ) -> tuple[dict[str, Any], float, float]:
-    """Every party's endpoint, then ``privreg party <command>`` in each party's process;
-    returns each party's result, the wall seconds from launch to the last exit and the CPU
-    seconds of the party processes (endpoints included)."""
+    """Every party's endpoint, then ``privreg party <command>`` in each party's process, each
+    watched by ``sampler``; returns each party's result, the wall seconds from launch to the
+    last exit and the CPU seconds of the party processes (endpoints included)."""
     extra = {"PREFECT_API_URL": api}
     cpu = children_cpu()
     servers = serve_all(orgs.values(), extra)
+    for org, server in zip(orgs.values(), servers, strict=True):
+        sampler.watch(server.pid, f"{org.party} endpoint")
     runs: dict[str, subprocess.Popen[str]] = {}
     results: dict[str, Any] = {}
     try:
@@ -92,6 +96,7 @@ def run_parties(
         for party, party_args in args.items():
             with (orgs[party].folder / "stderr.log").open("a") as log:
                 runs[party] = start(orgs[party], command, party_args, extra, stderr=log)
+            sampler.watch(runs[party].pid, party)
         for party, run in runs.items():
             out, _ = run.communicate(timeout=1800)
             if run.returncode:
@@ -146,9 +151,11 @@ def vertical_parties(folder: Path, api: str, job: str) -> dict[str, float]:
         "lab": [*common, "--role", "host", "--table", json.dumps(refs["lab"].to_dict())],
         "clinic": [*common, "--role", "guest", "--table", json.dumps(refs["clinic"].to_dict())],
     }
-    results, wall, cpu = run_parties(orgs, "vertical", args, api)
+    with ProcessCpu() as sampler:
+        results, wall, cpu = run_parties(orgs, "vertical", args, api, sampler)
     spans = flow_runs(f"vertical_lr {job}")
-    job_seconds = max(end for _, end in spans.values()) - max(s for s, _ in spans.values())
+    job_start, job_end = max(s for s, _ in spans.values()), max(end for _, end in spans.values())
+    job_seconds = job_end - job_start
     # round r starts when the guest sends the hosts [[d]] of round r - 1 ... (its last step
     # that waits for nobody but the hosts): one send to the next is one whole round
     sent = sorted(
@@ -162,6 +169,7 @@ def vertical_parties(folder: Path, api: str, job: str) -> dict[str, float]:
         "rounds": rounds,
         "wall": wall,
         "cpu": cpu,
+        "job cpu": sampler.between(job_start, job_end),
         **{f"start-up {p}": s - min(t for t, _ in spans.values()) for p, (s, _) in spans.items()},
     }
 
@@ -212,7 +220,8 @@ def sparse_lda_parties(folder: Path, api: str, job: str) -> dict[str, float]:
         budget = entry["privacy_budget"]  # the owner's grant, as its party.toml would give it
         PrivacyLedger(store).set_budget(ref.table, budget["epsilon"], budget["delta"])
         args[name] = [*common, "--table", json.dumps(ref.to_dict())]
-    _, wall, cpu = run_parties(orgs, "sparse-lda", args, api)
+    with ProcessCpu() as sampler:
+        _, wall, cpu = run_parties(orgs, "sparse-lda", args, api, sampler)
     spans = flow_runs(f"sparse_lda {job}")
     start, end = spans["coordinator"]
     return {
@@ -277,6 +286,12 @@ def print_vertical(parties: dict[str, float], crypto: dict[str, float], load: fl
         f"{parties['cpu']:.1f} CPU s (endpoints included, pool workers not); flow starts after "
         f"the first: {starts}. One-process run: {crypto['wall']:.1f} s."
     )
+    job_cpu = parties["job cpu"]
+    print("\n| CPU s within the job (after start-up) | seconds |\n|---|---|")
+    for label in sorted(job_cpu):
+        print(f"| {label} | {job_cpu[label]:.2f} |")
+    print(f"| all | {sum(job_cpu.values()):.2f} |")
+    print("\n(a party's children are its pool workers and their fork server)")
 
 
 def print_sparse_lda(lda: dict[str, float], load: float) -> None:

@@ -30,8 +30,8 @@ CREATE TABLE IF NOT EXISTS privreg_artifacts (
 
 _COMMITTED_TABLE = "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'privreg_artifacts'"
 
-# database -> the held session (PartyStore.held_session) in which its table was seen committed
-_SCHEMA_SEEN: dict[Path, object] = {}
+# database -> the number of the held session (PartyStore.held_session) that saw its table committed
+_SCHEMA_SEEN: dict[Path, int] = {}
 _SCHEMA_GUARD = threading.Lock()
 
 
@@ -62,7 +62,7 @@ class ArtifactStore:
         session = self.store.held_session()
         if session is not None:
             with _SCHEMA_GUARD:
-                if _SCHEMA_SEEN.get(self.store.path) is session:
+                if _SCHEMA_SEEN.get(self.store.path) == session:
                     return
         con.execute(_SCHEMA)
         if session is None:

@@ -7,6 +7,7 @@ all-or-nothing happens inside one DuckDB transaction.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import threading
 import time
@@ -26,6 +27,9 @@ _LOCKS: dict[Path, threading.RLock] = {}
 _LOCKS_GUARD = threading.Lock()
 # Open sessions of this process: database -> (the connection that keeps it open, depth).
 _SESSIONS: dict[Path, tuple[duckdb.DuckDBPyConnection, int]] = {}
+# database -> the number of the session holding it (a new number for every new session)
+_SESSION_NUMBERS: dict[Path, int] = {}
+_SESSION_COUNT = itertools.count(1)
 _SESSIONS_GUARD = threading.Lock()
 
 
@@ -137,6 +141,8 @@ class PartyStore:
             with _SESSIONS_GUARD:
                 held = _SESSIONS.get(key)
                 _SESSIONS[key] = (anchor, 1) if held is None else (held[0], held[1] + 1)
+                if held is None:
+                    _SESSION_NUMBERS[key] = next(_SESSION_COUNT)
             if held is not None:  # another thread opened it meanwhile: share that one
                 anchor.close()
         try:
@@ -147,16 +153,17 @@ class PartyStore:
                 if depth > 1:
                     _SESSIONS[key] = (anchor, depth - 1)
                     anchor = None
+                else:
+                    _SESSION_NUMBERS.pop(key, None)
             if anchor is not None:
                 anchor.close()  # the last connection: DuckDB checkpoints the log into the file
                 _owner_only(self.path)
 
-    def held_session(self) -> object | None:
-        """The open session of this database in this process (an identity: a later session is
-        another object), or None when none is held."""
+    def held_session(self) -> int | None:
+        """The number of this database's open session in this process (a later session has
+        another), or None when none is held."""
         with _SESSIONS_GUARD:
-            held = _SESSIONS.get(self.path.resolve())
-        return None if held is None else held[0]
+            return _SESSION_NUMBERS.get(self.path.resolve())
 
     @contextmanager
     def serialized(self) -> Iterator[None]:

@@ -921,7 +921,7 @@ def _wait_for_request(ctx: RoundContext, party: str) -> bool:
             endpoint.receive(COORDINATOR, secure_rounds.REQUEST, round=ctx.round, timeout=0)
 
 
-ROUND_GROUP_SECONDS = 2.0
+ROUND_GROUP_SECONDS = 5.0
 """A hospital's task run goes on to its next round until it has run this long (party mode)."""
 
 

@@ -310,8 +310,9 @@ def flow_rows(rounds: int, one_process_too: bool = True, flower_rounds: int = 0)
     task_ms, store_ms = costs["task run"] * 1000, costs["store opening"] * 1000
     print(
         f"\nfixed costs here (medians): a Prefect task run {task_ms:.1f} ms, opening a party's "
-        f"DuckDB store {store_ms:.1f} ms. Budget of a party-mode round: 1 task run per process "
-        "(coordinator and each hospital, in parallel) and no store opening (each process holds "
+        f"DuckDB store {store_ms:.1f} ms. Budget of a party-mode round: the coordinator's task "
+        "run (a hospital's task run covers about five seconds of rounds: a task run also costs "
+        "the Prefect API about 30 ms of CPU here) and no store opening (each process holds "
         "its store open through the rounds), 2 commits on the coordinator's path (the added "
         "inputs, the round) and 2 at each hospital (its masked input, the checkpoint with its "
         f"answer): about {task_ms:.0f} ms plus 4 commits of fixed cost, the rest is messages (4 "

@@ -312,7 +312,7 @@ def flow_rows(rounds: int, one_process_too: bool = True, flower_rounds: int = 0)
         f"\nfixed costs here (medians): a Prefect task run {task_ms:.1f} ms, opening a party's "
         f"DuckDB store {store_ms:.1f} ms. Budget of a party-mode round: the coordinator's task "
         "run (a hospital's task run covers about five seconds of rounds: a task run also costs "
-        "the Prefect API about 30 ms of CPU here) and no store opening (each process holds "
+        "the Prefect API 28 ms of CPU here under load) and no store opening (each process holds "
         "its store open through the rounds), 2 commits on the coordinator's path (the added "
         "inputs, the round) and 2 at each hospital (its masked input, the checkpoint with its "
         f"answer): about {task_ms:.0f} ms plus 4 commits of fixed cost, the rest is messages (4 "

@@ -611,8 +611,9 @@ def horizontal_lr_party(
     first = steps.round_context(job_id, round_, names, provisional, width)
     steps.join_rounds(ref, first)
     with steps.store_held(PartyStore.of(ref)):  # no opening of its database per step
-        while not (run := steps.party_rounds(ref, job_id, round_, names, options, fault)).stopped:
-            round_ = run.next_round
+        run = steps.RoundsRun(round_, stopped=False)
+        while not run.stopped:
+            run = steps.party_rounds(ref, job_id, run.next_round, names, width, options, fault)
     model = steps.keep_model(ref, job_id, holdout_fraction)
     steps.forget_rounds(ref, job_id, names)
     summary = horizontal_party_summary(job_id, ref, model, holdout_fraction)

@@ -400,18 +400,6 @@ def model_width(database: str, job_id: str, features: list[str]) -> int:
     return len(trained_columns(stored_fitted(database, job_id), features))
 
 
-_WIDTHS: dict[tuple[str, str], int] = {}
-
-
-def _party_width(database: str, job_id: str, endpoint: PartyEndpoint) -> int:
-    """:func:`model_width` at a hospital in party mode, read once per process and job (its
-    rounds are one task run each: no store read per round for a figure that never changes)."""
-    key = (database, job_id)
-    if key not in _WIDTHS:
-        _WIDTHS[key] = model_width(database, job_id, _features(endpoint))
-    return _WIDTHS[key]
-
-
 def coordinator_width(job_id: str, features: list[str], workspace: str | None) -> int:
     """:func:`model_width` at the coordinator (its store in the workspace)."""
     return model_width(str(coordinator_store(workspace).path), job_id, features)
@@ -582,11 +570,12 @@ def _finish(
     cps = checkpoints(store, ctx.job_id)
     rows = _model_rows(ref, store, ctx.job_id, options.holdout_fraction) if final else None
     with store.transaction() as con:
-        checkpoint = cps.item(ctx.round, {"weights": weights, "change": message["change"]})
+        state = {"weights": weights, "change": message["change"]}
         if known is not None:  # the round's answer, stored with its checkpoint
-            secure_rounds.save_record(store, ctx.job, ref.party, record, con, also=[checkpoint])
+            also = [cps.item(ctx.round, state)]
+            secure_rounds.save_record(store, ctx.job, ref.party, record, con, also=also)
         else:
-            cps.save(ctx.round, checkpoint.value, con=con)
+            cps.save(ctx.round, state, con=con)
         if rows is not None:
             fitted = stored_fitted(ref.database, ctx.job_id)
             features = trained_columns(fitted, _features(endpoint))
@@ -944,15 +933,16 @@ def party_rounds(
     job_id: str,
     first: int,
     parties: list[str],
+    width: int,
     options: TrainingOptions,
     fault: test_switches.PartyFault | None = None,
     group_seconds: float = ROUND_GROUP_SECONDS,
 ) -> RoundsRun:
     """Party mode: this party's rounds from ``first`` as one task run, until the coordinator's
     stop or until the run has lasted ``group_seconds`` (a round that takes longer is a task
-    run of its own).
+    run of its own). ``width``: the model's columns (:func:`model_width`, read once per job).
 
-    Why a group: a task run costs the Prefect API about 30 ms of CPU here (its states,
+    Why a group: a task run cost the Prefect API 28 ms of CPU here under load (its states,
     events and log line), and ten hospitals each running one a round made the API the largest
     cost of a fast round. Per-round detail stays where a person reads it: the coordinator's
     task run per round and its rounds table, and this run's log, which names the rounds it
@@ -961,7 +951,7 @@ def party_rounds(
     started, round_ = time.monotonic(), first
     try:
         while True:
-            if not _party_round(ref, job_id, round_, parties, options, fault):
+            if not _party_round(ref, job_id, round_, parties, width, options, fault):
                 return RoundsRun(round_, stopped=True)
             round_ += 1
             if time.monotonic() - started >= group_seconds:
@@ -981,6 +971,7 @@ def _party_round(
     job_id: str,
     round_: int,
     parties: list[str],
+    width: int,
     options: TrainingOptions,
     fault: test_switches.PartyFault | None = None,
 ) -> bool:
@@ -995,9 +986,8 @@ def _party_round(
     if call.stop:
         return False
     endpoint = channel_for(job_id).endpoint(ref.party)
-    n_features = _party_width(ref.database, job_id, endpoint)
     ctx = round_context(
-        job_id, round_, call.parties, call.threshold, n_features, None, call.stage_timeout
+        job_id, round_, call.parties, call.threshold, width, None, call.stage_timeout
     )
     store = PartyStore.of(ref)
     model_out = bool(secure_sum.collect(endpoint, "model", [COORDINATOR], round_, 0, None))

@@ -871,7 +871,7 @@ def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     for name, rows in (("train", job.schedule.train_rows), ("holdout", job.schedule.holdout_rows)):
         if len(rows) and len(set(labels[rows])) == 2:
             metrics[f"{name}_auc"] = exact_auc(labels[rows], probabilities[rows])
-            metrics[f"{name}_log_loss"] = float(log_loss(labels[rows], probabilities[rows]))
+            metrics[f"{name}_log_loss"] = log_loss(labels[rows], probabilities[rows])
             prior = np.full(len(rows), rate)
             metrics[f"{name}_prior_log_loss"] = log_loss(labels[rows], prior)
     return {

@@ -65,11 +65,13 @@ from storage.federation import (
     describe_exit,
 )
 from storage.ledger import PrivacyLedger
+from storage.models import model_key
 from storage.party_config import ENV_VAR, PartyConfig, active_config
 from storage.party_store import PartyStore
 from storage.standing_policy import epsilon_spent_since
 from storage.workspace import channel_for
 from tasks.loading import load_table
+from tasks.scoring import promote_model
 from tasks.secure_sum import COORDINATOR
 
 ARBITER = "arbiter"  # the key holder's name in vertical_lr (one-process and party mode)
@@ -189,9 +191,10 @@ class PartyJob:
         return mine
 
     def inside(self, value: str, what: str) -> Path:
-        """``value`` read from this organisation's folder; refused if it leaves the folder."""
+        """``value`` read from this organisation's folder; refused if it leaves the folder
+        (a local run's operator holds every party's files: nothing is refused there)."""
         path = (self.folder / value).resolve()
-        if not path.is_relative_to(self.folder):
+        if not self.config.local and not path.is_relative_to(self.folder):
             raise PipelineRefusalError(
                 f"{self.party} refuses job {self.name}: {what} {value!r} is outside its own "
                 f"folder {self.folder}"
@@ -275,6 +278,7 @@ def pipeline_party(
                 if side is not None:
                     side.set_state("running")
                 results.extend(STAGES[job.kind](job))
+                promote(job, main.name)
                 if side is not None:
                     side.set_state("done")
     return PipelineResult(config.party, main.name, run or None, results)
@@ -356,6 +360,27 @@ def _horizontal_stages(job: PartyJob) -> Iterator[StageResult]:
 
 def _sparse_lda_stages(job: PartyJob) -> Iterator[StageResult]:
     return _hospitals(job, sparse_lda_party, sparse_lda_coordinator)
+
+
+#: The models each kind of job trains: (model flow, stage, split into party shares).
+MODELS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "main": (("vertical", "vertical", True), ("walr", "walr", False)),
+    "label_dp": (("label_dp", "label_dp", False),),
+    "horizontal_lr": (("horizontal", "horizontal_lr", False),),
+    "sparse_lda": (("sparse_lda", "sparse_lda", False),),
+}
+
+
+def promote(job: PartyJob, main_job: str) -> list[str]:
+    """What this party trained in ``job`` (a model, or its share of a split one) becomes the
+    model the main job's scoring uses, in the party's own store; returns the keys promoted."""
+    promoted = []
+    for _, ref, _ in job.own().values():
+        for flow_name, stage, split in MODELS[job.kind]:
+            key = model_key(flow_name, job.job_id(stage), job.party if split else None)
+            if promote_model(ref, key, main_job):
+                promoted.append(key)
+    return promoted
 
 
 STAGES: dict[str, Callable[[PartyJob], Iterator[StageResult]]] = {
@@ -563,12 +588,13 @@ def _show_status(side: Any) -> None:
 # ---- helpers -----------------------------------------------------------------------------------
 def _this_party() -> tuple[PartyConfig, Path]:
     config = active_config()
-    if config is None:
+    if config is None or config.folder is None:
         raise PipelineRefusalError(
             "pipeline_party runs as one party: start it with `privreg party pipeline --config "
-            f"party.toml` or from `privreg party serve --flows` ({ENV_VAR} is not set)"
+            f"party.toml`, from `privreg party serve --flows` ({ENV_VAR} is not set), or "
+            "locally with `privreg run`"
         )
-    return config, Path(os.environ[ENV_VAR]).resolve().parent
+    return config, config.folder
 
 
 def _read(path: str | Path, kind: str, config: PartyConfig, folder: Path, run: str) -> PartyJob:

@@ -182,7 +182,10 @@ def _key_holder_database(
     if role != "arbiter":
         return ""
     config = active_config()
-    home = config.root if config is not None else workspace_root(ws) / "parties"
+    if config is None or config.local:
+        home = (config.root if config is not None else workspace_root(ws)) / "parties"
+    else:
+        home = config.root
     return database or str(Path(home) / f"{arbiter}.duckdb")
 
 

@@ -30,13 +30,21 @@ residual = 536870912             # one kind's cap
 Relative paths are read from the file's folder. A process runs as this party when
 ``PRIVREG_PARTY_CONFIG`` names the file (``privreg party serve`` sets it); it then knows no
 other party's folder, database or key.
+
+A local run (the embedded default: ``privreg run``, ``make demo``) runs every party's side in
+one process, each side in its own thread under :func:`as_party` with a
+:meth:`PartyConfig.local` configuration: the same side flows, over the shared-folder
+transport instead of mutual TLS.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
 import tomllib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +75,29 @@ class PartyConfig:
     policy: StandingPolicy = field(default_factory=StandingPolicy)
     limits: EndpointLimits = field(default_factory=EndpointLimits)
     caps: MessageCaps = field(default_factory=MessageCaps)
+    folder: Path | None = None  # the organisation's folder (its job files' paths start there)
+    local: bool = False  # a side of a local run: shared-folder transport, no certificates
+
+    @classmethod
+    def local_party(
+        cls, party: str, root: str | Path, peers: Sequence[str], folder: str | Path = "."
+    ) -> PartyConfig:
+        """One party's side of a local run: messages in the shared folder ``root``, every
+        other party of the run a peer, the operator's own folder ``folder`` (it holds every
+        party's files, so no path is confined to a party's folder)."""
+        nowhere = Path()
+        return cls(
+            party=check_name(party, "party"),
+            root=Path(root).resolve(),
+            listen="",
+            ca=nowhere,
+            cert=nowhere,
+            key=nowhere,
+            peers={peer: "" for peer in peers if peer != party},
+            receive_timeout=float(os.environ.get("PRIVREG_RECEIVE_TIMEOUT") or 600.0),
+            folder=Path(folder).resolve(),
+            local=True,
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> PartyConfig:
@@ -100,6 +131,7 @@ class PartyConfig:
                 receive_timeout=float(raw.get("receive_timeout", 600.0)),
                 pins=_pins(raw.get("pins", {})),
                 policy=StandingPolicy.from_table(raw.get("policy", {})),
+                folder=here.resolve(),
                 **_limits(raw.get("limits", {})),
             )
         except KeyError as error:
@@ -156,7 +188,25 @@ def _load_cached(path: str) -> PartyConfig:
     return PartyConfig.load(path)
 
 
+_CURRENT: contextvars.ContextVar[PartyConfig | None] = contextvars.ContextVar(
+    "privreg_party", default=None
+)
+
+
+@contextlib.contextmanager
+def as_party(config: PartyConfig) -> Iterator[PartyConfig]:
+    """Run the block as ``config``'s party (a side of a local run, in its own thread)."""
+    token = _CURRENT.set(config)
+    try:
+        yield config
+    finally:
+        _CURRENT.reset(token)
+
+
 def active_config() -> PartyConfig | None:
-    """The configuration this process runs under, or ``None`` in the embedded mode."""
+    """The party this code runs as: the side's configuration (:func:`as_party`), else the
+    process's (``PRIVREG_PARTY_CONFIG``), else ``None`` (a party-less helper)."""
+    if (config := _CURRENT.get()) is not None:
+        return config
     path = os.environ.get(ENV_VAR)
     return _load_cached(path) if path else None

@@ -8,14 +8,21 @@ the federation itself so that the channel depends on this small registry only.
 The registry also holds each agreed job's terms digest by the message job ids its stages use
 (:func:`bound`): the channel binds every message it writes under such an id to the digest and
 refuses one bound to other terms, so no message of a job run under other terms is ever read.
+
+Both are held per side, in a context variable: the sides of a local run share one process,
+each in its own thread, and each hears only its own jobs, as it would in a process of its
+own. A thread that a side starts to wait for messages runs in a copy of the side's context
+(:func:`in_context`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Iterator
-from typing import Any, Protocol
+import contextvars
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Watcher(Protocol):
@@ -34,50 +41,56 @@ class Watcher(Protocol):
         (how soon a peer's failure ends the wait, how often the shown state refreshes)."""
 
 
-_ACTIVE: list[Watcher] = []
-_TERMS: dict[str, str] = {}  # message job id ─▶ the agreed terms' digest
-_LOCK = threading.Lock()
+_ACTIVE: contextvars.ContextVar[tuple[Watcher, ...]] = contextvars.ContextVar(
+    "privreg_watchers", default=()
+)
+# message job id ─▶ the agreed terms' digest
+_TERMS: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "privreg_terms", default=()
+)
 
 
 def register(watcher: Watcher) -> None:
-    with _LOCK:
-        _ACTIVE.append(watcher)
+    _ACTIVE.set((*_ACTIVE.get(), watcher))
 
 
 def unregister(watcher: Watcher) -> None:
-    with _LOCK:
-        if watcher in _ACTIVE:
-            _ACTIVE.remove(watcher)
+    _ACTIVE.set(tuple(w for w in _ACTIVE.get() if w is not watcher))
 
 
 def active() -> list[Watcher]:
-    """The jobs this process takes part in right now."""
-    with _LOCK:
-        return list(_ACTIVE)
+    """The jobs this side takes part in right now."""
+    return list(_ACTIVE.get())
+
+
+def in_context(function: Callable[..., T]) -> Callable[..., T]:
+    """``function`` to run in another thread as this side: its jobs and their terms."""
+    context = contextvars.copy_context()
+    return lambda *args, **kwargs: context.run(function, *args, **kwargs)
 
 
 def check_peers() -> None:
     """Called between a wait's polls: raises the first active job's failure."""
-    for watcher in list(_ACTIVE):
+    for watcher in _ACTIVE.get():
         watcher.check()
 
 
 def check_within(longest: float) -> float:
     """How long a wait may sleep before it calls :func:`check_peers` again: a wait woken by
     its message's arrival still wakes this often, so a peer's failure ends it promptly."""
-    return min([longest, *(watcher.check_every() for watcher in list(_ACTIVE))])
+    return min([longest, *(watcher.check_every() for watcher in _ACTIVE.get())])
 
 
 def patient(key: Any) -> bool:
     """Called when a wait reaches its timeout: ``True`` if an active job vouches for the
     sender (alive, its side of this job not started yet), so the wait goes on."""
-    return any(watcher.patient(key) for watcher in list(_ACTIVE))
+    return any(watcher.patient(key) for watcher in _ACTIVE.get())
 
 
 @contextlib.contextmanager
 def waiting_for(key: Any) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
-        for watcher in list(_ACTIVE):
+        for watcher in _ACTIVE.get():
             stack.enter_context(watcher.waiting(key))
         yield
 
@@ -86,23 +99,18 @@ def waiting_for(key: Any) -> Iterator[None]:
 def bound(job_ids: list[str], terms: str) -> Iterator[None]:
     """While the block runs, messages under ``job_ids`` (and ids derived from them with a
     ``-`` or ``.`` suffix) are bound to ``terms``."""
-    with _LOCK:
-        _TERMS.update(dict.fromkeys(job_ids, terms))
+    token = _TERMS.set((*_TERMS.get(), *((job_id, terms) for job_id in job_ids)))
     try:
         yield
     finally:
-        with _LOCK:
-            for job_id in job_ids:
-                if _TERMS.get(job_id) == terms:
-                    del _TERMS[job_id]
+        _TERMS.reset(token)
 
 
 def terms_of(job_id: str) -> str | None:
     """The terms digest messages of ``job_id`` are bound to, ``None`` if unbound (the longest
     registered id that is ``job_id`` or a prefix of it followed by ``-`` or ``.``)."""
-    with _LOCK:
-        matches = [
-            known for known in _TERMS
-            if job_id == known or (job_id.startswith(known) and job_id[len(known)] in "-.")
-        ]  # fmt: skip
-        return _TERMS[max(matches, key=len)] if matches else None
+    matches = [
+        (known, terms) for known, terms in _TERMS.get()
+        if job_id == known or (job_id.startswith(known) and job_id[len(known)] in "-.")
+    ]  # fmt: skip
+    return max(matches, key=lambda match: len(match[0]))[1] if matches else None

@@ -24,16 +24,19 @@ def workspace_root(root: str | None = None) -> Path:
 
 
 def channel_for(job_id: str, root: str | None = None) -> Channel:
-    """The job's channel for this process.
+    """The job's channel for the party this code runs as.
 
-    Embedded (default): every party shares the folder ``root``. A party service (the process
-    runs with ``PRIVREG_PARTY_CONFIG``): the party's own folder and the mTLS network transport;
-    ``root`` is ignored, since a party knows no folder but its own.
+    A side of a local run (:meth:`PartyConfig.local_party`): the run's shared folder. A party
+    at its own organisation: the party's own folder and the mTLS network transport. Either
+    way ``root`` is ignored, since a party knows no folder but its own. No party (a helper
+    that reads a run's log): the folder ``root``.
     """
     owner_only_umask()  # the message files and folders are private from their creation
     config = active_config()
     if config is None:
         return Channel(workspace_root(root), job_id)
+    if config.local:
+        return Channel(config.root, job_id, timeout=config.receive_timeout)
     from storage.transport_grpc import transport_for
 
     return Channel(config.root, job_id, transport_for(config), timeout=config.receive_timeout)

@@ -53,8 +53,9 @@ def _owners_budget(
     ref: TableRef, job_file_budget: dict[str, float] | None
 ) -> tuple[dict[str, float] | None, str]:
     """The budget the table's owner grants at load time, and where it comes from."""
-    if active_config() is None:
-        return job_file_budget, "the job file, the embedded operator's own (it owns every table)"
+    config = active_config()
+    if config is None or config.local:
+        return job_file_budget, "the job file, the local operator's own (it owns every table)"
     if job_file_budget:
         get_run_logger().warning(
             "%s: the job file's privacy_budget for %s is not applied: a job file never grants "

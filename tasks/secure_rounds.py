@@ -55,6 +55,7 @@ from storage.artifacts import Artifact
 from storage.channel import PartyEndpoint, RelayError
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts
+from storage.watchers import in_context
 from storage.workspace import channel_for
 from tasks.secure_sum import receivers
 
@@ -299,7 +300,7 @@ def prefetch(job: RoundsJob, party: str, kind: str, round_: int, timeout: float)
     fetch."""
     endpoint = job.endpoint(party)
     if endpoint.channel.transport.party is not None:
-        receivers().submit(_fetch_quietly, endpoint, COORDINATOR, kind, round_, timeout)
+        receivers().submit(in_context(_fetch_quietly), endpoint, COORDINATOR, kind, round_, timeout)
 
 
 def _fetch_quietly(

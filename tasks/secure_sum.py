@@ -56,6 +56,7 @@ from storage.federation import PeerFailedError
 from storage.ledger import BudgetError
 from storage.party_store import PartyStore
 from storage.secrets import JobSecrets, SecretGoneError
+from storage.watchers import in_context
 from storage.workspace import channel_for, workspace_root
 from tasks.policy import PARTY_STEP
 
@@ -245,7 +246,7 @@ def collect(
         wait_for = max(0.0, min(deadline, report_at) - time.monotonic())
         if wait_for > 0 and len(missing) > 1:  # wait for all at once, each in its receive
             waits = [
-                receivers().submit(_receive, endpoint, party, kind, round_, wait_for)
+                receivers().submit(in_context(_receive), endpoint, party, kind, round_, wait_for)
                 for party in missing
             ]
             arrived = [w.result() for w in waits]

@@ -1,0 +1,121 @@
+"""A local run: every party's side flow in one process, over the shared-folder transport.
+
+The embedded default (``privreg run``, ``make demo``, the Python entry points such as
+``psi_align``) runs the same side flows an organisation runs across the network, as Flower
+runs the same apps in simulation and deployment. Each side runs in its own thread, as its own
+party (:func:`storage.party_config.as_party`), under its own :class:`Federation` unless the side
+flow keeps one of its own (``pipeline_party``); its Prefect run is a child of the caller's run.
+
+Why threads, not processes: a side process would import Prefect and start its own temporary
+API (seconds of CPU and about 200 MB each); the sides' heavy arithmetic already runs in native
+code or in the Paillier pool's processes, and a side spends most of its time waiting for its
+peers' messages.
+
+A side that fails publishes its reason; its peers' waits end within a second, naming it, and
+the run raises the first failure that is not merely a peer's report of another.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from storage.channel import FileTransport
+from storage.federation import Federation, PeerFailedError
+from storage.party_config import PartyConfig, as_party
+from storage.workspace import workspace_root
+
+
+@dataclass(frozen=True)
+class LocalSide:
+    """One party's side of a local run: ``run()`` calls its side flow."""
+
+    party: str
+    run: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """Who takes part in a local run and where its messages go.
+
+    ``job``: the run's name for its federation (each side is heard by the others under it);
+    ``None`` when every side flow federates itself (``pipeline_party``). ``tolerated``: parties
+    whose failure the protocol survives as a dropout (hospitals of horizontal LR).
+    """
+
+    sides: Sequence[LocalSide]
+    workspace: str | None = None
+    job: str | None = None
+    tolerated: tuple[str, ...] = ()
+    folder: Path = field(default_factory=Path.cwd)
+
+    @property
+    def root(self) -> Path:
+        return workspace_root(self.workspace)
+
+    def config(self, party: str) -> PartyConfig:
+        peers = [side.party for side in self.sides]
+        return PartyConfig.local_party(party, self.root, peers, self.folder)
+
+
+class LocalRunError(RuntimeError):
+    """A side of a local run failed (raised only when no side's own error can be re-raised)."""
+
+
+def run_locally(job: LocalJob) -> dict[str, Any]:
+    """Every side at once, each in its own thread; returns each party's result (a tolerated
+    party's exception where it failed). Raises the first failure that is a side's own (not a
+    peer's report of it), else the first.
+    """
+    results: dict[str, Any] = {}
+    errors: list[tuple[str, BaseException]] = []
+    lock = threading.Lock()
+
+    def side_thread(side: LocalSide) -> None:
+        try:
+            with as_party(job.config(side.party)):
+                value = _as_side(job, side)
+            with lock:
+                results[side.party] = value
+        except BaseException as error:  # reported to the caller, and to peers by its federation
+            with lock:
+                errors.append((side.party, error))
+
+    threads = [
+        threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(side_thread, side),
+            name=f"side-{side.party}",
+            daemon=True,  # a Ctrl-C of the caller ends the run; its pools watch this process
+        )
+        for side in job.sides
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    fatal = [(party, error) for party, error in errors if party not in job.tolerated]
+    if fatal:
+        raise _root_cause(fatal)
+    return results | dict(errors)  # a tolerated party's failure: a dropout the run survived
+
+
+def _as_side(job: LocalJob, side: LocalSide) -> Any:
+    if job.job is None:
+        return side.run()
+    federation = Federation(
+        FileTransport(job.root), job.job, side.party, tuple(s.party for s in job.sides),
+        tolerated=tuple(p for p in job.tolerated if p != side.party),
+    )  # fmt: skip
+    with federation.taking_part():
+        return side.run()
+
+
+def _root_cause(errors: list[tuple[str, BaseException]]) -> BaseException:
+    """The error a person should read: a side's own failure before its peers' reports of it."""
+    own = [error for _, error in errors if not isinstance(error, PeerFailedError)]
+    return (own or [error for _, error in errors])[0]

@@ -165,24 +165,24 @@ def native_section(public, private, fate_public, args) -> None:
     workers = os.cpu_count() or 1
     print(
         "\n### Native Montgomery kernel against gmpy2, same run (medians, CPU per core; "
-        f"{'AVX2' if native.vector_path() else 'portable C'} product unless a row says "
+        f"{native.current_path()} product unless a row says "
         "otherwise)\n"
     )
     print("| operation | gmpy2 | native | gmpy2 / native |\n|---|---|---|---|")
     count = 20_000
-    products = ["AVX2", "portable C"] if native.vector_path() else ["portable C"]
+    products = list(native.supported_paths())
     for bits in (2048, 4096):
         modulus = _random_modulus(bits)
         a, b = (gmpy2.mpz(secrets.randbelow(int(modulus))) for _ in range(2))
         for label, square in (("multiplication", False), ("squaring", True)):
             for kind in products:
-                previous = native._kernel.vector_unit(kind == "AVX2")
+                previous = native.set_path(kind)
                 fast, slow = _median_pair(
                     functools.partial(native.multiply_chain, modulus, a, b, count, square=square),
                     functools.partial(_gmpy2_chain, modulus, a, a if square else b, count),
                     repeats=5,
                 )
-                native._kernel.vector_unit(previous)
+                native.set_path(previous)
                 print(
                     f"| one {label} mod a {bits}-bit modulus ({kind} product) "
                     f"| {1e6 * slow / count:.2f} us | {1e6 * fast / count:.2f} us "

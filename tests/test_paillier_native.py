@@ -16,6 +16,7 @@ from gmpy2 import mpz
 from test_paillier_layer import naive_products
 
 from core.paillier import cipher, multiexp, native, randomness
+from core.paillier.decryption import CrtDecryptor
 from core.paillier.keys import generate_keypair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,39 +43,113 @@ def _odd_moduli() -> dict[str, mpz]:
 MODULI = _odd_moduli()
 
 
-def test_the_kernel_is_built_unless_pure_python_is_asked_for() -> None:
-    # The suite runs where gcc is present, so an unbuilt extension is a broken install.
-    assert native.AVAILABLE is (not PURE_PYTHON)
-    disabled = subprocess.run(
-        [sys.executable, "-c", "from core.paillier import native; print(native.AVAILABLE)"],
-        env={**os.environ, native.PURE_PYTHON_VARIABLE: "1", "PYTHONPATH": str(ROOT)},
+def _run(code: str, **env: str) -> str:
+    """``code`` in a fresh interpreter (the kernel's path is fixed at import)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
         text=True,
         check=True,
+    ).stdout.strip()
+
+
+def test_the_kernel_is_built_unless_pure_python_is_asked_for() -> None:
+    # The suite runs where gcc is present, so an unbuilt extension is a broken install.
+    assert native.AVAILABLE is (not PURE_PYTHON)
+    code = "from core.paillier import native; print(native.AVAILABLE, native.current_path())"
+    assert _run(code, **{native.PURE_PYTHON_VARIABLE: "1"}) == "False None"
+
+
+ROUND_TRIP = """
+import numpy as np
+from core.paillier import cipher, native
+from core.paillier.keys import generate_keypair
+public, private = generate_keypair(512, allow_insecure_key_size=True)
+values = [0, 1, -1, 2**100, *range(40)]
+X = np.arange(len(values) * 3, dtype=np.int64).reshape(len(values), 3) - 50
+encrypted = cipher.encrypt(public, values)
+assert cipher.decrypt(private, encrypted) == values
+dot = cipher.decrypt(private, cipher.transpose_dot(public, X, encrypted))
+assert dot == [sum(int(x) * v for x, v in zip(X[:, j], values)) for j in range(3)]
+print(native.AVAILABLE, native.current_path())
+"""
+
+
+def test_an_install_without_the_extension_runs_on_gmpy2() -> None:
+    # What a machine without a C compiler gets: setup.py's optional extension is skipped and
+    # the import fails; the layer must then encrypt, decrypt and multiply on gmpy2 alone.
+    blocker = (
+        "import sys\n"
+        "class NoKernel:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'core.paillier._montgomery':\n"
+        "            raise ImportError('not built')\n"
+        "sys.meta_path.insert(0, NoKernel())\n"
     )
-    assert disabled.stdout.strip() == "False"
+    assert _run(blocker + ROUND_TRIP) == "False None"
 
 
-@pytest.fixture(params=["vector", "scalar"])
-def kernel_path(request):
-    """Run a test on the AVX2 product and on the portable one (skipped where absent)."""
+def test_setup_keeps_the_extension_optional_and_portable() -> None:
+    # optional=True: a failed compile does not fail the install; no -march: one wheel runs on
+    # CPUs without AVX2 or IFMA (those paths are chosen at run time).
+    captured = _run(
+        "import runpy, setuptools\n"
+        "setuptools.setup = lambda **kw: print([(e.name, e.optional, e.extra_compile_args)"
+        " for e in kw['ext_modules']])\n"
+        "runpy.run_path('setup.py')",
+    )
+    assert "('core.paillier._montgomery', True," in captured
+    assert "march" not in captured
+
+
+def test_each_forced_path_is_taken_or_refused(kernel_path: str) -> None:
+    code = ROUND_TRIP
+    assert _run(code, **{native.PATH_VARIABLE: kernel_path}) == f"True {kernel_path}"
+    assert native.current_path() == kernel_path
+    with pytest.raises(ValueError, match="unknown"):
+        native.set_path("sse2")
+
+
+def test_the_default_path_is_the_fastest_the_cpu_has() -> None:
     if not native.AVAILABLE:
         pytest.skip("native kernel disabled")
-    kernel = native._kernel
-    previous = kernel.vector_unit(request.param == "vector")
+    env = {k: v for k, v in os.environ.items() if k != native.PATH_VARIABLE}
+    default = subprocess.run(
+        [sys.executable, "-c", "from core.paillier import native; print(native.current_path())"],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert default == native.supported_paths()[0]
+    assert "portable" in native.supported_paths()
+    if sys.platform == "linux" and os.uname().machine == "x86_64":
+        flags = Path("/proc/cpuinfo").read_text().split()
+        assert ("ifma" in native.supported_paths()) is ("avx512ifma" in flags)
+        assert ("avx2" in native.supported_paths()) is ("avx2" in flags)
+
+
+@pytest.fixture(params=["ifma", "avx2", "portable"])
+def kernel_path(request):
+    """Run a test on each product (skipped, with the reason, where the CPU lacks it)."""
+    if not native.AVAILABLE:
+        pytest.skip("native kernel disabled")
+    if request.param not in native.supported_paths():
+        pytest.skip(f"this CPU cannot run the {request.param} product")
+    previous = native.set_path(request.param)
     try:
-        if request.param == "vector" and not kernel.vector_unit():
-            pytest.skip("this CPU has no AVX2")
         yield request.param
     finally:
-        kernel.vector_unit(previous)
+        native.set_path(previous)
 
 
 def test_flows_use_the_kernel_only_where_it_measured_faster(kernel_path: str) -> None:
     assert native.preferred(MODULI["n^2 of a 1024-bit key"])
     assert native.preferred(MODULI["p^2 (CRT)"])
     big = mpz(1) << (native.NATIVE_MAX_BITS + 1) | 1
-    assert native.preferred(big) is (kernel_path == "vector")
+    assert native.preferred(big) is (kernel_path != "portable")
+    assert native.fixed_exponent_preferred() is (kernel_path == "ifma")
 
 
 @pytest.mark.parametrize("name", MODULI)
@@ -86,8 +161,49 @@ def test_montgomery_products_and_squares_equal_gmpy2(name: str, kernel_path: str
             for count in (0, 1, 7):
                 assert native.multiply_chain(m, a, b, count) == a * gmpy2.powmod(b, count, m) % m
         assert native.multiply_chain(m, a, a, 5, square=True) == gmpy2.powmod(a, 32, m)
+        assert native.multiply_chain(m, a, values[3], 3, pair=True) == (
+            a * gmpy2.powmod(values[3], 3, m) % m
+        )
     # unreduced and negative inputs are reduced first, like the gmpy2 path's results
     assert native.multiply_chain(m, m + 2, -1, 1) == (-2) % m
+
+
+@pytest.mark.parametrize("bits", [1024, 2048, 4096, 8320, 8400])
+def test_products_at_every_accumulator_size_equal_gmpy2(bits: int, kernel_path: str) -> None:
+    # 8320 bits is the largest modulus the IFMA product holds in registers; 8400 falls back
+    # to the next product. Moduli with all-ones limbs stress the lazy carries.
+    dense = (mpz(1) << bits) - 1 - 2 * (mpz(1) << (bits // 2))
+    for m in (dense, mpz(secrets.randbits(bits)) | 1 | (mpz(1) << (bits - 1))):
+        for a, b in ((m - 1, m - 1), (m - 2, mpz(1)), (mpz(secrets.randbelow(int(m))), m - 1)):
+            assert native.multiply_chain(m, a, b, 3) == a * gmpy2.powmod(b, 3, m) % m
+            assert native.multiply_chain(m, a, b, 2, pair=True) == a * b * b % m
+            assert native.multiply_chain(m, a, a, 2, square=True) == gmpy2.powmod(a, 4, m)
+
+
+def test_fixed_exponent_powers_equal_gmpy2(kernel_path: str) -> None:
+    for bits in (512, 1024, 2048):  # p^2 of 1024-, 2048- and 4096-bit keys
+        p = gmpy2.next_prime(mpz(secrets.randbits(bits // 2)) | (mpz(1) << (bits // 2 - 1)))
+        m = p * p
+        bases = [mpz(0), mpz(1), m - 1, *(mpz(secrets.randbelow(int(m))) for _ in range(6))]
+        for exponent in (0, 1, 31, 32, p - 1, secrets.randbits(bits)):
+            expected = gmpy2.powmod_base_list(bases, exponent, m)
+            assert native.powmod_many(bases, exponent, m) == expected
+            assert native.powmod_many(bases[:3], exponent, m) == expected[:3]  # odd count
+        assert native.powmod_many([m + 5, -3], p - 1, m) == [
+            gmpy2.powmod(5, p - 1, m),
+            gmpy2.powmod(-3, p - 1, m),
+        ]
+        assert native.powmod_many([], p - 1, m) == []
+
+
+def test_crt_decryption_equals_gmpy2_on_every_path(kernel_path: str) -> None:
+    public, private = generate_keypair(1024, allow_insecure_key_size=True)
+    decryptor = CrtDecryptor.from_private_key(private)
+    plain = [0, 1, int(public.n) - 1, *(secrets.randbelow(int(public.n)) for _ in range(9))]
+    encrypted = cipher.encrypt(public, plain)
+    assert decryptor.decrypt_many(encrypted) == plain
+    signed = [v - public.n if v > public.n // 2 else v for v in plain]
+    assert cipher.decrypt(private, encrypted) == signed
 
 
 @pytest.mark.parametrize("name", MODULI)
@@ -238,3 +354,18 @@ def test_bad_input_is_refused_with_value_error() -> None:
         kernel.fixed_base_table(mod, native._pack([5], m, width), 3, 17)
     with pytest.raises(ValueError):
         kernel.mul_chain(b"\x01" * (8 * 257), b"", b"", 1, False)  # above the limb limit
+    exponent = (12345).to_bytes(8, "little")
+    assert kernel.powmod_fixed(mod, bases, exponent)
+    for arguments in (
+        ((m + 1).to_bytes(width, "little"), bases, exponent),  # even modulus
+        (mod, bases[:-1], exponent),  # not whole values
+        (mod, bases[:width] + big, exponent),  # base above the modulus
+        (mod, bases, exponent[:5]),  # not whole limbs
+        (mod, bases, b"\x01" * (8 * 257)),  # exponent above the limb limit
+    ):
+        with pytest.raises(ValueError):
+            kernel.powmod_fixed(*arguments)
+    with pytest.raises(ValueError):
+        native.powmod_many([2], -1, m)
+    with pytest.raises(ValueError, match="unknown"):
+        kernel.product_path("neon")

@@ -5,9 +5,27 @@
  * modulo n^2. Done from Python with gmpy2, every step allocates an mpz and reduces with a
  * full division; here a whole chain runs in C on Montgomery residues, with the GIL released.
  *
- * Two products: AVX2 code in radix 2^26 (vec_mul), used where the x86-64 CPU has AVX2 (checked
- * at import; compiled through a target attribute, so the build needs no -march flag), and a
- * portable one (Karatsuba product, product-scanning reduction) everywhere else.
+ * Three products, one per context, chosen at import from the CPU's features (the fastest it
+ * has) or forced through product_path: AVX-512 IFMA code in radix 2^52 (ifma_body), AVX2 code
+ * in radix 2^26 (vec_mul), and a portable one (Karatsuba product, product-scanning reduction).
+ * The vector functions are compiled through target attributes, so the build needs no -march
+ * flag and the module loads on any x86-64 CPU; a path runs only where cpuid reports it.
+ *
+ * Constructions followed. Montgomery reduction: P. L. Montgomery, "Modular multiplication
+ * without trial division", Math. Comp. 44(170), 1985. The vector products are word-by-word
+ * (operand scanning) Montgomery multiplication, one digit q per limb of a, interleaving the
+ * product and the reduction, as the CIOS method in C. K. Koc, T. Acar, B. S. Kaliski,
+ * "Analyzing and comparing Montgomery multiplication algorithms", IEEE Micro 16(3), 1996, but
+ * with a redundant accumulator: limbs narrower than the lanes, so carries wait until the end.
+ * The IFMA product follows the layout of S. Gueron and V. Krasnov, "Accelerating big integer
+ * arithmetic using Intel IFMA extensions", ARITH 2016: 52-bit limbs in 64-bit lanes, the low
+ * and high halves of each 104-bit product accumulated by vpmadd52luq / vpmadd52huq, the
+ * accumulator shifted one lane per step. Its details here (register-resident accumulator of
+ * fixed size per instantiation, q computed in scalar from lane 0, two independent products
+ * interleaved where one product's dependency chain bounds the loop) are this file's own.
+ * Every loop of the kernel runs on the context's product: fixed-base tables, the fused
+ * bucket-method X^T [[d]], the fixed-base lookups (two values at a time on IFMA) and CRT
+ * decryption's fixed-exponent powers (two bases in lockstep).
  *
  * Interface (see core/paillier/native.py): numbers travel as little-endian byte strings of
  * exactly 8 * limbs bytes (limbs = 64-bit words of the modulus); exponents and digits as
@@ -34,11 +52,11 @@ typedef unsigned __int128 dlimb;
 #define MAX_LIMBS 256
 #define MAX_WINDOW 18
 /*
- * Vector loads are fastest from 32-byte aligned addresses: residue arrays of the vector path
- * are aligned (heap blocks through aligned_block; every residue is a multiple of 4 words).
+ * Vector loads are fastest from aligned addresses: residue arrays of the vector paths are
+ * aligned (heap blocks through aligned_block; every residue is a multiple of 4 or 8 words).
  */
 #if defined(__GNUC__) || defined(__clang__)
-#define ALIGNED __attribute__((aligned(32)))
+#define ALIGNED __attribute__((aligned(64)))
 #else
 #define ALIGNED
 #endif
@@ -65,34 +83,49 @@ static void aligned_free(void *p)
 #endif
 }
 
-/* the vector path's residues: 26-bit limbs in 64-bit lanes, padded (see vec_mul) */
+/* the vector paths' residues: 26-bit (AVX2) or 52-bit (IFMA) limbs in 64-bit lanes */
 #define RADIX 26
 #define RADIX_MASK ((((limb)1) << RADIX) - 1)
+#define RADIX52 52
+#define MASK52 ((((limb)1) << RADIX52) - 1)
 #define MAX_WORDS (((MAX_LIMBS * 64 + RADIX - 1) / RADIX + 3) / 4 * 4 + 4)
+/* IFMA accumulators live in zmm registers: at most this many (8 lanes each, 8320 bits) */
+#define IFMA_MAX_NW 20
+
+enum { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_IFMA = 2 };
+static const char *const PATH_NAMES[] = {"portable", "avx2", "ifma"};
+
+struct mont_ctx;
+typedef void (*mul_fn)(limb *r, const limb *a, const limb *b, const struct mont_ctx *c);
+typedef void (*mul2_fn)(limb *r, const limb *a, const limb *b, limb *r2, const limb *a2,
+                        const limb *b2, const struct mont_ctx *c);
 
 /*
- * A modulus and its Montgomery constants. Residues live in one of two working
- * representations, fixed per context: 64-bit limbs (``s`` words, the portable scalar path)
- * or 26-bit limbs in 64-bit lanes (``w`` words, the AVX2 path where the CPU has it). ``w`` is
- * the size of every working residue buffer; R is 2^(64 s) or 2^(26 n26) accordingly.
+ * A modulus and its Montgomery constants. Residues live in one of three working
+ * representations, fixed per context: 64-bit limbs (``s`` words, the portable path), 26-bit
+ * limbs in 64-bit lanes (AVX2) or 52-bit limbs in 64-bit lanes (IFMA); ``w`` is the size of
+ * every working residue buffer; R is 2^(64 s) or 2^(radix nl) accordingly.
  */
-typedef struct {
+typedef struct mont_ctx {
     Py_ssize_t s; /* 64-bit limbs of m */
     limb m[MAX_LIMBS];
     limb minv; /* -m^-1 mod 2^64 */
-    int vec;   /* working representation: radix 2^26 for vec_mul */
-    Py_ssize_t n26; /* 26-bit limbs of m (vec) */
-    Py_ssize_t w;   /* words per working residue: s, or n26 rounded up to 4 plus 4 zeros */
-    limb m26[MAX_WORDS] ALIGNED;
-    limb m26_shifted[MAX_WORDS] ALIGNED; /* m26 one lane up (lane 0 zero) */
-    limb minv26;                 /* -m^-1 mod 2^26 */
-    limb one[MAX_WORDS];         /* R mod m: 1 in Montgomery form */
-    limb r2[MAX_WORDS];          /* R^2 mod m: converts into Montgomery form */
-    limb unit[MAX_WORDS];        /* the integer 1: converts out of Montgomery form */
+    int path;  /* PATH_*: working representation and product */
+    int radix; /* 26 or 52 on the vector paths */
+    Py_ssize_t nl; /* radix limbs of m (vector paths) */
+    Py_ssize_t w;  /* words per working residue: s, or padded nl (see ctx_new) */
+    mul_fn ifma;   /* the IFMA product for this size (register-resident accumulator) */
+    mul2_fn ifma2; /* two independent IFMA products, interleaved */
+    limb mr[MAX_WORDS] ALIGNED;
+    limb mr_shifted[MAX_WORDS] ALIGNED; /* mr one lane up (lane 0 zero) */
+    limb minvr;                  /* -m^-1 mod 2^radix */
+    limb one[MAX_WORDS] ALIGNED; /* R mod m: 1 in Montgomery form */
+    limb r2[MAX_WORDS] ALIGNED;  /* R^2 mod m: converts into Montgomery form */
+    limb unit[MAX_WORDS] ALIGNED; /* the integer 1: converts out of Montgomery form */
 } mont_ctx;
 
-/* whether new contexts use the vector path (set at import from the CPU's features) */
-static int use_vector = 0;
+/* the path new contexts use (set at import from the CPU's features, or forced) */
+static int current_path = PATH_PORTABLE;
 
 /* ---------------------------------------------------------------- multiplication */
 
@@ -317,14 +350,14 @@ static void mont_sqr64(limb *r, const limb *a, const mont_ctx *c)
  * handling, so the inner loop is only multiply-add. Operand scanning, two rows (a[i] and
  * a[i+1], with their Montgomery digits q) per pass over the accumulator, which halves its
  * loads and stores; both q are computed from scalars, so no lane waits on a vector store.
- * Bounds: lanes stay below 2 * n26 * 2^52 + 2^38 < 2^63 for n26 <= 640. Inputs below m
- * (limbs below 2^26, lanes from n26 on zero), output likewise; r may alias a or b.
+ * Bounds: lanes stay below 2 * nl * 2^52 + 2^38 < 2^63 for nl <= 640. Inputs below m
+ * (limbs below 2^26, lanes from nl on zero), output likewise; r may alias a or b.
  */
 __attribute__((target("avx2"))) static void vec_mul(limb *r, const limb *a, const limb *b,
                                                     const mont_ctx *c)
 {
-    const Py_ssize_t n = c->n26, w = c->w;
-    const limb *m = c->m26, *m1 = c->m26_shifted, minv = c->minv26;
+    const Py_ssize_t n = c->nl, w = c->w;
+    const limb *m = c->mr, *m1 = c->mr_shifted, minv = c->minvr;
     /* 32-byte alignment keeps most vector accesses within one cache line */
     limb T[2 * MAX_WORDS + 8] ALIGNED;
     limb b1[MAX_WORDS] ALIGNED;
@@ -388,14 +421,150 @@ __attribute__((target("avx2"))) static void vec_mul(limb *r, const limb *a, cons
     memcpy(r, (out[n] || !borrow) ? d : out, sizeof(limb) * (size_t)n);
     memset(r + n, 0, sizeof(limb) * (size_t)(w - n));
 }
+
+#define IFMA_TARGET __attribute__((target("avx512f,avx512ifma,avx512vl")))
+
+/*
+ * Montgomery product in radix 2^52 with AVX-512 IFMA, for ``ways`` (1 or 2) independent
+ * products modulo the same m, interleaved. Word-by-word (operand scanning) Montgomery
+ * multiplication with a redundant accumulator: for each limb a_i of a,
+ *   X += a_i * b + q * m   with q = (X_0 + a_i b_0) (-m^-1) mod 2^52,
+ * then X is shifted down one limb (its low limb is zero mod 2^52 by the choice of q). The low
+ * halves of the 104-bit products (vpmadd52luq) add at lane j, the high halves (vpmadd52huq)
+ * at lane j + 1, which is lane j of b and m shifted one lane up (b1, mr_shifted). X lives in
+ * nw zmm registers (nw <= IFMA_MAX_NW, fixed per instantiation so the compiler keeps them in
+ * registers); only lane 0 is read back per step, and its carry is kept in a scalar (the lane
+ * itself is dropped by the shift). Lanes gain below 2^54 per step, so they stay below
+ * nl * 2^54 < 2^62: no carry handling until the end. The loop-carried chain (lane 0 ->
+ * scalar q -> broadcast -> two multiply-adds -> shift) is latency bound where nw is small,
+ * hence the two-way variant, whose chains overlap. Inputs below m (lanes from nl on zero),
+ * output likewise; r may alias a or b (written after the loop).
+ */
+IFMA_TARGET static inline __attribute__((always_inline)) void
+ifma_body(limb *const *r, const limb *const *a, const limb *const *b, const mont_ctx *c,
+          const int nw, const int ways)
+{
+    const Py_ssize_t n = c->nl;
+    const limb minv = c->minvr, m0 = c->mr[0];
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i X[2][IFMA_MAX_NW];
+    limb b1[2][IFMA_MAX_NW * 8] ALIGNED;
+    limb carry[2] = {0, 0};
+#pragma GCC unroll 2
+    for (int u = 0; u < ways; u++) {
+        b1[u][0] = 0;
+        memcpy(b1[u] + 1, b[u], sizeof(limb) * (size_t)(8 * nw - 1));
+#pragma GCC unroll 20
+        for (int k = 0; k < nw; k++)
+            X[u][k] = zero;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+#pragma GCC unroll 2
+        for (int u = 0; u < ways; u++) {
+            const limb ai = a[u][i];
+            const limb x0 = (limb)_mm_cvtsi128_si64(_mm512_castsi512_si128(X[u][0])) + carry[u];
+            const limb ab = ai * b[u][0];
+            const limb q = ((x0 + ab) * minv) & MASK52;
+            carry[u] = (x0 + (ab & MASK52) + ((q * m0) & MASK52)) >> RADIX52;
+            const __m512i A = _mm512_set1_epi64((long long)ai);
+            const __m512i Q = _mm512_set1_epi64((long long)q);
+#pragma GCC unroll 20
+            for (int k = 0; k < nw; k++) {
+                __m512i x = _mm512_madd52lo_epu64(X[u][k], A, _mm512_loadu_si512(b[u] + 8 * k));
+                x = _mm512_madd52hi_epu64(x, A, _mm512_loadu_si512(b1[u] + 8 * k));
+                x = _mm512_madd52lo_epu64(x, Q, _mm512_loadu_si512(c->mr + 8 * k));
+                X[u][k] = _mm512_madd52hi_epu64(x, Q, _mm512_loadu_si512(c->mr_shifted + 8 * k));
+            }
+#pragma GCC unroll 20
+            for (int k = 0; k + 1 < nw; k++)
+                X[u][k] = _mm512_alignr_epi64(X[u][k + 1], X[u][k], 1);
+            X[u][nw - 1] = _mm512_alignr_epi64(zero, X[u][nw - 1], 1);
+        }
+    }
+#pragma GCC unroll 2
+    for (int u = 0; u < ways; u++) {
+        limb T[IFMA_MAX_NW * 8] ALIGNED, out[IFMA_MAX_NW * 8 + 1], d[IFMA_MAX_NW * 8];
+#pragma GCC unroll 20
+        for (int k = 0; k < nw; k++)
+            _mm512_store_si512((__m512i *)(T + 8 * k), X[u][k]);
+        T[0] += carry[u];
+        /* T / R in normalised limbs: below 2m, so nl limbs and a top bit */
+        limb cy = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            const limb v = T[k] + cy;
+            out[k] = v & MASK52;
+            cy = v >> RADIX52;
+        }
+        int64_t borrow = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            const int64_t v = (int64_t)out[k] - (int64_t)c->mr[k] + borrow;
+            d[k] = (limb)v & MASK52;
+            borrow = v >> RADIX52; /* 0 or -1 */
+        }
+        memcpy(r[u], (cy || !borrow) ? d : out, sizeof(limb) * (size_t)n);
+        memset(r[u] + n, 0, sizeof(limb) * (size_t)(c->w - n));
+    }
+}
+
+#define IFMA_SIZE(NW)                                                                      \
+    IFMA_TARGET static void ifma_mul_##NW(limb *r, const limb *a, const limb *b,           \
+                                          const mont_ctx *c)                               \
+    {                                                                                      \
+        limb *rs[2] = {r, r};                                                              \
+        const limb *as[2] = {a, a}, *bs[2] = {b, b};                                       \
+        ifma_body(rs, as, bs, c, NW, 1);                                                   \
+    }                                                                                      \
+    IFMA_TARGET static void ifma_mul2_##NW(limb *r, const limb *a, const limb *b, limb *r2, \
+                                           const limb *a2, const limb *b2,                 \
+                                           const mont_ctx *c)                              \
+    {                                                                                      \
+        limb *rs[2] = {r, r2};                                                             \
+        const limb *as[2] = {a, a2}, *bs[2] = {b, b2};                                     \
+        ifma_body(rs, as, bs, c, NW, 2);                                                   \
+    }
+IFMA_SIZE(1) IFMA_SIZE(2) IFMA_SIZE(3) IFMA_SIZE(4) IFMA_SIZE(5) IFMA_SIZE(6) IFMA_SIZE(7)
+IFMA_SIZE(8) IFMA_SIZE(9) IFMA_SIZE(10) IFMA_SIZE(11) IFMA_SIZE(12) IFMA_SIZE(13)
+IFMA_SIZE(14) IFMA_SIZE(15) IFMA_SIZE(16) IFMA_SIZE(17) IFMA_SIZE(18) IFMA_SIZE(19)
+IFMA_SIZE(20)
+
+static const mul_fn IFMA_MUL[IFMA_MAX_NW + 1] = {
+    NULL, ifma_mul_1, ifma_mul_2, ifma_mul_3, ifma_mul_4, ifma_mul_5, ifma_mul_6,
+    ifma_mul_7, ifma_mul_8, ifma_mul_9, ifma_mul_10, ifma_mul_11, ifma_mul_12, ifma_mul_13,
+    ifma_mul_14, ifma_mul_15, ifma_mul_16, ifma_mul_17, ifma_mul_18, ifma_mul_19, ifma_mul_20,
+};
+static const mul2_fn IFMA_MUL2[IFMA_MAX_NW + 1] = {
+    NULL, ifma_mul2_1, ifma_mul2_2, ifma_mul2_3, ifma_mul2_4, ifma_mul2_5, ifma_mul2_6,
+    ifma_mul2_7, ifma_mul2_8, ifma_mul2_9, ifma_mul2_10, ifma_mul2_11, ifma_mul2_12,
+    ifma_mul2_13, ifma_mul2_14, ifma_mul2_15, ifma_mul2_16, ifma_mul2_17, ifma_mul2_18,
+    ifma_mul2_19, ifma_mul2_20,
+};
 #else
 #define HAVE_VECTOR 0
 #endif
 
+/* whether this build and this CPU can run a path */
+static int path_supported(int path)
+{
+    if (path == PATH_PORTABLE)
+        return 1;
+#if HAVE_VECTOR
+    if (path == PATH_AVX2)
+        return __builtin_cpu_supports("avx2");
+    if (path == PATH_IFMA)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512ifma") &&
+               __builtin_cpu_supports("avx512vl");
+#endif
+    return 0;
+}
+
 static void mont_mul(limb *r, const limb *a, const limb *b, const mont_ctx *c)
 {
 #if HAVE_VECTOR
-    if (c->vec) {
+    if (c->path == PATH_IFMA) {
+        c->ifma(r, a, b, c);
+        return;
+    }
+    if (c->path == PATH_AVX2) {
         vec_mul(r, a, b, c);
         return;
     }
@@ -406,12 +575,26 @@ static void mont_mul(limb *r, const limb *a, const limb *b, const mont_ctx *c)
 static void mont_sqr(limb *r, const limb *a, const mont_ctx *c)
 {
 #if HAVE_VECTOR
-    if (c->vec) {
-        vec_mul(r, a, a, c);
+    if (c->path != PATH_PORTABLE) {
+        mont_mul(r, a, a, c);
         return;
     }
 #endif
     mont_sqr64(r, a, c);
+}
+
+/* two independent products modulo the same m: interleaved on the IFMA path */
+static void mont_mul2(limb *r, const limb *a, const limb *b, limb *r2, const limb *a2,
+                      const limb *b2, const mont_ctx *c)
+{
+#if HAVE_VECTOR
+    if (c->path == PATH_IFMA) {
+        c->ifma2(r, a, b, r2, a2, b2, c);
+        return;
+    }
+#endif
+    mont_mul(r, a, b, c);
+    mont_mul(r2, a2, b2, c);
 }
 
 /* ---------------------------------------------------------------- context and conversions */
@@ -452,29 +635,32 @@ static void store_limbs(unsigned char *bytes, const limb *in, Py_ssize_t s)
             bytes[8 * j + b] = (unsigned char)(in[j] >> (8 * b));
 }
 
-/* 64-bit limbs (s words) to the vector representation (w words, zero padded) */
-static void to_radix26(limb *dst, const limb *src, const mont_ctx *c)
+/* 64-bit limbs (s words) to a vector representation (w words, zero padded) */
+static void to_radix(limb *dst, const limb *src, const mont_ctx *c)
 {
-    for (Py_ssize_t k = 0; k < c->n26; k++) {
-        const Py_ssize_t bit = k * RADIX, word = bit >> 6;
+    const int radix = c->radix;
+    const limb mask = (((limb)1) << radix) - 1;
+    for (Py_ssize_t k = 0; k < c->nl; k++) {
+        const Py_ssize_t bit = k * radix, word = bit >> 6;
         const int offset = (int)(bit & 63);
         limb v = src[word] >> offset;
-        if (offset > 64 - RADIX && word + 1 < c->s)
+        if (offset > 64 - radix && word + 1 < c->s)
             v |= src[word + 1] << (64 - offset);
-        dst[k] = v & RADIX_MASK;
+        dst[k] = v & mask;
     }
-    memset(dst + c->n26, 0, sizeof(limb) * (size_t)(c->w - c->n26));
+    memset(dst + c->nl, 0, sizeof(limb) * (size_t)(c->w - c->nl));
 }
 
-/* the vector representation (a value below m) back to 64-bit limbs (s words) */
-static void from_radix26(limb *dst, const limb *src, const mont_ctx *c)
+/* a vector representation (a value below m) back to 64-bit limbs (s words) */
+static void from_radix(limb *dst, const limb *src, const mont_ctx *c)
 {
+    const int radix = c->radix;
     memset(dst, 0, sizeof(limb) * (size_t)c->s);
-    for (Py_ssize_t k = 0; k < c->n26; k++) {
-        const Py_ssize_t bit = k * RADIX, word = bit >> 6;
+    for (Py_ssize_t k = 0; k < c->nl; k++) {
+        const Py_ssize_t bit = k * radix, word = bit >> 6;
         const int offset = (int)(bit & 63);
         dst[word] |= src[k] << offset;
-        if (offset > 64 - RADIX && word + 1 < c->s)
+        if (offset > 64 - radix && word + 1 < c->s)
             dst[word + 1] |= src[k] >> (64 - offset);
     }
 }
@@ -482,18 +668,55 @@ static void from_radix26(limb *dst, const limb *src, const mont_ctx *c)
 /* working representation <-> 64-bit limbs */
 static void to_working(limb *dst, const limb *src64, const mont_ctx *c)
 {
-    if (c->vec)
-        to_radix26(dst, src64, c);
+    if (c->path != PATH_PORTABLE)
+        to_radix(dst, src64, c);
     else
         memcpy(dst, src64, sizeof(limb) * (size_t)c->s);
 }
 
 static void from_working(limb *dst64, const limb *src, const mont_ctx *c)
 {
-    if (c->vec)
-        from_radix26(dst64, src, c);
+    if (c->path != PATH_PORTABLE)
+        from_radix(dst64, src, c);
     else
         memcpy(dst64, src, sizeof(limb) * (size_t)c->s);
+}
+
+/*
+ * The context's path: the process's current one where it fits the modulus. IFMA keeps its
+ * accumulator (nl + 1 lanes: the top lane takes the last high halves) in at most
+ * IFMA_MAX_NW registers, so larger moduli fall back to AVX2 (or portable) there; a one-limb
+ * modulus stays portable.
+ */
+static void choose_path(mont_ctx *c, int bits)
+{
+    int path = current_path;
+    if (path == PATH_IFMA && (bits + RADIX52 - 1) / RADIX52 + 1 > 8 * IFMA_MAX_NW)
+        path = path_supported(PATH_AVX2) ? PATH_AVX2 : PATH_PORTABLE;
+    if (path != PATH_PORTABLE && (bits + RADIX - 1) / RADIX < 2)
+        path = PATH_PORTABLE;
+    c->path = path;
+    if (path == PATH_PORTABLE) {
+        c->radix = 64;
+        c->nl = c->s;
+        c->w = c->s;
+        return;
+    }
+    c->radix = path == PATH_IFMA ? RADIX52 : RADIX;
+    c->nl = (bits + c->radix - 1) / c->radix;
+    if (path == PATH_IFMA) {
+        const Py_ssize_t nw = (c->nl + 8) / 8;
+        c->w = 8 * nw;
+#if HAVE_VECTOR
+        c->ifma = IFMA_MUL[nw];
+        c->ifma2 = IFMA_MUL2[nw];
+#endif
+    } else
+        c->w = (c->nl + 3) / 4 * 4 + 4;
+    to_radix(c->mr, c->m, c);
+    c->mr_shifted[0] = 0;
+    memcpy(c->mr_shifted + 1, c->mr, sizeof(limb) * (size_t)(c->w - 1));
+    c->minvr = c->minv & ((((limb)1) << c->radix) - 1);
 }
 
 static mont_ctx *ctx_new(const Py_buffer *modulus)
@@ -523,17 +746,9 @@ static mont_ctx *ctx_new(const Py_buffer *modulus)
         inv *= 2 - c->m[0] * inv;
     c->minv = (limb)0 - inv;
     const int bits = (int)(64 * c->s - __builtin_clzll(c->m[c->s - 1]));
-    c->n26 = (bits + RADIX - 1) / RADIX;
-    c->vec = use_vector && c->n26 >= 2;
-    c->w = c->vec ? (c->n26 + 3) / 4 * 4 + 4 : c->s;
-    if (c->vec) {
-        to_radix26(c->m26, c->m, c);
-        c->m26_shifted[0] = 0;
-        memcpy(c->m26_shifted + 1, c->m26, sizeof(limb) * (size_t)(c->w - 1));
-        c->minv26 = c->minv & RADIX_MASK;
-    }
+    choose_path(c, bits);
     /* R mod m and R^2 mod m by doubling 1: slow-ish (128 * s^2 word steps) but only once */
-    const Py_ssize_t r_bits = c->vec ? RADIX * c->n26 : 64 * c->s;
+    const Py_ssize_t r_bits = c->path != PATH_PORTABLE ? c->radix * c->nl : 64 * c->s;
     limb x[MAX_LIMBS] = {0};
     x[0] = 1;
     for (Py_ssize_t i = 0; i < r_bits; i++)
@@ -891,6 +1106,38 @@ done:
     return capsule;
 }
 
+/*
+ * Two values' products at once through the interleaved product (the IFMA path, where one
+ * product's dependency chain leaves the multipliers idle). A zero digit multiplies by the
+ * row's entry 0, which is 1 in Montgomery form: the product is unchanged and still fully
+ * reduced, so the results equal the one-at-a-time loop's bit for bit.
+ */
+static void table_lookup_pair(const fb_table *t, const int64_t *digits, limb *out)
+{
+    const mont_ctx *c = &t->ctx;
+    const Py_ssize_t s = c->s, width = (Py_ssize_t)1 << t->window, rows = t->rows;
+    const uint64_t mask = (uint64_t)(width - 1);
+    limb acc[2][MAX_WORDS] ALIGNED, entry[2][MAX_WORDS] ALIGNED;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        /* masked again: the buffer is shared and could change after the check */
+        const Py_ssize_t v0 = (Py_ssize_t)((uint64_t)digits[r] & mask);
+        const Py_ssize_t v1 = (Py_ssize_t)((uint64_t)digits[rows + r] & mask);
+        if (r == 0) {
+            to_working(acc[0], t->entries + v0 * s, c);
+            to_working(acc[1], t->entries + v1 * s, c);
+            continue;
+        }
+        if (!v0 && !v1)
+            continue;
+        to_working(entry[0], t->entries + (r * width + v0) * s, c);
+        to_working(entry[1], t->entries + (r * width + v1) * s, c);
+        mont_mul2(acc[0], acc[0], entry[0], acc[1], acc[1], entry[1], c);
+    }
+    mont_mul2(acc[0], acc[0], c->unit, acc[1], acc[1], c->unit, c); /* out of Montgomery form */
+    from_working(out, acc[0], c);
+    from_working(out + s, acc[1], c);
+}
+
 static PyObject *fixed_base_products(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -930,7 +1177,11 @@ static PyObject *fixed_base_products(PyObject *self, PyObject *args)
     /* the capsule stays alive: we hold a reference to it through args for the whole call */
     Py_BEGIN_ALLOW_THREADS
     limb acc[MAX_WORDS] ALIGNED, entry[MAX_WORDS] ALIGNED;
-    for (Py_ssize_t i = 0; i < count; i++) {
+    Py_ssize_t i = 0;
+    if (c->path == PATH_IFMA)
+        for (; i + 1 < count; i += 2)
+            table_lookup_pair(t, D + i * t->rows, out + i * s);
+    for (; i < count; i++) {
         int started = 0;
         for (Py_ssize_t r = 0; r < t->rows; r++) {
             /* masked again: the buffer is shared and could change after the check */
@@ -961,6 +1212,111 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- fixed-exponent powers */
+
+#define POW_WINDOW 5
+
+/*
+ * bases[i]^e for two bases at once, left to right with fixed POW_WINDOW-bit windows: both
+ * follow the same exponent, so they step in lockstep through the interleaved product. The
+ * table lookups and the skipped multiplications depend on e's digits: like GMP's mpz_powm,
+ * which CRT decryption used before, this is not constant-time in e (see the file's note).
+ */
+static void pow_pair(limb *x0, limb *x1, const limb *e, Py_ssize_t e_bits, limb *table,
+                     const mont_ctx *c)
+{
+    const Py_ssize_t w = c->w, entries = (Py_ssize_t)1 << POW_WINDOW;
+    limb *t0 = table, *t1 = table + entries * w;
+    to_mont(x0, c);
+    to_mont(x1, c);
+    memcpy(t0, c->one, sizeof(limb) * (size_t)w);
+    memcpy(t1, c->one, sizeof(limb) * (size_t)w);
+    memcpy(t0 + w, x0, sizeof(limb) * (size_t)w);
+    memcpy(t1 + w, x1, sizeof(limb) * (size_t)w);
+    for (Py_ssize_t v = 2; v < entries; v++)
+        mont_mul2(t0 + v * w, t0 + (v - 1) * w, x0, t1 + v * w, t1 + (v - 1) * w, x1, c);
+    const Py_ssize_t windows = (e_bits + POW_WINDOW - 1) / POW_WINDOW;
+    for (Py_ssize_t pos = windows - 1; pos >= 0; pos--) {
+        Py_ssize_t digit = 0;
+        for (int k = POW_WINDOW - 1; k >= 0; k--) {
+            const Py_ssize_t bit = pos * POW_WINDOW + k;
+            digit = (digit << 1) | (bit < e_bits ? (Py_ssize_t)((e[bit >> 6] >> (bit & 63)) & 1) : 0);
+        }
+        if (pos == windows - 1) {
+            memcpy(x0, t0 + digit * w, sizeof(limb) * (size_t)w);
+            memcpy(x1, t1 + digit * w, sizeof(limb) * (size_t)w);
+            continue;
+        }
+        for (int k = 0; k < POW_WINDOW; k++)
+            mont_mul2(x0, x0, x0, x1, x1, x1, c);
+        if (digit)
+            mont_mul2(x0, x0, t0 + digit * w, x1, x1, t1 + digit * w, c);
+    }
+    if (windows == 0) { /* e = 0 */
+        memcpy(x0, c->one, sizeof(limb) * (size_t)w);
+        memcpy(x1, c->one, sizeof(limb) * (size_t)w);
+    }
+    mont_mul2(x0, x0, c->unit, x1, x1, c->unit, c);
+}
+
+static PyObject *powmod_fixed(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer modulus, bases_buf, exp_buf;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &modulus, &bases_buf, &exp_buf))
+        return NULL;
+    PyObject *result = NULL;
+    limb *values = NULL, *table = NULL;
+    limb e[MAX_LIMBS] = {0};
+    mont_ctx *c = ctx_new(&modulus);
+    if (!c)
+        goto done;
+    const Py_ssize_t s = c->s, w = c->w;
+    if (exp_buf.len % 8 != 0 || exp_buf.len / 8 > MAX_LIMBS) {
+        PyErr_Format(PyExc_ValueError, "exponent must be 8 * limbs bytes, at most %d limbs",
+                     MAX_LIMBS);
+        goto done;
+    }
+    if (bases_buf.len % (8 * s) != 0) {
+        PyErr_Format(PyExc_ValueError, "bases: %zd bytes is not a whole number of %zd-byte values",
+                     bases_buf.len, 8 * s);
+        goto done;
+    }
+    const Py_ssize_t count = bases_buf.len / (8 * s), e_limbs = exp_buf.len / 8;
+    load_limbs(e, exp_buf.buf, e_limbs);
+    Py_ssize_t e_bits = 64 * e_limbs;
+    while (e_bits > 0 && !((e[(e_bits - 1) >> 6] >> ((e_bits - 1) & 63)) & 1))
+        e_bits--;
+    /* an odd count gets a copy of its last base as the second of the last pair */
+    values = aligned_block(sizeof(limb) * (size_t)((count + 1) * w));
+    table = aligned_block(sizeof(limb) * (size_t)(2 * w) << POW_WINDOW);
+    if (!values || !table) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (load_residues(values, &bases_buf, count, c, "bases") < 0)
+        goto done;
+    if (count % 2)
+        memcpy(values + count * w, values + (count - 1) * w, sizeof(limb) * (size_t)w);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i += 2)
+        pow_pair(values + i * w, values + (i + 1) * w, e, e_bits, table, c);
+    Py_END_ALLOW_THREADS
+    result = PyBytes_FromStringAndSize(NULL, count * s * 8);
+    if (result)
+        for (Py_ssize_t i = 0; i < count; i++)
+            store_residue((unsigned char *)PyBytes_AS_STRING(result) + i * s * 8, values + i * w,
+                          c);
+done:
+    aligned_free(c);
+    aligned_free(values);
+    aligned_free(table);
+    PyBuffer_Release(&modulus);
+    PyBuffer_Release(&bases_buf);
+    PyBuffer_Release(&exp_buf);
+    return result;
+}
+
 /* ---------------------------------------------------------------- measurement */
 
 static PyObject *mul_chain(PyObject *self, PyObject *args)
@@ -968,12 +1324,12 @@ static PyObject *mul_chain(PyObject *self, PyObject *args)
     (void)self;
     Py_buffer modulus, a_buf, b_buf;
     Py_ssize_t count;
-    int square;
-    if (!PyArg_ParseTuple(args, "y*y*y*np", &modulus, &a_buf, &b_buf, &count, &square))
+    int square, pair = 0;
+    if (!PyArg_ParseTuple(args, "y*y*y*np|p", &modulus, &a_buf, &b_buf, &count, &square, &pair))
         return NULL;
     PyObject *result = NULL;
     mont_ctx *c = ctx_new(&modulus);
-    limb a[MAX_WORDS] ALIGNED, b[MAX_WORDS] ALIGNED;
+    limb a[MAX_WORDS] ALIGNED, b[MAX_WORDS] ALIGNED, a2[MAX_WORDS] ALIGNED;
     if (!c)
         goto done;
     if (count < 0) {
@@ -985,12 +1341,17 @@ static PyObject *mul_chain(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     to_mont(a, c);
     to_mont(b, c);
+    memcpy(a2, a, sizeof(limb) * (size_t)c->w);
     for (Py_ssize_t k = 0; k < count; k++) {
-        if (square)
+        if (pair) /* a second, identical chain beside the first: the interleaved product */
+            mont_mul2(a, a, square ? a : b, a2, a2, square ? a2 : b, c);
+        else if (square)
             mont_sqr(a, a, c);
         else
             mont_mul(a, a, b, c);
     }
+    if (pair && memcmp(a, a2, sizeof(limb) * (size_t)c->w) != 0)
+        memset(a, 0, sizeof(limb) * (size_t)c->w); /* cannot happen: 0 fails every test */
     from_mont(a, c);
     Py_END_ALLOW_THREADS
     result = PyBytes_FromStringAndSize(NULL, c->s * 8);
@@ -1004,18 +1365,44 @@ done:
     return result;
 }
 
-static PyObject *vector_unit(PyObject *self, PyObject *args)
+static PyObject *product_path(PyObject *self, PyObject *args)
 {
     (void)self;
-    int flag = -1;
-    if (!PyArg_ParseTuple(args, "|i", &flag))
+    const char *name = NULL;
+    if (!PyArg_ParseTuple(args, "|z", &name))
         return NULL;
-    const int previous = use_vector;
-#if HAVE_VECTOR
-    if (flag >= 0)
-        use_vector = flag && __builtin_cpu_supports("avx2");
-#endif
-    return PyBool_FromLong(previous);
+    PyObject *previous = PyUnicode_FromString(PATH_NAMES[current_path]);
+    if (name == NULL || previous == NULL)
+        return previous;
+    for (int path = PATH_PORTABLE; path <= PATH_IFMA; path++)
+        if (strcmp(name, PATH_NAMES[path]) == 0) {
+            if (!path_supported(path)) {
+                Py_DECREF(previous);
+                PyErr_Format(PyExc_ValueError, "the %s product is not available on this CPU", name);
+                return NULL;
+            }
+            current_path = path;
+            return previous;
+        }
+    Py_DECREF(previous);
+    PyErr_Format(PyExc_ValueError, "unknown product path %s (portable, avx2, ifma)", name);
+    return NULL;
+}
+
+static PyObject *supported_paths(PyObject *self, PyObject *args)
+{
+    (void)self;
+    (void)args;
+    PyObject *names = PyList_New(0);
+    for (int path = PATH_PORTABLE; names && path <= PATH_IFMA; path++) {
+        if (!path_supported(path))
+            continue;
+        PyObject *name = PyUnicode_FromString(PATH_NAMES[path]);
+        if (!name || PyList_Append(names, name) < 0)
+            Py_CLEAR(names);
+        Py_XDECREF(name);
+    }
+    return names;
 }
 
 static PyMethodDef methods[] = {
@@ -1028,14 +1415,21 @@ static PyMethodDef methods[] = {
     {"fixed_base_products", fixed_base_products, METH_VARARGS,
      "fixed_base_products(table, digits) -> bytes\n\n"
      "prod_t table[t][digits[i, t]] for every row i of the int64 digit matrix."},
+    {"powmod_fixed", powmod_fixed, METH_VARARGS,
+     "powmod_fixed(modulus, bases, exponent) -> bytes\n\n"
+     "bases[i]^exponent mod modulus for every base (one shared exponent, as in CRT "
+     "decryption), two bases at a time through the interleaved product."},
     {"mul_chain", mul_chain, METH_VARARGS,
-     "mul_chain(modulus, a, b, count, square) -> bytes\n\n"
+     "mul_chain(modulus, a, b, count, square[, pair]) -> bytes\n\n"
      "a * b^count (or a^(2^count) when square) by count Montgomery steps: for tests and "
-     "benchmarks."},
-    {"vector_unit", vector_unit, METH_VARARGS,
-     "vector_unit([flag]) -> bool\n\n"
-     "Whether new contexts use the AVX2 product (set from the CPU at import); with a flag, "
-     "switch it (still only where the CPU has AVX2) and return the previous setting."},
+     "benchmarks. With pair, two identical chains run through the interleaved product."},
+    {"product_path", product_path, METH_VARARGS,
+     "product_path([name]) -> str\n\n"
+     "The product new contexts use (portable, avx2 or ifma; the fastest the CPU has, chosen at "
+     "import); with a name, switch to it (ValueError where the CPU lacks it) and return the "
+     "previous one."},
+    {"supported_paths", supported_paths, METH_NOARGS,
+     "supported_paths() -> list\n\nThe products this build can run on this CPU."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1049,8 +1443,10 @@ PyMODINIT_FUNC PyInit__montgomery(void)
 {
 #if HAVE_VECTOR
     __builtin_cpu_init();
-    use_vector = __builtin_cpu_supports("avx2") ? 1 : 0;
 #endif
+    for (int path = PATH_PORTABLE; path <= PATH_IFMA; path++)
+        if (path_supported(path))
+            current_path = path;
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddIntConstant(m, "MAX_LIMBS", MAX_LIMBS) < 0 ||
               PyModule_AddIntConstant(m, "MAX_WINDOW", MAX_WINDOW) < 0)) {

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import gmpy2
 from gmpy2 import mpz
 
+from core.paillier import native
 from core.paillier.errors import PaillierError
 
 
@@ -34,6 +35,15 @@ def check_ciphertexts(ciphertexts: Sequence[int | mpz], n: int | mpz) -> None:
                 f"ciphertext at position {position} is not a unit modulo n^2 (it shares a "
                 "factor with n): refused, decrypting it would reveal the key"
             )
+
+
+def _powers(bases: list[mpz], exponent: mpz, modulus: mpz) -> list[mpz]:
+    """bases[i]^exponent mod modulus: the kernel's IFMA product where the process uses it
+    (about 3x GMP at 2048-bit keys, measured by ``make bench-paillier``); otherwise gmpy2's
+    powmod_base_list, which runs the batch in C and beat the AVX2 and portable products."""
+    if native.fixed_exponent_preferred():
+        return native.powmod_many(bases, exponent, modulus)
+    return gmpy2.powmod_base_list(bases, exponent, modulus)
 
 
 class CrtDecryptor:
@@ -61,9 +71,8 @@ class CrtDecryptor:
         check_ciphertexts(ciphertexts, self._n)
         mod_p = [mpz(c) % self._p_square for c in ciphertexts]
         mod_q = [mpz(c) % self._q_square for c in ciphertexts]
-        # powmod_base_list runs the whole batch in C (and releases the GIL).
-        lifted_p = gmpy2.powmod_base_list(mod_p, self._p - 1, self._p_square)
-        lifted_q = gmpy2.powmod_base_list(mod_q, self._q - 1, self._q_square)
+        lifted_p = _powers(mod_p, self._p - 1, self._p_square)
+        lifted_q = _powers(mod_q, self._q - 1, self._q_square)
         return [self._combine(a, b) for a, b in zip(lifted_p, lifted_q, strict=True)]
 
     def _combine(self, lifted_p: mpz, lifted_q: mpz) -> mpz:

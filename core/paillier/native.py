@@ -3,19 +3,25 @@
 Why: both hot loops are long chains of multiplications modulo n^2 (or p^2, q^2). From Python
 each step of such a chain allocates a gmpy2 ``mpz`` and reduces with GMP's division; the C
 kernel keeps the operands in Montgomery form and runs a whole chain without the interpreter
-and with the GIL released. Its product is AVX2 code (radix 2^26, four 32x32-bit products per
-instruction) where the x86-64 CPU has it, chosen at run time, else portable C (Karatsuba and
-a product-scanning reduction). ``benchmarks/bench_paillier.py`` prints the ratios per
-multiplication and per operation. The algorithms are the ones of :mod:`.multiexp` (bucket
-method, window from :func:`.multiexp.dense_window`) and :mod:`.randomness` (fixed-base window
-table, digits from its ``_window_digits``); only the arithmetic moves to C.
+and with the GIL released. Its product is chosen at run time from the CPU's features: AVX-512
+IFMA (radix 2^52, eight 52x52-bit multiply-adds per instruction), else AVX2 (radix 2^26, four
+32x32-bit products per instruction), else portable C (Karatsuba and a product-scanning
+reduction); ``PRIVREG_MONTGOMERY_PATH`` or :func:`set_path` forces one.
+``benchmarks/bench_paillier.py`` prints the ratios per multiplication and per operation. The
+algorithms are the ones of :mod:`.multiexp` (bucket method, window from
+:func:`.multiexp.dense_window`) and :mod:`.randomness` (fixed-base window table, digits from
+its ``_window_digits``); only the arithmetic moves to C.
+
+CRT decryption's powers (one exponent, many bases) run here too on the IFMA path only
+(:func:`powmod_many`), where they measured about 3x GMP; elsewhere gmpy2 keeps them.
 
 The extension is built by ``pip install -e .`` where a C compiler is present; without it (or
 with ``PRIVREG_PURE_PYTHON=1`` in the environment, which keeps the fallback testable) the
 gmpy2 code runs unchanged and gives the same results bit for bit.
 
 Security: as in the gmpy2 code, bucket indices and table lookups depend on the secret
-digits of exponents (obfuscator exponents, the host's features), and a Montgomery product's
+digits of exponents (obfuscator exponents, the host's features, and in decryption p - 1 and
+q - 1, as in GMP's powmod), and a Montgomery product's
 final subtraction is conditional. Nothing is constant-time: a process sharing this machine's
 caches or timing it closely could learn about those digits. Remote peers see only total
 running times, as before.
@@ -30,6 +36,12 @@ import numpy as np
 from gmpy2 import mpz
 
 PURE_PYTHON_VARIABLE = "PRIVREG_PURE_PYTHON"
+PATH_VARIABLE = "PRIVREG_MONTGOMERY_PATH"
+"""Forces the kernel's product (``ifma``, ``avx2`` or ``portable``) for tests and benchmarks;
+unset, the kernel takes the fastest the CPU has. A path the CPU lacks is an error at import,
+not a silent fallback, so a benchmark never reports one path under another's name."""
+
+PATHS = ("ifma", "avx2", "portable")
 
 _kernel = None
 if os.environ.get(PURE_PYTHON_VARIABLE, "") not in ("1", "true", "yes"):
@@ -47,13 +59,35 @@ side on a two-core x86-64 machine (``make bench-paillier``): up to 2048-bit modu
 1024-bit keys; p^2, q^2 of 2048-bit keys) it wins end to end (no interpreter step per
 multiplication); at 4096 bits GMP's assembly Karatsuba/Toom product and division are ~10%
 faster than portable C, both bound by the 64x64-bit multiplier, so the gmpy2 path stays
-there. Where the CPU has AVX2 the kernel's vector product is faster than GMP at every size
-and this limit does not apply."""
+there. Where the CPU has AVX2 or IFMA the kernel's vector product is faster than GMP at every
+size and this limit does not apply."""
+
+
+def supported_paths() -> tuple[str, ...]:
+    """The products this build can run on this CPU, fastest first (empty without the kernel)."""
+    if _kernel is None:
+        return ()
+    return tuple(name for name in PATHS if name in _kernel.supported_paths())
+
+
+def current_path() -> str | None:
+    """The product new work uses in this process (None when the gmpy2 code runs)."""
+    return _kernel.product_path() if _kernel is not None else None
+
+
+def set_path(name: str) -> str:
+    """Use product ``name`` from now on in this process; returns the previous one.
+
+    Raises ValueError for an unknown name or one this CPU cannot run (tests skip on it)."""
+    _require()
+    if name not in PATHS:
+        raise ValueError(f"unknown Montgomery path {name!r}: one of {', '.join(PATHS)}")
+    return _kernel.product_path(name)
 
 
 def vector_path() -> bool:
-    """Whether the kernel uses its AVX2 product in this process (x86-64 CPUs that have it)."""
-    return AVAILABLE and bool(_kernel.vector_unit())
+    """Whether the kernel uses a vector product (AVX2 or IFMA) in this process."""
+    return AVAILABLE and current_path() in ("avx2", "ifma")
 
 
 def preferred(modulus: int | mpz) -> bool:
@@ -62,6 +96,13 @@ def preferred(modulus: int | mpz) -> bool:
     if not AVAILABLE:
         return False
     return vector_path() or int(modulus).bit_length() <= NATIVE_MAX_BITS
+
+
+def fixed_exponent_preferred() -> bool:
+    """Whether CRT decryption's powers (one k/2-bit exponent, many bases) should run in the
+    kernel: on the IFMA product only. Measured on the same machine (``make bench-paillier``),
+    AVX2 and portable C lost to GMP's powmod there by 15-30%."""
+    return AVAILABLE and current_path() == "ifma"
 
 
 def _width(modulus: int) -> int:
@@ -141,10 +182,18 @@ class FixedBaseTable:
 
 
 def multiply_chain(
-    modulus: int | mpz, a: int | mpz, b: int | mpz, count: int, *, square: bool = False
+    modulus: int | mpz,
+    a: int | mpz,
+    b: int | mpz,
+    count: int,
+    *,
+    square: bool = False,
+    pair: bool = False,
 ) -> mpz:
     """a * b^count (or a^(2^count) with ``square``) by ``count`` Montgomery products in one C
-    loop: what the tests check the arithmetic with and the benchmark times it by."""
+    loop: what the tests check the arithmetic with and the benchmark times it by. ``pair``
+    runs two such chains through the two-way interleaved product (IFMA; two plain products
+    elsewhere), which is how table lookups and decryption use it."""
     _require()
     modulus = int(modulus)
     width = _width(modulus)
@@ -154,5 +203,26 @@ def multiply_chain(
         _pack([b], modulus, width),
         count,
         square,
+        pair,
     )
     return _unpack(raw, width)[0]
+
+
+def powmod_many(bases: Sequence[int | mpz], exponent: int | mpz, modulus: int | mpz) -> list[mpz]:
+    """bases[i]^exponent mod ``modulus`` for every base: CRT decryption's shape (one exponent,
+    p - 1, for a batch of ciphertexts), two bases in lockstep per pass."""
+    _require()
+    modulus, exponent = int(modulus), int(exponent)
+    if exponent < 0:
+        raise ValueError("exponent must be non-negative")
+    width = _width(modulus)
+    raw = _kernel.powmod_fixed(
+        modulus.to_bytes(width, "little"),
+        _pack(bases, modulus, width),
+        exponent.to_bytes(8 * max(1, -(-exponent.bit_length() // 64)), "little"),
+    )
+    return _unpack(raw, width)
+
+
+if _kernel is not None and os.environ.get(PATH_VARIABLE):
+    set_path(os.environ[PATH_VARIABLE])

@@ -18,6 +18,12 @@ host batch (4,096 x 300, 1024-bit), the fused dense path beside the per-column p
 replaced for feature columns. The window rows time the obfuscators alone, per core, with the
 previous 10-bit window beside the current one (same run, same key).
 
+First, one Montgomery product per kernel path (IFMA, AVX2, portable C: whichever this CPU
+runs) at 2048 and 4096 bits, in ns and in cycles per product of two limbs (cycles from the
+clock /proc/cpuinfo reports), beside gmpy2 and HEU's ciphertext addition; last, the issue's
+targets beside this run's figures. IPCL (``ipcl-python``) has no distribution on the index
+used here, which the output says.
+
 Native kernel (``core.paillier.native``, the C extension) beside the gmpy2 code it replaces,
 in the same run, alternating: one multiplication modulo 2048- and 4096-bit moduli (gmpy2's
 ``a * b % m`` in a Python loop against a chain of Montgomery products in C); obfuscators per
@@ -157,6 +163,111 @@ def _both_cores_ms(use_native: bool, fixed: tuple, count: int, workers: int) -> 
     return 1e3 * statistics.median(walls) / (count * workers)
 
 
+RADIX_BITS = {"ifma": 52, "avx2": 26, "portable": 64, "gmpy2": 64}
+"""Limb size of each product's working form: what "cycles per limb product" divides by."""
+
+IPCL_NOTE = (
+    "IPCL: no row. `pip download --no-deps ipcl-python` finds no distribution on the package "
+    "index this benchmark runs against, and Intel's IPCL is not installed otherwise"
+)
+
+
+def clock_ghz() -> float | None:
+    """The clock /proc/cpuinfo reports (a VM's nominal rate; turbo may differ), or None."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("cpu MHz"):
+                    return float(line.split(":")[1]) / 1e3
+    except OSError:
+        return None
+    return None
+
+
+def heu_product_ns(modulus_bits: int, count: int = 20_000) -> float | None:
+    """HEU ZPaillier's ciphertext addition (one product mod n^2, plus its binding's per-call
+    cost: HEU's Python API exposes no bare product) at keys of half ``modulus_bits``."""
+    try:
+        from heu import phe
+    except ImportError:
+        return None
+    kit = phe.setup(phe.SchemaType.ZPaillier, modulus_bits // 2)
+    a, b = kit.encryptor().encrypt_raw(5), kit.encryptor().encrypt_raw(7)
+    evaluator = kit.evaluator()
+
+    def chain() -> None:
+        for _ in range(count):
+            evaluator.add_inplace(a, b)
+
+    return 1e9 * timed(chain, repeats=5)[0] / count
+
+
+def _path_product_ns(path: str, modulus, a, b, count: int, pair: bool) -> float:
+    """Median CPU ns per Montgomery product on ``path`` (a chain of ``count`` in C)."""
+    previous = native.set_path(path)
+    try:
+        chain = functools.partial(native.multiply_chain, modulus, a, b, count, pair=pair)
+        return 1e9 * timed(chain, repeats=7)[0] / (count * (2 if pair else 1))
+    finally:
+        native.set_path(previous)
+
+
+def _cycles_per_limb_product(ns: float, bits: int, path: str, ghz: float | None) -> str:
+    limbs = -(-bits // RADIX_BITS[path])
+    return "" if ghz is None else f"{ns * ghz / limbs**2:.3f}"
+
+
+def product_section(figures: dict[str, float], count: int = 20_000) -> None:
+    """One Montgomery product per path at 2048 and 4096 bits, beside gmpy2 and HEU."""
+    paths = native.supported_paths()
+    ghz = clock_ghz()
+    clock = f"{ghz:.2f} GHz as /proc/cpuinfo reports it" if ghz else "clock unknown"
+    print(
+        "\n### One product modulo a 2048- and 4096-bit modulus, per path (median CPU ns; "
+        f"cycles at {clock}, per product of two limbs of the path's radix)\n"
+    )
+    print("| modulus | path | limbs | ns / product | cycles / limb product "
+          "| two interleaved, ns / product | AVX2 / this |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for bits in (2048, 4096):
+        modulus = _random_modulus(bits)
+        a, b = (gmpy2.mpz(secrets.randbelow(int(modulus))) for _ in range(2))
+        single = {p: _path_product_ns(p, modulus, a, b, count, False) for p in paths}
+        paired = {p: _path_product_ns(p, modulus, a, b, count, True) for p in paths}
+        single["gmpy2"] = (
+            1e9 * timed(functools.partial(_gmpy2_chain, modulus, a, b, count), repeats=7)[0] / count
+        )
+        heu = heu_product_ns(bits)
+        for path, ns in single.items():
+            ratio = f"{single['avx2'] / ns:.2f}x" if "avx2" in single else ""
+            pair = f"{paired[path]:.0f}" if path in paired else "(Python loop: a * b % m)"
+            print(
+                f"| {bits} | {path} | {-(-bits // RADIX_BITS[path])} | {ns:.0f} "
+                f"| {_cycles_per_limb_product(ns, bits, path, ghz)} | {pair} | {ratio} |"
+            )
+        heu_text = f"{heu:.0f}" if heu else "sf-heu not installed"
+        print(f"| {bits} | HEU ZPaillier, ciphertext addition per call | | {heu_text} | | | |")
+        if bits == 4096 and "ifma" in single and "avx2" in single:
+            figures["product_4096_avx2_over_ifma"] = single["avx2"] / single["ifma"]
+
+
+def print_targets(figures: dict[str, float]) -> None:
+    """The issue's targets beside this run's figures."""
+    print("\n### Targets\n\n| target | this run | met |\n|---|---|---|")
+    rows = (
+        ("Montgomery product at 4096 bits: at least 2.5x the AVX2 path",
+         "product_4096_avx2_over_ifma", lambda v: v >= 2.5, "{:.2f}x"),
+        ("Encryption with the default randomizer: at most 0.5x HEU's per core (today 1.17x)",
+         "encrypt_full_over_heu", lambda v: v <= 0.5, "{:.2f}x HEU"),
+    )  # fmt: skip
+    for target, key, met, shape in rows:
+        value = figures.get(key)
+        if value is None:
+            print(f"| {target} | not measured in this run | |")
+        else:
+            print(f"| {target} | {shape.format(value)} | {'yes' if met(value) else 'no'} |")
+
+
 def native_section(public, private, fate_public, args) -> None:
     """The native kernel beside the gmpy2 path (see the module docstring)."""
     if not native.AVAILABLE:
@@ -258,8 +369,12 @@ def main(argv: list[str] | None = None) -> None:
     values = list(range(args.batch))
     workers = os.cpu_count() or 1
     fate_public, fate_private = generate_keypair(1024, allow_insecure_key_size=True)
+    figures: dict[str, float] = {}
+    if native.AVAILABLE:
+        product_section(figures)
     native_section(public, private, fate_public, args)
     if args.native_only:
+        print_targets(figures)
         return
 
     heu = heu_rows(args.key_bits, args.count, args.batch)
@@ -292,7 +407,10 @@ def main(argv: list[str] | None = None) -> None:
     if heu:
         rows.append(("HEU ZPaillier (short exponent)", heu_cpu, heu_wall, float("nan")))
 
+    if heu:
+        figures["encrypt_full_over_heu"] = rows[0][1] / heu_cpu
     print(f"\n### Encryption, {args.key_bits}-bit key ({workers} cores; HEU: {source})\n")
+    print(f"{IPCL_NOTE}.\n")
     print("| mode | per core: CPU ms / value | vs HEU | both cores: wall ms / value | vs HEU "
           "| table build, CPU s |")  # fmt: skip
     print("|---|---|---|---|---|---|")
@@ -348,6 +466,7 @@ def main(argv: list[str] | None = None) -> None:
         f"| X^T [[d]], same batch, fused dense path (now) | {300 * fused / columns:.1f} s CPU "
         f"({fused / planned:.2f}x) |"
     )
+    print_targets(figures)
 
 
 if __name__ == "__main__":

@@ -1107,6 +1107,24 @@ done:
 }
 
 /*
+ * A large table (hundreds of MB at 12-bit windows) is read at random: each entry is a cache
+ * and TLB miss that costs about as much as the product it feeds, unless it is requested a
+ * few products ahead.
+ */
+#define PREFETCH_AHEAD 4
+
+static inline void prefetch_entry(const limb *entry, Py_ssize_t s)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    for (Py_ssize_t k = 0; k < s; k += 8)
+        __builtin_prefetch(entry + k, 0, 0);
+#else
+    (void)entry;
+    (void)s;
+#endif
+}
+
+/*
  * Two values' products at once through the interleaved product (the IFMA path, where one
  * product's dependency chain leaves the multipliers idle). A zero digit multiplies by the
  * row's entry 0, which is 1 in Montgomery form: the product is unchanged and still fully
@@ -1122,6 +1140,13 @@ static void table_lookup_pair(const fb_table *t, const int64_t *digits, limb *ou
         /* masked again: the buffer is shared and could change after the check */
         const Py_ssize_t v0 = (Py_ssize_t)((uint64_t)digits[r] & mask);
         const Py_ssize_t v1 = (Py_ssize_t)((uint64_t)digits[rows + r] & mask);
+        if (r + PREFETCH_AHEAD < rows) {
+            const Py_ssize_t ahead = r + PREFETCH_AHEAD;
+            const uint64_t u0 = (uint64_t)digits[ahead] & mask;
+            const uint64_t u1 = (uint64_t)digits[rows + ahead] & mask;
+            prefetch_entry(t->entries + (ahead * width + (Py_ssize_t)u0) * s, s);
+            prefetch_entry(t->entries + (ahead * width + (Py_ssize_t)u1) * s, s);
+        }
         if (r == 0) {
             to_working(acc[0], t->entries + v0 * s, c);
             to_working(acc[1], t->entries + v1 * s, c);
@@ -1186,6 +1211,11 @@ static PyObject *fixed_base_products(PyObject *self, PyObject *args)
         for (Py_ssize_t r = 0; r < t->rows; r++) {
             /* masked again: the buffer is shared and could change after the check */
             Py_ssize_t v = (Py_ssize_t)((uint64_t)D[i * t->rows + r] & (uint64_t)(width - 1));
+            if (r + PREFETCH_AHEAD < t->rows) {
+                const Py_ssize_t ahead = r + PREFETCH_AHEAD;
+                const uint64_t u = (uint64_t)D[i * t->rows + ahead] & (uint64_t)(width - 1);
+                prefetch_entry(t->entries + (ahead * width + (Py_ssize_t)u) * s, s);
+            }
             if (!v)
                 continue;
             to_working(started ? entry : acc, t->entries + (r * width + v) * s, c);
@@ -1240,7 +1270,8 @@ static void pow_pair(limb *x0, limb *x1, const limb *e, Py_ssize_t e_bits, limb 
         Py_ssize_t digit = 0;
         for (int k = POW_WINDOW - 1; k >= 0; k--) {
             const Py_ssize_t bit = pos * POW_WINDOW + k;
-            digit = (digit << 1) | (bit < e_bits ? (Py_ssize_t)((e[bit >> 6] >> (bit & 63)) & 1) : 0);
+            const limb set = bit < e_bits ? (e[bit >> 6] >> (bit & 63)) & 1 : 0;
+            digit = (digit << 1) | (Py_ssize_t)set;
         }
         if (pos == windows - 1) {
             memcpy(x0, t0 + digit * w, sizeof(limb) * (size_t)w);

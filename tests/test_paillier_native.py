@@ -90,6 +90,35 @@ def test_an_install_without_the_extension_runs_on_gmpy2() -> None:
     assert _run(blocker + ROUND_TRIP) == "False None"
 
 
+def test_a_build_without_a_compiler_completes_and_builds_nothing(tmp_path: Path) -> None:
+    # setup.py's extension with a compiler that always fails: the build step must warn and
+    # finish (what lets pip install the package), leaving no module behind.
+    code = (
+        "import runpy, setuptools\n"
+        "kw = {}\n"
+        "setuptools.setup = lambda **k: kw.update(k)\n"
+        "runpy.run_path('setup.py')\n"
+        "dist = setuptools.Distribution({'name': 'probe', 'ext_modules': kw['ext_modules']})\n"
+        "command = dist.get_command_obj('build_ext')\n"
+        f"command.build_lib, command.build_temp = {str(tmp_path / 'lib')!r}, "
+        f"{str(tmp_path / 'tmp')!r}\n"
+        "command.ensure_finalized()\n"
+        "command.run()\n"
+        "print('finished')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "CC": "false", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == "finished"
+    assert "failed" in result.stderr + result.stdout
+    assert not list(tmp_path.rglob("*.so"))
+
+
 def test_setup_keeps_the_extension_optional_and_portable() -> None:
     # optional=True: a failed compile does not fail the install; no -march: one wheel runs on
     # CPUs without AVX2 or IFMA (those paths are chosen at run time).

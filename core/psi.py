@@ -43,6 +43,13 @@ class PsiError(ValueError):
     """Bad PSI input, or an intersection too small to release."""
 
 
+class PeerRefusedError(PsiError):
+    """The peer refused to release the intersection; its own error says why, this side's
+    only reports it (so a local run shows the peer's)."""
+
+    reports_peer = True
+
+
 def new_key() -> bytes:
     """A fresh secret scalar (X25519 clamps it)."""
     return secrets.token_bytes(32)

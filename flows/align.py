@@ -17,9 +17,10 @@ aligned rows                                         aligned rows   (same order 
 ids, then the peer's; equal ids meet as equal doubly-blinded points), with the same
 guarantees and the same intersection.
 
-``psi_align`` runs both sides in one process (the embedded mode). ``psi_align_party`` is one
-side, run by a party service at its own organisation: both parties run it with the same job id,
-each on its own table, and each executes only its own column of the diagram above.
+``psi_align_party`` is one side: both parties run it with the same job id, each on its own
+table, and each executes only its own column of the diagram above, at its own organisation or
+in a local run. ``psi_align`` is that local run: both sides in this process
+(:mod:`flows.local_run`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import psi as steps
@@ -52,11 +54,13 @@ def psi_align(
     min_rows: int = 100,
     workspace: str | None = None,
     protocol: str = "kkrt",
+    job_id: str | None = None,
 ) -> dict[str, Any]:
-    """Align two tables; returns the intersection size and each party's aligned descriptor.
+    """Align two tables locally: both parties' ``psi_align_party`` sides, in this process.
 
-    Re-running on unchanged inputs reuses the stored alignment (the job id is derived from
-    both parties' salted table fingerprints).
+    Returns the intersection size and each party's aligned descriptor. Re-running on
+    unchanged inputs reuses the stored alignment (the job id is derived from both parties'
+    salted table fingerprints).
 
     Args:
         party_a: Descriptor of the first party's table (database, table, party, id column).
@@ -64,11 +68,33 @@ def psi_align(
         min_rows: Refuse an intersection smaller than this many rows.
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
         protocol: ``"kkrt"`` (OT extension, KKRT16; the default) or ``"ecdh"`` (X25519).
+        job_id: The job to run or reuse; default derived from the tables (see above).
     """
     a, b = TableRef.from_dict(party_a), TableRef.from_dict(party_b)
     if a.party == b.party:
         raise ValueError(f"both tables belong to party {a.party!r}; PSI needs two parties")
     _check_protocol(protocol)
+    job_id = job_id or _local_job_id(a, b, min_rows, protocol)
+    sides = [
+        LocalSide(ref.party, _side(ref, peer.party, job_id, min_rows, protocol))
+        for ref, peer in ((a, b), (b, a))
+    ]
+    done = run_locally(LocalJob(sides, workspace, job=job_id))
+    results = [done[a.party], done[b.party]]
+    sizes = [r["set_sizes"][0] for r in results]
+    psi_summary(job_id, [a, b], sizes, results[0]["intersection_size"], workspace)
+    return {
+        "job_id": job_id,
+        "intersection_size": results[0]["intersection_size"],
+        "reused": all(r["reused"] for r in results),
+        "aligned": [r["aligned"] for r in results],
+        "set_sizes": sizes,
+    }
+
+
+def _local_job_id(a: TableRef, b: TableRef, min_rows: int, protocol: str) -> str:
+    """The job id of a local alignment: derived from both tables' salted fingerprints, so
+    unchanged tables reuse their alignment; a fresh id if a stored one no longer matches."""
     inputs: dict[str, Any] = {
         "a": [a.party, a.table, fingerprint(a)],
         "b": [b.party, b.table, fingerprint(b)],
@@ -79,35 +105,14 @@ def psi_align(
     job_id = derive_job_id("psi", inputs)
     stored = [steps.stored_alignment(r, job_id, refuse_changed=False) for r in (a, b)]
     if any(s is not None and "changed" in s for s in stored):
-        # both sides run here: align again under a fresh id (a party's side refuses instead)
         fresh = {**inputs, "replaces": job_id, "nonce": secrets.token_hex(8)}
         job_id = derive_job_id("psi", fresh)
         get_run_logger().info("re-aligning as job %s", job_id)
-        stored = [None, None]
-    if all(stored):
-        get_run_logger().info("inputs unchanged: reused alignment of job %s", job_id)
-        results = stored
-    elif protocol == "kkrt":
-        results = psi_kkrt.run_both(a, b, job_id, min_rows, workspace)
-    else:
-        steps.blind_own_ids(a, b.party, job_id, workspace)
-        steps.blind_own_ids(b, a.party, job_id, workspace)
-        steps.blind_peer_ids(a, b.party, job_id, workspace)
-        steps.blind_peer_ids(b, a.party, job_id, workspace)
-        results = [
-            steps.store_aligned_rows(a, b.party, job_id, min_rows, workspace),
-            steps.store_aligned_rows(b, a.party, job_id, min_rows, workspace),
-        ]
-    psi_summary(job_id, [a, b], [r["own_size"] for r in results], results[0]["size"], workspace)
-    return {
-        "job_id": job_id,
-        "intersection_size": results[0]["size"],
-        "reused": all(stored),
-        "aligned": [
-            ref.with_table(r["table"]).to_dict() for ref, r in zip((a, b), results, strict=True)
-        ],
-        "set_sizes": [results[0]["own_size"], results[1]["own_size"]],
-    }
+    return job_id
+
+
+def _side(ref: TableRef, peer: str, job_id: str, min_rows: int, protocol: str) -> Any:
+    return lambda: psi_align_party(ref.to_dict(), peer, job_id, min_rows, protocol)
 
 
 @flow(name="psi_align_party", flow_run_name="psi_align {job_id}: {own[party]} with {peer}")
@@ -129,6 +134,7 @@ def psi_align_party(
     _check_protocol(protocol)
     ref = TableRef.from_dict(own)
     result = steps.stored_alignment(ref, job_id)
+    reused = result is not None
     if result is None and protocol == "kkrt":
         result = psi_kkrt.run_party(ref, peer, job_id, min_rows)
     elif result is None:
@@ -140,4 +146,5 @@ def psi_align_party(
         "intersection_size": result["size"],
         "aligned": ref.with_table(result["table"]).to_dict(),
         "set_sizes": [result["own_size"], result["peer_size"]],
+        "reused": reused,
     }

@@ -8,10 +8,10 @@ private prior ─▶ mechanism ─▶ noisy labels
 optional:  evaluate on true labels ◀── predictions ────── (hold-out rows only)
 
 With the digest, the labels party sends the release's public terms (parameters, hold-out
-split); the features party trains for them. ``label_dp_regression`` runs both columns in one
-process, one party's step after the other's; ``label_dp_party`` is one column, run by a party
-service at its own organisation with the agreed job id (the features party needs no release
-option: the terms arrive as a message). The release is stored before it is sent, so a re-run
+split); the features party trains for them. ``label_dp_party`` is one column, run with the
+agreed job id at the party's own organisation or in a local run (``label_dp_regression``: both
+columns in this process, :mod:`flows.local_run`); the features party needs no release option:
+the terms arrive as a message. The release is stored before it is sent, so a re-run
 of either party re-sends identical bytes and charges nothing.
 
 ``label_dp_job`` runs a job file end to end: load both tables (the labels party's initial
@@ -28,12 +28,13 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow
 
 from core.label_dp.grid import DEFAULT_GRID_SIZE
 from core.preprocessing import PreprocessingSpec
 from flows.align import psi_align
 from flows.jobs import read_job
+from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import label_dp as steps
@@ -46,7 +47,6 @@ from tasks.reporting import (
     publish_model_link,
     run_namer,
 )
-from tasks.summaries import label_dp_summary
 
 
 def _label_range(label_range: list[float] | None, labels: TableRef) -> tuple[float, float]:
@@ -118,7 +118,8 @@ def label_dp_regression(
     job_id: str | None = None,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train on epsilon-label-DP noisy labels; returns the model, the release and the budget.
+    """Train on epsilon-label-DP noisy labels, locally (both parties' ``label_dp_party``
+    sides in this process); returns the model, the release and the budget.
 
     ``label_range`` (or the labels descriptor's ``label_domain``) fixes the public grid:
     ``grid_size`` evenly spaced points, or every integer with ``integer_labels`` when there
@@ -174,47 +175,38 @@ def label_dp_regression(
             options["preprocessing"] = spec.to_dict()
         job_id = derive_job_id("label-dp", {"tables": tables, **options})
         job = replace(job, job_id=job_id)
-    # each party's steps in turn; the features party's job is built from the terms it received
-    checked = steps.check_labels(job, labels_ref)
-    terms = steps.receive_terms(job_id, workspace, job.labels_party, features_ref)
-    features_job = steps.LabelDPJob.from_terms(
-        job_id, workspace, job.labels_party, job.features_party, terms
-    )
-    steps.check_features(features_job, features_ref)
-    release = steps.release_noisy_labels(job, labels_ref)
-    model = steps.train_model(features_job, features_ref, spec)
-    evaluation = None
-    if evaluate:
-        steps.send_predictions(features_job, features_ref)
-        evaluation = steps.evaluate(job, labels_ref)
-        scope = f"{evaluation['test_rows']} rows, {evaluation['evaluated_on']}"
-        publish_training_charts("label-dp", job_id, [], {scope: evaluation.pop("calibration")})
-    publish_markdown(
-        artifact_key("label-dp", job_id, "release"),
-        _summary(job, release, model, evaluation),
-        f"label-DP regression summary of job {job_id}",
-    )
-    publish_model_link(
-        artifact_key("label-dp", job_id, "model"), features_ref.database, model["key"]
-    )
-    get_run_logger().info("job %s: %s", job_id, release["summary"])
-    metrics = {**model["metrics"], **(evaluation or {})}
-    label_dp_summary(
-        job, features_ref, labels_ref, checked["rows"], release["budget"], metrics, workspace
-    )
+    options = {
+        "epsilon": epsilon, "loss": loss, "label_range": list(job.label_range),
+        "mechanism": mechanism, "prior_epsilon": prior_epsilon, "grid_size": grid_size,
+        "integer_labels": integer_labels, "clip": clip, "holdout_fraction": holdout_fraction,
+        "seed": seed, "evaluate": evaluate, "preprocessing": spec.to_dict(),
+    }  # fmt: skip
+    sides = [
+        LocalSide(ref.party, _side(ref, role, peer.party, job_id, options))
+        for ref, role, peer in (
+            (labels_ref, "labels", features_ref),
+            (features_ref, "features", labels_ref),
+        )
+    ]
+    done = run_locally(LocalJob(sides, workspace, job=job_id))
+    released, trained = done[labels_ref.party], done[features_ref.party]
     return {
         "job_id": job_id,
-        "rows": checked["rows"],
-        "release_key": release["release_key"],
-        "reused": release["reused"],
-        "mechanism": release["summary"],
-        "budget": release["budget"],
-        "coefficients": model["coefficients"],
-        "intercept": model["intercept"],
-        "metrics": {**model["metrics"], **(evaluation or {})},
-        "model_key": model["key"],
-        "database": features_ref.database,
+        "rows": released["rows"],
+        "release_key": released["release_key"],
+        "reused": released["reused"],
+        "mechanism": released["mechanism"],
+        "budget": released["budget"],
+        "coefficients": trained["coefficients"],
+        "intercept": trained["intercept"],
+        "metrics": {**trained["metrics"], **released["metrics"]},
+        "model_key": trained["model_key"],
+        "database": trained["database"],
     }
+
+
+def _side(ref: TableRef, role: str, peer: str, job_id: str, options: dict[str, Any]) -> Any:
+    return lambda: label_dp_party(ref.to_dict(), role, peer, job_id, **options)
 
 
 ROLES = ("labels", "features")

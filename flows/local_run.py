@@ -17,6 +17,7 @@ the run raises the first failure that is not merely a peer's report of another.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 from collections.abc import Callable, Sequence
@@ -24,10 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefect import tags
+from prefect.context import FlowRunContext
+from prefect.runtime import flow_run
+
 from storage.channel import FileTransport
 from storage.federation import Federation, PeerFailedError
 from storage.party_config import PartyConfig, as_party
 from storage.workspace import workspace_root
+from tasks.reporting import job_name
 
 
 @dataclass(frozen=True)
@@ -62,8 +68,13 @@ class LocalJob:
         return PartyConfig.local_party(party, self.root, peers, self.folder)
 
 
-class LocalRunError(RuntimeError):
-    """A side of a local run failed (raised only when no side's own error can be re-raised)."""
+_CALLER_ATTEMPT: contextvars.ContextVar[int] = contextvars.ContextVar("privreg_attempt", default=1)
+
+
+def caller_attempt() -> int:
+    """Which try of the flow run that started this local run (1 outside one): a retry of that
+    run starts new side runs, each on its first try."""
+    return _CALLER_ATTEMPT.get()
 
 
 def run_locally(job: LocalJob) -> dict[str, Any]:
@@ -74,11 +85,14 @@ def run_locally(job: LocalJob) -> dict[str, Any]:
     results: dict[str, Any] = {}
     errors: list[tuple[str, BaseException]] = []
     lock = threading.Lock()
+    _CALLER_ATTEMPT.set(max(caller_attempt(), flow_run.run_count or 1))
+    # the sides' runs and artifacts are named after the caller's job (its job file or table)
+    name = job_name() if FlowRunContext.get() is not None else None
 
     def side_thread(side: LocalSide) -> None:
         try:
             with as_party(job.config(side.party)):
-                value = _as_side(job, side)
+                value = _as_side(job, side, name)
             with lock:
                 results[side.party] = value
         except BaseException as error:  # reported to the caller, and to peers by its federation
@@ -104,18 +118,23 @@ def run_locally(job: LocalJob) -> dict[str, Any]:
     return results | dict(errors)  # a tolerated party's failure: a dropout the run survived
 
 
-def _as_side(job: LocalJob, side: LocalSide) -> Any:
+def _as_side(job: LocalJob, side: LocalSide, name: str | None) -> Any:
     if job.job is None:
         return side.run()
     federation = Federation(
         FileTransport(job.root), job.job, side.party, tuple(s.party for s in job.sides),
         tolerated=tuple(p for p in job.tolerated if p != side.party),
     )  # fmt: skip
-    with federation.taking_part():
+    with federation.taking_part(), tags(f"job:{name}") if name else contextlib.nullcontext():
         return side.run()
 
 
 def _root_cause(errors: list[tuple[str, BaseException]]) -> BaseException:
-    """The error a person should read: a side's own failure before its peers' reports of it."""
-    own = [error for _, error in errors if not isinstance(error, PeerFailedError)]
+    """The error a person should read: a side's own failure before its peers' reports of it
+    (a peer's failure heard through the federation, or a refusal the peer sent)."""
+    own = [
+        error
+        for _, error in errors
+        if not isinstance(error, PeerFailedError) and not getattr(error, "reports_peer", False)
+    ]
     return (own or [error for _, error in errors])[0]

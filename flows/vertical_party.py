@@ -36,13 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
+from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
+from core import test_switches
 from core.outcomes import BELOW_BASELINE, check_loss, classifier_verdict
 from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.schedule import Schedule
+from flows.local_run import caller_attempt
 from storage.descriptor import TableRef
 from storage.party_config import active_config
 from storage.party_store import PartyStore
@@ -54,6 +57,20 @@ from tasks.reporting import artifact_key, flow_short, publish_model_link, publis
 from tasks.summaries import current_attempt, vertical_round_history, vertical_summary
 
 ROLES = ("guest", "host", "arbiter")
+
+FAULT_VARIABLE = test_switches.FAIL_ROUND_VARIABLE
+"""Tests only: ``PRIVREG_TEST_FAIL_ROUND=<job id>:<round>`` in the environment of the process
+that runs the guest makes that job's round fail at the guest on the first try of its run (or of
+the local run that started it), past the round's own retries (see :mod:`core.test_switches`)."""
+
+
+class InjectedFaultError(RuntimeError):
+    """Raised by the test-only fault switch (:data:`FAULT_VARIABLE`)."""
+
+
+def _injected_fault(job_id: str, round_: int) -> bool:
+    first_try = (flow_run.run_count or 1) <= 1 and caller_attempt() <= 1
+    return test_switches.fail_round(job_id) == round_ and first_try
 
 
 @flow(name="vertical_lr_party", flow_run_name="vertical_lr {job_id}: {role}")
@@ -381,6 +398,8 @@ def _guest_round(
     inner.guest_residual(job, ref, round_)
     if not job.with_arbiter:
         _decrypt_round(job, round_)
+    if _injected_fault(job.job_id, round_):  # every attempt of the first try: past retries
+        raise InjectedFaultError(f"injected fault in round {round_} ({FAULT_VARIABLE})")
     inner.obfuscators_ahead(job, ref, ahead)  # while the key holder decrypts
     squared = inner.update_weights(job, ref, round_, "guest")
     metrics = {

@@ -26,9 +26,9 @@ are saved with its model (see tasks/walr.py).
 A re-run on unchanged tables, preprocessing and release parameters reuses the stored release
 and charges nothing; the labels party then only re-sends it.
 
-``walr`` runs both columns in one process (the embedded mode), one party's step after the
-other's. ``walr_party`` is one column, run by a party service at its own organisation: both
-parties run it with the same agreed job id and options, each on its own table; what it needs
+``walr_party`` is one column: both parties run it with the same agreed job id and options,
+each on its own table, at its own organisation or in a local run (``walr``: both columns in
+this process, :mod:`flows.local_run`); what it needs
 from the other (the features' shape, the release plan, ciphertexts, the release) arrives as
 messages. Before the set-up shown above, the features party sends its public facts (column
 count, mode, clip norm, salted fingerprint) and the labels party answers whether it makes a
@@ -49,10 +49,10 @@ from core.dp.gaussian import validate_epsilon_delta
 from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
+from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import walr as steps
-from tasks.charts import publish_training_charts
 from tasks.loading import fingerprint
 from tasks.reporting import (
     artifact_key,
@@ -257,7 +257,8 @@ def walr(
     holdout_fraction: float = 0.0,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train WALR: (epsilon, delta)-label-DP logistic regression from one noisy sum.
+    """Train WALR: (epsilon, delta)-label-DP logistic regression from one noisy sum, locally:
+    both parties' ``walr_party`` sides in this process.
 
     ``features`` and ``labels`` are descriptors of the two parties' PSI-aligned tables; the
     labels party uses only its label column, and charges its own source table (an aligned
@@ -314,68 +315,32 @@ def walr(
             **({"holdout_fraction": holdout_fraction} if holdout_fraction else {}),
         }
         job_id = derive_job_id("walr", {**described, **release})
-    job = _make_job(
-        features_ref.party,
-        labels_ref.party,
-        job_id,
-        workspace,
-        protected,
-        (prints["labels"], prints["features"]),
-        release,
-        noise,
-        randomizer,
-        holdout_fraction,
-        key_size,
-        spec,
-    )
-    # each party's steps in turn, in the order the messages need
-    checked = steps.check_labels_and_budget(job, labels_ref)  # before any computation
-    shape = steps.check_features(job, features_ref)
-    job = replace(job, **steps.receive_features_facts(job, labels_ref))
-    steps.check_alignment(job, labels_ref)
-    steps.send_plan(job, labels_ref, checked["reused"])
-    if checked["reused"]:
-        get_run_logger().info("unchanged inputs: reused the stored release (nothing charged)")
-    else:
-        steps.encrypt_labels(job, labels_ref, key_size)
-    if steps.receive_plan(job, features_ref):
-        steps.masked_sums(job, features_ref)
-    steps.release_noisy_sums(job, labels_ref)  # a stored release is kept as it is
-    sent = steps.send_release(job, labels_ref)
-    model = steps.train(job, features_ref, l2)
-    metrics: dict[str, Any] = {}
-    if evaluate or holdout_fraction:
-        steps.send_predictions(job, features_ref)
-        metrics = steps.evaluate(job, labels_ref)
-    publish_model_link(
-        artifact_key("walr", job_id, "model"), features_ref.database, model["model_key"]
-    )
-    publish_markdown(
-        artifact_key("walr", job_id, "release"),
-        _summary(job, sent, model, metrics, checked["reused"]),
-        f"WALR release and model of job {job_id}",
-    )
-    walr_summary(
-        job_id,
-        features_ref.party,
-        labels_ref,
-        shape["rows"],
-        sent["budget"],
-        metrics,
-        workspace,
-        sent["release_job_id"],
-    )
-    if metrics:
-        publish_training_charts("walr", job_id, [], {metrics["scope"]: metrics["roc"]})
+    shared = {
+        "job_id": job_id, "epsilon": epsilon, "delta": delta, "mode": mode,
+        "clip_norm": clip_norm, "l2": l2, "key_size": key_size, "noise": noise,
+        "evaluate": evaluate, "protected_table": protected, "randomizer": randomizer,
+        "holdout_fraction": holdout_fraction, "preprocessing": spec.to_dict(),
+    }  # fmt: skip
+    sides = [
+        LocalSide(ref.party, _side(ref, role, peer.party, shared))
+        for ref, role, peer in (
+            (labels_ref, "labels", features_ref),
+            (features_ref, "features", labels_ref),
+        )
+    ]
+    done = run_locally(LocalJob(sides, workspace, job=job_id))
+    labels_side, features_side = done[labels_ref.party], done[features_ref.party]
+    facts = {k: v for k, v in features_side.items() if k not in ("role", "job_id", "rows")}
     return {
-        "job_id": job_id,
-        "rows": shape["rows"],
-        **_release_facts(sent, checked["reused"]),
-        **_model_facts(model, features_ref),
+        **{k: v for k, v in labels_side.items() if k != "role"},
+        **facts,
         "epsilon": epsilon,
         "delta": delta,
-        "metrics": metrics,
     }
+
+
+def _side(ref: TableRef, role: str, peer: str, shared: dict[str, Any]) -> Any:
+    return lambda: walr_party(ref.to_dict(), role, peer, **shared)
 
 
 ROLES = ("labels", "features")

@@ -614,30 +614,3 @@ def _side(
 def run_party(ref: TableRef, peer: str, job_id: str, min_rows: int) -> dict[str, Any]:
     """One party's whole side (for ``psi_align_party``)."""
     return party_side(ref, peer, job_id, min_rows)
-
-
-def run_both(
-    a: TableRef, b: TableRef, job_id: str, min_rows: int, workspace: str | None
-) -> list[dict[str, Any]]:
-    """Both parties in one process (for ``psi_align``); results in the order ``a, b``."""
-    with PartyStore.of(a).session(), PartyStore.of(b).session():  # as in party_side
-        return _both(a, b, job_id, min_rows, workspace)
-
-
-def _both(
-    a: TableRef, b: TableRef, job_id: str, min_rows: int, workspace: str | None
-) -> list[dict[str, Any]]:
-    sizes = [prepare_ids(ref, job_id) for ref in (a, b)]  # both refuse bad ids first
-    send_size(a, b.party, job_id, sizes[0], workspace)
-    send_size(b, a.party, job_id, sizes[1], workspace)
-    plan = plan_for(a, b.party, job_id, workspace)
-    receiver, sender = (a, b) if plan.receiver else (b, a)
-    send_hello(receiver, sender.party, job_id, workspace)
-    send_reply(sender, receiver.party, job_id, workspace)
-    for bucket in range(plan.buckets):
-        send_matrix(receiver, sender.party, job_id, bucket, workspace)
-        send_values(sender, receiver.party, job_id, bucket, workspace)
-        match_bucket(receiver, sender.party, job_id, bucket, workspace)
-    done = {receiver.party: release_and_store(receiver, sender.party, job_id, min_rows, workspace)}
-    done[sender.party] = finish_and_store(sender, receiver.party, job_id, min_rows, workspace)
-    return [done[a.party], done[b.party]]

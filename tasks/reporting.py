@@ -48,6 +48,15 @@ FLOW_SHORT = {
     "pipeline": "pipeline",
     "score_vertical": "score-vertical",
     "score_local": "score-local",
+    # a side of a protocol is named as the protocol: one name whichever way the job runs
+    "psi_align_party": "psi",
+    "vertical_lr_party": "vertical",
+    "walr_party": "walr",
+    "label_dp_party": "label-dp",
+    "horizontal_lr_party": "horizontal",
+    "horizontal_lr_coordinator": "horizontal",
+    "sparse_lda_party": "sparse-lda",
+    "sparse_lda_coordinator": "sparse-lda",
 }
 #: Flow parameters that hold table descriptors, in the order that names a run.
 _TABLE_PARAMETERS = (

@@ -28,7 +28,6 @@ from storage.workspace import workspace_root
 from tasks.charts import held_out_roc
 from tasks.policy import PARTY_STEP
 from tasks.reporting import (
-    PUBLISHED,
     BudgetLine,
     Quality,
     RunSummary,
@@ -317,29 +316,6 @@ def label_mean_baseline(ref: TableRef, train_rows: list[int], eval_rows: list[in
     return float(np.mean((evaluated - mean) ** 2))
 
 
-def label_dp_summary(
-    job: Any,
-    features: TableRef,
-    labels: TableRef,
-    rows: int,
-    budget: dict[str, Any],
-    metrics: dict[str, Any],
-    workspace: str | None,
-) -> dict[str, Any]:
-    quality = []
-    if metrics.get("test_mse") is not None:
-        holdout = [int(r) for r in job.holdout_rows(rows)]
-        train = [int(r) for r in job.train_rows(rows)]
-        baseline = label_mean_baseline(labels, train, holdout)
-        scope = str(metrics.get("evaluated_on", "held-out rows"))
-        quality = [Quality("MSE", metrics["test_mse"], baseline, False, scope)]
-    held_out = len(job.holdout_rows(rows))
-    split = [("training rows", rows - held_out), ("held-out rows", held_out)]
-    return _one_release_summary(
-        job.job_id, features.party, labels, rows, budget, quality, [job.job_id], workspace, split
-    )
-
-
 def _one_release_summary(
     job_id: str,
     features_party: str,
@@ -567,37 +543,3 @@ def sparse_lda_summary(
     ) | {"curves": {f"{party}'s rows (in-sample)": e["roc"] for party, e in errors.items()}}
 
 
-def pipeline_summary(
-    stages: dict[str, dict[str, Any]],
-    alignment: dict[str, Any],
-    job_ids: list[str | None],
-    workspace: str | None,
-) -> dict[str, Any]:
-    """The pipeline's summary: its stages' summaries (published by their runs in this
-    process) gathered into one, plus each stage's result line and time."""
-    stage_figures = [PUBLISHED[j] for j in job_ids if j in PUBLISHED]
-    parties: dict[str, int] = {}
-    quality, budgets = [], []
-    for figures in stage_figures:
-        for party, rows in figures["parties"].items():
-            parties.setdefault(party, rows)
-        flow = figures["flow"]
-        quality += [
-            Quality(**{**q, "metric": f"{flow}: {q['metric']}"}) for q in figures["quality"]
-        ]
-        budgets += [BudgetLine(**b) for b in figures["budgets"]]
-    unique_budgets = list({(b.party, b.table): b for b in budgets}.values())
-    return publish_summary(
-        RunSummary(
-            "pipeline-" + alignment["job_id"].removeprefix("psi-"),
-            parties,
-            quality=quality,
-            budgets=unique_budgets,
-            bytes_sent=bytes_sent([j for j in job_ids if j], workspace),
-            rounds=sum(f["rounds"] for f in stage_figures),
-            details=[
-                (f"stage {name}", f"{stage['result']} ({stage['seconds']:.1f} s)")
-                for name, stage in stages.items()
-            ],
-        )
-    )

@@ -792,13 +792,6 @@ def last_round(job: VerticalJob, ref: TableRef) -> int:
     return RoundCheckpoints(PartyStore.of(ref), PROTOCOL, job.job_id).last_round()
 
 
-@task(
-    name="vertical-rollback", task_run_name="{ref.party}: roll back to round {round_}", **PARTY_STEP
-)
-def rollback(job: VerticalJob, ref: TableRef, round_: int) -> int:
-    return RoundCheckpoints(PartyStore.of(ref), PROTOCOL, job.job_id).rollback_to(round_)
-
-
 @task(name="vertical-save-model", task_run_name="{ref.party}: save model share", **PARTY_STEP)
 def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[str, Any]:
     """Store this party's share of the model (its features' coefficients; the intercept at the

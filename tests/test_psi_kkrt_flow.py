@@ -89,9 +89,10 @@ def test_unknown_protocol_is_refused(workspace: Path) -> None:
         psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="rr22")
 
 
-@flow
 def _both(a: dict, b: dict, job: str, workspace: str) -> list[dict]:
-    return psi_kkrt.run_both(TableRef.from_dict(a), TableRef.from_dict(b), job, 100, workspace)
+    """Both sides of a KKRT job with a given id, in this process; each side's aligned table."""
+    aligned = psi_align(a, b, workspace=workspace, job_id=job)["aligned"]
+    return [{"table": side["table"]} for side in aligned]
 
 
 def _nothing_aligned(a: TableRef, b: TableRef) -> None:
@@ -103,7 +104,12 @@ def test_replayed_message_with_other_payload_is_refused(workspace: Path) -> None
     a, b, _ = make_parties(workspace)
     endpoint = channel_for("kkrt-replay", str(workspace)).endpoint("bank")
     endpoint.send("shop", kkrt.KIND_MATRIX, {"u": b"forged", "hash_key": b"", "bins": 1})
-    with pytest.raises(MessageConflictError, match="different payload for the 'psi_kkrt_matrix'"):
+    # both sides run at once: the receiver's own matrix is refused (a message is never
+    # replaced), or the sender refuses the forged one first; either way nothing is aligned
+    with pytest.raises(
+        (MessageConflictError, psi.PsiError),
+        match="different payload for the 'psi_kkrt_matrix'|matrix message from bank .* bins",
+    ):
         _both(a.to_dict(), b.to_dict(), "kkrt-replay", str(workspace))
     _nothing_aligned(a, b)
 
@@ -163,12 +169,16 @@ def test_many_buckets_and_a_resume_that_skips_finished_buckets(
     with pytest.raises(KilledError):  # buckets 0, 1, 2 matched, then the receiver stops
         _both(a.to_dict(), b.to_dict(), "kkrt-resume", str(workspace))
     _nothing_aligned(a, b)
-    assert calls["matrix"] == [0, 1, 2, 3] and calls["values"] == [0, 1, 2, 3]
+    # the receiver sends the next matrix before each match; the sender answers each matrix
+    assert calls["matrix"] == [0, 1, 2, 3, 4] and calls["match"] == [0, 1, 2]
+    first_values = list(calls["values"])
+    assert first_values in ([0, 1, 2, 3], [0, 1, 2, 3, 4])  # 4: if it answered before it heard
     for name in calls:
         calls[name].clear()
         monkeypatch.setattr(kkrt, steps[name], counted(name, None))
     results = _both(a.to_dict(), b.to_dict(), "kkrt-resume", str(workspace))
-    assert calls["matrix"] == [3, 4, 5, 6, 7] and calls["values"] == [4, 5, 6, 7]  # not redone
+    assert calls["matrix"] == [3, 4, 5, 6, 7]  # the unmatched buckets' matrices again
+    assert calls["values"] == [b for b in range(8) if b not in first_values]  # none redone
     assert len(calls["match"]) == 5
     ids_a = PartyStore.of(a).read_table(a.with_table(results[0]["table"]))["id"].tolist()
     ids_b = PartyStore.of(b).read_table(b.with_table(results[1]["table"]))["id"].tolist()
@@ -196,7 +206,7 @@ def test_a_small_set_meets_many_buckets_with_one_matrix(
     assert sorted(n for kind, n in sent if kind == kkrt.KIND_VALUES) == list(range(8))
 
 
-def test_duplicate_ids_are_refused_before_anything_is_sent(workspace: Path) -> None:
+def test_duplicate_ids_are_refused_before_their_party_sends_anything(workspace: Path) -> None:
     a, b, _ = make_parties(workspace)
     store = PartyStore.of(b)
     with store.connect() as con:
@@ -209,7 +219,8 @@ def test_duplicate_ids_are_refused_before_anything_is_sent(workspace: Path) -> N
     with store.connect() as con:
         tables = con.execute("SELECT table_name FROM information_schema.tables").fetchall()
     assert not any(name.startswith("privreg_psi") for (name,) in tables)
-    assert not list(workspace.glob("runs/*/messages/*/*"))  # neither party sent a thing
+    # the party with the repeat sent nothing (its peer checks its own ids, then sends its size)
+    assert not list(workspace.glob("runs/*/messages/*/shop__*"))
 
 
 def test_a_table_read_in_one_piece_skips_the_second_duplicate_pass(

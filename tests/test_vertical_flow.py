@@ -188,7 +188,13 @@ def test_no_plaintext_residual_gradient_or_feature_crosses(workspace: Path) -> N
         guest_ref.to_dict(), [h.to_dict() for h in host_refs], workspace=str(workspace), **OPTIONS
     )
     channel = channel_for(result["job_id"], str(workspace))
-    plain_kinds = {"public_key", "id_order_digest", "masked_gradient_plain", "scores"}
+    # the documented plaintext exchanges: the set-up's public facts (feature counts, the id
+    # order's digest, the row count and widths, the key), the key holder's decrypted batch
+    # losses and stop decision to the guest, masked gradients, and scores after training
+    plain_kinds = {
+        "public_key", "id_order_digest", "masked_gradient_plain", "scores", "features",
+        "setup", "loss_value_train", "loss_value_holdout", "stop",
+    }  # fmt: skip
     seen = set()
     for record in channel.log():
         seen.add(record.kind)

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from core.ids import IdError, canonical_id
-from core.psi import Intersection, PsiError
+from core.psi import Intersection, PeerRefusedError, PsiError
 from core.psi_ot import base_ot, buckets, cuckoo, kkrt
 from core.psi_ot.buckets import Plan
 from core.psi_ot.primitives import prg, random_key, random_permutation
@@ -494,7 +494,7 @@ def released_size(result: object, peer: str) -> int:
     """Step 6 (S): the intersection's size when R released it; refuses otherwise."""
     if not isinstance(result, dict) or not result.get("released", False):
         count = result.get("size") if isinstance(result, dict) else None
-        raise PsiError(
+        raise PeerRefusedError(
             f"{peer} refused to release the intersection of {count!r} rows (below its min_rows "
             "or empty)"
         )

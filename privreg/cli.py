@@ -175,27 +175,51 @@ def _existing_store(database: str) -> PartyStore:
 
 
 def _budget(args: argparse.Namespace) -> None:
-    """The owner's budgets: ``set`` is the only way a budget changes."""
+    """The owner's budgets: ``set`` is the only way a total changes, ``window`` the only way
+    the owner's window rule does (a party's policy adds its own, see storage.ledger)."""
+    from storage.ledger import WindowRule
+
     store = _existing_store(args.database)
     ledger = PrivacyLedger(store)
     if args.action == "set":
         ledger.set_budget(args.table, args.epsilon, args.delta)
+    if args.action == "window":
+        if not args.table:
+            raise ValueError("budget window needs --table")
+        rule = None if args.off else WindowRule(args.epsilon, args.per_consumer, args.hours * 3600)
+        ledger.set_window(args.table, rule)
     if args.table and not store.has_table(args.table):
         raise PolicyError(f"{args.database} has no table {args.table!r}")
     tables = [ledger.budget_table(args.table)] if args.table else ledger.budgets()
     statuses = [ledger.status(table).as_dict() for table in tables]
+    windows = {t: [w.as_dict() for w in ledger.windows(t)] for t in tables}
     if args.json:
         spends = {t: ledger.spends(t) for t in tables}
-        print(json.dumps([{**s, "spends": spends[s["protected_table"]]} for s in statuses],
+        print(json.dumps([{**s, "windows": windows[s["protected_table"]],
+                           "spends": spends[s["protected_table"]]} for s in statuses],
                          default=str, indent=2))  # fmt: skip
         return
     print(_text_table(statuses))
     for table in tables:
+        _print_windows(table, windows[table])
         spends = ledger.spends(table)
         if spends:
-            keys = ("created_at", "epsilon", "delta", "mechanism", "job_id")
+            keys = ("created_at", "epsilon", "delta", "mechanism", "job_id", "consumer")
             print(f"\nspends of {table}:")
-            print(_text_table([{k: s[k] for k in keys} for s in spends]))
+            print(_text_table([{k: s.get(k) for k in keys} for s in spends]))
+
+
+def _print_windows(table: str, windows: list[dict[str, Any]]) -> None:
+    """Each window rule of ``table``: its caps, the window's spend (per consumer) and when the
+    window refreshes."""
+    if not windows:
+        return
+    print(f"\nwindows of {table}:")
+    rows = [{k: v for k, v in w.items() if k != "by_consumer"} for w in windows]
+    print(_text_table([{k: "-" if v is None else v for k, v in r.items()} for r in rows]))
+    for window in windows:
+        for consumer, spent in window["by_consumer"].items():
+            print(f"  {window['set_by']} window: {consumer} spent {spent:g}")
 
 
 def _policy(args: argparse.Namespace) -> None:
@@ -333,11 +357,21 @@ def build_parser() -> argparse.ArgumentParser:
     budget = commands.add_parser(
         "budget", help="show or set a table's privacy budget", formatter_class=formatter
     )
-    budget.add_argument("action", choices=["show", "set"], help="show, or set a total")
+    budget.add_argument(
+        "action", choices=["show", "set", "window"],
+        help="show, set a total, or set the owner's window rule (what may be spent per window)",
+    )  # fmt: skip
     budget.add_argument("--database", required=True, help="the owner's DuckDB file")
     budget.add_argument("--table", help="the protected table (show: default every table)")
-    budget.add_argument("--epsilon", type=float, help="set: the total epsilon, > 0")
+    budget.add_argument(
+        "--epsilon", type=float, help="set: the total epsilon, > 0; window: per window"
+    )
     budget.add_argument("--delta", type=float, default=0.0, help="set: the total delta, [0, 1)")
+    budget.add_argument(
+        "--per-consumer", type=float, help="window: the most one consumer gets per window"
+    )
+    budget.add_argument("--hours", type=float, default=24.0, help="window: its length (24)")
+    budget.add_argument("--off", action="store_true", help="window: remove the owner's rule")
     budget.add_argument("--json", action="store_true", help="print JSON instead of a table")
     budget.set_defaults(handler=_budget)
     policy = commands.add_parser(

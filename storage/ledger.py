@@ -8,12 +8,24 @@ one from the owner's own file (:meth:`PrivacyLedger.set_initial_budget`, ``tasks
 Each release is charged in the same transaction that stores it, under a release key derived
 from the data and the parameters, so a retry or a re-run finds the stored release and is not
 charged again.
+
+Besides the total, a table may have *window rules*: the most all releases (and, optionally,
+the most one consumer: the peer or job that receives a release) may spend in a window that
+refreshes (a UTC day by default). They are rows of the owner's ledger, read and enforced in the
+charge's own serialised transaction, so overlapping runs cannot both pass a check and both
+charge. The owner sets one with ``privreg budget window``; a party service's ``[policy]
+max_epsilon_per_day`` (its party.toml) is written into the ledger as the rule ``set_by =
+'policy'`` by each check and charge made while the process runs as that party (and removed when
+the policy no longer has it). A ledger that cannot be read refuses the release (fail closed).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import UTC, datetime
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import duckdb
@@ -36,12 +48,23 @@ _SCHEMA = [
         delta DOUBLE NOT NULL,
         mechanism VARCHAR NOT NULL,
         job_id VARCHAR NOT NULL,
-        created_at TIMESTAMP NOT NULL)""",
+        created_at TIMESTAMP NOT NULL,
+        consumer VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS privreg_window (
+        protected_table VARCHAR NOT NULL,
+        set_by VARCHAR NOT NULL,
+        epsilon DOUBLE,
+        epsilon_per_consumer DOUBLE,
+        seconds DOUBLE NOT NULL,
+        updated_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (protected_table, set_by))""",
 ]
+DAY = 86400.0
 
 
 class BudgetError(RuntimeError):
-    """A release was refused by the ledger (no budget set, or it would be exceeded)."""
+    """A release was refused by the ledger (no budget set, it would be exceeded, or the ledger
+    could not be read)."""
 
 
 @dataclass(frozen=True)
@@ -72,22 +95,146 @@ class BudgetStatus:
         }
 
 
+@dataclass(frozen=True)
+class WindowRule:
+    """The most a table's releases may spend per window: all consumers together
+    (``epsilon``) and each consumer (``epsilon_per_consumer``); either may be unset."""
+
+    epsilon: float | None
+    epsilon_per_consumer: float | None = None
+    seconds: float = DAY
+
+    def __post_init__(self) -> None:
+        if self.epsilon is None and self.epsilon_per_consumer is None:
+            raise ValueError("a window rule needs an epsilon, a per-consumer epsilon or both")
+        for value in (self.epsilon, self.epsilon_per_consumer):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError("a window's epsilon must be a number > 0")
+        if not (math.isfinite(self.seconds) and self.seconds >= 60):
+            raise ValueError("a window lasts at least 60 seconds")
+
+    def bounds(self, now: datetime) -> tuple[datetime, datetime]:
+        """The window ``now`` falls in: whole windows counted from the Unix epoch (UTC), so a
+        day's window is the UTC calendar day and every party reads the same bounds."""
+        epoch = datetime(1970, 1, 1)
+        start = math.floor((now - epoch).total_seconds() / self.seconds) * self.seconds
+        begin = epoch + timedelta(seconds=start)
+        return begin, begin + timedelta(seconds=self.seconds)
+
+
+@dataclass(frozen=True)
+class WindowStatus:
+    """One rule's current window: what it allows, what was spent, when it refreshes."""
+
+    protected_table: str
+    set_by: str
+    rule: WindowRule
+    start: datetime
+    refreshes_at: datetime
+    epsilon_spent: float
+    by_consumer: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "protected_table": self.protected_table,
+            "set_by": self.set_by,
+            "window_hours": self.rule.seconds / 3600,
+            "epsilon_per_window": self.rule.epsilon,
+            "epsilon_per_consumer": self.rule.epsilon_per_consumer,
+            "epsilon_spent": self.epsilon_spent,
+            "window_start": self.start.isoformat(sep=" ") + " UTC",
+            "refreshes_at": self.refreshes_at.isoformat(sep=" ") + " UTC",
+            "by_consumer": dict(self.by_consumer),
+        }
+
+    def refusal(self, epsilon: float, consumer: str | None) -> str | None:
+        """Why a release of ``epsilon`` to ``consumer`` breaks this window, or None."""
+        rule, where = self.rule, f"rule set by the {self.set_by}"
+        if rule.epsilon is not None and self.epsilon_spent + epsilon > rule.epsilon + _TOLERANCE:
+            return (
+                f"epsilon {epsilon:g} after {self.epsilon_spent:g} spent in the window since "
+                f"{self.start:%Y-%m-%d %H:%M} UTC exceeds its {rule.epsilon:g} per "
+                f"{_hours(rule.seconds)} ({where}); the window refreshes at "
+                f"{self.refreshes_at:%Y-%m-%d %H:%M} UTC"
+            )
+        cap, spent = rule.epsilon_per_consumer, self.by_consumer.get(consumer or "", 0.0)
+        if consumer is not None and cap is not None and spent + epsilon > cap + _TOLERANCE:
+            return (
+                f"epsilon {epsilon:g} to {consumer} after {spent:g} spent for it in the window "
+                f"since {self.start:%Y-%m-%d %H:%M} UTC exceeds its {cap:g} per consumer per "
+                f"{_hours(rule.seconds)} ({where}); the window refreshes at "
+                f"{self.refreshes_at:%Y-%m-%d %H:%M} UTC"
+            )
+        return None
+
+
+def _hours(seconds: float) -> str:
+    return "day" if seconds == DAY else f"{seconds / 3600:g} h"
+
+
 def _now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-class PrivacyLedger:
-    """Budgets and spends of the protected tables in one party's database."""
+def _policy_rule() -> WindowRule | bool | None:
+    """The window rule of the party this code runs as (its party.toml's ``[policy]``); None
+    when that policy sets none; False when no standing policy applies (a local run, a helper
+    without a party)."""
+    from storage.party_config import active_config  # a party's configuration, not a ledger's
 
-    def __init__(self, store: PartyStore) -> None:
+    config = active_config()
+    if config is None or config.local:
+        return False
+    return config.policy.window_rule()
+
+
+class PrivacyLedger:
+    """Budgets and spends of the protected tables in one party's database.
+
+    ``clock`` (naive UTC) dates spends and places windows; ``lock_timeout`` is how long a
+    check or charge waits for another process's hold on the database before it refuses."""
+
+    def __init__(
+        self,
+        store: PartyStore,
+        clock: Callable[[], datetime] = _now,
+        lock_timeout: float = 30.0,
+    ) -> None:
         self.store = store
         self.artifacts = ArtifactStore(store)
         self.policy = OwnerPolicy(store)
+        self.clock, self.lock_timeout = clock, lock_timeout
 
     @staticmethod
     def _ensure(con: duckdb.DuckDBPyConnection) -> None:
         for statement in _SCHEMA:
             con.execute(statement)
+        columns = con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+            ["privreg_spend"],
+        ).fetchall()
+        if ("consumer",) not in columns:  # a ledger from before consumers were booked
+            con.execute("ALTER TABLE privreg_spend ADD COLUMN consumer VARCHAR")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The serialised transaction of a check or charge. A ledger that cannot be opened or
+        read (held locked past ``lock_timeout``, damaged) refuses: nothing counts as unspent."""
+        with self.store.serialized():
+            try:
+                with self.store.connect(self.lock_timeout) as con:
+                    con.execute("BEGIN TRANSACTION")
+                    try:
+                        yield con
+                    except BaseException:
+                        con.execute("ROLLBACK")
+                        raise
+                    con.execute("COMMIT")
+            except duckdb.Error as error:
+                raise BudgetError(
+                    f"the privacy ledger in {self.store.path.name} cannot be read ({error}); "
+                    "the release is refused"
+                ) from error
 
     def _write_budget(
         self, protected_table: str, epsilon: float, delta: float, replace: bool
@@ -97,12 +244,7 @@ class PrivacyLedger:
         require_own_table(self.store, protected_table)
         with self.store.serialized(), self.store.transaction() as con:
             self._ensure(con)
-            source = self.policy.source_of(protected_table, con)
-            if source != protected_table:
-                raise PolicyError(
-                    f"table {protected_table!r} is a copy of {source!r} and shares its budget; "
-                    f"set the budget of {source!r}"
-                )
+            source = self._own_source(protected_table, con)
             exists = con.execute(
                 "SELECT count(*) FROM privreg_budget WHERE protected_table = ?", [source]
             ).fetchone()[0]
@@ -110,9 +252,19 @@ class PrivacyLedger:
                 return False
             con.execute(
                 "INSERT OR REPLACE INTO privreg_budget VALUES (?, ?, ?, ?)",
-                [source, float(epsilon), float(delta), _now()],
+                [source, float(epsilon), float(delta), self.clock()],
             )
         return True
+
+    def _own_source(self, protected_table: str, con: duckdb.DuckDBPyConnection) -> str:
+        """``protected_table`` itself; a copy is refused (its source's rules are its rules)."""
+        source = self.policy.source_of(protected_table, con)
+        if source != protected_table:
+            raise PolicyError(
+                f"table {protected_table!r} is a copy of {source!r} and shares its budget; "
+                f"set the budget of {source!r}"
+            )
+        return source
 
     def set_budget(self, protected_table: str, epsilon: float, delta: float) -> None:
         """The owner's total budget for a table (replaces any earlier total, keeps spends).
@@ -129,6 +281,64 @@ class PrivacyLedger:
         """
         return self._write_budget(protected_table, epsilon, delta, replace=False)
 
+    def set_window(self, protected_table: str, rule: WindowRule | None) -> None:
+        """The owner's window rule for a table (``privreg budget window``); None removes it.
+        A party's policy rule is separate (both apply)."""
+        require_own_table(self.store, protected_table)
+        with self._transaction() as con:
+            self._ensure(con)
+            self._store_rule(self._own_source(protected_table, con), "owner", rule, con)
+
+    def _store_rule(
+        self, table: str, set_by: str, rule: WindowRule | None, con: duckdb.DuckDBPyConnection
+    ) -> None:
+        con.execute(
+            "DELETE FROM privreg_window WHERE protected_table = ? AND set_by = ?", [table, set_by]
+        )
+        if rule is not None:
+            con.execute(
+                "INSERT INTO privreg_window VALUES (?, ?, ?, ?, ?, ?)",
+                [table, set_by, rule.epsilon, rule.epsilon_per_consumer, rule.seconds,
+                 self.clock()],
+            )  # fmt: skip
+
+    def _refresh_policy_rule(self, table: str, con: duckdb.DuckDBPyConnection) -> None:
+        """Write the running party's policy rule for ``table`` into this transaction."""
+        rule = _policy_rule()
+        if rule is not False:
+            self._store_rule(table, "policy", rule or None, con)
+
+    def windows(
+        self, protected_table: str, con: duckdb.DuckDBPyConnection | None = None
+    ) -> list[WindowStatus]:
+        """Every window rule of ``protected_table``'s source table, with its current spend."""
+        if con is None:
+            with self._transaction() as own:
+                return self.windows(protected_table, own)
+        self._ensure(con)
+        table = self.budget_table(protected_table, con)
+        rows = con.execute(
+            "SELECT set_by, epsilon, epsilon_per_consumer, seconds FROM privreg_window "
+            "WHERE protected_table = ? ORDER BY set_by",
+            [table],
+        ).fetchall()
+        now = self.clock()
+        found = []
+        for set_by, epsilon, per_consumer, seconds in rows:
+            rule = WindowRule(epsilon, per_consumer, seconds)
+            start, end = rule.bounds(now)
+            spent = dict(
+                con.execute(
+                    "SELECT coalesce(consumer, job_id), sum(epsilon) FROM privreg_spend "
+                    "WHERE protected_table = ? AND created_at >= ? AND created_at < ? "
+                    "GROUP BY 1 ORDER BY 1",
+                    [table, start, end],
+                ).fetchall()
+            )
+            total = float(sum(spent.values(), 0.0))
+            found.append(WindowStatus(table, set_by, rule, start, end, total, spent))
+        return found
+
     def budget_table(self, table: str, con: duckdb.DuckDBPyConnection | None = None) -> str:
         """The table whose budget pays for releases from ``table``: its source table."""
         return self.policy.source_of(table, con)
@@ -138,7 +348,7 @@ class PrivacyLedger:
     ) -> BudgetStatus:
         """The budget of ``protected_table``'s source table."""
         if con is None:
-            with self.store.connect() as own:
+            with self._transaction() as own:
                 return self.status(protected_table, own)
         self._ensure(con)
         protected_table = self.budget_table(protected_table, con)
@@ -192,21 +402,30 @@ class PrivacyLedger:
         epsilon: float,
         delta: float,
         con: duckdb.DuckDBPyConnection | None = None,
+        consumer: str | None = None,
     ) -> BudgetStatus:
-        """Refuse, before any computation, a release the budget cannot pay for."""
+        """Refuse, before any computation, a release the budget or a window cannot pay for
+        (a window's per-consumer cap only when ``consumer`` is named)."""
+        if con is None:
+            with self._transaction() as own:
+                return self.require_affordable(protected_table, epsilon, delta, own, consumer)
         status = self.status(protected_table, con)
+        source = status.protected_table
+        copy = "" if source == protected_table else f" (a copy of {source!r})"
         if (
             status.epsilon_spent + epsilon > status.epsilon_total + _TOLERANCE
             or status.delta_spent + delta > status.delta_total + _TOLERANCE
         ):
-            source = status.protected_table
-            copy = "" if source == protected_table else f" (a copy of {source!r})"
             raise BudgetError(
                 f"table {protected_table!r}{copy}: a release of (epsilon={epsilon:g}, "
                 f"delta={delta:g}) exceeds the budget: spent ({status.epsilon_spent:g}, "
                 f"{status.delta_spent:g}) of ({status.epsilon_total:g}, {status.delta_total:g}), "
                 f"left ({status.epsilon_left:g}, {status.delta_left:g})"
             )
+        self._refresh_policy_rule(source, con)
+        for window in self.windows(source, con):
+            if (why := window.refusal(epsilon, consumer)) is not None:
+                raise BudgetError(f"table {protected_table!r}{copy}: a release of {why}")
         return status
 
     def charge_and_store(
@@ -218,31 +437,28 @@ class PrivacyLedger:
         mechanism: str,
         job_id: str,
         release: Any,
+        consumer: str | None = None,
     ) -> Any:
         """Store ``release`` and charge its cost in one transaction.
 
         If a release is already stored under the key (a retry, or a re-run on the same data
         and parameters), nothing is charged and the stored release is returned instead.
         Charges on one database are serialised (check, then insert, under one lock), so
-        concurrent releases cannot overspend; the spend is booked on the source table.
+        concurrent releases cannot overspend the total or a window; the spend is booked on
+        the source table, for ``consumer`` (the peer receiving the release; default: the job).
         """
-        with self.store.serialized(), self.store.transaction() as con:
+        consumer = consumer or job_id
+        with self._transaction() as con:
             self._ensure(con)
             existing = self.artifacts.get(f"release/{release_key}", con=con)
             if existing is not None:
                 return existing
-            status = self.require_affordable(protected_table, epsilon, delta, con)
+            status = self.require_affordable(protected_table, epsilon, delta, con, consumer)
             con.execute(
-                "INSERT INTO privreg_spend VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    release_key,
-                    status.protected_table,
-                    float(epsilon),
-                    float(delta),
-                    mechanism,
-                    job_id,
-                    _now(),
-                ],
-            )
+                "INSERT INTO privreg_spend (release_key, protected_table, epsilon, delta, "
+                "mechanism, job_id, created_at, consumer) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [release_key, status.protected_table, float(epsilon), float(delta), mechanism,
+                 job_id, self.clock(), consumer],
+            )  # fmt: skip
             self.artifacts.put(f"release/{release_key}", release, "release", con=con)
         return release

@@ -7,7 +7,9 @@
 accept_from = ["clinic"]          # peers whose proposals start this party's side here
 flows = ["main", "label_dp"]      # job kinds it takes part in (default: every kind)
 max_epsilon_per_release = 1.0     # the most one release of its tables may spend
-max_epsilon_per_day = 4.0         # the most all releases of one of its tables spend in 24 h
+max_epsilon_per_day = 4.0         # the most all releases of one of its tables spend per window
+max_epsilon_per_consumer = 2.0    # the most one consumer (a receiving peer) gets per window
+budget_window_hours = 24          # the window's length: a UTC day by default
 min_rows = 100                    # the least a job may accept as PSI's intersection
 min_key_bits = 2048               # the least Paillier key size a job may use
 approval = "auto"                 # "manual": a person approves each job in the party's Prefect
@@ -16,6 +18,11 @@ approval = "auto"                 # "manual": a person approves each job in the 
 Every rule is checked against the job's terms at the party's own side before anything is
 loaded or sent, whoever started it (a proposal, a schedule, a person), so a job a party's
 policy refuses ends at every party with the rule that refused it.
+
+The window caps are also enforced where they cannot be raced: at the charge, in the ledger's
+own transaction (:mod:`storage.ledger`: each check and charge made as this party writes
+:meth:`StandingPolicy.window_rule` into the owner's ledger before reading it), so two runs
+that overlap cannot each pass the early check and each spend the cap.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.ledger import WindowRule
 
 KINDS = ("main", "label_dp", "horizontal_lr", "sparse_lda")
 _RELEASES = {  # job kind -> the option groups whose epsilon a release of this party spends
@@ -45,6 +55,8 @@ class StandingPolicy:
     flows: tuple[str, ...] = KINDS
     max_epsilon_per_release: float | None = None
     max_epsilon_per_day: float | None = None
+    max_epsilon_per_consumer: float | None = None
+    budget_window_hours: float = 24.0
     min_rows: int | None = None
     min_key_bits: int | None = None
     approval: str = "auto"
@@ -59,6 +71,8 @@ class StandingPolicy:
             flows=tuple(raw.get("flows", KINDS)),
             max_epsilon_per_release=_positive(raw, "max_epsilon_per_release"),
             max_epsilon_per_day=_positive(raw, "max_epsilon_per_day"),
+            max_epsilon_per_consumer=_positive(raw, "max_epsilon_per_consumer"),
+            budget_window_hours=_positive(raw, "budget_window_hours") or 24.0,
             min_rows=raw.get("min_rows"),
             min_key_bits=raw.get("min_key_bits"),
             approval=raw.get("approval", "auto"),
@@ -67,6 +81,10 @@ class StandingPolicy:
             raise PolicyError(f"policy.flows: unknown kinds {bad}; known: {list(KINDS)}")
         if policy.approval not in ("auto", "manual"):
             raise PolicyError(f"policy.approval must be auto or manual, not {policy.approval!r}")
+        try:
+            policy.window_rule()
+        except ValueError as error:
+            raise PolicyError(f"policy's budget window: {error}") from None
         return policy
 
     def violations(
@@ -107,6 +125,15 @@ class StandingPolicy:
                     f"{group}.key_size {bits} is below policy.min_key_bits {self.min_key_bits}"
                 )
         return found
+
+    def window_rule(self) -> WindowRule | None:
+        """The ledger's window rule this policy asks for (None: it sets no window cap)."""
+        from storage.ledger import WindowRule  # the ledger enforces it; the policy only names it
+
+        if self.max_epsilon_per_day is None and self.max_epsilon_per_consumer is None:
+            return None
+        seconds = self.budget_window_hours * 3600
+        return WindowRule(self.max_epsilon_per_day, self.max_epsilon_per_consumer, seconds)
 
     def accepts_proposals_from(self, peer: str) -> bool:
         return peer in self.accept_from

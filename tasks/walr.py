@@ -604,6 +604,7 @@ def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
         job.mechanism,
         job.job_id,
         release,
+        consumer=job.features_party,
     )
 
 

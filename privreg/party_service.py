@@ -4,15 +4,20 @@ A peer proposes a run (``privreg job start``, its schedule, its deployment): the
 path, read from this party's own folder (each organisation holds its own copy; the parties'
 terms are compared when the run starts), and the run's name. The service
 
-1. refuses a peer its standing policy does not name (``[policy] accept_from``), and a job file
-   that is missing or outside its folder, in one line the proposer prints;
+1. refuses a peer its standing policy does not name (``[policy] accept_from``), a run name
+   that is not a plain name (``storage.channel.check_name``: no ``/``, no ``..``; checked
+   before any path is built), a job file that is missing or outside its folder, and a side
+   beyond its limits (``[limits] proposals_per_peer``, ``proposals_total``: sides started by
+   proposals and still running), in one line the proposer prints;
 2. otherwise starts this party's side, ``privreg party pipeline --job-file F --run R
    --proposed-by PEER``, as its own process under a lifetime watch (it dies with the service),
-   logging to ``<root>/runs/<job>/pipeline.log``. That side checks the job against the rest of
-   the policy (flows, epsilon, rows, key size, manual approval) before anything is loaded,
-   and a refusal there reaches every party through the job's state.
+   logging to ``<root>/runs/<job>-<run>/pipeline.log``. That side checks the job against the
+   rest of the policy (flows, epsilon, rows, key size, manual approval) before anything is
+   loaded, and a refusal there reaches every party through the job's state.
 
-A proposal for a run whose side is already running here is answered, not started twice.
+A proposal for a run whose side is already running here is answered, not started twice. The
+service's files are its owner's only from their first byte: the process's umask is 077 from
+the service's start, and its folders and logs are created 0700 and 0600 explicitly.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import sys
 import threading
 from pathlib import Path
 
+from storage.channel import check_name
 from storage.federation import Proposal, ProposalRefusedError
 from storage.party_config import PartyConfig
+from storage.party_store import owner_only_umask, private_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,9 +41,10 @@ class PartyService:
     """The endpoint's ``on_proposal``: decide, then start this party's side of the run."""
 
     def __init__(self, config: PartyConfig, config_path: Path) -> None:
+        owner_only_umask()  # before the service creates anything
         self.config, self.config_path = config, config_path.resolve()
         self.folder = self.config_path.parent
-        self._sides: dict[str, subprocess.Popen[bytes]] = {}
+        self._sides: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # run -> proposer, side
         self._lock = threading.Lock()
 
     def __call__(self, caller: str, proposal: Proposal) -> str:
@@ -46,22 +54,44 @@ class PartyService:
                 f"{party} takes no proposals from {caller} (policy.accept_from is "
                 f"{list(policy.accept_from)} in its party.toml)"
             )
+        run = _plain(party, proposal.run, "run name") if proposal.run else ""
         job_file = (self.folder / proposal.job_file).resolve()
         if not job_file.is_relative_to(self.folder) or not job_file.is_file():
             raise ProposalRefusedError(
                 f"{party} holds no job file {proposal.job_file!r} in its folder"
             )
-        name = _job_name(job_file) + (f"-{proposal.run}" if proposal.run else "")
+        name = _plain(party, _job_name(job_file) + (f"-{run}" if run else ""), "job run")
         with self._lock:
-            for done in [n for n, side in self._sides.items() if side.poll() is not None]:
-                del self._sides[done]  # reaped: no zombie stays behind
+            self._reap()
             running = self._sides.get(name)
-            if running is not None and running.poll() is None:
+            if running is not None:
                 return f"{party} is already running its side of {name}"
+            self._check_limits(caller, name)
             log = self.config.root / "runs" / name / "pipeline.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            self._sides[name] = self._start(proposal, caller, log)
+            self._sides[name] = (caller, self._start(proposal, caller, log))
         return f"{party} started its side of {name} (log {log})"
+
+    def _reap(self) -> None:
+        """Forget sides that ended (reaped: no zombie stays behind)."""
+        for done in [n for n, (_, side) in self._sides.items() if side.poll() is not None]:
+            del self._sides[done]
+
+    def _check_limits(self, caller: str, name: str) -> None:
+        """Refuse a side beyond ``limits.proposals_per_peer`` (from ``caller``) or
+        ``limits.proposals_total``, naming the limit: each side is a process with its own
+        Prefect and pools, so a peer must not be able to start them without bound."""
+        limits, party = self.config.limits, self.config.party
+        mine = sum(1 for proposer, _ in self._sides.values() if proposer == caller)
+        for held, limit, whose in (
+            (mine, "proposals_per_peer", f"{caller}'s proposals"),
+            (len(self._sides), "proposals_total", "proposals"),
+        ):
+            value = getattr(limits, limit)
+            if held >= value:
+                raise ProposalRefusedError(
+                    f"{party} refuses {name}: {held} sides of {whose} are running, the limit "
+                    f"is limits.{limit} = {value}; propose it again when one ends"
+                )
 
     def _start(self, proposal: Proposal, caller: str, log: Path) -> subprocess.Popen[bytes]:
         command = [
@@ -73,22 +103,34 @@ class PartyService:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
         )}  # fmt: skip
-        with log.open("ab") as out:
+        private_dirs(log.parent)
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
             return subprocess.Popen(
                 command, cwd=self.folder, env=env, stdout=out, stderr=subprocess.STDOUT
             )
+        finally:
+            os.close(out)
 
     def stop(self) -> None:
         """End every side this service started (each tells its peers it was interrupted)."""
         with self._lock:
-            for side in self._sides.values():
+            for _, side in self._sides.values():
                 if side.poll() is None:
                     side.terminate()
-            for side in self._sides.values():
+            for _, side in self._sides.values():
                 try:
                     side.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     side.kill()
+
+
+def _plain(party: str, value: str, what: str) -> str:
+    """``value`` if it is a plain name (safe as one path component), else a refusal."""
+    try:
+        return check_name(value, what)
+    except ValueError as error:
+        raise ProposalRefusedError(f"{party} refuses the proposal: {error}") from None
 
 
 def _job_name(job_file: Path) -> str:

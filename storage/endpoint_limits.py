@@ -7,7 +7,9 @@ once with the limit's name and value, and the caller retries (the receive timeou
 bounds its wait); other peers' calls are untouched. The endpoint's worker count leaves every
 configured peer its full share plus spares (:meth:`EndpointLimits.workers`), so one peer can
 never hold all workers, and a stream that runs past ``stream_seconds`` (a peer reading
-slowly) is cancelled.
+slowly) is cancelled. A peer's ``Propose`` and ``Status`` calls take a fetch slot too while
+they run, and the party service runs at most ``proposals_per_peer`` sides proposed by one peer
+and ``proposals_total`` in all at a time (each side is a process of its own).
 
 Nothing here imports gRPC: :mod:`storage.transport_grpc` applies it.
 """
@@ -27,6 +29,8 @@ class EndpointLimits:
     bytes_in_flight_per_peer: int = 1 << 30
     stream_seconds: float = 900.0
     spare_workers: int = 4
+    proposals_per_peer: int = 2  # sides one peer's proposals may have running at once
+    proposals_total: int = 4  # sides all proposals may have running at once (one machine)
 
     def __post_init__(self) -> None:
         for item in fields(self):

@@ -22,6 +22,8 @@ accept_from = ["lab"]
 
 [limits]                         # optional: per-peer limits at the endpoint (see README)
 fetches_per_peer = 4
+proposals_per_peer = 2           # sides one peer's proposals may run here at once
+proposals_total = 4              # sides all proposals may run here at once
 message_bytes = 2147483648       # the cap of kinds the kind table does not list
 [limits.kinds]
 residual = 536870912             # one kind's cap

@@ -31,6 +31,7 @@ served only to the parties that record names.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import itertools
@@ -39,7 +40,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -206,9 +207,26 @@ class MessageService:
             raise
         return handle
 
+    @contextlib.contextmanager
+    def _slot(self, caller: str | None, context: grpc.ServicerContext) -> Iterator[None]:
+        """A fetch slot of ``caller``'s for a unary call (Status, Propose), so they count
+        against its share like its fetches; beyond it the call is refused at once."""
+        try:
+            ticket = self.gate.open(str(caller))
+        except LimitExceededError as error:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        try:
+            yield
+        finally:
+            ticket.release()
+
     def status(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         """This party's status record of a job, for a party of that job only."""
         caller = _identity(context)
+        with self._slot(caller, context):
+            return self._status(caller, request, context)
+
+    def _status(self, caller: str | None, request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
             run = check_name(codec.loads(request, codec.Limits(max_bytes=1024))["run"], "job")
         except (codec.CodecError, KeyError, TypeError, ValueError) as error:
@@ -227,6 +245,10 @@ class MessageService:
         """A peer proposes a job run: this party's service decides (``on_proposal``) and
         answers in one line; a refusal is PERMISSION_DENIED with the rule that refused."""
         caller = _identity(context)
+        with self._slot(caller, context):
+            return self._propose(caller, request, context)
+
+    def _propose(self, caller: str | None, request: bytes, context: grpc.ServicerContext) -> bytes:
         if self.on_proposal is None:
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -491,8 +513,10 @@ class GrpcTransport:
             refused = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION)
             if error.code() in refused:
                 raise ProposalRefusedError(f"{peer} refused: {error.details()}") from None
+            busy = error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # names the limit
             raise PeerUnreachableError(
                 f"peer {peer} at {self.config.address_of(peer)}: {error.code().name}"
+                + (f": {error.details()}" if busy else "")
             ) from None
         return str(reply["answer"])
 

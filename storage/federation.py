@@ -16,7 +16,9 @@ A :class:`Federation` runs beside one party's side of a job and, once a second:
   A peer whose heartbeat stops (kill -9, machine down) is reported *down* after
   ``down_after`` seconds; its peers keep waiting for its restart (restart-and-resume from
   checkpoints keeps working) until ``restart_grace`` seconds, then end the job naming it.
-  A record whose terms digest differs from this party's ends the job too.
+  A record whose terms digest differs from this party's ends the job too, unless its party is
+  tolerated (below): then it is dropped, as if it had failed (its messages are bound to other
+  terms and refused anyway).
 * A protocol that tolerates dropouts (horizontal LR, sparse LDA: any hospital may drop while
   at least the threshold remain) names its droppable parties ``tolerated``: their failure or
   absence is logged and shown but ends nobody's side; the protocol's own stage deadlines drop
@@ -370,7 +372,7 @@ class Federation:
             view.down_since = None
 
     def _fail_for(self, party: str, reason: str) -> None:
-        if party in self.tolerated and not reason.startswith("holds other terms"):
+        if party in self.tolerated:  # a dropout, whatever the reason (other terms too)
             view = self.peers[party]
             if not view.dropped:
                 view.dropped = reason

@@ -505,11 +505,22 @@ def sender_rows(
     key: bytes, real: int, plan: Plan, bucket: int, positions_message: object, peer: str
 ) -> np.ndarray:
     """Step 6 (S): the indices (among its ``real`` items of the bucket) at R's positions, in
-    position order; refuses positions out of range, not ascending, or on a dummy."""
+    position order; refuses positions out of range, not strictly ascending (so unique), on a
+    dummy, or more than R's bucket holds ids.
+
+    What S cannot check (plain KKRT16 has no proof of R's outputs): that each position is a
+    real match. A malicious R can name any of S's real items of the bucket instead, without
+    knowing their ids (S's order ``pi`` is secret), and can leave real matches out; see the
+    README's threat model."""
     positions = np.asarray(_field(positions_message, "positions", "positions", peer))
     size = plan.own_padded
     if positions.dtype != np.int64 or positions.ndim != 1:
         raise PsiError(f"the positions message from {peer} is malformed: they must be int64")
+    if len(positions) > plan.peer_padded:  # R cannot match more items than it has
+        raise PsiError(
+            f"the positions message from {peer} for bucket {bucket} names {len(positions)} "
+            f"matches, more than the {plan.peer_padded} ids it holds per bucket"
+        )
     if len(positions) and (
         positions[0] < 0 or positions[-1] >= size or (np.diff(positions) <= 0).any()
     ):

@@ -47,6 +47,7 @@ from tasks.reporting import (
     publish_model_link,
     run_namer,
 )
+from tasks.summaries import label_dp_summary
 
 
 def _label_range(label_range: list[float] | None, labels: TableRef) -> tuple[float, float]:
@@ -272,6 +273,7 @@ def label_dp_party(
     )  # fmt: skip
     steps.check_parameters(job)
     checked = steps.check_labels(job, ref)
+    steps.await_alignment(job, ref)
     release = steps.release_noisy_labels(job, ref)
     evaluation = steps.evaluate(job, ref) if evaluate else None
     if evaluation:
@@ -282,6 +284,7 @@ def label_dp_party(
         _summary(job, release, None, evaluation),
         f"label-DP release of job {job_id} ({ref.party}'s side)",
     )
+    label_dp_summary(job, peer, ref, checked["rows"], release["budget"], evaluation or {})
     return {
         "job_id": job_id,
         "role": "labels",

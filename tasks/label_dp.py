@@ -269,6 +269,13 @@ def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     return {"rows": len(labels), "release_key": key, "reused": reused, "budget": status.as_dict()}
 
 
+@task(name="label-dp-aligned", task_run_name="{ref.party}: await the alignment check", **PARTY_STEP)
+def await_alignment(job: LabelDPJob, ref: TableRef) -> None:
+    """Nothing is computed or charged until the features party has found the tables aligned
+    (it ends the job, naming the mismatch, if not)."""
+    job.endpoint(ref.party).receive(job.features_party, "aligned")
+
+
 @task(name="label-dp-release", task_run_name="{ref.party}: release noisy labels", **PARTY_STEP)
 def release_noisy_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Compute (or find) the release, charged once, and send its noisy labels: one message.
@@ -284,8 +291,9 @@ def release_noisy_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     if release is None:
         ledger.require_affordable(ref.table, job.epsilon, 0.0)  # before computing anything
         release = ledger.charge_and_store(
-            key, ref.table, job.epsilon, 0.0, job.mechanism, job.job_id, build_release(labels, job)
-        )
+            key, ref.table, job.epsilon, 0.0, job.mechanism, job.job_id, build_release(labels, job),
+            consumer=job.features_party,
+        )  # fmt: skip
     job.endpoint(ref.party).send(job.features_party, "noisy_labels", release["noisy_labels"])
     get_run_logger().info(
         "%s: %s release %s of %d noisy labels (epsilon %g)",
@@ -387,6 +395,7 @@ def check_features(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
             f"tables of {job.labels_party} and {ref.party} are not aligned (different ids or "
             "order); run psi_align first and use the *_aligned tables"
         )
+    job.endpoint(ref.party).send(job.labels_party, "aligned", True)  # the release may go
     return {"rows": len(frame), "features": X.shape[1]}
 
 

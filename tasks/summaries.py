@@ -308,6 +308,30 @@ def walr_summary(
     )
 
 
+def label_dp_summary(
+    job: Any,
+    features_party: str,
+    labels: TableRef,
+    rows: int,
+    budget: dict[str, Any],
+    metrics: dict[str, Any],
+) -> dict[str, Any]:
+    """The labels party's summary of a label-DP release: its budget, and the test MSE beside
+    the mean-label baseline on the same held-out rows (where it evaluated)."""
+    quality = []
+    if metrics.get("test_mse") is not None:
+        holdout = [int(r) for r in job.holdout_rows(rows)]
+        train = [int(r) for r in job.train_rows(rows)]
+        baseline = label_mean_baseline(labels, train, holdout)
+        scope = str(metrics.get("evaluated_on", "held-out rows"))
+        quality = [Quality("MSE", metrics["test_mse"], baseline, False, scope)]
+    held_out = len(job.holdout_rows(rows))
+    split = [("training rows", rows - held_out), ("held-out rows", held_out)]
+    return _one_release_summary(
+        job.job_id, features_party, labels, rows, budget, quality, [job.job_id], None, split
+    )
+
+
 @task(name="label-mean-baseline", task_run_name="{ref.party}: baseline on own labels", **PARTY_STEP)
 def label_mean_baseline(ref: TableRef, train_rows: list[int], eval_rows: list[int]) -> float:
     """The plain regression baseline at the labels party: the training rows' mean label

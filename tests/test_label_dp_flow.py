@@ -74,6 +74,7 @@ def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None
         ("registry", "clinic", "id_order_digest"),
         ("registry", "clinic", "label_dp_terms"),
         ("registry", "clinic", "noisy_labels"),
+        ("clinic", "registry", "aligned"),  # the features party found the tables aligned
         ("clinic", "registry", "predictions"),
     }
     payloads = {r.kind: codec.loads(channel.read_raw(r)) for r in records}

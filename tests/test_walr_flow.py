@@ -93,8 +93,10 @@ def ints_in(value: Any) -> list[int]:
     return []
 
 
-def messages(workspace: Path) -> list[Path]:
-    return list((workspace / "runs").glob("*/messages/*/*"))
+def messages(workspace: Path, sender: str = "advertiser") -> list[Path]:
+    """What ``sender`` (the labels party, which refuses) sent: nothing, when it refuses; the
+    features party's public facts may have gone out meanwhile (both sides run at once)."""
+    return list((workspace / "runs").glob(f"*/messages/*/{sender}__*"))
 
 
 @pytest.mark.parametrize("mode", ["binary", "clipped"])

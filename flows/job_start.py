@@ -21,7 +21,7 @@ import time
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.pipeline_party import PipelineResult, _read, _this_party, pipeline_party
+from flows.pipeline_party import PipelineResult, _this_party, pipeline_party, read_jobs
 from storage.federation import Federation, Proposal, ProposalRefusedError
 from storage.transport_grpc import transport_for
 
@@ -43,11 +43,7 @@ def start_job(job_file: str = "jobs/demo.json", run: str = "") -> PipelineResult
     """
     config, folder = _this_party()
     run = run or _run_name()
-    main = _read(folder / job_file, "main", config, folder, run)
-    jobs = [main] + [
-        _read(main.inside(sub_file, f"sub-job {kind}"), kind, config, folder, run)
-        for kind, sub_file in main.spec.get("subjobs", {}).items()
-    ]
+    jobs = read_jobs(job_file, config, folder, run)
     mine = [job for job in jobs if config.party in job.participants()]
     peers = sorted({p for job in mine for p in job.participants()} - {config.party})
     transport, logger = transport_for(config), get_run_logger()

@@ -21,6 +21,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from flows.job_schema import job_kind
 from flows.jobs import load_job_tree, read_job
 from flows.local_run import LocalJob, LocalSide, run_locally
 from flows.pipeline_party import PipelineResult, organisations, pipeline_party
@@ -60,8 +61,9 @@ def summary_markdown(name: str, results: dict[str, PipelineResult], workspace: s
 def pipeline(
     job_file: str = "jobs/demo.json", workspace: str | None = None, run: str = ""
 ) -> dict[str, PipelineResult]:
-    """Run every stage the job file configures, each party's side locally; returns each
-    party's result (what that party may see) and records a summary.
+    """Run every stage the job file configures (a main job and its sub-jobs, or a sub-job
+    file on its own), each party's side locally; returns each party's result (what that party
+    may see) and records a summary.
 
     Args:
         job_file: Path of the job file (JSON) naming the parties, their sources and stages;
@@ -70,11 +72,13 @@ def pipeline(
             PRIVREG_HOME).
         run: Suffix of every job id for a re-run ("" for the job itself).
     """
-    load_job_tree(job_file)  # the job and its sub-jobs, validated before anything is loaded
+    spec = read_job(job_file)  # a main job and its sub-jobs, or one sub-job file alone
+    if job_kind(spec) == "main":
+        load_job_tree(job_file)  # every sub-job validated too, before anything is loaded
     parties = organisations(job_file, Path.cwd())
     sides = [LocalSide(party, _side(job_file, run)) for party in sorted(parties)]
     results = run_locally(LocalJob(sides, workspace))
-    name = read_job(job_file, "main").get("job") or Path(job_file).stem
+    name = spec.get("job") or Path(job_file).stem
     summary = summary_markdown(name + (f"-{run}" if run else ""), results, workspace)
     create_markdown_artifact(summary, key=_artifact_key(name), description=f"Job {name}")
     print(summary)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_table_artifact
 from prefect.client.orchestration import get_client
@@ -47,6 +48,7 @@ from core.lifetime import alive
 from core.preprocessing import PreprocessingSpec
 from flows.align import psi_align_party
 from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
+from flows.job_schema import job_kind
 from flows.jobs import read_job
 from flows.label_dp import label_dp_party
 from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
@@ -221,7 +223,7 @@ def organisations(job_file: str | Path, folder: Path) -> dict[str, set[str]]:
     """Every party of a job file and its sub-jobs (read from ``folder``), each with the source
     files it loads (paths as the job files write them): what each organisation must hold."""
     main = read_job(folder / job_file)
-    jobs = [("main", main)] + [
+    jobs = [(job_kind(main), main)] + [
         (kind, read_job(folder / path)) for kind, path in main.get("subjobs", {}).items()
     ]
     holds: dict[str, set[str]] = {}
@@ -243,7 +245,8 @@ def _run_name() -> str:
 def pipeline_party(
     job_file: str = "jobs/demo.json", run: str = "", proposed_by: str = ""
 ) -> PipelineResult:
-    """Run this organisation's stages of ``job_file`` (main job, then sub-jobs, in order).
+    """Run this organisation's stages of ``job_file`` (main job, then sub-jobs, in order; a
+    sub-job file given on its own runs alone).
 
     Before any stage, the party refuses the job if a peer it would exchange messages with is
     not in its configuration, or if one of its entries points outside its own folder or at
@@ -257,11 +260,8 @@ def pipeline_party(
             ``approval = "manual"`` in the party's policy such a side waits for a person.
     """
     config, folder = _this_party()
-    main = _read(folder / job_file, "main", config, folder, run)
-    jobs = [main] + [
-        _read(main.inside(sub_file, f"sub-job {kind}"), kind, config, folder, run)
-        for kind, sub_file in main.spec.get("subjobs", {}).items()
-    ]
+    jobs = read_jobs(job_file, config, folder, run)
+    main = jobs[0]
     results: list[StageResult] = []
     with federated(jobs) as sides:  # every failure from here on reaches every peer
         for job in jobs:  # refuse before anything is loaded or sent
@@ -527,12 +527,19 @@ def _released_tables(job: PartyJob) -> dict[str, float] | None:
 
 
 def _spent_today(ref: TableRef) -> float:
+    """Epsilon spent on ``ref``'s table in the last day; a ledger that cannot be read refuses
+    the job (fail closed: the charge checks the window again in its own transaction)."""
     if not Path(ref.database).exists():
-        return 0.0
+        return 0.0  # no database yet: nothing was ever charged here
     try:
         return epsilon_spent_since(PrivacyLedger(PartyStore.of(ref)).spends(ref.table))
-    except Exception:  # no ledger or no such table yet: nothing was spent on it
+    except duckdb.CatalogException:  # no ledger or no such table yet: nothing was spent on it
         return 0.0
+    except Exception as error:
+        raise PolicyRefusalError(
+            f"{ref.party} refuses the job: its ledger for table {ref.table!r} in {ref.database} "
+            f"cannot be read ({type(error).__name__}: {error}), so its daily cap cannot be checked"
+        ) from error
 
 
 class Approval(RunInput):
@@ -595,6 +602,16 @@ def _this_party() -> tuple[PartyConfig, Path]:
             "locally with `privreg run`"
         )
     return config, config.folder
+
+
+def read_jobs(job_file: str, config: PartyConfig, folder: Path, run: str) -> list[PartyJob]:
+    """The job file as this party reads it: a main job and its sub-jobs in order, or a sub-job
+    file alone (each path read from the party's folder)."""
+    main = _read(folder / job_file, job_kind(read_job(folder / job_file)), config, folder, run)
+    return [main] + [
+        _read(main.inside(sub_file, f"sub-job {kind}"), kind, config, folder, run)
+        for kind, sub_file in main.spec.get("subjobs", {}).items()
+    ]
 
 
 def _read(path: str | Path, kind: str, config: PartyConfig, folder: Path, run: str) -> PartyJob:

@@ -1,8 +1,10 @@
 """Flows ``score_vertical`` and ``score_local``: a stored model applied to new rows.
 
-score_vertical (a model split across parties):
+score_vertical_party (a model split across parties: one side per party):
+    guest ── the training job whose shares score ──▶ hosts
     guest, host ── PSI on the new tables ──▶ aligned new rows (same order on both sides)
     host ── X_h w_h (its score share only) ──▶ guest ── X_g w_g + b + shares ──▶ scores table
+score_vertical runs those sides locally (:mod:`flows.local_run`).
 score_local (a model one party holds whole): the party scores its own new rows.
 
 The model is the one promoted for the job (``privreg models promote``; the pipeline promotes
@@ -17,10 +19,12 @@ from typing import Any
 
 from prefect import flow
 
-from flows.align import psi_align
+from flows.align import psi_align_party
+from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import scoring as steps
+from tasks.loading import fingerprint
 from tasks.reporting import Quality, RunSummary, bytes_sent, job_name, publish_summary, run_namer
 
 
@@ -33,7 +37,8 @@ def score_vertical(
     min_rows: int = 1,
     workspace: str | None = None,
 ) -> dict[str, Any]:
-    """Score new rows with a vertical model: each host sends only its score share.
+    """Score new rows with a vertical model, locally (both ``score_vertical_party`` sides in
+    this process): each host sends only its score share.
 
     Args:
         guest: Descriptor of the guest's new table (the guest holds the intercept; labels
@@ -51,22 +56,76 @@ def score_vertical(
     if model_job_id is None:
         key = steps.promoted_model(guest_ref, job or job_name(), "vertical")
         model_job_id = key.split("/")[2]
-    alignment = psi_align(guest, hosts[0], min_rows=min_rows, workspace=workspace)
-    aligned_guest, aligned_host = (TableRef.from_dict(d) for d in alignment["aligned"])
-    run = steps.ScoringJob(
-        derive_job_id("score", {"model": model_job_id, "alignment": alignment["job_id"]}),
-        model_job_id,
-        guest_ref.party,
-        workspace,
-    )
-    steps.host_score_share(run, aligned_host)
-    scored = steps.guest_scores(
-        run, aligned_guest, [aligned_host.party], f"{guest_ref.table}_scored"
-    )
-    _summary(run.job_id, {guest_ref.party: scored.rows, aligned_host.party: scored.rows},
-             scored, [alignment["job_id"], run.job_id], workspace)  # fmt: skip
-    return {**_result(scored), "job_id": run.job_id, "model_job_id": model_job_id,
-            "alignment": alignment}  # fmt: skip
+    tables = [f"{r.party}.{r.table}.{fingerprint(r)}" for r in (guest_ref, *host_refs)]
+    job_id = derive_job_id("score", {"model": model_job_id, "tables": tables})
+    shared = {
+        "guest": guest_ref.party, "hosts": [h.party for h in host_refs], "job_id": job_id,
+        "min_rows": min_rows,
+    }  # fmt: skip
+    sides = [
+        LocalSide(ref.party, _side(ref, role, model_job_id, shared))
+        for role, ref in (("guest", guest_ref), ("host", host_refs[0]))
+    ]
+    done = run_locally(LocalJob(sides, workspace, job=job_id))
+    return done[guest_ref.party]
+
+
+def _side(ref: TableRef, role: str, model_job_id: str | None, shared: dict[str, Any]) -> Any:
+    own = ref.to_dict()
+    return lambda: score_vertical_party(own, role, model_job_id=model_job_id, **shared)
+
+
+@flow(name="score_vertical_party", flow_run_name="score_vertical {job_id}: {role}")
+def score_vertical_party(
+    own: dict[str, Any],
+    role: str,
+    guest: str,
+    hosts: list[str],
+    job_id: str,
+    job: str | None = None,
+    model_job_id: str | None = None,
+    min_rows: int = 1,
+) -> dict[str, Any]:
+    """One party's side of scoring new rows with a vertical model it holds a share of.
+
+    The guest and each host align their new tables by PSI (``<job_id>-psi``: a re-run reuses
+    the alignment), the guest names the training job whose shares score, each host sends only
+    its score share ``X_h w_h`` of the aligned rows, and the guest adds its own share and the
+    intercept and stores ``<table>_scored``.
+
+    Args:
+        own: Descriptor of this party's new table.
+        role: "guest" (holds the intercept, stores the scores) or "host".
+        guest: The guest's party name.
+        hosts: The hosts' party names (one: PSI is two-party).
+        job_id: The scoring job's name, agreed by every party.
+        job: Job whose promoted vertical model scores (the guest's choice; default: this
+            run's job).
+        model_job_id: Or the training job id whose shares score (the guest's choice).
+        min_rows: Refuse to score fewer shared rows than this.
+    """
+    ref = TableRef.from_dict(own)
+    if role not in ("guest", "host") or len(hosts) != 1:
+        raise steps.ScoringError(f"role must be guest or host (not {role!r}), with one host")
+    if role == "guest":
+        if not model_job_id:
+            key = steps.promoted_model(ref, job or job_name(), "vertical")
+            model_job_id = key.split("/")[2]
+        run = steps.ScoringJob(job_id, model_job_id, guest, None)
+        steps.announce_model(run, ref, hosts)
+        aligned = _align(ref, hosts[0], job_id, min_rows)
+        scored = steps.guest_scores(run, aligned, hosts, f"{ref.table}_scored")
+        return {**_result(scored), "job_id": job_id, "model_job_id": model_job_id}
+    run = steps.ScoringJob(job_id, "", guest, None)
+    run = steps.ScoringJob(job_id, steps.announced_model(run, ref), guest, None)
+    rows = steps.host_score_share(run, _align(ref, guest, job_id, min_rows))
+    return {"job_id": job_id, "rows": rows, "model_job_id": run.model_job_id}
+
+
+def _align(ref: TableRef, peer: str, job_id: str, min_rows: int) -> TableRef:
+    """This party's new rows aligned with ``peer``'s (reused when the table is unchanged)."""
+    aligned = psi_align_party(ref.to_dict(), peer, f"{job_id}-psi", min_rows=min_rows)
+    return TableRef.from_dict(aligned["aligned"])
 
 
 @flow(name="score_local", flow_run_name=run_namer("score_local"))

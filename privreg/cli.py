@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 import traceback
@@ -66,8 +67,12 @@ def _load(args: argparse.Namespace) -> None:
     print(json.dumps(ref.to_dict()))
 
 
+#: A party's line for a stage it finished: ``clinic demo/psi (guest, 5.3 s): 470 shared rows``.
+_STAGE_LINE = re.compile(r"\S+ \S+/\S+ \([^,()]+, [0-9.]+ s\): ")
+
+
 class _ProgressPrinter(logging.Handler):
-    """``privreg run``'s progress: the stage (flow run) starting, round x of y, elapsed time."""
+    """``privreg run``'s progress: each party's stage as it finishes, round x of y, elapsed."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -75,8 +80,8 @@ class _ProgressPrinter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if message.startswith("Beginning subflow run"):
-            text = "stage " + message.split("'")[1]
+        if _STAGE_LINE.match(message):  # a party's stage done (flows.pipeline_party)
+            text = message
         elif message.startswith("progress: "):
             text = f"{getattr(record, 'flow_run_name', '')}: {message.removeprefix('progress: ')}"
         else:
@@ -113,32 +118,15 @@ def _run(args: argparse.Namespace) -> None:
     with logs_to_file(log):
         logger.addHandler(printer)
         try:
-            _job_flow(kind)(args.job_file, workspace=args.workspace)
+            from flows.pipeline import pipeline  # Prefect only for a command that runs a flow
+
+            pipeline(args.job_file, workspace=args.workspace)
         except Exception as error:
             logging.getLogger("privreg").exception("privreg run %s failed", args.job_file)
             raise RunFailedError(_one_line(error), log) from error
         finally:
             logger.removeHandler(printer)
     print(f"finished in {time.monotonic() - printer.started:.1f} s (log: {log})", file=sys.stderr)
-
-
-def _job_flow(kind: str) -> Any:
-    """The flow that runs a whole job file of this kind (a sub-job file runs on its own)."""
-    if kind == "label_dp":
-        from flows.label_dp import label_dp_job
-
-        return label_dp_job
-    if kind == "horizontal_lr":
-        from flows.horizontal_lr import horizontal_job
-
-        return horizontal_job
-    if kind == "sparse_lda":
-        from flows.sparse_lda import sparse_lda_job
-
-        return sparse_lda_job
-    from flows.pipeline import pipeline
-
-    return pipeline
 
 
 def _sub_job_line(path: Path, kind: str) -> str:

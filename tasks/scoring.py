@@ -97,6 +97,23 @@ def _matrix(ref: TableRef, model: ModelRecord) -> tuple[pd.DataFrame, np.ndarray
     return frame, X[:, [columns.index(f) for f in model.features]]
 
 
+@task(name="score-model", task_run_name="{ref.party}: name the model", **PARTY_STEP)
+def announce_model(job: ScoringJob, ref: TableRef, hosts: list[str]) -> None:
+    """The guest names the training job whose shares score (its own share must exist)."""
+    _load(ref, model_key("vertical", job.model_job_id, ref.party))
+    job.endpoint(ref.party).send_many(hosts, "score_model", job.model_job_id)
+
+
+@task(name="score-model-named", task_run_name="{ref.party}: the model named", **PARTY_STEP)
+def announced_model(job: ScoringJob, ref: TableRef) -> str:
+    """The training job the guest named; this host's share of it must exist here."""
+    named = job.endpoint(ref.party).receive(job.guest, "score_model")
+    if not isinstance(named, str):
+        raise ScoringError(f"{job.guest} named no training job to score with ({named!r})")
+    _load(ref, model_key("vertical", named, ref.party))
+    return named
+
+
 @task(name="score-host-share", task_run_name="{ref.party}: score share of new rows", **PARTY_STEP)
 def host_score_share(job: ScoringJob, ref: TableRef) -> int:
     """A host's share ``X_h w_h`` of the aligned new rows, sent to the guest."""

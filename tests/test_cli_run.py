@@ -4,6 +4,7 @@ and an error (a budget refusal here) as one line plus where the full log is."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,10 @@ def test_run_prints_a_line_per_stage_and_keeps_prefect_s_lines_in_the_log(
     assert main(argv) == 0
     captured = capsys.readouterr()
     progress, other = _lines(captured.err)
-    done = [line.split(" done in ")[0] for line in progress if " done in " in line]
-    assert [line.rsplit(": ", 1)[1] for line in done] == ["load", "psi"], captured.err
+    done = [re.match(r"\[ *[0-9.]+ s\] (\w+) demo/(\w+) \(", line) for line in progress]
+    assert sorted(m.groups() for m in done if m) == [
+        ("clinic", "load"), ("clinic", "psi"), ("lab", "load"), ("lab", "psi")
+    ], captured.err  # each party's stages, as each finishes
     assert len(other) == 1 and other[0].startswith("finished in"), captured.err
     assert "INFO" not in captured.err + captured.out and "470 shared rows" in captured.out
     (log,) = logs.glob("demo-*.log")

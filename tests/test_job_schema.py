@@ -183,7 +183,7 @@ def _flows() -> dict[type, list[tuple[Any, set[str]]]]:
     hospitals = {"parties", "job_id", "workspace", "own", "preprocessing"}
     return {
         schema.PsiOptions: [
-            (align.psi_align, {"party_a", "party_b", "workspace"}),
+            (align.psi_align, {"party_a", "party_b", "workspace", "job_id"}),
             (align.psi_align_party, party),
         ],
         schema.VerticalOptions: [

@@ -1,10 +1,11 @@
-"""The demo pipeline with every organisation its own OS process, against the one-process run.
+"""The demo pipeline with every organisation its own OS process, against the local run.
 
 A small version of the demo's job files (one vertical epoch, 1024-bit keys, three horizontal
-rounds, two hospitals) runs twice: once through the one-process ``pipeline``, and once with
-each party (clinic, lab, arbiter, registry, two hospitals, the coordinator) its own
-``privreg party pipeline`` process in its own folder, holding its own database, certificate,
-Prefect home, a copy of the job files and only its own source files, over mTLS on loopback.
+rounds, two hospitals) runs twice: once through the local ``pipeline`` (every party's side in
+one process, over the shared folder), and once with each party (clinic, lab, arbiter,
+registry, two hospitals, the coordinator) its own ``privreg party pipeline`` process in its own
+folder, holding its own database, certificate, Prefect home, a copy of the job files and only
+its own source files, over mTLS on loopback. Both run the same side flows with the same job ids.
 
 What must be equal: PSI's intersections, every vertical model slice (bit for bit), the WALR
 model and the horizontal model. The mechanisms' noise comes from the OS CSPRNG; WALR runs with
@@ -15,6 +16,7 @@ noise does not decide (rows, budget charged, grid, training rows).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
@@ -26,7 +28,6 @@ import pytest
 from helpers import vertical_slices
 from prefect.artifacts import Artifact
 
-from core import test_switches
 from core.test_switches import NOISELESS_VARIABLE
 from demo.orgs import Org
 from demo.parties import SMALL_KEYS, prepare, run_job
@@ -40,7 +41,6 @@ from storage.party_config import ENV_VAR
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from tasks import horizontal_lr, label_dp, secure_sum, sparse_lda, walr
-from tasks.reporting import short_id
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,14 +130,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     vertical = jobs["demo.json"].pop("vertical")
     job_file = one_process_copy(json.loads(json.dumps(jobs)), source, single)
     allow_noiseless(source, lambda _, database: single / Path(database).name)
-    with pytest.MonkeyPatch.context() as switches:
-        # the one-process pipeline derives its job ids from the tables (PSI's output among
-        # them), so no switch can name them beforehand: in this process only, the switch
-        # names every WALR and sparse LDA job
-        exact = ("walr-", "sparse-lda-")
-        switches.setattr(test_switches, "noiseless", lambda job_id: job_id.startswith(exact))
-        one = pipeline(str(job_file), workspace=str(single))
-        again = pipeline(str(job_file), workspace=str(single))  # redoes and charges nothing
+    with pytest.MonkeyPatch.context() as switches:  # the same job ids as the party processes'
+        switches.setenv(NOISELESS_VARIABLE, ",".join(EXACT_JOBS))
+        one = _plain(pipeline(str(job_file), workspace=str(single)))
+        again = _plain(pipeline(str(job_file), workspace=str(single)))  # redoes, charges nothing
     aligned = []
     for party in ("clinic", "lab"):
         copy = single / "copies" / f"{party}.duckdb"
@@ -150,6 +146,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     return {"one": one, "again": again, "vertical": reference, "aligned": aligned, "single": single,
             "orgs": orgs, "parties": parties}  # fmt: skip
+
+
+def _plain(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The local run's results as the party processes print theirs (JSON-like dicts)."""
+    return {party: dataclasses.asdict(result) for party, result in results.items()}
 
 
 def _stage(result: dict[str, Any], job: str, stage: str) -> dict[str, Any]:
@@ -165,12 +166,11 @@ def _stored(database: Path, key: str) -> dict[str, Any]:
     return ArtifactStore(PartyStore(database)).get(key)
 
 
-def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -> None:
+def test_party_processes_end_with_the_local_run_models(runs: dict[str, Any]) -> None:
     one, single, parties = runs["one"], runs["single"], runs["parties"]
     orgs: dict[str, Org] = runs["orgs"]
-    stages = one["stages"]
     assert set(parties) == {"clinic", "lab", "arbiter", "registry", *HOSPITALS, "coordinator"}
-    # every party ran exactly the stages that name it, with the agreed job ids
+    # every party ran exactly the stages that name it, with the agreed job ids, in both runs
     ran = {
         p: [(s["job"], s["stage"], s["job_id"]) for s in r["stages"]] for p, r in parties.items()
     }
@@ -180,20 +180,24 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
                                              "label_dp"]  # fmt: skip
     assert [s[1] for s in ran["coordinator"]] == ["horizontal_lr", "sparse_lda"]
     assert ran["registry"][-1] == ("label_dp_demo", "label_dp", "label_dp_demo-label_dp")
+    local = {
+        p: [(s["job"], s["stage"], s["job_id"]) for s in r["stages"]] for p, r in one.items()
+    }
+    assert local["lab"] == [("demo", s, f"demo-{s}") for s in ("load", "psi", "walr")]
+    assert local["coordinator"] == ran["coordinator"] and local["registry"] == ran["registry"]
 
-    # the one-process pipeline, run again, reuses every release and charges nothing twice
+    # the local pipeline, run again, reuses every alignment and release, charges nothing twice
     again = runs["again"]
-    assert again["alignment"]["reused"] and "release reused" in again["stages"]["walr"]["result"]
-    assert "KiB" in one["stages"]["psi"]["bytes"]
-    pipeline_key = f"demo-pipeline-{short_id(one['alignment']['job_id'])}-summary"
-    assert "KiB" in Artifact.get(pipeline_key).data
+    assert _stage(again["lab"], "demo", "psi")["reused"]
+    assert _stage(again["clinic"], "demo", "walr")["reused_release"]
+    assert "KiB" in Artifact.get("demo-pipeline-summary").data
 
     # PSI: the same intersection (the row order is each run's own)
-    for party, one_side in zip(("clinic", "lab"), one["alignment"]["aligned"], strict=True):
-        psi = _stage(parties[party], "demo", "psi")
-        assert psi["intersection_size"] == one["alignment"]["intersection_size"] == 470
+    for party in ("clinic", "lab"):
+        psi, local_psi = (_stage(r[party], "demo", "psi") for r in (parties, one))
+        assert psi["intersection_size"] == local_psi["intersection_size"] == 470
         assert Path(psi["aligned"]["database"]).is_relative_to(orgs[party].folder)
-        assert _ids(psi["aligned"]) == _ids(one_side)
+        assert _ids(psi["aligned"]) == _ids(local_psi["aligned"])
 
     # vertical LR: every party's slice equals the one-process flow's on the same aligned rows
     reference = runs["vertical"]
@@ -204,10 +208,10 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
     guest = _stage(parties["clinic"], "demo", "vertical")
     assert guest["metrics"] == reference["metrics"]
 
-    # WALR (noise switched off): the release, exact integers, equals the one-process one; the
+    # WALR (noise switched off): the release, exact integers, equals the local run's; the
     # fit sums floats over the rows in PSI's order, which is each run's own, so it agrees to
     # the optimiser's tolerance
-    model = _stored(single / "lab.duckdb", walr.model_key(stages["walr"]["job_id"]))
+    model = _stored(single / "lab.duckdb", walr.model_key("demo-walr"))
     lab = orgs["lab"].folder / "var/parties/lab.duckdb"
     party_model = _stored(lab, walr.model_key("demo-walr"))
     assert np.array_equal(party_model["noisy_sum"], model["noisy_sum"])
@@ -226,7 +230,7 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
     assert released["budget"]["epsilon_spent"] == 2.0
     assert released["mechanism"]["grid_size"] == 41 and released["mechanism"]["epsilon"] == 2.0
     single_model = _stored(
-        single / "clinic_baseline.duckdb", label_dp.model_key(stages["label_dp"]["job_id"])
+        single / "clinic_baseline.duckdb", label_dp.model_key("label_dp_demo-label_dp")
     )
     baseline = orgs["clinic"].folder / "var/parties/clinic_baseline.duckdb"
     party_model = _stored(baseline, label_dp.model_key("label_dp_demo-label_dp"))
@@ -237,16 +241,16 @@ def test_party_processes_end_with_the_one_process_models(runs: dict[str, Any]) -
         k: v for k, v in single_model["mechanism"].items() if k != drawn
     }
 
-    # horizontal LR: the coordinator's and every hospital's model equal the one-process one
+    # horizontal LR: the coordinator's and every hospital's model equal the local run's
     store = ArtifactStore(secure_sum.coordinator_store(str(single)))
-    expected = store.get(horizontal_lr.model_key(stages["horizontal_lr"]["job_id"]))
+    expected = store.get(horizontal_lr.model_key("horizontal_demo-horizontal_lr"))
     for party in (*HOSPITALS, "coordinator"):
         result = _stage(parties[party], "horizontal_demo", "horizontal_lr")
         assert result["weights"] == horizontal_lr.model_weights(expected).tolist(), party
         assert result["rounds_completed"] == expected["rounds"] == 3
 
     # sparse LDA (noise switched off): the coordinator's and every hospital's model
-    expected = store.get(sparse_lda.model_key(stages["sparse_lda"]["job_id"]))
+    expected = store.get(sparse_lda.model_key("sparse_lda_demo-sparse_lda"))
     for party in (*HOSPITALS, "coordinator"):
         result = _stage(parties[party], "sparse_lda_demo", "sparse_lda")
         assert result["direction"] == np.asarray(expected["direction"]).tolist(), party

@@ -100,12 +100,14 @@ def test_flow_run_retry_resumes_from_the_finished_rounds(
     faulty = {**server, FAULT_VARIABLE: "ops-job:4"}  # the tests-only switch, this process only
     failed = _run_vertical(faulty, tmp_path, guest, host)
     assert failed.returncode != 0
+    failed_runs = {"state": {"type": {"any_": ["FAILED"]}}}
     runs = api(
         server,
         "/flow_runs/filter",
-        {"flow_runs": {"state": {"type": {"any_": ["FAILED"]}}}, "sort": "START_TIME_DESC"},
-    )
-    run_id = runs[0]["id"]
+        {"flow_runs": failed_runs, "flows": {"name": {"any_": ["vertical_lr"]}},
+         "sort": "START_TIME_DESC"},
+    )  # fmt: skip
+    run_id = runs[0]["id"]  # the local run: every party's side is a child run of it
     retried = subprocess.run(
         [PREFECT, "flow-run", "retry", run_id, "--entrypoint", "flows/vertical_lr.py:vertical_lr"],
         env=server,
@@ -117,11 +119,18 @@ def test_flow_run_retry_resumes_from_the_finished_rounds(
     assert retried.returncode == 0, retried.stdout + retried.stderr
     state = api_get(server, f"/flow_runs/{run_id}")["state"]["type"]
     assert state == "COMPLETED"
-    task_runs = api(server, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
-    completed_rounds = [
+    children = api(
+        server, "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run_id]}}}
+    )  # the first try's sides and the retry's
+    sides = [child["id"] for child in children]
+    assert len(sides) == 6  # guest, host and arbiter, twice
+    task_runs = api(server, "/task_runs/filter", {"flow_runs": {"id": {"any_": sides}}})
+    completed_rounds = [  # the guest's rounds (the host's and the arbiter's are named alike)
         t["name"]
         for t in task_runs
-        if t["name"].startswith("round ") and t["state"]["type"] == "COMPLETED"
+        if t["name"].startswith("round ")
+        and t["name"].endswith(": guest")
+        and t["state"]["type"] == "COMPLETED"
     ]
     rounds = sorted(int(name.split()[1]) for name in completed_rounds)
     assert rounds == list(range(ROUNDS))  # every round finished exactly once: 0-3 reused
@@ -135,7 +144,7 @@ def test_flow_run_retry_resumes_from_the_finished_rounds(
     assert {row["round"] for row in table if row["reused"]} == set(range(4))
     assert len({row["attempt"] for row in table}) == 2
     summary = _artifact(server, "patients-vertical-ops-job-summary")
-    assert summary["flow_run_id"] == run_id and f"| rounds | {ROUNDS} |" in summary["data"]
+    assert summary["flow_run_id"] in sides and f"| rounds | {ROUNDS} |" in summary["data"]
 
 
 def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(
@@ -179,7 +188,7 @@ def test_the_demo_command_runs_the_pipeline(server: dict[str, str], tmp_path: Pa
     job_file.write_text(json.dumps(job))
     done = subprocess.run(
         [sys.executable, "-m", "flows.pipeline", str(job_file)],
-        env=server,
+        env={**server, "PRIVREG_HOME": str(tmp_path)},  # its runs' messages: not the checkout's
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -83,6 +83,9 @@ def test_vertical_scores_equal_the_plaintext_model_on_the_shared_rows(workspace:
     from sklearn.metrics import roc_auc_score
 
     assert result["auc"] == pytest.approx(roc_auc_score(joined["y"], expected))
-    # what crossed for scoring: one score share per aligned row, from the host to the guest
+    # what crossed for scoring: the training job's name, then one score share per aligned
+    # row, from the host to the guest
     log = channel_for(result["job_id"], str(workspace)).log()
-    assert [(r.sender, r.receiver, r.kind) for r in log] == [("lab", "clinic", "score_share")]
+    assert [(r.sender, r.receiver, r.kind) for r in log] == [
+        ("clinic", "lab", "score_model"), ("lab", "clinic", "score_share")
+    ]

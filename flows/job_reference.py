@@ -25,6 +25,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("Sub-job `label_dp`", schema.LabelDPJob),
     ("Sub-job `horizontal_lr`", schema.HorizontalJob),
     ("Sub-job `sparse_lda`", schema.SparseLDAJob),
+    ("Sub-job `score_vertical`", schema.ScoreVerticalJob),
     ("Roles of a main or label-DP job (`parties`)", schema.GuestHost),
     ("A party's entry (`parties.<role>`)", schema.PartyEntry),
     ("Table descriptor (`parties.<role>.table`)", schema.TableDescriptor),
@@ -38,6 +39,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("`label_dp`", schema.LabelDPOptions),
     ("`horizontal_lr`", schema.HorizontalOptions),
     ("`sparse_lda`", schema.SparseLDAOptions),
+    ("`score_vertical`", schema.ScoreOptions),
 )
 _NAMES = {model: title for title, model in SECTIONS}
 

@@ -229,12 +229,20 @@ class SparseLDAOptions(_Strict):
     join_timeout: Positive = Field(600.0, description="seconds it waits for parties to join")
 
 
+class ScoreOptions(_Strict):
+    """``score_vertical`` / ``score_vertical_party``."""
+
+    model_job: JobName = Field(description="the job whose promoted vertical model scores")
+    min_rows: int = Field(1, ge=1, description="fewest shared new rows scored")
+
+
 class SubJobs(_Strict):
     """Sub-job files run after the main job, in the order written."""
 
     label_dp: str | None = Field(None, description="a label-DP job file")
     horizontal_lr: str | None = Field(None, description="a horizontal LR job file")
     sparse_lda: str | None = Field(None, description="a sparse LDA job file")
+    score_vertical: str | None = Field(None, description="a vertical scoring job file")
 
 
 # ---- job files ----------------------------------------------------------------------------------
@@ -242,9 +250,6 @@ class _Job(_Strict):
     job: JobName | None = Field(None, description="names the job's ids (default: file name)")
     description: str | None = Field(None, description="free text")
     preprocessing: Preprocessing | None = Field(None, description="applies to every table")
-    restart_grace: Positive = Field(
-        600.0, description="party runs: seconds peers wait for a vanished party to restart"
-    )
     restart_grace: float = Field(
         600.0,
         gt=0,
@@ -295,11 +300,20 @@ class SparseLDAJob(HospitalsJob):
     sparse_lda: SparseLDAOptions = Field(description="the release and the fit")
 
 
+class ScoreVerticalJob(_Job):
+    """Sub-job ``score_vertical``: new rows of the guest and the host scored with the vertical
+    model a job trained and promoted (each party's own share; the guest stores the scores)."""
+
+    parties: GuestHost = Field(description="guest (its new rows, the scores) and host")
+    score_vertical: ScoreOptions = Field(description="which model, and the alignment")
+
+
 KINDS: dict[str, type[_Job]] = {
     "main": MainJob,
     "label_dp": LabelDPJob,
     "horizontal_lr": HorizontalJob,
     "sparse_lda": SparseLDAJob,
+    "score_vertical": ScoreVerticalJob,
 }
 SUB_JOBS = tuple(kind for kind in KINDS if kind != "main")
 

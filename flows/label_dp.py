@@ -14,9 +14,9 @@ columns in this process, :mod:`flows.local_run`); the features party needs no re
 the terms arrive as a message. The release is stored before it is sent, so a re-run
 of either party re-sends identical bytes and charges nothing.
 
-``label_dp_job`` runs a job file end to end: load both tables (the labels party's initial
-budget applies only if its owner has none), align them by PSI, then train
-(``python -m flows.label_dp <job file>``).
+A label-DP job file runs end to end with ``privreg run`` (``flows.pipeline``): each party
+loads its table (the labels party's initial budget applies only if its owner has none), the
+two align by PSI, then train.
 
 ``preprocessing`` (default: standardise) is the features party's: fitted on its own training
 rows, applied to every row and saved with its model (see tasks/label_dp.py).
@@ -24,7 +24,6 @@ rows, applied to every row and saved with its model (see tasks/label_dp.py).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from typing import Any
 
@@ -32,14 +31,12 @@ from prefect import flow
 
 from core.label_dp.grid import DEFAULT_GRID_SIZE
 from core.preprocessing import PreprocessingSpec
-from flows.align import psi_align
-from flows.jobs import read_job
 from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
 from tasks import label_dp as steps
 from tasks.charts import publish_training_charts
-from tasks.loading import fingerprint, load_table
+from tasks.loading import fingerprint
 from tasks.reporting import (
     artifact_key,
     markdown_table,
@@ -318,44 +315,3 @@ def _features_side(
         "model_key": model["key"],
         "database": ref.database,
     }
-
-
-@flow(name="label_dp_job", flow_run_name=run_namer("label_dp_job"))
-def label_dp_job(
-    job_file: str = "jobs/label_dp_demo.json", workspace: str | None = None
-) -> dict[str, Any]:
-    """Load both parties' files, align them, then train.
-
-    The job file's ``guest`` holds the labels, its ``host`` the features. The guest's
-    ``privacy_budget`` is an initial budget for its source table, set at load time only if its
-    owner has none; the aligned copy is charged to that source table.
-
-    Args:
-        job_file: Path of the job file (JSON) naming both parties' sources and options.
-        workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
-    """
-    job = read_job(job_file)
-    spec = PreprocessingSpec.from_dict(job.get("preprocessing"))
-    refs = {role: TableRef.from_dict(job["parties"][role]["table"]) for role in ("guest", "host")}
-    for role, ref in refs.items():
-        party = job["parties"][role]
-        own = spec.with_party(party.get("preprocessing"))  # its missing values, categories
-        load_table(party["source"], ref, party.get("privacy_budget"), own.to_dict())
-    alignment = psi_align(
-        refs["guest"].to_dict(),
-        refs["host"].to_dict(),
-        min_rows=job.get("psi", {}).get("min_rows", 100),
-        workspace=workspace,
-    )
-    guest, host = (TableRef.from_dict(d) for d in alignment["aligned"])
-    return label_dp_regression(
-        host.to_dict(),
-        guest.to_dict(),
-        workspace=workspace,
-        preprocessing=spec.to_dict(),
-        **job["label_dp"],
-    )
-
-
-if __name__ == "__main__":
-    label_dp_job(*sys.argv[1:2])

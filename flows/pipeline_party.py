@@ -51,6 +51,7 @@ from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
 from flows.job_schema import job_kind
 from flows.jobs import read_job
 from flows.label_dp import label_dp_party
+from flows.scoring import score_vertical_party
 from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
 from flows.sparse_lda import summary_line as sparse_lda_summary
 from flows.vertical_party import vertical_lr_party
@@ -368,6 +369,7 @@ MODELS: dict[str, tuple[tuple[str, str, bool], ...]] = {
     "label_dp": (("label_dp", "label_dp", False),),
     "horizontal_lr": (("horizontal", "horizontal_lr", False),),
     "sparse_lda": (("sparse_lda", "sparse_lda", False),),
+    "score_vertical": (),
 }
 
 
@@ -383,11 +385,26 @@ def promote(job: PartyJob, main_job: str) -> list[str]:
     return promoted
 
 
+def _score_vertical_stages(job: PartyJob) -> Iterator[StageResult]:
+    """New rows of the guest and the host, scored with a promoted vertical model: each loads
+    its table, then scores its share (the PSI of the new rows is the scoring side's own)."""
+    parties = job.parties()
+    options = job.spec["score_vertical"]
+    own = yield from _load(job)
+    for role, ref in own.items():
+        yield from _stage(
+            job, "score_vertical", role, score_vertical_party, ref.to_dict(), role,
+            parties["guest"], [parties["host"]], job.job_id("score_vertical"),
+            options["model_job"], min_rows=options.get("min_rows", 1),
+        )  # fmt: skip
+
+
 STAGES: dict[str, Callable[[PartyJob], Iterator[StageResult]]] = {
     "main": _main_stages,
     "label_dp": _label_dp_stages,
     "horizontal_lr": _horizontal_stages,
     "sparse_lda": _sparse_lda_stages,
+    "score_vertical": _score_vertical_stages,
 }
 
 
@@ -694,6 +711,11 @@ def summary_line(stage: str, role: str, r: dict[str, Any]) -> str:
     tail = f", {metrics}" if metrics else ""
     if stage == "psi":
         return f"{r['intersection_size']} shared rows of {r['set_sizes'][0]} / {r['set_sizes'][1]}"
+    if stage == "score_vertical" and role == "guest":
+        auc = f", AUC {r['auc']:.4f}" if r.get("auc") is not None else ""
+        return f"{r['rows']} rows scored into {r['scores_table']} with {r['model_key']}{auc}"
+    if stage == "score_vertical":
+        return f"score shares of {r['rows']} rows sent (model job {r['model_job_id']})"
     if stage == "vertical":
         return f"{r['rounds_run']} rounds run, final round {r['final_round']}{tail}"
     if stage in ("walr", "label_dp") and role == "labels":

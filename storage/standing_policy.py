@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from storage.ledger import WindowRule
 
-KINDS = ("main", "label_dp", "horizontal_lr", "sparse_lda")
+KINDS = ("main", "label_dp", "horizontal_lr", "sparse_lda", "score_vertical")
 _RELEASES = {  # job kind -> the option groups whose epsilon a release of this party spends
     "main": ("walr",),
     "label_dp": ("label_dp",),

@@ -42,7 +42,6 @@ FLOW_SHORT = {
     "vertical_lr": "vertical",
     "walr": "walr",
     "label_dp_regression": "label-dp",
-    "label_dp_job": "label-dp-job",
     "horizontal_lr": "horizontal",
     "sparse_lda": "sparse-lda",
     "pipeline": "pipeline",

@@ -112,6 +112,7 @@ def test_every_bundled_job_file_validates_and_names_its_kind() -> None:
         "label_dp_demo.json": schema.LabelDPJob,
         "horizontal_demo.json": schema.HorizontalJob,
         "sparse_lda_demo.json": schema.SparseLDAJob,
+        "score_demo.json": schema.ScoreVerticalJob,
     }
     with pytest.raises(schema.JobFileError, match="horizontal_lr sub-job file where a main job"):
         read_job(ROOT / "jobs/horizontal_demo.json", "main")

@@ -13,7 +13,8 @@ from prefect.artifacts import Artifact
 from prefect.logging import disable_run_logger
 
 from core.label_dp import InvalidEpsilonError, train_on_noisy_labels
-from flows.label_dp import label_dp_job, label_dp_regression
+from flows.label_dp import label_dp_regression
+from flows.pipeline import pipeline
 from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -244,8 +245,13 @@ def test_bad_inputs_are_refused_before_any_release(workspace: Path) -> None:
 def test_demo_job_sets_a_budget_aligns_and_trains(workspace: Path) -> None:
     job = json.loads((ROOT / "jobs" / "label_dp_demo.json").read_text())
     job_file = relocate_job(job, ROOT, workspace)
-    result = label_dp_job(str(job_file), workspace=str(workspace))
-    assert result["rows"] == 442
+    parties = pipeline(str(job_file), workspace=str(workspace))  # every side, locally
+    labels, features = (
+        next(s.result for s in parties[p].stages if s.stage == "label_dp")
+        for p in ("registry", "clinic")
+    )
+    result = {**labels, "coefficients": features["coefficients"]}
+    assert result["rows"] == features["rows"] == 442
     assert result["budget"]["epsilon_total"] == 4.0
     assert result["budget"]["epsilon_spent"] == pytest.approx(2.0)
     assert result["metrics"]["evaluated_on"] == "holdout"

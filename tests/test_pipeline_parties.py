@@ -37,6 +37,7 @@ from flows.pipeline_party import PipelineRefusalError, pipeline_party
 from flows.vertical_lr import vertical_lr
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
+from storage.models import ModelStore
 from storage.party_config import ENV_VAR
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
@@ -128,6 +129,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     single = tmp_path_factory.mktemp("one-process")
     vertical = jobs["demo.json"].pop("vertical")
+    jobs["demo.json"]["subjobs"].pop("score_vertical")
     job_file = one_process_copy(json.loads(json.dumps(jobs)), source, single)
     allow_noiseless(source, lambda _, database: single / Path(database).name)
     with pytest.MonkeyPatch.context() as switches:  # the same job ids as the party processes'
@@ -162,6 +164,11 @@ def _ids(descriptor: dict[str, Any]) -> set[str]:
     return set(PartyStore.of(ref).read_table(ref)[ref.id_column].astype(str))
 
 
+def _table(store: PartyStore, name: str) -> Any:
+    ref = TableRef(str(store.path), name, id_column="patient_id")
+    return store.read_table(ref)
+
+
 def _stored(database: Path, key: str) -> dict[str, Any]:
     return ArtifactStore(PartyStore(database)).get(key)
 
@@ -175,15 +182,20 @@ def test_party_processes_end_with_the_local_run_models(runs: dict[str, Any]) -> 
         p: [(s["job"], s["stage"], s["job_id"]) for s in r["stages"]] for p, r in parties.items()
     }
     assert [s[1] for s in ran["arbiter"]] == ["vertical"]
-    assert ran["lab"] == [("demo", s, f"demo-{s}") for s in ("load", "psi", "vertical", "walr")]
+    scoring = [("score_demo", s, f"score_demo-{s}") for s in ("load", "score_vertical")]
+    assert ran["lab"] == [
+        ("demo", s, f"demo-{s}") for s in ("load", "psi", "vertical", "walr")
+    ] + scoring
     assert [s[1] for s in ran["clinic"]] == ["load", "psi", "vertical", "walr", "load", "psi",
-                                             "label_dp"]  # fmt: skip
+                                             "label_dp", "load", "score_vertical"]  # fmt: skip
     assert [s[1] for s in ran["coordinator"]] == ["horizontal_lr", "sparse_lda"]
     assert ran["registry"][-1] == ("label_dp_demo", "label_dp", "label_dp_demo-label_dp")
     local = {
         p: [(s["job"], s["stage"], s["job_id"]) for s in r["stages"]] for p, r in one.items()
     }
-    assert local["lab"] == [("demo", s, f"demo-{s}") for s in ("load", "psi", "walr")]
+    assert local["lab"] == [("demo", s, f"demo-{s}") for s in ("load", "psi", "walr")]  # no
+    # vertical LR in the local copy (it is compared on the processes' own rows below): nothing
+    # to score there
     assert local["coordinator"] == ran["coordinator"] and local["registry"] == ran["registry"]
 
     # the local pipeline, run again, reuses every alignment and release, charges nothing twice
@@ -248,6 +260,24 @@ def test_party_processes_end_with_the_local_run_models(runs: dict[str, Any]) -> 
         result = _stage(parties[party], "horizontal_demo", "horizontal_lr")
         assert result["weights"] == horizontal_lr.model_weights(expected).tolist(), party
         assert result["rounds_completed"] == expected["rounds"] == 3
+
+    # each party promoted its share of the vertical model for the job, and the scoring sub-job
+    # scored the new rows with them across the processes: the guest's scores of rows it also
+    # trained on equal training's own predictions of them
+    clinic_store = PartyStore(orgs["clinic"].folder / "var/parties/clinic.duckdb")
+    for party in ("clinic", "lab"):
+        store = PartyStore(orgs[party].folder / f"var/parties/{party}.duckdb")
+        key, _ = ModelStore(store).promoted("demo", "vertical")
+        assert key == f"models/vertical/demo-vertical/{party}"
+    scored = _stage(parties["clinic"], "score_demo", "score_vertical")
+    assert scored["rows"] == 470 and scored["scores_table"] == "patients_to_score_scored"
+    shared = _stage(parties["lab"], "score_demo", "score_vertical")
+    assert shared["rows"] == 470 and shared["model_job_id"] == "demo-vertical"
+    trained = _table(clinic_store, guest["scores_table"])
+    new = _table(clinic_store, "patients_to_score_scored")
+    both = trained.merge(new, on="patient_id", suffixes=("_trained", "_scored"))
+    assert len(both) == 470
+    np.testing.assert_allclose(both["probability_scored"], both["probability_trained"], rtol=1e-9)
 
     # sparse LDA (noise switched off): the coordinator's and every hospital's model
     expected = store.get(sparse_lda.model_key("sparse_lda_demo-sparse_lda"))

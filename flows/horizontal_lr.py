@@ -1,45 +1,40 @@
 """Flow ``horizontal_lr``: logistic regression on rows spread over parties, by masked sums.
 
-check own table ──▶ column names ──▶ coordinator compares        (once, before any round)
-party: job key ──▶ coordinator admits                            (once per job, or a re-key)
-then per round r (every task's run name starts with "round r:"):
+hospital:     check own table ──▶ column names ──▶ coordinator compares (once, before any round)
+hospital:     job key ──▶ coordinator admits                (once per job, or a re-key)
+then per round r:
 coordinator:  call (active parties, their keys) ─▶ add masked ─▶ unmask sum, update, commit
-party:                      mask update ─▶ answer unmask ─▶ check and save model
+hospital:                   mask update ─▶ answer unmask ─▶ check and save model
 (the masking is ``core.secagg.multiround``: keys agreed once per job, masks per round,
 wired by ``tasks.secure_rounds``)
 Every arrow crosses the channel; the coordinator sees only the row-weighted mean update, the
-mean loss and the total row count. Each stage runs every party's step at once and waits up to
-``stage_timeout`` seconds: a party that has not answered by then, whatever the reason, has
-dropped out, and the round goes on while at least ``threshold`` remain. A party that dropped
-re-keys and asks to rejoin before it contributes again. Each party checks that the model it
-is sent is the update of the previous one by the round's mean update, which it unmasks itself
-too, and never contributes twice at one model. A re-run of the same job resumes after the
-coordinator's last commit (a party that had not saved it catches up from its result).
+mean loss and the total row count. Each stage waits up to ``stage_timeout`` seconds: a
+hospital that has not answered by then, whatever the reason, has dropped out, and the round
+goes on while at least ``threshold`` remain. A hospital that dropped is left out of the next
+call, re-keys and asks to rejoin, and is called again from the round after. Each hospital
+checks that the model it is sent is the update of the previous one by the round's mean
+update, which it unmasks itself too, and never contributes twice at one model. A re-run of
+the same job resumes after the coordinator's last commit (a hospital that had not saved it
+catches up from its result).
 
-Hold-out (``holdout_fraction``): each party keeps that share of its own rows out of every
+The protocol is written once, as one flow per role: ``horizontal_lr_party`` is one hospital's
+column of the diagram and ``horizontal_lr_coordinator`` the coordinator's, each round one task
+run per side. Across organisations each runs in its own process over the network channel;
+``horizontal_lr`` runs them all in this process, each side in its own thread as its own party
+over the shared folder (:mod:`flows.hospitals`), with the same job id and options.
+
+Hold-out (``holdout_fraction``): each hospital keeps that share of its own rows out of every
 update (split seeded by the job id) and, at the end, scores them with the final model; only
-aggregates leave it (AUC, log-loss, its class-prior baseline, the row count). The one-process
-summary gives each party's figures and their row-weighted pooled log-loss; in party mode each
-hospital's summary gives its own, and the coordinator learns none of them.
-
-Party mode (each hospital and the coordinator its own process, over the network channel):
-``horizontal_lr_party`` is one hospital's column of the diagram and
-``horizontal_lr_coordinator`` the coordinator's, each round one task run per process; they
-run the same steps, with the same job id agreed beforehand, and meet only through messages.
-The coordinator calls each round (the parties, threshold, options, the round's active
-parties and keys) and ends with a stop. A hospital that missed a stage is out of the session:
-the following calls list it as left out and no stage waits for it, until it re-keys and asks
-to rejoin (it does on the first call that leaves it out, so a live one is back the next round
-and one that is gone costs ``stage_timeout`` once). A hospital left out, or restarted, still
-checks and saves every round's model from the coordinator's result. (In the one-process flow
-every dropped party re-keys at once and is asked again the next round.)
+aggregates leave it (AUC, log-loss, its class-prior baseline, the row count). Each hospital's
+summary gives its own figures; ``horizontal_lr``, which plays every owner, adds one with every
+hospital's and their row-weighted pooled log-loss. The coordinator learns none of them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
-import time
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -48,6 +43,7 @@ from prefect.states import Completed, State
 from core import secagg, test_switches
 from core.outcomes import BELOW_BASELINE, check_loss, rising
 from core.preprocessing import PreprocessingSpec
+from flows.hospitals import run_hospitals
 from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.party_config import active_config
@@ -55,7 +51,6 @@ from storage.party_store import PartyStore
 from storage.workspace import derive_job_id
 from tasks import horizontal_lr as steps
 from tasks import preprocessing as pre
-from tasks import secure_rounds, secure_sum
 from tasks.charts import publish_training_charts
 from tasks.horizontal_lr import COORDINATOR, predict_proba
 from tasks.loading import load_table
@@ -84,10 +79,10 @@ __all__ = [
     "predict_proba",
 ]
 
-#: The stages of a round at which a party can drop (test switch ``PRIVREG_TEST_FAULTS``).
+#: The stages of a round at which a hospital can drop (test switch ``PRIVREG_TEST_FAULTS``).
 STAGES = ("mask_input", "reveal_shares")
-#: Where ``PRIVREG_TEST_CRASH_AFTER`` can stop a run: after a stage, or after the
-#: coordinator's commit but before the parties saved the round.
+#: Where ``PRIVREG_TEST_CRASH_AFTER`` stops the coordinator: after a stage, or after its
+#: commit of a round but before it sent the round's model.
 CRASH_POINTS = (*STAGES, "commit")
 
 
@@ -125,108 +120,6 @@ def _check_options(
         raise ValueError(f"learning_rate must be a positive number, got {learning_rate}")
     if not (math.isfinite(l2) and l2 >= 0 and tol >= 0):
         raise ValueError(f"l2 and tol must be non-negative, got {l2}, {tol}")
-
-
-def _catch_up(
-    by_name: dict[str, TableRef],
-    status: dict[str, dict[str, Any]],
-    job_id: str,
-    threshold: int,
-    n_features: int,
-    options: steps.TrainingOptions,
-    workspace: str | None,
-    stage_timeout: float,
-    last_round: int,
-) -> int:
-    """First round to run: after the coordinator's last commit. A party that had not saved a
-    committed round (the run stopped in between) checks and saves it now from the
-    coordinator's result, as if uninterrupted."""
-    committed = status[COORDINATOR]["last_round"]
-    names = list(by_name)
-    for party, ref in by_name.items():
-        for round_ in range(status[party]["last_round"] + 1, committed + 1):
-            ctx = steps.round_context(
-                job_id, round_, names, threshold, n_features, workspace, stage_timeout
-            )
-            steps.finish_round(ref, ctx, options, round_ == last_round)
-    return committed + 1
-
-
-def _stage(
-    stage: str,
-    step: Any,
-    refs: dict[str, TableRef],
-    live: list[str],
-    ctx: steps.RoundContext,
-    args: tuple[Any, ...],
-    kind: str,
-    faults: Faults,
-    gone: dict[str, str],
-) -> list[str]:
-    """Run the live parties' step of a stage at once (one task run each) and take the
-    messages that arrived by the stage's deadline; the others have dropped (why in ``gone``).
-    Below the threshold the round aborts, naming them, before anything is unmasked."""
-    deadline = time.monotonic() + ctx.stage_timeout
-    _, failed = secure_sum.run_party_steps(stage, step, refs, live, ctx, args, faults, deadline)
-    heard = [p for p in live if p not in failed]
-    found = secure_sum.collect(ctx.endpoint(COORDINATOR), kind, heard, ctx.round, deadline)
-    late = f"no answer within {ctx.stage_timeout:g} s"
-    missing = {p: failed.get(p, late) for p in live if p not in found}
-    secure_sum.log_dropouts(ctx.round, ctx.job_id, stage, missing)
-    gone.update(missing)
-    answered = [p for p in live if p in found]
-    secure_rounds.require_senders(ctx.job, ctx.round, stage, answered, gone)
-    faults.crash_point(ctx.round, stage)
-    return answered
-
-
-def _run_round(
-    refs: dict[str, TableRef],
-    ctx: steps.RoundContext,
-    options: steps.TrainingOptions,
-    faults: Faults,
-    last_round: int,
-) -> dict[str, Any]:
-    """One round: call, masked inputs, unmasking, model. Keys were agreed once for the job;
-    a party that dropped re-keys and asks to rejoin for the next round (in this one-process
-    mode every party is asked again each round)."""
-    started = time.time()
-    call = steps.call_round(ctx, options)
-    active = list(call.protocol["active"]) if call.protocol else []
-    gone = {p: "left out: re-keying to rejoin" for p in call.out}
-    masked = _stage(
-        "mask_input",
-        steps.mask_update,
-        refs,
-        active,
-        ctx,
-        (options,),
-        secure_rounds.MASKED,
-        faults,
-        gone,
-    )
-    senders = steps.collect_masked(ctx, masked)
-    responders = _stage(
-        "reveal_shares",
-        steps.answer_unmask,
-        refs,
-        senders,
-        ctx,
-        (),
-        secure_rounds.RESPONSE,
-        faults,
-        gone,
-    )
-    final = ctx.round == last_round
-    entry = steps.update_model(ctx, options, started, responders, final)
-    faults.crash_point(ctx.round, "commit")
-    final = final or entry["change"] < options.tol
-    # every party, dropped ones too, verifies and saves the model; one failing here lags behind
-    secure_sum.run_stage("save_model", steps.finish_round, refs, list(refs), ctx, options, final)
-    if not final:  # the dropped re-key now and are admitted again for the next round
-        back = [p for p in refs if p not in responders]
-        secure_sum.run_stage("rejoin", steps.ask_to_rejoin, refs, back, ctx)
-    return entry
 
 
 def _publish(job_id: str, model: dict[str, Any], workspace: str | None) -> None:
@@ -285,9 +178,10 @@ def horizontal_lr(
     stage waits for the parties' answers before counting the silent ones as dropped.
 
     Fault injection, for tests only, comes from the job's test switches in this process's
-    environment (:mod:`core.test_switches`): ``PRIVREG_TEST_FAULTS`` makes a party's step fail
-    or never answer, ``PRIVREG_TEST_CRASH_AFTER`` raises :class:`SimulatedCrashError` at a
-    point of a round, as if the flow's process were killed.
+    environment (:mod:`core.test_switches`), which every side reads: ``PRIVREG_TEST_FAULTS``
+    makes a hospital's step fail or never answer (it is dropped, then rejoins),
+    ``PRIVREG_TEST_CRASH_AFTER`` makes the coordinator raise :class:`SimulatedCrashError` at a
+    point of a round, as if its process were killed.
 
     Args:
         parties: Descriptors of every party's table (same columns, a label column each).
@@ -316,89 +210,44 @@ def horizontal_lr(
     threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
     _check_options(rounds, local_epochs, learning_rate, l2, tol, stage_timeout, holdout_fraction)
     secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
-
-    digests = [steps.check_table(ref) for ref in refs]
+    digests = [steps.check_table(ref) for ref in refs]  # every table, before any side starts
     if job_id is None:
-        described = [
-            {**ref.to_dict(), "database": None, "digest": digest}
-            for ref, digest in zip(refs, digests, strict=True)
-        ]
         shaping = {"local_epochs": local_epochs, "learning_rate": learning_rate, "l2": l2}
         shaping["preprocessing"] = spec.to_dict()
         if holdout_fraction:
             shaping["holdout_fraction"] = holdout_fraction
-        job_id = derive_job_id(
-            "horizontal-lr",
-            {"parties": described, **shaping, "seed": seed, "threshold": threshold},
-        )
-    faults = Faults.of_job(job_id, names, STAGES)  # the test switches naming this job, if any
-    status = {ref.party: steps.join_job(ref, job_id, workspace) for ref in refs}
-    status[COORDINATOR] = steps.open_job(names, job_id, workspace)
-    by_name = dict(zip(names, refs, strict=True))
-    pre.pooled_statistics(  # before any round: every party trains on the same scaled columns
-        by_name,
-        job_id,
-        status[COORDINATOR]["features"],
-        spec,
-        threshold,
-        workspace,
-        stage_timeout,
-        holdout_fraction,
-    )
-    n_features = steps.coordinator_width(job_id, status[COORDINATOR]["features"], workspace)
-    options = steps.TrainingOptions(local_epochs, learning_rate, l2, tol, holdout_fraction)
-    start = _catch_up(
-        by_name, status, job_id, threshold, n_features, options, workspace, stage_timeout,
-        rounds - 1,
-    )  # fmt: skip
-    change = status[COORDINATOR]["change"]
-    converged = change is not None and change < tol
-    if start > 0:
-        get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
-    progress = Progress(rounds, f"horizontal_lr {job_id}: rounds finished")
-    progress.update(rounds if converged else start)
-    ran = 0
-    watch = _LossWatch(job_id, workspace, start)
-    if start < rounds and not converged:  # keys once per job: every party's, then admitted
-        first = steps.round_context(
-            job_id, start, names, threshold, n_features, workspace, stage_timeout
-        )
-        secure_sum.run_stage("join", steps.join_rounds, by_name, names, first)
-        steps.admit_keys(first.job, start, names, stage_timeout)
-    for round_ in range(start, rounds):
-        if converged:
-            break
-        ctx = steps.round_context(
-            job_id, round_, names, threshold, n_features, workspace, stage_timeout
-        )
-        entry = _run_round(by_name, ctx, options, faults, rounds - 1)
-        watch.check(round_, entry["loss"])
-        ran += 1
-        converged = entry["change"] < tol
-        progress.update(rounds if converged else round_ + 1)
-
-    model = steps.coordinator_model(job_id, workspace)  # parties saved theirs in the last round
-    _publish(job_id, model, workspace)
-    summary = horizontal_summary(job_id, refs, model, ran, workspace, holdout_fraction)
-    losses = [e["loss"] for e in model["history"]]
-    publish_training_charts("horizontal-lr", job_id, losses, summary["curves"])
-    result = {
-        "job_id": job_id,
-        "features": model["features"],
-        "coefficients": model["coefficients"],
-        "intercept": model["intercept"],
-        "weights": model["weights"],
-        "history": model["history"],
-        "rounds_completed": model["rounds"],
-        "rounds_run": ran,
-        "resumed_from": start,
-        "converged": converged,
-        "threshold": threshold,
-        "model_key": steps.model_key(job_id),
-        "outcome": summary["outcome"],
-        "preprocessing": model.get("preprocessing"),  # the pooled statistics, as scoring uses
+        job_id = _derived_job_id(refs, digests, {**shaping, "seed": seed, "threshold": threshold})
+    agreed = {
+        "local_epochs": local_epochs,
+        "learning_rate": learning_rate,
+        "l2": l2,
+        "preprocessing": spec.to_dict(),
     }
-    return _ended(result)
+    coordinator = functools.partial(
+        horizontal_lr_coordinator, names, job_id, rounds, tol=tol, threshold=threshold,
+        stage_timeout=stage_timeout, workspace=workspace, **agreed,
+    )  # fmt: skip
+    own = {"holdout_fraction": holdout_fraction, **agreed}  # each hospital's own hold-out
+    hospitals = {
+        ref.party: functools.partial(horizontal_lr_party, ref.to_dict(), names, job_id, **own)
+        for ref in refs
+    }
+    result, _ = run_hospitals(job_id, workspace, coordinator, hospitals)
+    # this run plays every owner: one summary with each hospital's figures and the pooled ones
+    summary = horizontal_summary(
+        job_id, refs, result, result["rounds_run"], workspace, holdout_fraction
+    )
+    return _ended({**result, "model_key": steps.model_key(job_id), "outcome": summary["outcome"]})
+
+
+def _derived_job_id(refs: list[TableRef], digests: list[str], shaping: dict[str, Any]) -> str:
+    """The tables' salted digests and every option that shapes the model (not ``rounds`` or
+    ``tol``): re-running resumes, and asking for more rounds continues."""
+    described = [
+        {**ref.to_dict(), "database": None, "digest": digest}
+        for ref, digest in zip(refs, digests, strict=True)
+    ]
+    return derive_job_id("horizontal-lr", {"parties": described, **shaping})
 
 
 def _ended(result: dict[str, Any]) -> dict[str, Any] | State:
@@ -518,18 +367,20 @@ def horizontal_lr_coordinator(
     progress.update(rounds if converged else start)
     if start > 0:  # re-send the committed round's result: a party may not have it yet
         get_run_logger().info("job %s: resuming after round %d", job_id, start - 1)
-        steps.update_model(round_ctx(start - 1), options, time.time())
+        steps.resend_model(round_ctx(start - 1), options)
     if start < rounds and not converged:  # the parties' keys, once per job
+        steps.refuse_if_stopped(job_id, start, names, workspace)
         steps.admit_keys(round_ctx(start).job, start, opened["announced"], stage_timeout)
     ran = 0
     watch = _LossWatch(job_id, workspace, start)
+    faults = Faults.of_job(job_id, names, STAGES)  # tests only; empty in production
     left_out: list[list[str]] = []  # per round run, who was not waited for
     with steps.store_held(steps.coordinator_store(workspace)):  # no opening per step
         for round_ in range(start, rounds):
             if converged:
                 break
             # one task run per round: call, masked inputs, unmasking, model
-            done = steps.coordinator_round(round_ctx(round_), options)
+            done = steps.coordinator_round(round_ctx(round_), options, faults)
             left_out.append(done["left_out"])
             entry = done["entry"]
             watch.check(round_, entry["loss"])
@@ -601,6 +452,7 @@ def horizontal_lr_party(
         )
     options = steps.TrainingOptions(local_epochs, learning_rate, l2, 0.0, holdout_fraction)
     fault = test_switches.party_fault(job_id)  # tests only; None in production
+    faults = Faults.of_job(job_id, names, STAGES)  # tests only: a step that fails or hangs
     steps.check_table(ref)
     round_ = steps.join_job(ref, job_id)["last_round"] + 1
     features = steps.agreed_features(ref, job_id)
@@ -613,7 +465,9 @@ def horizontal_lr_party(
     with steps.store_held(PartyStore.of(ref)):  # no opening of its database per step
         run = steps.RoundsRun(round_, stopped=False)
         while not run.stopped:
-            run = steps.party_rounds(ref, job_id, run.next_round, names, width, options, fault)
+            run = steps.party_rounds(
+                ref, job_id, run.next_round, names, width, options, fault, faults
+            )
     model = steps.keep_model(ref, job_id, holdout_fraction)
     steps.forget_rounds(ref, job_id, names)
     summary = horizontal_party_summary(job_id, ref, model, holdout_fraction)

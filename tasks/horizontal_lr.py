@@ -4,11 +4,11 @@ The maths is in :mod:`core.horizontal_lr` (the model) and :mod:`core.secagg.mult
 masking, keys agreed once per job), wired to the stores and the channel by
 :mod:`tasks.secure_rounds`. This module adds what is horizontal-specific: checking tables, the
 masked local update, the coordinator's model update, the parties' check of it and the round
-checkpoints. Each party step opens only that party's store and channel endpoint; the
-coordinator is a logical party with its own store. In the one-process flow each stage is a
-task run per party; in party mode a process's whole round is one task run, and the process
-holds its database open through the rounds (:func:`store_held`): a round's fixed cost is
-then its messages and a few commits, not Prefect's or DuckDB's openings.
+checkpoints. Each side (a hospital, the coordinator; :mod:`flows.horizontal_lr`) opens only its
+own store and channel endpoint; the coordinator is a logical party with its own store. A
+side's whole round is one task run, and the side holds its database open through the rounds
+(:func:`store_held`): a round's fixed cost is then its messages and a few commits, not
+Prefect's or DuckDB's openings.
 
 Across rounds (a coordinator unmasking one party by broadcasting the same model twice, then
 claiming that party dropped): each party checks that the model it is sent is exactly the
@@ -56,7 +56,7 @@ from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
 from tasks import secure_rounds, secure_sum
-from tasks.policy import PARTY_STEP
+from tasks.policy import PARTY_STEP, is_transient
 from tasks.preprocessing import stored_fitted
 from tasks.reporting import job_name, provenance
 from tasks.secure_sum import COORDINATOR, RoundStateError, coordinator_store
@@ -260,7 +260,7 @@ def _status(store: PartyStore, job_id: str) -> dict[str, Any]:
 
 
 @task(name="hlr-join-job", task_run_name="{ref.party}: announce columns", **PARTY_STEP)
-def join_job(ref: TableRef, job_id: str, workspace: str | None = None) -> dict[str, Any]:
+def join_job(ref: TableRef, job_id: str) -> dict[str, Any]:
     """Send the coordinator the label and feature column names (no rows, no row count).
 
     Returns the party's last finished round of this job, so a re-run can resume.
@@ -270,7 +270,7 @@ def join_job(ref: TableRef, job_id: str, workspace: str | None = None) -> dict[s
     label = ref.label_column or ""
     features = hlr.validate_party_tables({ref.party: frame}, label, ref.id_column, True)
     schema = {"label_column": ref.label_column, "feature_columns": features}
-    channel_for(job_id, workspace).endpoint(ref.party).send(COORDINATOR, "schema", schema)
+    channel_for(job_id).endpoint(ref.party).send(COORDINATOR, "schema", schema)
     return _status(store, job_id)
 
 
@@ -278,31 +278,28 @@ def join_job(ref: TableRef, job_id: str, workspace: str | None = None) -> dict[s
 def open_job(
     parties: list[str],
     job_id: str,
-    workspace: str | None = None,
-    threshold: int | None = None,
-    timeout: float | None = None,
+    workspace: str | None,
+    threshold: int,
+    timeout: float,
 ) -> dict[str, Any]:
     """Refuse parties whose columns differ; send everyone the agreed feature order.
 
-    With ``timeout`` (party mode), waits for every party's columns until one deadline; the
-    parties that have not announced theirs by then are missing from the start (they may still
-    join a later round), and fewer than ``threshold`` announcing fails naming the missing ones.
+    Waits for every party's columns until one deadline, ``timeout`` from now; the parties
+    that have not announced theirs by then are missing from the start (they may still join a
+    later round), and fewer than ``threshold`` announcing fails naming the missing ones.
     Returns the agreed features, who announced, and the coordinator's last finished round.
     """
     endpoint = channel_for(job_id, workspace).endpoint(COORDINATOR)
-    if timeout is None:
-        schemas = {p: endpoint.receive(p, "schema") for p in parties}
-    else:
-        deadline = time.monotonic() + timeout
-        schemas = secure_sum.collect(endpoint, "schema", parties, 0, deadline)
-        missing = [p for p in parties if p not in schemas]
-        if len(schemas) < (threshold or len(parties)):
-            raise InsufficientSurvivorsError(
-                f"job {job_id}: only {sorted(schemas)} announced their columns within "
-                f"{timeout:g} s, fewer than the threshold {threshold}; missing: {missing}"
-            )
-        if missing:
-            get_run_logger().warning("job %s: %s did not announce columns", job_id, missing)
+    deadline = time.monotonic() + timeout
+    schemas = secure_sum.collect(endpoint, "schema", parties, 0, deadline)
+    missing = [p for p in parties if p not in schemas]
+    if len(schemas) < threshold:
+        raise InsufficientSurvivorsError(
+            f"job {job_id}: only {sorted(schemas)} announced their columns within "
+            f"{timeout:g} s, fewer than the threshold {threshold}; missing: {missing}"
+        )
+    if missing:
+        get_run_logger().warning("job %s: %s did not announce columns", job_id, missing)
     announced = [p for p in parties if p in schemas]
     first, expected = announced[0], schemas[announced[0]]
     for party in announced[1:]:
@@ -341,7 +338,7 @@ def agreed_features(ref: TableRef, job_id: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# One round, party side (plain steps: a one-process task or the party's round task calls them)
+# One round, party side (plain steps: the party's rounds task calls them)
 
 _ROWS: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
 _ROWS_LOCK = threading.Lock()
@@ -447,36 +444,14 @@ def _mask(
 
 
 def _answer(
-    ref: TableRef, store: PartyStore, ctx: RoundContext, record: dict[str, Any] | None = None
+    ref: TableRef, store: PartyStore, ctx: RoundContext, record: dict[str, Any]
 ) -> dict[str, Any]:
     """Answer the coordinator's unmask request of the round (once); returns the party's new
-    record. With ``record`` (party mode: what its masking stored) it is stored with the
-    round's checkpoint instead (:func:`tasks.secure_rounds.party_answer` says why)."""
+    record (what its masking stored, moved on), stored with the round's checkpoint
+    (:func:`tasks.secure_rounds.party_answer` says why)."""
     endpoint = ctx.endpoint(ref.party)
     request = endpoint.receive(COORDINATOR, secure_rounds.REQUEST, round=ctx.round)
-    if record is not None:
-        return secure_rounds.party_answer(store, ctx.job, ref.party, ctx.round, request, record)
-    with store.session():
-        return secure_rounds.party_answer(store, ctx.job, ref.party, ctx.round, request)
-
-
-@task(
-    name="hlr-mask-update", task_run_name="round {ctx.round}: {ref.party} mask update", **PARTY_STEP
-)
-def mask_update(ref: TableRef, ctx: RoundContext, options: TrainingOptions) -> None:
-    """One-process mode: the party's masked update for the round the coordinator called."""
-    store = PartyStore.of(ref)
-    _mask(ref, store, ctx, _received_call(ref.party, ctx), options)
-
-
-@task(
-    name="hlr-answer-unmask",
-    task_run_name="round {ctx.round}: {ref.party} answer unmask",
-    **PARTY_STEP,
-)
-def answer_unmask(ref: TableRef, ctx: RoundContext) -> None:
-    """One-process mode: the party's answer to the round's unmask request."""
-    _answer(ref, PartyStore.of(ref), ctx)
+    return secure_rounds.party_answer(store, ctx.job, ref.party, ctx.round, request, record)
 
 
 @task(name="hlr-join-rounds", task_run_name="{ref.party}: job keys", **PARTY_STEP)
@@ -484,14 +459,6 @@ def join_rounds(ref: TableRef, ctx: RoundContext) -> None:
     """Once per job: this party's key pair; the public key to the coordinator, sent with the
     first round it joins."""
     secure_rounds.party_join(PartyStore.of(ref), ctx.job, ref.party, ctx.round)
-
-
-@task(
-    name="hlr-ask-to-rejoin", task_run_name="round {ctx.round}: {ref.party} re-keys", **PARTY_STEP
-)
-def ask_to_rejoin(ref: TableRef, ctx: RoundContext) -> None:
-    """Left out of (or dropped in) the round: fresh keys, sent with a request to rejoin."""
-    secure_rounds.party_rejoin(PartyStore.of(ref), ctx.job, ref.party, ctx.round)
 
 
 def verified_model(
@@ -540,13 +507,12 @@ def _finish(
     ctx: RoundContext,
     call: RoundCall,
     options: TrainingOptions,
-    final: bool,
     known: tuple[np.ndarray, dict[str, Any]] | None = None,
 ) -> None:
     """Receive the round's model, verify it (against the sum this party unmasked itself, if
-    it helped), and checkpoint the round. After the last round, keep the model and shred the
-    job's secure-aggregation secrets. ``known``: the round's model before and this party's
-    record, as its own earlier steps of the round left them (else read from its store)."""
+    it helped), and checkpoint the round (the model is kept after the stop,
+    :func:`keep_model`). ``known``: the round's model before and this party's record, as its
+    own earlier steps of the round left them (else read from its store)."""
     endpoint = ctx.endpoint(ref.party)
     message = endpoint.receive(COORDINATOR, "model", round=ctx.round)
     if message["round"] != ctx.round:
@@ -568,7 +534,6 @@ def _finish(
     )
     weights = verified_model(message, before, options, ref.party, ctx.round, own_sum)
     cps = checkpoints(store, ctx.job_id)
-    rows = _model_rows(ref, store, ctx.job_id, options.holdout_fraction) if final else None
     with store.transaction() as con:
         state = {"weights": weights, "change": message["change"]}
         if known is not None:  # the round's answer, stored with its checkpoint
@@ -576,32 +541,6 @@ def _finish(
             secure_rounds.save_record(store, ctx.job, ref.party, record, con, also=also)
         else:
             cps.save(ctx.round, state, con=con)
-        if rows is not None:
-            fitted = stored_fitted(ref.database, ctx.job_id)
-            features = trained_columns(fitted, _features(endpoint))
-            model = model_record(
-                ctx.job_id, features, weights, ctx.round + 1, fitted and fitted.to_dict()
-            )
-            saved = ModelRecord.from_dict(model)
-            models.ModelStore(store).save(model_key(ctx.job_id), saved, *rows, con=con)
-    if final:
-        cps.prune(keep_last=2)
-        secure_rounds.forget_job(store, ctx.job)
-
-
-@task(
-    name="hlr-finish-round", task_run_name="round {ctx.round}: {ref.party} save model", **PARTY_STEP
-)
-def finish_round(
-    ref: TableRef, ctx: RoundContext, options: TrainingOptions, final: bool = False
-) -> None:
-    """One-process mode: verify and checkpoint the round's model (every party, dropped ones
-    too); after the last round the party also keeps its own copy of the model."""
-    _finish(ref, PartyStore.of(ref), ctx, _received_call(ref.party, ctx), options, final)
-
-
-def _received_call(party: str, ctx: RoundContext) -> RoundCall:
-    return RoundCall.from_message(ctx.endpoint(party).receive(COORDINATOR, "round", ctx.round))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,14 +559,15 @@ def _commit_round(
     options: TrainingOptions,
     started: float,
     responders: list[str] | None,
-    final: bool = False,
+    faults: secure_sum.Faults = secure_sum.NO_FAULTS,
 ) -> dict[str, Any]:
     """Unmask the round's sum, update the model, checkpoint, broadcast (coordinator).
 
     Only the weighted mean update, the mean loss and the total row count are ever in the
     clear here; they go to the parties with the new model, which each party recomputes from
     them (:func:`verified_model`). The unmasking's new state and the checkpoint are one
-    transaction, the round's commit; a retry after it only re-sends.
+    transaction, the round's commit; a retry after it only re-sends. (``faults``, tests only:
+    a crash after the commit, before the model is sent.)
     """
     store, endpoint = coordinator_store(ctx.workspace), ctx.endpoint(COORDINATOR)
     cps = checkpoints(store, ctx.job_id)
@@ -675,6 +615,7 @@ def _commit_round(
             _logger().info(
                 "round %d: loss %.6f from %d parties", ctx.round, entry["loss"], len(summed.senders)
             )
+            faults.crash_point(ctx.round, "commit")
     message = {
         "round": ctx.round,
         "weights": saved["weights"],
@@ -687,36 +628,18 @@ def _commit_round(
         ctx.job, ctx.round, message["survivors"], message["revealers"] or []
     )
     endpoint.send_many(ctx.parties, "model", message, round=ctx.round)
-    if final:
-        secure_rounds.forget_job(store, ctx.job)
     return saved["history"][-1]
 
 
 @task(
-    name="hlr-update-model",
-    task_run_name="round {ctx.round}: coordinator update model",
+    name="hlr-resend-model",
+    task_run_name="round {ctx.round}: coordinator re-sends the model",
     **PARTY_STEP,
 )
-def update_model(
-    ctx: RoundContext,
-    options: TrainingOptions,
-    started: float,
-    responders: list[str] | None = None,
-    final: bool = False,
-) -> dict[str, Any]:
-    """One-process mode: :func:`_commit_round` as the round's last coordinator task."""
-    return _commit_round(ctx, options, started, responders, final)
-
-
-@task(
-    name="hlr-collect-masked",
-    task_run_name="round {ctx.round}: coordinator adds masked inputs",
-    **PARTY_STEP,
-)
-def collect_masked(ctx: RoundContext, answered: list[str]) -> list[str]:
-    """Add the masked inputs that arrived in time; ask each sender to help unmask the sum.
-    Returns the senders (those of the stored requests, on a re-run)."""
-    return _collect(ctx, answered)
+def resend_model(ctx: RoundContext, options: TrainingOptions) -> dict[str, Any]:
+    """A restarted coordinator: the committed round's result again (a party may not have
+    it yet)."""
+    return _commit_round(ctx, options, time.time(), None)
 
 
 def _collect(ctx: RoundContext, answered: list[str]) -> list[str]:
@@ -860,16 +783,6 @@ def _call_round(ctx: RoundContext, options: TrainingOptions, stop: bool = False)
     return RoundCall.from_message(already)
 
 
-@task(
-    name="hlr-call-round",
-    task_run_name="round {ctx.round}: coordinator calls the round",
-    **PARTY_STEP,
-)
-def call_round(ctx: RoundContext, options: TrainingOptions, stop: bool = False) -> RoundCall:
-    """One-process mode: :func:`_call_round` as a task."""
-    return _call_round(ctx, options, stop)
-
-
 def _checked_call(
     ref: TableRef, job_id: str, round_: int, parties: list[str], options: TrainingOptions
 ) -> RoundCall:
@@ -923,10 +836,22 @@ class RoundsRun:
     stopped: bool
 
 
+def _retried(task: Any, task_run: Any, state: Any) -> bool:
+    """A hospital's rounds retry transient faults (:func:`tasks.policy.is_transient`), but not
+    an injected crash (tests), which stands for this process's death."""
+    try:
+        state.result()
+    except secure_sum.SimulatedCrashError:
+        return False
+    except Exception:
+        pass
+    return is_transient(task, task_run, state)
+
+
 @task(
     name="hlr-party-rounds",
     task_run_name="rounds from {first}: {ref.party}",
-    cache_policy=PARTY_STEP["cache_policy"],
+    **{**PARTY_STEP, "retry_condition_fn": _retried},
 )
 def party_rounds(
     ref: TableRef,
@@ -936,11 +861,15 @@ def party_rounds(
     width: int,
     options: TrainingOptions,
     fault: test_switches.PartyFault | None = None,
+    faults: secure_sum.Faults = secure_sum.NO_FAULTS,
     group_seconds: float = ROUND_GROUP_SECONDS,
 ) -> RoundsRun:
-    """Party mode: this party's rounds from ``first`` as one task run, until the coordinator's
-    stop or until the run has lasted ``group_seconds`` (a round that takes longer is a task
-    run of its own). ``width``: the model's columns (:func:`model_width`, read once per job).
+    """This hospital's rounds from ``first`` as one task run, until the coordinator's stop or
+    until the run has lasted ``group_seconds`` (a round that takes longer is a task run of
+    its own). ``width``: the model's columns (:func:`model_width`, read once per job). A retry
+    (a message that failed to go out, say) goes on after the last round this hospital saved,
+    re-sending what it stored: nothing is masked twice. Tests only: ``fault`` fails this side
+    before a stage, ``faults`` replaces a stage's step by one that fails or hangs.
 
     Why a group: a task run cost the Prefect API 28 ms of CPU here under load (its states,
     events and log line), and ten hospitals each running one a round made the API the largest
@@ -948,10 +877,12 @@ def party_rounds(
     task run per round and its rounds table, and this run's log, which names the rounds it
     ran. Each round still commits its own checkpoint before the next begins, so a killed or
     failed run resumes at the round it was in, as before."""
-    started, round_ = time.monotonic(), first
+    started = time.monotonic()
+    first = max(first, checkpoints(PartyStore.of(ref), job_id).last_round() + 1)
+    round_ = first
     try:
         while True:
-            if not _party_round(ref, job_id, round_, parties, width, options, fault):
+            if not _party_round(ref, job_id, round_, parties, width, options, fault, faults):
                 return RoundsRun(round_, stopped=True)
             round_ += 1
             if time.monotonic() - started >= group_seconds:
@@ -974,8 +905,9 @@ def _party_round(
     width: int,
     options: TrainingOptions,
     fault: test_switches.PartyFault | None = None,
+    faults: secure_sum.Faults = secure_sum.NO_FAULTS,
 ) -> bool:
-    """Party mode: this party's whole round; False on the coordinator's stop.
+    """This hospital's whole round; False on the coordinator's stop.
 
     It takes the call, masks its update (unless the call leaves it out: it then re-keys and
     asks to rejoin), answers the unmask request, then checks and saves the round's model.
@@ -994,19 +926,34 @@ def _party_round(
     if ref.party in call.out:
         with store.session():
             secure_rounds.party_rejoin(store, ctx.job, ref.party, round_)
-    elif not model_out:
-        secure_sum.party_fault(fault, round_, "mask_input")
+    elif not model_out and not _stage_fault(faults, ctx, ref.party, "mask_input", fault):
         before, record = _mask(ref, store, ctx, call, options)
         wait = ctx.stage_timeout
         secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.MASKED_RELAY, round_, wait)
         if _wait_for_request(ctx, ref.party):
-            secure_sum.party_fault(fault, round_, "reveal_shares")
-            record = _answer(ref, store, ctx, record)  # stored with the checkpoint below
-            secure_rounds.prefetch(ctx.job, ref.party, secure_rounds.RESPONSE_RELAY, round_, wait)
-            _finish(ref, store, ctx, call, options, False, (before, record))
+            if not _stage_fault(faults, ctx, ref.party, "reveal_shares", fault):
+                record = _answer(ref, store, ctx, record)  # stored with the checkpoint below
+                wait = ctx.stage_timeout
+                secure_rounds.prefetch(
+                    ctx.job, ref.party, secure_rounds.RESPONSE_RELAY, round_, wait
+                )
+            _finish(ref, store, ctx, call, options, (before, record))
             return True
-    _finish(ref, store, ctx, call, options, final=False)
+    _finish(ref, store, ctx, call, options)
     return True
+
+
+def _stage_fault(
+    faults: secure_sum.Faults,
+    ctx: RoundContext,
+    party: str,
+    stage: str,
+    fault: test_switches.PartyFault | None,
+) -> bool:
+    """Tests only: this side fails before ``stage`` (``fault``), or its step of the stage
+    fails or hangs and it sends nothing then (``faults``: True), as a dropped hospital."""
+    secure_sum.party_fault(fault, ctx.round, stage)
+    return secure_sum.step_fault(faults, party, ctx.round, stage, ctx.stage_timeout)
 
 
 @task(
@@ -1014,24 +961,30 @@ def _party_round(
     task_run_name="round {ctx.round}: coordinator",
     cache_policy=PARTY_STEP["cache_policy"],
 )
-def coordinator_round(ctx: RoundContext, options: TrainingOptions) -> dict[str, Any]:
-    """Party mode: the coordinator's whole round as one task run.
+def coordinator_round(
+    ctx: RoundContext, options: TrainingOptions, faults: secure_sum.Faults = secure_sum.NO_FAULTS
+) -> dict[str, Any]:
+    """The coordinator's whole round as one task run.
 
     It calls the round (admitting parties back that asked with new keys), waits for the
     active parties' masked inputs until one deadline, asks the senders to unmask, waits for
     their answers until a second deadline, and commits and broadcasts the model. A party
     that has not answered a stage by its deadline has dropped; below ``threshold`` the round
     aborts naming each missing party and why, before anything is unmasked. Returns the
-    round's history entry, who was left out and who answered the unmasking.
+    round's history entry, who was left out and who answered the unmasking. (``faults``,
+    tests only: ``PRIVREG_TEST_CRASH_AFTER`` stops the coordinator after a stage or its commit,
+    as if its process were killed.)
     """
     started = time.time()
     call = _call_round(ctx, options)
     active = list(call.protocol["active"]) if call.protocol else []
     gone = {p: "left out until it asks to rejoin with new keys" for p in call.out}
     senders = _await_stage(ctx, "mask_input", secure_rounds.MASKED, active, gone)
+    faults.crash_point(ctx.round, "mask_input")
     senders = _collect(ctx, senders)
     responders = _await_stage(ctx, "reveal_shares", secure_rounds.RESPONSE, senders, gone)
-    entry = _commit_round(ctx, options, started, responders)
+    faults.crash_point(ctx.round, "reveal_shares")
+    entry = _commit_round(ctx, options, started, responders, faults)
     return {"entry": entry, "left_out": list(call.out), "responders": responders}
 
 
@@ -1071,6 +1024,17 @@ def store_held(store: PartyStore) -> Iterator[None]:
     of the same party) waits until the rounds end."""
     with store.session():
         yield
+
+
+def refuse_if_stopped(job_id: str, round_: int, parties: list[str], workspace: str | None) -> None:
+    """A job whose hospitals were told to stop before ``round_`` cannot be called again: the
+    stop is that round's call, sent once and never changed, so a hospital would stop again."""
+    call = channel_for(job_id, workspace).endpoint(COORDINATOR).sent(parties[0], "round", round_)
+    if call is not None and call["stop"]:
+        raise ValueError(
+            f"job {job_id} ended after {round_} rounds (its hospitals were told to stop); "
+            "to train longer, start a new job (another job id or seed)"
+        )
 
 
 def stop_parties(ctx: RoundContext, options: TrainingOptions) -> None:

@@ -952,6 +952,17 @@ def party_fault(fault: test_switches.PartyFault | None, round_: int, stage: str)
     raise SimulatedCrashError(f"injected failure before {stage} in round {round_}")
 
 
+def step_fault(faults: Faults, party: str, round_: int, stage: str, timeout: float) -> bool:
+    """Test-only (``PRIVREG_TEST_FAULTS``), in a party's own side: True when this party's step
+    of ``stage`` is replaced by one that fails or hangs past the stage's ``timeout`` (a task
+    run the UI shows); the party then sends nothing at that stage, as a dropped party."""
+    kind = faults.at(round_, stage).get(party)
+    if kind is None:
+        return False
+    injected_fault(party, stage, round_, kind, timeout + 1.0, return_state=True)
+    return True
+
+
 def contribute(
     ref: TableRef,
     ctx: SumContext,

@@ -56,6 +56,9 @@ KIND_CAPS: dict[str, int] = {
     # the coordinator's relay of every sender's masked input or answer, with its proof
     "secagg_masked_relay": 512 * MiB,
     "secagg_unmask_response_relay": 512 * MiB,
+    # the consistency round: a sender's view of the survivor set, and the relay of all views
+    "secagg_view": 16 * MiB,
+    "secagg_view_relay": 64 * MiB,
     # one value per feature
     "masked_gradient": _VECTOR,
     "model": _VECTOR,

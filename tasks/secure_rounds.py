@@ -19,11 +19,23 @@ kind                        sender -> receiver                    when
 ``secagg_masked``           party -> coordinator                  each round
 ``secagg_unmask_request``   coordinator -> each sender            each round
 ``secagg_masked_relay``     coordinator -> each sender            with the requests
+``secagg_view``             sender -> coordinator                 on its request
+``secagg_view_relay``       coordinator -> each sender            before any answer
 ``secagg_unmask_response``  sender -> coordinator                 each round
 ``secagg_unmask_response_   coordinator -> each sender            before the model
 relay``
 ``rejoin``                  left-out party -> coordinator         with its new keys (re-key)
 =========================  ====================================  ===========================
+
+The view exchange is Bonawitz et al.'s ConsistencyCheck (CCS 2017, round 3;
+:mod:`core.secagg.multiround`, point 4): each sender signs the survivor and dropped sets its
+request states (the channel signs every message with its sender's certificate) and the
+coordinator relays every view with its proof; a sender answers only once at least the
+quorum of views it holds, each checked as its signer's, equal its own. On the shared folder
+of a local run the folder is trusted (no proofs): each relayed view must equal the original
+there. The terms a hospital agreed (parties, threshold, stage timeout) are stored when it
+joins, from its own options, and a call that states others is refused, naming the
+coordinator (:func:`party_state`).
 
 The relays let every party that answered unmask the round's sum itself and check the
 coordinator's announcement (:func:`party_sum`). A relay is one message carrying every
@@ -57,7 +69,7 @@ from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts
 from storage.watchers import in_context
 from storage.workspace import channel_for
-from tasks.secure_sum import receivers
+from tasks.secure_sum import collect, receivers
 
 COORDINATOR = "coordinator"
 JOB_KEYS, MASKED, REQUEST, RESPONSE, REJOIN = (
@@ -67,8 +79,10 @@ JOB_KEYS, MASKED, REQUEST, RESPONSE, REJOIN = (
     "secagg_unmask_response",
     "rejoin",
 )
+VIEW = "secagg_view"
 MASKED_RELAY, RESPONSE_RELAY = f"{MASKED}_relay", f"{RESPONSE}_relay"
-_RELAY_OF = {MASKED: MASKED_RELAY, RESPONSE: RESPONSE_RELAY}
+VIEW_RELAY = f"{VIEW}_relay"
+_RELAY_OF = {MASKED: MASKED_RELAY, RESPONSE: RESPONSE_RELAY, VIEW: VIEW_RELAY}
 
 
 @functools.lru_cache(maxsize=16)
@@ -94,6 +108,15 @@ class RoundsJob:
     dimension: int
     workspace: str | None = None
     scale_bits: int = DEFAULT_SCALE_BITS
+    stage_timeout: float = 60.0  # seconds a stage waits (the coordinator's view stage too)
+
+    def terms(self) -> dict[str, Any]:
+        """What a hospital agrees to from its own options and compares every call with."""
+        return {
+            "parties": list(self.parties),
+            "threshold": self.threshold,
+            "stage_timeout": float(self.stage_timeout),
+        }
 
     def config(self) -> mr.JobConfig:
         """The job's SecAgg+ configuration: the same at every holder (graph from the job id);
@@ -150,11 +173,15 @@ def forget_job(store: PartyStore, job: RoundsJob) -> None:
 
 def party_state(record: dict[str, Any], job: RoundsJob | None = None) -> mr.JobPartyState:
     """The stored state; with ``job``, under the job's configuration as the coordinator's call
-    states it. Why: a party makes its keys before the first call names the threshold (its
-    keys do not depend on it); once it has masked a round the configuration is fixed, and a
-    call that changes it is refused."""
+    states it, once that call is checked against the terms this party agreed when it joined
+    (its own options: parties, threshold, stage timeout). Why: the threshold sets how many
+    shares rebuild a self-mask and how many signed views a party needs before it answers; a
+    coordinator that lowered it, or the stage timeout, is refused, named."""
     state = wire.party_state_from_plain(record["state"])
-    if job is None or state.config == job.config():
+    if job is None:
+        return state
+    _require_terms(record, job, state.party)
+    if state.config == job.config():
         return state
     if state.last_masked >= 0:
         raise ProtocolViolationError(
@@ -164,9 +191,29 @@ def party_state(record: dict[str, Any], job: RoundsJob | None = None) -> mr.JobP
     return replace(state, config=job.config())
 
 
-def party_join(store: PartyStore, job: RoundsJob, party: str, round_: int) -> None:
+def _require_terms(record: dict[str, Any], job: RoundsJob, party: str) -> None:
+    agreed = record.get("terms")
+    if agreed is None:  # a record from before terms were stored: the config check decides
+        return
+    stated = job.terms()
+    differ = [f"{k} {stated[k]!r}, not the agreed {agreed[k]!r}" for k in agreed
+              if stated.get(k) != agreed[k]]  # fmt: skip
+    if differ:
+        raise ProtocolViolationError(
+            f"party {party!r}: the coordinator's call for job {job.job_id} states "
+            f"{'; '.join(differ)} (this party's own options); refused"
+        )
+
+
+def party_join(
+    store: PartyStore, job: RoundsJob, party: str, round_: int, agreed: bool = False
+) -> None:
     """Once per job: fresh keys; the public half to the coordinator, with ``round_`` as the
-    first round this party joins (a retry, or a restart, re-sends the same message)."""
+    first round this party joins (a retry, or a restart, re-sends the same message).
+
+    ``agreed``: ``job`` carries this party's own terms (its options: parties, threshold,
+    stage timeout); they are stored and every later call must state them (:func:`party_state`).
+    Without it only the configuration is fixed once the party has masked a round."""
     with store.transaction() as con:
         record = load_record(store, job, party, con)
         if not record:
@@ -174,6 +221,8 @@ def party_join(store: PartyStore, job: RoundsJob, party: str, round_: int) -> No
             keys = wire.advertisement_to_plain(ad)
             record = {"state": wire.party_state_to_plain(state), "keys": keys}
             record["first_keys"], record["keys_round"] = keys, round_
+            if agreed:
+                record["terms"] = job.terms()  # from this party's own options
             save_record(store, job, party, record, con)
     first = record["first_keys"]
     job.endpoint(party).send_once(COORDINATOR, JOB_KEYS, lambda: first, round=record["keys_round"])
@@ -250,6 +299,45 @@ def party_mask(
     return record
 
 
+def _request(request_plain: Any, party: str, round_: int) -> mr.UnmaskRequest:
+    request = wire.request_from_plain(request_plain)
+    if request.round != round_:
+        raise ProtocolViolationError(
+            f"party {party!r}: an unmask request for round {request.round} came as round {round_}"
+        )
+    return request
+
+
+def party_view(
+    store: PartyStore,
+    job: RoundsJob,
+    party: str,
+    round_: int,
+    request_plain: Any,
+    record: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Sign this party's view of the round's request (the survivor and dropped sets) and send
+    it to the coordinator, which relays every sender's view to every sender (ConsistencyCheck,
+    :func:`core.secagg.multiround.sign_view`); reveals nothing. Returns the new record.
+
+    One view a round: a different request for the round is refused. With ``record`` nothing
+    is stored here (as :func:`party_answer` says why); a retry re-sends the same bytes."""
+    request = _request(request_plain, party, round_)
+    if record is not None:
+        state, view = mr.sign_view(party_state(record, job), request)
+        record = {**record, "state": wire.party_state_to_plain(state)}
+    else:
+        with store.transaction() as con:
+            record = load_record(store, job, party, con)
+            before = party_state(record, job)
+            state, view = mr.sign_view(before, request)
+            if state != before:
+                record = {**record, "state": wire.party_state_to_plain(state)}
+                save_record(store, job, party, record, con)
+    job.endpoint(party).send(COORDINATOR, VIEW, wire.view_to_plain(view), round=round_)
+    return record
+
+
 def party_answer(
     store: PartyStore,
     job: RoundsJob,
@@ -258,35 +346,58 @@ def party_answer(
     request_plain: Any,
     record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Answer the round's unmask request (once: an identical retry gets the same answer).
+    """Answer the round's unmask request (once: an identical retry gets the same answer), but
+    only after the consistency check: it signs its view (:func:`party_view`, unless done)
+    and waits for the coordinator's relay of the senders' signed views (:func:`party_views`).
     Returns the new record.
 
     With ``record`` (the one :func:`party_mask` just stored, held by the same task) nothing is
     read or written here: the caller stores the returned record with the round's checkpoint.
     That is safe: until then the stored state is "masked, not answered", and a restarted
     party can only be asked the same request again (the channel keeps one message under a
-    round's key and refuses other bytes), which it answers with the same bytes (answering is
-    deterministic given the state and the request)."""
-    request = wire.request_from_plain(request_plain)
-    if request.round != round_:
-        raise ProtocolViolationError(
-            f"party {party!r}: an unmask request for round {request.round} came as round {round_}"
-        )
-    if record is not None:
-        before = party_state(record, job)
-        state, response = mr.answer_unmask(before, request)
+    round's key and refuses other bytes), which it signs and answers with the same bytes
+    (signing and answering are deterministic given the state and the request)."""
+    request = _request(request_plain, party, round_)
+    held = record is not None
+    record = party_view(store, job, party, round_, request_plain, record)
+    views = party_views(job, party, round_, 2 * job.stage_timeout)
+    if held:
+        state, response = mr.answer_unmask(party_state(record, job), request, views)
         record = {**record, "state": wire.party_state_to_plain(state)}
     else:
         with store.transaction() as con:
             record = load_record(store, job, party, con)
             before = party_state(record, job)
-            state, response = mr.answer_unmask(before, request)
+            state, response = mr.answer_unmask(before, request, views)
             if state is not before:
                 record = {**record, "state": wire.party_state_to_plain(state)}
                 save_record(store, job, party, record, con)
     plain = wire.response_to_plain(response)
     job.endpoint(party).send(COORDINATOR, RESPONSE, plain, round=round_)
     return record
+
+
+def party_views(
+    job: RoundsJob, party: str, round_: int, timeout: float
+) -> dict[str, mr.SurvivorView]:
+    """The senders' signed views of the round from the coordinator's relay, each checked as
+    its signer's (over mTLS its certificate's signature; on a shared folder the original);
+    a relay that fails the check is refused, naming the coordinator."""
+    endpoint = job.endpoint(party)
+    try:
+        entries = endpoint.receive(COORDINATOR, VIEW_RELAY, round=round_, timeout=timeout)
+        signers = sorted(entries) if isinstance(entries, dict) else []
+        if not all(isinstance(s, str) and s in job.parties for s in signers):
+            raise RelayError(f"it names signers {signers} outside the job's parties")
+        plain = endpoint.receive_relayed(
+            COORDINATOR, VIEW_RELAY, VIEW, signers, round=round_, timeout=0.0
+        )
+    except RelayError as error:
+        raise ProtocolViolationError(
+            f"party {party!r}: the coordinator's relay of the survivor views of round "
+            f"{round_} of job {job.job_id} is refused before anything is revealed: {error}"
+        ) from None
+    return {s: wire.view_from_plain(v, s) for s, v in plain.items()}
 
 
 def prefetch(job: RoundsJob, party: str, kind: str, round_: int, timeout: float) -> None:
@@ -449,10 +560,16 @@ def call_keys(state: mr.JobCoordinatorState) -> dict[str, Any]:
 
 
 def coordinator_collect(
-    store: PartyStore, job: RoundsJob, round_: int, inputs: Mapping[str, Any]
+    store: PartyStore,
+    job: RoundsJob,
+    round_: int,
+    inputs: Mapping[str, Any],
+    views: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """Add the round's masked inputs and send each sender its unmask request; returns the
-    senders and the dropped. Stored before sending: a restarted coordinator re-sends the
+    """Add the round's masked inputs and send each sender its unmask request, then relay the
+    senders' signed views (:func:`coordinator_relay_views`; ``views=False`` leaves that to
+    the caller, e.g. a test driving every side in one thread); returns the senders and the
+    dropped. Stored before sending: a restarted coordinator re-sends the
     same requests (never different ones, which the parties would refuse)."""
     with store.transaction() as con:
         record = load_record(store, job, COORDINATOR, con)
@@ -474,7 +591,30 @@ def coordinator_collect(
     endpoint.send_each(record["requests"], REQUEST, round=round_)
     senders = list(state.senders)
     endpoint.relay(senders, MASKED_RELAY, MASKED, senders, round=round_)
+    if views:
+        coordinator_relay_views(store, job, round_)
     return senders, list(state.dropped)
+
+
+def coordinator_relay_views(store: PartyStore, job: RoundsJob, round_: int) -> list[str]:
+    """The consistency round's relay (Bonawitz et al. 2017, round 3): wait up to the stage
+    timeout for every sender's signed view, check each is the one this coordinator gave
+    (:func:`core.secagg.multiround.collect_views`), and relay all of them, with their
+    proofs, to every sender. Fewer than the quorum fail the round here, naming the missing;
+    nothing was revealed. A re-send is a no-op. Returns who signed."""
+    state = coordinator_view(store, job)
+    if not (state.round == round_ and state.stage == "unmasking"):
+        raise ProtocolViolationError(
+            f"coordinator: round {round_} of job {job.job_id} has no unmask requests out "
+            f"(at round {state.round}, {state.stage})"
+        )
+    endpoint, senders = job.endpoint(COORDINATOR), list(state.senders)
+    deadline = time.monotonic() + job.stage_timeout
+    found = collect(endpoint, VIEW, senders, round_, deadline)
+    views = [wire.view_from_plain(found[p], p) for p in senders if p in found]
+    signed = list(mr.collect_views(state, views))
+    endpoint.relay(senders, VIEW_RELAY, VIEW, signed, round=round_)
+    return signed
 
 
 def coordinator_relay_answers(

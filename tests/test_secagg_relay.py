@@ -63,10 +63,20 @@ def run_round(setup: Job, round_: int) -> dict[str, np.ndarray | None]:
         secure_rounds.party_mask(stores[party], job, party, start, vector)
     coordinator = job.endpoint(COORDINATOR)
     masked = collect(coordinator, secure_rounds.MASKED, list(setup.parties), round_, 5.0)
-    senders, _ = secure_rounds.coordinator_collect(stores[COORDINATOR], job, round_, masked)
+    senders, _ = secure_rounds.coordinator_collect(
+        stores[COORDINATOR], job, round_, masked, views=False
+    )
+    requests = {}
+    for party in senders:  # the consistency round: each signs its view, all are relayed
+        requests[party] = job.endpoint(party).receive(
+            COORDINATOR, secure_rounds.REQUEST, round=round_
+        )
+        secure_rounds.party_view(stores[party], job, party, round_, requests[party])
+    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, round_)
     for party in senders:
-        request = job.endpoint(party).receive(COORDINATOR, secure_rounds.REQUEST, round=round_)
-        records[party] = secure_rounds.party_answer(stores[party], job, party, round_, request)
+        records[party] = secure_rounds.party_answer(
+            stores[party], job, party, round_, requests[party]
+        )
     answers = collect(coordinator, secure_rounds.RESPONSE, senders, round_, time.monotonic() + 5)
     with stores[COORDINATOR].transaction() as con:
         summed = secure_rounds.coordinator_unmask(stores[COORDINATOR], job, round_, answers, con)
@@ -102,8 +112,8 @@ def altered(entry: dict[str, Any], edit: Callable[[Any], Any]) -> dict[str, Any]
 def test_each_party_checks_the_sum_from_two_relays_whatever_the_number_of_parties(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Five parties: each sends its masked input and its answer once (to the coordinator),
-    and reads the peers' from the coordinator's two relays: two reads, not 2 (n - 1)."""
+    """Five parties: each sends its masked input, its signed view and its answer once (to the
+    coordinator), and reads the peers' from the coordinator's relays, not 3 (n - 1) copies."""
     setup = start_job(tmp_path, 5)
     reads: list[tuple[str, str, str]] = []
     real_get = FileTransport.get
@@ -117,14 +127,17 @@ def test_each_party_checks_the_sum_from_two_relays_whatever_the_number_of_partie
     expected = sum(setup.vectors.values())
     for party, own in sums.items():
         np.testing.assert_allclose(own, expected)
-        # its reads in the round: its request and the two relays of its check
-        mine = sorted(kind for receiver, _, kind in reads if receiver == party)
+        # its reads in the round, all from the coordinator: its request, the relay of the
+        # signed views (read, then checked entry by entry) and the two relays of its check
+        mine = {(sender, kind) for receiver, sender, kind in reads if receiver == party}
         relays = [secure_rounds.MASKED_RELAY, secure_rounds.RESPONSE_RELAY]
-        assert mine == sorted([secure_rounds.REQUEST, *relays])
+        kinds = [secure_rounds.REQUEST, secure_rounds.VIEW_RELAY, *relays]
+        assert mine == {(COORDINATOR, kind) for kind in kinds}
     log = setup.job.endpoint(COORDINATOR).channel.log()
     for party in setup.parties:
         sent = [(r.receiver, r.kind) for r in log if r.sender == party and r.round == 0]
         kinds = [secure_rounds.JOB_KEYS, secure_rounds.MASKED, secure_rounds.RESPONSE]
+        kinds = sorted([*kinds, secure_rounds.VIEW])
         assert sorted(sent) == [(COORDINATOR, kind) for kind in kinds]
 
 

@@ -29,6 +29,8 @@ from tasks.secure_rounds import (
     REQUEST,
     RESPONSE,
     RESPONSE_RELAY,
+    VIEW,
+    VIEW_RELAY,
 )
 
 RNG = np.random.default_rng(2611)
@@ -51,6 +53,14 @@ def sparse(n: int, degree: int, threshold: int) -> GraphParameters:
 
 def names_of(n: int) -> list[str]:
     return [f"p{i:03d}" for i in range(n)]
+
+
+def signed_views(job, requests) -> dict[str, mr.SurvivorView]:
+    """Every sender signs its view of its request; the honest relay carries all of them."""
+    views = {}
+    for party, request in requests.items():
+        job.parties[party], views[party] = mr.sign_view(job.parties[party], request)
+    return views
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,9 +134,10 @@ def test_float_inputs_decode_to_the_sum():
         job.parties[party], message = mr.mask_round(job.parties[party], values[party])
         inputs.append(message)
     job.coordinator, requests = mr.collect_inputs(job.coordinator, inputs)
+    views = signed_views(job, requests)
     responses = []
     for party, request in requests.items():
-        job.parties[party], response = mr.answer_unmask(job.parties[party], request)
+        job.parties[party], response = mr.answer_unmask(job.parties[party], request, views)
         responses.append(response)
     _, result = mr.unmask(job.coordinator, responses)
     from core.secagg.fixed_point import decode
@@ -159,9 +170,10 @@ def test_seeds_of_a_dropped_party_then_its_late_input_cannot_be_unmasked():
     victim = names[0]
     vectors = ring_vectors(names, 8)
     requests = _masked_round(job, 0, vectors, silent={victim})
+    views = signed_views(job, requests)
     answers = {}
     for party, request in requests.items():
-        job.parties[party], answers[party] = mr.answer_unmask(job.parties[party], request)
+        job.parties[party], answers[party] = mr.answer_unmask(job.parties[party], request, views)
         assert victim in answers[party].pair_seeds  # this round's seed with the victim
     # the victim's input of the same round, masked under the seeds just revealed
     job.parties[victim], late = mr.mask_ring_round(job.parties[victim], vectors[victim])
@@ -174,7 +186,9 @@ def test_seeds_of_a_dropped_party_then_its_late_input_cannot_be_unmasked():
             shares={**request.shares, victim: late.shares[party]},
         )
         with pytest.raises(ProtocolViolationError, match="already answered a different"):
-            mr.answer_unmask(job.parties[party], forged)
+            mr.answer_unmask(job.parties[party], forged, views)
+        with pytest.raises(ProtocolViolationError, match="different request for this round"):
+            mr.sign_view(job.parties[party], forged)
     # the victim itself: left out of the next round, it refuses to mask until it re-keys ...
     job.coordinator = dataclasses.replace(job.coordinator, stage="idle", active=tuple(names[1:]))
     job.coordinator, starts = mr.open_round(job.coordinator, 1)
@@ -210,15 +224,19 @@ def test_unsafe_unmask_requests_are_refused():
     request = requests[party]
     both = dataclasses.replace(request, dropped=(other,))
     with pytest.raises(ProtocolViolationError, match="both as senders and as dropped"):
-        mr.answer_unmask(job.parties[party], both)
+        mr.sign_view(job.parties[party], both)
     not_me = dataclasses.replace(request, senders=tuple(p for p in names if p != party))
     with pytest.raises(ProtocolViolationError, match="not sending"):
-        mr.answer_unmask(job.parties[party], not_me)
+        mr.sign_view(job.parties[party], not_me)
+    views = signed_views(job, requests)
+    with pytest.raises(ProtocolViolationError, match="not signed its view"):
+        mr.answer_unmask(job.parties[other], both, views)
     swapped = dataclasses.replace(request, shares={**request.shares, other: b"\0" * 80})
+    tampered, _ = mr.sign_view(dataclasses.replace(job.parties[party], viewed=None), swapped)
     with pytest.raises(ProtocolViolationError, match="failed authentication"):
-        mr.answer_unmask(job.parties[party], swapped)
-    state, first = mr.answer_unmask(job.parties[party], request)
-    assert mr.answer_unmask(state, request)[1] == first  # an identical retry: same answer
+        mr.answer_unmask(tampered, swapped, views)
+    state, first = mr.answer_unmask(job.parties[party], request, views)
+    assert mr.answer_unmask(state, request, views)[1] == first  # an identical retry: same answer
     fewer = dataclasses.replace(
         request,
         senders=tuple(p for p in request.senders if p != other),
@@ -226,7 +244,7 @@ def test_unsafe_unmask_requests_are_refused():
         shares={k: v for k, v in request.shares.items() if k != other},
     )
     with pytest.raises(ProtocolViolationError, match="already answered a different"):
-        mr.answer_unmask(state, fewer)
+        mr.answer_unmask(state, fewer, views)
 
 
 def test_a_neighbours_keys_change_only_with_a_new_epoch():
@@ -255,15 +273,21 @@ def test_below_the_minimum_of_senders_nothing_is_unmasked():
 
 
 def _attack(colluders: int) -> bool:
-    """A coordinator claims the victim dropped to its honest neighbours (they reveal their
-    round seeds) and rebuilds its self-mask from the victim's own share and the shares held
-    by ``colluders`` colluding neighbours. True if it recovers the victim's input."""
+    """A coordinator with ``colluders`` colluding neighbours of the victim splits the round:
+    the victim and some honest non-neighbours are told the truth, the victim's honest
+    neighbours and the other non-neighbours that the victim dropped; the colluders sign both
+    views, so each reaches the quorum (possible from 2 * min_senders - n = 1 colluder on).
+    The victim answers (its own share), its honest neighbours reveal their round seeds with
+    it, and the self-mask is rebuilt from the victim's share and the colluders'. True if it
+    recovers the victim's input."""
     names = names_of(9)
     config = mr.new_job("job-collude", names, 6, parameters=sparse(9, 4, 3))
     job = start_job(config)
     victim = names[0]
     neighbours = list(config.neighbours[victim])
     corrupt, honest = neighbours[:colluders], neighbours[colluders:]
+    others = [p for p in names if p != victim and p not in neighbours]
+    told_truth = others[: mr.view_quorum(config) - 1 - colluders]
     vectors = ring_vectors(names, 6)
     job.coordinator, starts = mr.open_round(job.coordinator, 0)
     inputs = {}
@@ -271,18 +295,33 @@ def _attack(colluders: int) -> bool:
         job.parties[party] = mr.start_round(job.parties[party], start)
         job.parties[party], inputs[party] = mr.mask_ring_round(job.parties[party], vectors[party])
     job.coordinator, requests = mr.collect_inputs(job.coordinator, list(inputs.values()))
-    recovered = inputs[victim].masked.copy()
-    for party in honest:  # told "the victim dropped": they reveal their round seed with it
-        lie = dataclasses.replace(
+
+    def lie(party: str) -> mr.UnmaskRequest:
+        return dataclasses.replace(
             requests[party],
             senders=tuple(p for p in names if p != victim),
             dropped=(victim,),
             shares={k: v for k, v in requests[party].shares.items() if k != victim},
         )
-        _, answer = mr.answer_unmask(job.parties[party], lie)
+
+    def story(told: list[str], request_of) -> dict[str, mr.SurvivorView]:
+        views = {}
+        for party in told:
+            job.parties[party], views[party] = mr.sign_view(job.parties[party], request_of(party))
+        for party in corrupt:  # a colluder signs whatever the coordinator asks
+            asked = request_of(party)
+            views[party] = mr.SurvivorView(config.job_id, 0, party, asked.senders, asked.dropped)
+        return views
+
+    truth = story([victim, *told_truth], requests.__getitem__)
+    _, victim_answer = mr.answer_unmask(job.parties[victim], requests[victim], truth)
+    split = story([*honest, *(p for p in others if p not in told_truth)], lie)
+    recovered = inputs[victim].masked.copy()
+    for party in honest:  # told "the victim dropped": they reveal their round seed with it
+        _, answer = mr.answer_unmask(job.parties[party], lie(party), split)
         sign = config.sign(victim, party)
         mr.apply_mask(recovered, answer.pair_seeds[victim], -sign)
-    shares = {config.positions[victim]: job.parties[victim].masked.own_share}
+    shares = {config.positions[victim]: victim_answer.self_mask_shares[victim]}
     for party in corrupt:  # colluders: their own round seeds and their shares of the victim
         state = job.parties[party]
         mr.apply_mask(recovered, mr._round_seed(state, victim, 0), -config.sign(victim, party))
@@ -376,12 +415,12 @@ def test_states_and_messages_survive_the_stored_form_exactly():
     with pytest.raises(ProtocolViolationError, match="names party 'a'"):
         wire.response_from_plain(wire.response_to_plain(response), "b")  # sender is the channel's
     restored = wire.party_state_from_plain(wire.party_state_to_plain(a))
-    assert mr.answer_unmask(restored, request)[1] == response  # the same answer, not a second
+    assert mr.answer_unmask(restored, request, {})[1] == response  # the same, not a second
 
 
 def test_every_kind_the_round_protocol_sends_has_a_cap():
     kinds = [JOB_KEYS, MASKED, REQUEST, RESPONSE, REJOIN, "round", "model", "schema"]
-    kinds += [MASKED_RELAY, RESPONSE_RELAY]
+    kinds += [MASKED_RELAY, RESPONSE_RELAY, VIEW, VIEW_RELAY]
     kinds += ["secagg_keys", "secagg_directory", "secagg_shares", "secagg_commitment"]
     for kind in kinds:
         cap, where = MessageCaps().cap(kind)

@@ -87,11 +87,17 @@ def test_a_dropped_hospital_rekeys_asks_to_rejoin_and_is_called_again(tmp_path: 
         start = secure_rounds.round_start(job, 0, call.protocol, party)
         secure_rounds.party_mask(stores[party], job, party, start, vectors[party])
     masked = collect(coordinator, secure_rounds.MASKED, list(parties), 0, time.monotonic() + 0.2)
-    senders, dropped = secure_rounds.coordinator_collect(stores[COORDINATOR], job, 0, masked)
+    senders, dropped = secure_rounds.coordinator_collect(
+        stores[COORDINATOR], job, 0, masked, views=False
+    )
     assert (senders, dropped) == (["hospital_a", "hospital_c"], ["hospital_b"])
+    requests = {}
+    for party in senders:  # each signs its view of the survivor set, then all are relayed
+        requests[party] = job.endpoint(party).receive(COORDINATOR, secure_rounds.REQUEST, round=0)
+        secure_rounds.party_view(stores[party], job, party, 0, requests[party])
+    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, 0)
     for party in senders:
-        request = job.endpoint(party).receive(COORDINATOR, secure_rounds.REQUEST, round=0)
-        secure_rounds.party_answer(stores[party], job, party, 0, request)
+        secure_rounds.party_answer(stores[party], job, party, 0, requests[party])
     answers = collect(coordinator, secure_rounds.RESPONSE, senders, 0, time.monotonic() + 5)
     with stores[COORDINATOR].transaction() as con:
         summed = secure_rounds.coordinator_unmask(stores[COORDINATOR], job, 0, answers, con)

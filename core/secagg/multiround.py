@@ -13,14 +13,23 @@ open_round (C)         RoundStart: active parties, neighbours' keys every active
 mask_round (P)         MaskedInput: y = x + PRG(b) +- PRG(s_uv,r),  coordinator
                        b's Shamir shares encrypted per neighbour
 collect_inputs (C)     UnmaskRequest: senders, dropped, shares      every sender
+sign_view (P)          SurvivorView: the senders and dropped it     coordinator, relayed
+                       was told, signed by its channel              to every sender
+collect_views (C)      the signed views, each with its proof        every sender
 answer_unmask (P)      UnmaskResponse: b shares, round seeds of     coordinator
-                       dropped neighbours
+                       dropped neighbours (after >= quorum views)
 unmask (C)             RoundSum: the exact ring sum                 (result)
 ====================  ===========================================  =====================
 
 Neighbours are those of a SecAgg+ graph (:mod:`core.secagg.graph`, complete for a few
 parties); every step is a pure function ``(state, message) -> (state, message)`` on frozen
-dataclasses, like the single-session steps.
+dataclasses, like the single-session steps. The view exchange is the ConsistencyCheck round
+of Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning"
+(CCS 2017, Figure 4, round 3), which Bell et al. (CCS 2020, SecAgg+) keep: a sender reveals
+nothing until it holds :func:`view_quorum` signatures on the survivor set it was told.
+Signatures are the channel's (:mod:`tasks.secure_rounds`): each view goes to the coordinator
+signed by its sender's certificate, and the coordinator relays all of them to every sender
+with those proofs; the steps here take the views as authenticated and compare them.
 
 Why it is as safe as the per-round protocol (the argument, step by step):
 
@@ -43,21 +52,43 @@ Why it is as safe as the per-round protocol (the argument, step by step):
    asked for an input of a round whose seeds are out. A coordinator that still gets a
    dropped party's late input for that round cannot unmask it: it would need that round's
    self-mask ``b``, whose shares are held by the same neighbours that revealed the seeds,
-   and each party answers one unmask request per round (a different second request is
-   refused, :func:`answer_unmask`).
-4. *One party's input stays hidden* unless t - 1 of its neighbours collude with the
-   coordinator: to unmask u the coordinator needs every round seed of u (each honest
-   neighbour reveals it only when told u dropped) and t shares of u's ``b`` (each honest
-   neighbour reveals one only when told u sent; u itself holds one). With fewer than t - 1
-   colluders no set of answers gives both. The graph bounds (event A and B of
+   and each party signs one view and answers one request per round (a different second
+   request is refused, :func:`sign_view`, :func:`answer_unmask`).
+4. *One story per round.* To unmask one sender u the coordinator needs t shares of u's
+   ``b`` (revealed only by holders told "u sent", u's own among them) *and* every round
+   seed of u's pairs with senders (revealed by u only for a neighbour it was told dropped,
+   by a neighbour only when told u dropped). Requests are built per recipient, so without a
+   check it could tell u that t - 1 neighbours D dropped (u reveals its seeds with D), tell
+   D the truth (they reveal their shares of ``b``), and tell u's other neighbours that u
+   dropped (they reveal their seeds with u): u's input in the clear, no colluder needed.
+   Here no sender reveals anything before it holds :func:`view_quorum` signed views, by
+   distinct senders of its request, each *identical* to its own (:func:`answer_unmask`);
+   an honest party signs one view a round (:func:`sign_view`). The quorum is at least
+   ``min_senders``, a strict majority of all parties, so two different views with a quorum
+   each share a signer: without a colluding party the coordinator cannot get two honest
+   parties to answer different stories, and the attack above is refused by u, D and the
+   others before any secret leaves them, naming the coordinator (tested at 3, 10 and 20
+   parties). Under one agreed view a sender is never dropped: no honest party reveals a seed
+   with it, it reveals its own seeds only with neighbours that view lists as dropped (who
+   signed nothing that counts), and a dropped party's ``b`` is never asked for.
+5. *Colluders.* c colluding parties may sign two views; a split then needs c >= 2 *
+   ``min_senders`` - n (so at least 1 with the default strict majority, more with a higher
+   ``threshold``), and even split, one input is revealed only if t - 1 of its neighbours
+   collude (its ``b`` needs t shares, u's own and t - 1 more from holders that also told the
+   other story): tested at t - 1 and below. The graph bounds (event A and B of
    :mod:`core.secagg.graph`) make t - 1 colluding neighbours, and a disconnected honest
    remainder (which would reveal partial sums), unlikely below the stated probability.
-5. *Restarts change nothing of this* when each holder stores the state a step returns, with
+6. *The terms are the job's, not the coordinator's.* ``threshold``, ``min_senders`` and the
+   party set are fixed in :class:`JobConfig` before the first round; :mod:`tasks.secure_rounds`
+   takes them, and the stage timeout, from the party's own options when it joins and refuses
+   a call that states others, naming the coordinator (a lowered threshold would lower the
+   quorum and the shares needed).
+7. *Restarts change nothing of this* when each holder stores the state a step returns, with
    the message it sends, before sending (:mod:`tasks.secure_rounds` does, sealed under the
-   job's key file): a restarted party re-sends the stored masked input or answer instead of
-   masking or answering again, and a restarted coordinator re-sends its stored unmask
-   requests, so a round is never unmasked for a second set of senders.
-6. *The coordinator's sum can be checked by every sender that answered*: it runs
+   job's key file): a restarted party re-sends the stored masked input, view or answer
+   instead of masking, signing or answering again, and a restarted coordinator re-sends its
+   stored unmask requests, so a round is never unmasked for a second set of senders.
+8. *The coordinator's sum can be checked by every sender that answered*: it runs
    :func:`collect_inputs` and :func:`unmask` itself on the round's masked inputs and answers
    (it then knows the sum, the coordinator's view, and nothing more: the masks it cannot
    remove alone are the same). It needs them exactly as their senders sent them, and gets
@@ -65,7 +96,8 @@ Why it is as safe as the per-round protocol (the argument, step by step):
    sender's proof of what it sent (its signature of job, round, sender, receiver, kind and
    digest over the network): a coordinator can drop, alter, swap or replay no entry without
    the check refusing the round, naming the sender, as if each party had sent its peers
-   copies directly.
+   copies directly. (This check comes after the answers; it is point 4 that keeps the
+   answers themselves safe.)
 
 Why the unmask exchange runs every round, not only after a dropout: a round without self-masks
 would be unmasked by the pair masks cancelling alone, but then a coordinator that declares a
@@ -73,11 +105,12 @@ slow party dropped, collects its neighbours' round seeds and then reads its late
 that input in the clear. The self-mask closes this (point 3) at the cost of one short
 exchange per round; the pair masks, the expensive part, are never re-agreed.
 
-Dropout tolerance: any party may drop before masking; a sender may drop before unmasking
-while t of its holders answer, except when it neighbours a party that dropped before
-masking (their round seed is then known only to the two of them): the round is refused
-then, naming both, and nothing beyond masked partial sums was revealed (each honest
-remaining sender still has an unrevealed seed with another sender).
+Dropout tolerance: any party may drop before masking; a sender may drop before signing its
+view or before unmasking while :func:`view_quorum` senders sign and t of its holders answer,
+except when it neighbours a party that dropped before masking (their round seed is then
+known only to the two of them): the round is refused then, naming both, and nothing beyond
+masked partial sums was revealed (each honest remaining sender still has an unrevealed seed
+with another sender).
 """
 
 from __future__ import annotations
@@ -193,6 +226,19 @@ class UnmaskRequest:
 
 
 @dataclass(frozen=True)
+class SurvivorView:
+    """Sender -> coordinator -> every sender (Bonawitz et al. 2017, round 3, ConsistencyCheck):
+    the survivor and dropped sets the coordinator told ``party``, signed by ``party``'s
+    channel (over mTLS its certificate's signature; the relay carries it as the proof)."""
+
+    job_id: str
+    round: int
+    party: str
+    senders: tuple[str, ...]
+    dropped: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class UnmaskResponse:
     """Sender -> coordinator: one kind of secret per neighbour, never both."""
 
@@ -279,6 +325,7 @@ class JobPartyState:
     last_masked: int = -1
     answered: tuple[UnmaskRequest, UnmaskResponse] | None = None
     out: bool = False  # left out of a round: must re-key before contributing again
+    viewed: UnmaskRequest | None = None  # the request whose view it signed (one a round)
 
     def public_keys(self) -> PeerKeys:
         return self.own_keys
@@ -400,13 +447,51 @@ def mask_ring_round(state: JobPartyState, ring: np.ndarray) -> tuple[JobPartySta
     return new_state, message
 
 
-def answer_unmask(
-    state: JobPartyState, request: UnmaskRequest
-) -> tuple[JobPartyState, UnmaskResponse]:
-    """Shares of the sending neighbours' self-masks; round seeds with the dropped ones.
+def view_quorum(config: JobConfig) -> int:
+    """How many identical signed views a sender needs before it reveals anything: at least
+    ``min_senders`` (a strict majority of all parties) and at least ``threshold``.
 
-    Answers one request per round: an identical retry gets the same answer, a different
-    one is refused (it could combine a party's self-mask with its round seeds).
+    Why a majority of *all* parties: two different views would then need two signer sets
+    that overlap, and an honest party signs one view a round, so a coordinator without a
+    colluding party cannot give two honest parties different stories (Bonawitz et al. 2017
+    require t signatures; with their t > n/2 it is the same argument)."""
+    return max(config.min_senders, config.threshold)
+
+
+def sign_view(state: JobPartyState, request: UnmaskRequest) -> tuple[JobPartyState, SurvivorView]:
+    """ConsistencyCheck, first half (Bonawitz et al. 2017, round 3): the survivor and dropped
+    sets this party was told, to be signed by its channel and relayed to every sender.
+
+    Reveals nothing. One view per round: a second, different request is refused here, before
+    any signature could support two stories. Persist the returned state before sending.
+    """
+    config, party = state.config, state.party
+    where = f"party {party!r}: unmask request for round {request.round} of job {config.job_id}"
+    _require_job(config, request.job_id, where)
+    for earlier in (state.viewed, state.answered[0] if state.answered else None):
+        if earlier is not None and earlier.round == request.round and earlier != request:
+            raise ProtocolViolationError(
+                f"{where}: refused, the coordinator sent this party a different request for "
+                "this round than the one it already signed; it would support two stories"
+            )
+    _check_request(state, request, where)
+    view = SurvivorView(config.job_id, request.round, party, request.senders, request.dropped)
+    return replace(state, viewed=request), view
+
+
+def answer_unmask(
+    state: JobPartyState, request: UnmaskRequest, views: Mapping[str, SurvivorView]
+) -> tuple[JobPartyState, UnmaskResponse]:
+    """ConsistencyCheck, second half, then Unmasking (Bonawitz et al. 2017, rounds 3 and 4):
+    shares of the sending neighbours' self-masks and round seeds with the dropped ones, only
+    once ``views`` (signer -> its view, each authenticated as its signer's by the caller)
+    hold at least :func:`view_quorum` views identical to this party's.
+
+    A view that differs, a signer the request calls dropped or too few signers is refused
+    before anything is revealed, naming the coordinator. A party never reveals a seed with a
+    neighbour that is a sender, and the agreed view lists it as a sender, so no honest party
+    reveals a seed with it either. One request per round: an identical retry gets the same
+    answer, a different one is refused.
     """
     config, party = state.config, state.party
     where = f"party {party!r}: unmask request for round {request.round} of job {config.job_id}"
@@ -418,7 +503,31 @@ def answer_unmask(
             f"{where}: refused, this party already answered a different request for this "
             "round; answering again could reveal both secrets of one party"
         )
+    if state.viewed != request:
+        raise ProtocolViolationError(
+            f"{where}: refused, this party has not signed its view of this request "
+            "(sign_view): nothing is revealed before the consistency check"
+        )
+    _check_views(config, request, views, where)
     masked = state.masked
+    assert masked is not None  # checked by sign_view
+    partners = set(masked.senders_possible)
+    sending = sorted(partners & set(request.senders))
+    opened = {peer: _open(state, peer, request.round, request.shares[peer]) for peer in sending}
+    gone = sorted(partners & set(request.dropped))
+    response = UnmaskResponse(
+        config.job_id,
+        request.round,
+        party,
+        {party: masked.own_share, **opened},
+        {peer: _round_seed(state, peer, request.round) for peer in gone},
+    )
+    return replace(state, answered=(request, response)), response
+
+
+def _check_request(state: JobPartyState, request: UnmaskRequest, where: str) -> None:
+    """What a request must be before this party signs a view of it (nothing is revealed)."""
+    config, party, masked = state.config, state.party, state.masked
     if masked is None or masked.round != request.round:
         raise ProtocolViolationError(f"{where}: this party sent no masked input in that round")
     senders, dropped = set(request.senders), set(request.dropped)
@@ -430,7 +539,7 @@ def answer_unmask(
     if party not in senders:
         raise ProtocolViolationError(f"{where}: refused, it lists this party as not sending")
     unknown = sorted((senders | dropped) - set(state.active))
-    if unknown or len(senders) != len(request.senders):
+    if unknown or len(senders) != len(request.senders) or len(dropped) != len(request.dropped):
         raise ProtocolViolationError(f"{where}: {unknown} were not active in the round")
     if len(senders) < config.min_senders:
         raise InsufficientSurvivorsError(
@@ -447,15 +556,35 @@ def answer_unmask(
         raise ProtocolViolationError(
             f"{where}: expected shares from exactly {sending}, got {sorted(request.shares)}"
         )
-    opened = {peer: _open(state, peer, request.round, request.shares[peer]) for peer in sending}
-    response = UnmaskResponse(
-        config.job_id,
-        request.round,
-        party,
-        {party: masked.own_share, **opened},
-        {peer: _round_seed(state, peer, request.round) for peer in sorted(partners & dropped)},
-    )
-    return replace(state, answered=(request, response)), response
+
+
+def _check_views(
+    config: JobConfig, request: UnmaskRequest, views: Mapping[str, SurvivorView], where: str
+) -> None:
+    """At least :func:`view_quorum` signers, each a sender of this request, each told exactly
+    this request's survivor and dropped sets; else the coordinator split the round."""
+    for signer, view in views.items():
+        if view.party != signer or view.job_id != config.job_id or view.round != request.round:
+            raise ProtocolViolationError(
+                f"{where}: refused before revealing anything, the coordinator relayed a view "
+                f"of {view.party!r} (job {view.job_id!r}, round {view.round}) as {signer!r}'s"
+            )
+        if signer not in request.senders or (view.senders, view.dropped) != (
+            request.senders,
+            request.dropped,
+        ):
+            raise ProtocolViolationError(
+                f"{where}: refused before revealing anything, the coordinator told {signer!r} "
+                f"senders {list(view.senders)} and dropped {list(view.dropped)}, but this "
+                f"party senders {list(request.senders)} and dropped {list(request.dropped)}: "
+                "the coordinator split the round's survivor set"
+            )
+    if len(views) < view_quorum(config):
+        raise ProtocolViolationError(
+            f"{where}: refused before revealing anything, the coordinator relayed "
+            f"{len(views)} signed views of the survivor set ({sorted(views)}), fewer than the "
+            f"{view_quorum(config)} the job's terms need"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -594,6 +723,34 @@ def collect_inputs(
         masked_sum=total,
     )
     return new_state, requests
+
+
+def collect_views(state: JobCoordinatorState, views: Sequence[SurvivorView]) -> tuple[str, ...]:
+    """The senders whose signed views to relay (all of them, to every sender): each must be
+    the view this coordinator gave, and at least :func:`view_quorum` must have come, or no
+    sender would answer (the round fails here, naming who is missing)."""
+    config, r = state.config, state.round
+    where = f"coordinator round {r} of job {config.job_id}, survivor views"
+    _require_stage(state, "unmasking", where)
+    signed: set[str] = set()
+    for view in views:
+        _require_job(config, view.job_id, where)
+        told = (state.senders, state.dropped)
+        if view.round != r or view.party not in state.senders or view.party in signed:
+            raise ProtocolViolationError(f"{where}: refused a view of {view.party!r}")
+        if (view.senders, view.dropped) != told:
+            raise ProtocolViolationError(
+                f"{where}: {view.party!r} signed senders {list(view.senders)} and dropped "
+                f"{list(view.dropped)}, not the sets it was sent"
+            )
+        signed.add(view.party)
+    if len(signed) < view_quorum(config):
+        missing = [p for p in state.senders if p not in signed]
+        raise InsufficientSurvivorsError(
+            f"{where}: only {len(signed)} senders signed their view, fewer than "
+            f"{view_quorum(config)}; missing {missing}. Nothing was unmasked"
+        )
+    return tuple(p for p in state.senders if p in signed)
 
 
 def unmask(

@@ -42,7 +42,8 @@ def run_round(
     silent_at_mask: Collection[str] = (),
     silent_at_unmask: Collection[str] = (),
 ) -> mr.RoundSum:
-    """One round: start, masked inputs (less the silent), unmask requests, responses, sum.
+    """One round: start, masked inputs (less the silent), unmask requests, signed survivor
+    views relayed to every sender, responses, sum (``silent_at_unmask`` sign no view).
 
     ``vectors`` are uint64 ring vectors by party; a party out of the session sends nothing.
     """
@@ -56,11 +57,16 @@ def run_round(
         job.parties[party], message = mr.mask_ring_round(job.parties[party], vectors[party])
         inputs.append(message)
     job.coordinator, requests = mr.collect_inputs(job.coordinator, inputs)
-    responses = []
+    views = {}
     for party, request in requests.items():
         if party in silent_at_unmask:
             continue
-        job.parties[party], response = mr.answer_unmask(job.parties[party], request)
+        job.parties[party], views[party] = mr.sign_view(job.parties[party], request)
+    relayed = mr.collect_views(job.coordinator, list(views.values()))
+    signed = {p: views[p] for p in relayed}
+    responses = []
+    for party in views:
+        job.parties[party], response = mr.answer_unmask(job.parties[party], requests[party], signed)
         responses.append(response)
     job.coordinator, result = mr.unmask(job.coordinator, responses)
     job.log.append(f"round {round_}: {len(result.senders)} senders")

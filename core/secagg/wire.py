@@ -138,6 +138,30 @@ def request_from_plain(plain: Any) -> mr.UnmaskRequest:
     )
 
 
+def view_to_plain(view: mr.SurvivorView) -> Plain:
+    return {
+        "job_id": view.job_id,
+        "round": view.round,
+        "party": view.party,
+        "senders": list(view.senders),
+        "dropped": list(view.dropped),
+    }
+
+
+def view_from_plain(plain: Any, sender: str) -> mr.SurvivorView:
+    what = f"survivor view of {sender!r}"
+    message = _mapping(plain, what)
+    if message.get("party") != sender:
+        raise ProtocolViolationError(f"{what}: it names party {message.get('party')!r}")
+    return mr.SurvivorView(
+        str(message["job_id"]),
+        int(message["round"]),
+        sender,
+        _names(message["senders"], what),
+        _names(message["dropped"], what),
+    )
+
+
 def response_to_plain(response: mr.UnmaskResponse) -> Plain:
     return {
         "job_id": response.job_id,
@@ -186,6 +210,7 @@ def party_state_to_plain(state: mr.JobPartyState) -> Plain:
         if answered is None
         else [request_to_plain(answered[0]), response_to_plain(answered[1])],
         "out": state.out,
+        "viewed": None if state.viewed is None else request_to_plain(state.viewed),
     }
 
 
@@ -210,6 +235,7 @@ def party_state_from_plain(plain: Plain) -> mr.JobPartyState:
         if answered is None
         else (request_from_plain(answered[0]), response_from_plain(answered[1], party)),
         bool(plain["out"]),
+        None if plain.get("viewed") is None else request_from_plain(plain["viewed"]),
     )
 
 

@@ -106,12 +106,19 @@ def rounds_job(
     threshold: int,
     n_features: int,
     workspace: str | None = None,
+    stage_timeout: float = 60.0,
 ) -> secure_rounds.RoundsJob:
     """The job's secure-aggregation terms: packed vector = [rows * update (n_features + 1),
     rows * loss, rows]; keys agreed once for all its rounds."""
     dimension = packed_dimension(n_features + 1)
     return secure_rounds.RoundsJob(
-        PROTOCOL, job_id, tuple(parties), threshold, dimension, workspace
+        PROTOCOL,
+        job_id,
+        tuple(parties),
+        threshold,
+        dimension,
+        workspace,
+        stage_timeout=stage_timeout,
     )
 
 
@@ -125,7 +132,9 @@ def round_context(
     stage_timeout: float = 60.0,
 ) -> RoundContext:
     return RoundContext(
-        rounds_job(job_id, parties, threshold, n_features, workspace), round_, stage_timeout
+        rounds_job(job_id, parties, threshold, n_features, workspace, stage_timeout),
+        round_,
+        stage_timeout,
     )
 
 

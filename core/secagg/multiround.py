@@ -79,10 +79,11 @@ Why it is as safe as the per-round protocol (the argument, step by step):
    :mod:`core.secagg.graph`) make t - 1 colluding neighbours, and a disconnected honest
    remainder (which would reveal partial sums), unlikely below the stated probability.
 6. *The terms are the job's, not the coordinator's.* ``threshold``, ``min_senders`` and the
-   party set are fixed in :class:`JobConfig` before the first round; :mod:`tasks.secure_rounds`
-   takes them, and the stage timeout, from the party's own options when it joins and refuses
-   a call that states others, naming the coordinator (a lowered threshold would lower the
-   quorum and the shares needed).
+   party set are fixed in :class:`JobConfig` once a party has masked a round; given the
+   party's own options when it joins (``party_join(..., agreed=True)``),
+   :mod:`tasks.secure_rounds` stores them with the stage timeout and refuses any call that
+   states others, naming the coordinator (a lowered threshold lowers the quorum and the
+   shares needed).
 7. *Restarts change nothing of this* when each holder stores the state a step returns, with
    the message it sends, before sending (:mod:`tasks.secure_rounds` does, sealed under the
    job's key file): a restarted party re-sends the stored masked input, view or answer

@@ -85,7 +85,6 @@ def run_locally(job: LocalJob) -> dict[str, Any]:
     results: dict[str, Any] = {}
     errors: list[tuple[str, BaseException]] = []
     lock = threading.Lock()
-    _CALLER_ATTEMPT.set(max(caller_attempt(), flow_run.run_count or 1))
     # the sides' runs and artifacts are named after the caller's job (its job file or table)
     name = job_name() if FlowRunContext.get() is not None else None
 
@@ -99,7 +98,8 @@ def run_locally(job: LocalJob) -> dict[str, Any]:
             with lock:
                 errors.append((side.party, error))
 
-    threads = [
+    attempt = _CALLER_ATTEMPT.set(max(caller_attempt(), flow_run.run_count or 1))
+    threads = [  # each copies this context: the caller's attempt, tags and run
         threading.Thread(
             target=contextvars.copy_context().run,
             args=(side_thread, side),
@@ -108,6 +108,7 @@ def run_locally(job: LocalJob) -> dict[str, Any]:
         )
         for side in job.sides
     ]
+    _CALLER_ATTEMPT.reset(attempt)
     for thread in threads:
         thread.start()
     for thread in threads:

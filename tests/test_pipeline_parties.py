@@ -165,8 +165,9 @@ def _ids(descriptor: dict[str, Any]) -> set[str]:
 
 
 def _table(store: PartyStore, name: str) -> Any:
-    ref = TableRef(str(store.path), name, id_column="patient_id")
-    return store.read_table(ref)
+    """A table's ids and probabilities (a scores table holds text columns too)."""
+    with store.connect() as con:
+        return con.execute(f'SELECT patient_id, probability FROM "{name}"').df()
 
 
 def _stored(database: Path, key: str) -> dict[str, Any]:
@@ -266,8 +267,8 @@ def test_party_processes_end_with_the_local_run_models(runs: dict[str, Any]) -> 
     # trained on equal training's own predictions of them
     clinic_store = PartyStore(orgs["clinic"].folder / "var/parties/clinic.duckdb")
     for party in ("clinic", "lab"):
-        store = PartyStore(orgs[party].folder / f"var/parties/{party}.duckdb")
-        key, _ = ModelStore(store).promoted("demo", "vertical")
+        own = PartyStore(orgs[party].folder / f"var/parties/{party}.duckdb")
+        key, _ = ModelStore(own).promoted("demo", "vertical")
         assert key == f"models/vertical/demo-vertical/{party}"
     scored = _stage(parties["clinic"], "score_demo", "score_vertical")
     assert scored["rows"] == 470 and scored["scores_table"] == "patients_to_score_scored"

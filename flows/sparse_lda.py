@@ -14,16 +14,18 @@ and no noiseless sum ever crosses or reaches the flow. ``method="naive"`` averag
 un-debiased fits the same way; ``method="centralized_reference"`` sends every party's rows to
 the coordinator in the clear (a reference, NOT private, never charged).
 
-Party mode (each site and the coordinator its own process, over the network channel):
-``sparse_lda_party`` is one site's column of the diagram and ``sparse_lda_coordinator`` the
-coordinator's; every party is given the same job id and options and they meet only through
-messages. The coordinator calls the secure sum (a fresh session id and the job's parameters,
-which every site checks against its own before it contributes) and drives it with the one
-driver (``tasks.secure_sum.drive_session``): a site that does not answer a stage by its
-deadline, for any reason, is dropped, and below the threshold the sum fails naming the missing
-sites. A restarted site reuses its stored release (charged once) and re-sends its session
-steps from its own records; a restarted coordinator re-sends its call and does not redo a
-stored sum or model. ``sparse_lda`` runs the same steps, each party's in turn, in one process.
+The protocol is written once, as one flow per role: ``sparse_lda_party`` is one site's column
+of the diagram and ``sparse_lda_coordinator`` the coordinator's; every party is given the same
+job id and options and they meet only through messages. Across organisations each runs in its
+own process over the network channel; ``sparse_lda`` runs them all at once in this process,
+each side in its own thread as its own party over the shared folder (:mod:`flows.hospitals`).
+The coordinator calls the secure sum (a fresh session id and the job's parameters, which
+every site checks against its own before it contributes) and drives it with the one driver
+(``tasks.secure_sum.drive_session``): a site that does not answer a stage by its deadline, for
+any reason, is dropped, and below the threshold the sum fails naming the missing sites. A
+restarted site reuses its stored release (charged once) and re-sends its session steps from
+its own records; a restarted coordinator re-sends its call and does not redo a stored sum or
+model.
 
 Scaling (on by default, ``preprocessing``): before any release, one secure-aggregation round
 of each party's training rows' column moments (``tasks.preprocessing``, the round horizontal
@@ -50,7 +52,7 @@ budget from the job file, then run the flow (``python -m flows.sparse_lda <job f
 
 from __future__ import annotations
 
-import secrets
+import functools
 import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -63,6 +65,7 @@ from core.preprocessing import PreprocessingSpec
 from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
 from core.sparse_lda.aggregation import DEFAULT_THRESHOLD_SCALE
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
+from flows.hospitals import run_hospitals
 from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.party_config import active_config
@@ -278,6 +281,7 @@ def sparse_lda(
     workspace: str | None = None,
     job_id: str | None = None,
     preprocessing: dict[str, Any] | None = None,
+    stage_timeout: float = 60.0,
 ) -> dict[str, Any]:
     """Fit a sparse LDA model across parties; each party's release is (epsilon, delta)-DP.
 
@@ -295,10 +299,17 @@ def sparse_lda(
     coordinator may unmask; noise shares are sized so that any such sum minus
     ``colluding_parties`` colluders' shares still carries the calibrated sigma.
 
+    Every site and the coordinator run their side flows (``sparse_lda_party``,
+    ``sparse_lda_coordinator``) at once in this process, each as its own party
+    (:mod:`flows.hospitals`); every table, option, owner's permission and budget is checked
+    before any side starts. The result is the coordinator's, with each site's ``releases``.
+
     Tests only, from the job's test switches in this process's environment
-    (:mod:`core.test_switches`): ``PRIVREG_TEST_NOISELESS`` sends exact, unclipped vectors
-    without noise and charges nothing (NOT private; logged as a warning);
-    ``PRIVREG_TEST_FAULTS`` makes parties fall silent at a secure-sum stage.
+    (:mod:`core.test_switches`), which every side reads: ``PRIVREG_TEST_NOISELESS`` sends
+    exact, unclipped vectors without noise and charges nothing (NOT private; logged as a
+    warning; each owner must allow it); ``PRIVREG_TEST_FAULTS`` replaces a site's step of the
+    secure sum by one that fails or hangs: it sends nothing more, is dropped past
+    ``stage_timeout`` and keeps the survivors' model.
 
     Args:
         parties: Descriptors of every party's table (same columns, a 0/1 label each).
@@ -320,51 +331,46 @@ def sparse_lda(
         holdout_fraction: Share of each party's rows kept out of training for the error.
         preprocessing: The job's preprocessing (default: standardise with the pooled mean and
             variance of one secure sum; see the module docstring for what that reveals).
+        stage_timeout: Seconds a secure-sum stage waits before silent sites count as dropped.
     """
     refs = _party_refs(parties)
     names = [ref.party for ref in refs]
-    job, rule = _job(job_id or "pending", workspace, names, **_shared(locals()))
-
-    digests = [steps.check_table(ref, job) for ref in refs]
+    options = _shared(locals())
+    job, _ = _job(job_id or "pending", workspace, names, **options)  # refuses bad options
+    digests = [steps.check_table(ref, job) for ref in refs]  # every table, before any side
     if job_id is None:
-        described = [
-            {**ref.to_dict(), "database": None, "digest": digest}
-            for ref, digest in zip(refs, digests, strict=True)
-        ]
-        shaping = {k: v for k, v in job.release_parameters().items() if k != "job_id"}
-        job_id = derive_job_id("sparse-lda", {"parties": described, **shaping})
-        job = _switched(replace(job, job_id=job_id))
-    faults = secure_sum.Faults.of_job(job_id, names)  # test switches naming this job, if any
-    for ref in refs:
-        steps.join_job(ref, job)
-    features = steps.open_job(job)
-    by_name = dict(zip(names, refs, strict=True))
-    pre.pooled_statistics(  # before any release: every party scales with the same statistics
-        by_name, job_id, features, job.spec, job.threshold, workspace, 60.0, job.holdout_rows
-    )
+        job_id = _derived_job_id(refs, digests, job)
+    job, _ = _job(job_id, workspace, names, **options)
+    for ref in refs:  # every owner's permission and budget, before any side starts
+        steps.check_budget(ref, job)
+    coordinator = functools.partial(
+        sparse_lda_coordinator, names, job_id, stage_timeout=stage_timeout, workspace=workspace,
+        **options,
+    )  # fmt: skip
+    sites = {
+        ref.party: functools.partial(sparse_lda_party, ref.to_dict(), names, job_id, **options)
+        for ref in refs
+    }
+    result, by_site = run_hospitals(job_id, workspace, coordinator, sites)
+    # this run plays every owner: each site's release and held-out counts, one summary
+    answered = {p: r for p, r in by_site.items() if isinstance(r, dict)}
+    releases = {p: r["release"] for p, r in answered.items() if r["release"] is not None}
+    scores = [r["holdout"] for r in answered.values() if r["holdout"] is not None]
+    summary = sparse_lda_summary(job, refs, result, releases, scores)
+    if not scores:  # the sites chart their own held-out rows; else the in-sample ones
+        publish_training_charts("sparse-lda", job_id, [], summary["curves"])
+    return {**result, "releases": releases}
 
-    releases: dict[str, Any] = {}
-    ctx = None
-    if method == "centralized_reference":
-        get_run_logger().warning("job %s: pooling every party's rows (NOT PRIVATE)", job_id)
-        for ref in refs:
-            steps.send_rows_not_private(ref, job)
-        model = steps.fit_pooled_reference(job)
-    else:
-        releases = secure_sum.each_party(steps.release_contribution, by_name, names, job)
-        ctx = steps.sum_context(job, len(features), f"{job_id}/{secrets.token_hex(8)}")
-        secure_sum.sum_stored_vectors(by_name, ctx, steps.input_key(job_id), list(releases), faults)
-        model = steps.build_model(job, ctx, rule)
-    secure_sum.each_party(steps.keep_model, by_name, names, job, ctx)  # dropped ones too
-    scored: dict[str, dict[str, Any]] = {}
-    if holdout_fraction > 0:  # the figures: the held-out rows of the sites in the model
-        scoring = [p for p in names if p in model["contributors"]]
-        scored = secure_sum.each_party(steps.score_holdout, by_name, scoring, job)
-    curves = {f"{p}'s {s['rows']} held-out rows": s.pop("roc") for p, s in scored.items()}
-    scores = list(scored.values())
-    summary = sparse_lda_summary(job, refs, model, releases, scores)
-    publish_training_charts("sparse-lda", job_id, [], curves or summary["curves"])
-    return _finish(job, model, releases, _figures(job, model, scores))
+
+def _derived_job_id(refs: list[TableRef], digests: list[str], job: steps.SparseLDAJob) -> str:
+    """The tables' salted digests and every option that shapes the release: unchanged inputs
+    reuse the stored releases (charged once)."""
+    described = [
+        {**ref.to_dict(), "database": None, "digest": digest}
+        for ref, digest in zip(refs, digests, strict=True)
+    ]
+    shaping = {k: v for k, v in job.release_parameters().items() if k != "job_id"}
+    return derive_job_id("sparse-lda", {"parties": described, **shaping})
 
 
 def _figures(
@@ -591,6 +597,7 @@ def sparse_lda_party(
         )
     job, rule = _job(job_id, None, names, **_shared(locals()))
     fault = test_switches.party_fault(job_id)  # tests only (PRIVREG_TEST_PARTY_FAULT)
+    faults = secure_sum.Faults.of_job(job_id, names)  # tests only: a step that fails or hangs
     with PartyStore.of(ref).session():  # held through the job: no opening of it per step
         steps.check_table(ref, job)
         steps.join_job(ref, job)  # budget check (a stored release is not charged again)
@@ -609,6 +616,7 @@ def sparse_lda_party(
                     lambda: secure_sum.mask_stored_input(ref, ctx, steps.input_key(job.job_id)),
                     lambda: steps.model_out(ref, job),
                     fault,
+                    faults,
                 )
         model = steps.keep_model(ref, job, ctx)
         score = None

@@ -969,10 +969,13 @@ def contribute(
     mask_input: Callable[[], Any],
     ended: Callable[[], bool],
     fault: test_switches.PartyFault | None = None,
+    faults: Faults = NO_FAULTS,
 ) -> None:
     """Party mode: this party's four steps of the session, each once the coordinator's message
     is there; stops early when ``ended()`` says the session is over without it (dropped at a
-    stage). ``mask_input`` is the protocol's masking step (its vector, its store)."""
+    stage). ``mask_input`` is the protocol's masking step (its vector, its store). Test-only
+    ``faults`` replace a step by one that fails or hangs: the party then sends nothing more in
+    this session, as a dropped one."""
     endpoint = ctx.endpoint(ref.party)
     party_steps = {
         "advertise_keys": lambda: advertise_keys(ref, ctx),
@@ -984,6 +987,8 @@ def contribute(
         if awaited is not None and not await_coordinator(endpoint, ctx, awaited, ended):
             return
         party_fault(fault, ctx.round, stage)
+        if step_fault(faults, ref.party, ctx.round, stage, ctx.stage_timeout):
+            return
         party_steps[stage]()
 
 

@@ -448,20 +448,24 @@ def check_table(ref: TableRef, job: SparseLDAJob) -> str:
     return fingerprint.fn(ref)
 
 
+def check_budget(ref: TableRef, job: SparseLDAJob) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the owner allows the job and its budget pays for the release: (reused, budget
+    status). A stored release of the same job is reused, so it needs no budget left."""
+    check_owner_allows(ref, job)
+    if not job.private:
+        return False, None
+    ledger = PrivacyLedger(PartyStore.of(ref))
+    if ledger.stored_release(release_key(fingerprint.fn(ref), job)) is not None:
+        return True, ledger.status(ref.table).as_dict()
+    return False, ledger.require_affordable(ref.table, job.epsilon, job.delta).as_dict()
+
+
 @task(name="sparse-lda-join", task_run_name="{ref.party}: check budget, send columns", **PARTY_STEP)
 def join_job(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
     """Refuse a release the budget cannot pay for, then send the coordinator the feature
     column names (no rows, no row count). A stored release of the same job is not charged."""
-    check_owner_allows(ref, job)
+    reused, budget = check_budget(ref, job)
     data = read_party(ref, job=job, scaled=False)  # before the pooled statistics exist
-    reused, budget = False, None
-    if job.private:
-        ledger = PrivacyLedger(PartyStore.of(ref))
-        reused = ledger.stored_release(release_key(fingerprint.fn(ref), job)) is not None
-        if reused:
-            budget = ledger.status(ref.table).as_dict()
-        else:
-            budget = ledger.require_affordable(ref.table, job.epsilon, job.delta).as_dict()
     schema: dict[str, Any] = {"feature_columns": list(data.columns)}
     if not job.row_unit:  # local fits leave these at zero; the coordinator refuses all-flat ones
         # constant within a class at any scale (missing cells: the party's own fill)

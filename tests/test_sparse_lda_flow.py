@@ -138,9 +138,10 @@ def run(
     silent: dict[str, list[str]] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
-    """The flow on the stored values (``scaling: none``, so the plain fits are comparable);
-    the scaling test passes the default. ``exact`` (no noise) and ``silent`` (parties that
-    fall silent, by stage) are the test switches of the job, set for this run only."""
+    """The local run of the side flows on the stored values (``scaling: none``, so the plain
+    fits are comparable); the scaling test passes the default. ``exact`` (no noise) and
+    ``silent`` (sites whose step fails at a stage: the coordinator drops them at the stage's
+    deadline) are the test switches of the job, set for this run only."""
     options = {"epsilon": EPS, "delta": DELTA, "direction_clip_norm": CLIP,
                "mean_clip_norm": CLIP, "privacy_unit": "party",
                "preprocessing": {"scaling": "none"}, **options}  # fmt: skip
@@ -150,6 +151,7 @@ def run(
         if exact:
             switches.setenv(NOISELESS_VARIABLE, job_id)
         if silent:
+            options.setdefault("stage_timeout", 10.0)  # what a silent site costs the run
             faults = {
                 f"*:{stage}": dict.fromkeys(names, "raise") for stage, names in silent.items()
             }

@@ -3,13 +3,13 @@
 Each process is given only its own ``party.toml`` and, for a hospital, its own database. Four
 hospitals join; one is killed (SIGKILL) for good in the middle of the secure sum, after
 sharing its keys. The three survivors and the coordinator must end with, bit for bit, the
-model the one-process ``sparse_lda`` computes on the same tables and options with that
-hospital silent at the same stage. The releases are exact (the test switch
-``PRIVREG_TEST_NOISELESS`` of every process names the job, and each table's owner allows it),
-so equality is exact: the secure sum, the fit and the post-processing are the same code
-either way, and a noisy run differs only by each party's own noise share. The message
-endpoints are served from this test process (as ``privreg party serve`` would), so the killed
-hospital's endpoint is stopped with it.
+model the local run ``sparse_lda`` (the same side flows, as threads of one process) computes
+on the same tables and options with that hospital silent at the same stage. The releases are
+exact (the test switch ``PRIVREG_TEST_NOISELESS`` of every process names the job, and each
+table's owner allows it), so equality is exact: the secure sum, the fit and the
+post-processing are the same code either way, and a noisy run differs only by each party's
+own noise share. The message endpoints are served from this test process (as ``privreg party
+serve`` would), so the killed hospital's endpoint is stopped with it.
 """
 
 from __future__ import annotations
@@ -79,16 +79,16 @@ def hospital_table(folder: Path, name: str) -> TableRef:
     return ref
 
 
-def one_process(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """The one-process flow on the same tables, exact, the killed hospital silent at the same
-    stage (the test switches of this process name its job)."""
+def local_run(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The local run on the same tables, exact, the killed hospital's step failing at the same
+    stage (the test switches of this process name its job; every side reads them)."""
     folder.mkdir()
     refs = [hospital_table(folder, name).to_dict() for name in HOSPITALS]
     monkeypatch.setenv(NOISELESS_VARIABLE, "slda-one")
     monkeypatch.setenv(
         FAULTS_VARIABLE, json.dumps({"slda-one": {"*:mask_input": {KILLED: "raise"}}})
     )
-    return sparse_lda(refs, workspace=str(folder), job_id="slda-one", **OPTIONS)
+    return sparse_lda(refs, workspace=str(folder), job_id="slda-one", stage_timeout=10, **OPTIONS)
 
 
 class Parties:
@@ -172,7 +172,7 @@ def assert_same_model(result: dict[str, Any], reference: dict[str, Any]) -> None
     assert result["total_rows"] == reference["total_rows"]
 
 
-def test_hospital_processes_fit_the_one_process_model_without_a_killed_one(
+def test_hospital_processes_fit_the_local_run_model_without_a_killed_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parties = Parties(tmp_path / "orgs", "slda-parties")
@@ -185,13 +185,13 @@ def test_hospital_processes_fit_the_one_process_model_without_a_killed_one(
         results = {party: parties.result(party) for party in parties.runs if party != KILLED}
     finally:
         parties.close()
-    reference = one_process(tmp_path / "one", monkeypatch)
+    reference = local_run(tmp_path / "one", monkeypatch)
 
     coordinator = results.pop(COORDINATOR)
     survivors = [name for name in HOSPITALS if name != KILLED]
     assert_same_model(coordinator, reference)
     assert coordinator["contributors"] == survivors and coordinator["dropped"] == [KILLED]
-    # the gaps were filled with the pooled statistics of the same round as in one process
+    # the gaps were filled with the pooled statistics of the same round as in the local run
     assert coordinator["preprocessing"] == reference["preprocessing"]
     gaps = {c["name"]: c["missing"] for c in coordinator["preprocessing"]["columns"]}
     assert gaps["mean_radius"] > 0 and gaps["mean_texture"] > 0
@@ -200,7 +200,7 @@ def test_hospital_processes_fit_the_one_process_model_without_a_killed_one(
         stored = ArtifactStore(PartyStore.of(parties.refs[name])).get(result["model_key"])
         assert np.array_equal(stored["direction"], reference["direction"])
         assert result["release"]["budget"] is None  # exact release: nothing charged
-    # the held-out figures: the survivors' counts, as in the one-process run
+    # the held-out figures: the survivors' counts, as in the local run
     assert coordinator["figures"] == reference["figures"]
     rows = sum(results[name]["holdout"]["rows"] for name in survivors)
     assert coordinator["figures"]["holdout_rows"] == rows > 0

@@ -108,7 +108,7 @@ def test_replayed_message_with_other_payload_is_refused(workspace: Path) -> None
     # replaced), or the sender refuses the forged one first; either way nothing is aligned
     with pytest.raises(
         (MessageConflictError, psi.PsiError),
-        match="different payload for the 'psi_kkrt_matrix'|matrix message from bank .* bins",
+        match=r"different payload for the 'psi_kkrt_matrix'|matrix message from bank .* bins",
     ):
         _both(a.to_dict(), b.to_dict(), "kkrt-replay", str(workspace))
     _nothing_aligned(a, b)

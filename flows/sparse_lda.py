@@ -199,7 +199,7 @@ def _summary(
     )
 
 
-#: The options every party of a job is given alike (one-process, site and coordinator flows).
+#: The options every party of a job is given alike (the runner, site and coordinator flows).
 SHARED_OPTIONS = (
     "epsilon",
     "delta",

@@ -236,43 +236,6 @@ def edges_from(moments_sum: np.ndarray, columns: int) -> np.ndarray:
     return pp.histogram_edges(pp.PooledMoments.from_sum(total, columns))
 
 
-def pooled_statistics(
-    refs: dict[str, TableRef],
-    job_id: str,
-    features: list[str],
-    spec: pp.PreprocessingSpec,
-    threshold: int,
-    workspace: str | None,
-    stage_timeout: float,
-    holdout: Holdout = 0.0,
-) -> dict[str, Any] | None:
-    """One process plays every holder: the whole exchange, or a stored result re-sent.
-    ``holdout`` is the parties' held-out share (their held-out rows stay out of the sums)."""
-    if not needs_statistics(spec):
-        return None
-    names = list(refs)
-    if ArtifactStore(coordinator_store(workspace)).get(_key(job_id, "fitted")) is None:
-        first, second = sessions(job_id, features, spec, names, threshold, workspace, stage_timeout)
-        done = secure_sum.each_party(store_moments, refs, names, job_id, features, holdout)
-        secure_sum.sum_stored_vectors(refs, first, input_key(job_id, first), list(done))
-        moments_sum, _ = secure_sum.stored_sum(first)
-        histogram_sum, edges = None, None
-        if second is not None:
-            edges = edges_from(moments_sum, len(features))
-            done = secure_sum.each_party(
-                store_histogram, refs, names, job_id, features, holdout, edges
-            )
-            secure_sum.sum_stored_vectors(refs, second, input_key(job_id, second), list(done))
-            histogram_sum, _ = secure_sum.stored_sum(second)
-        fit_and_send(job_id, features, spec, moments_sum, histogram_sum, edges, names, workspace)
-    else:
-        send_fitted(job_id, names, workspace)
-    fitted: dict[str, Any] = {}
-    for ref in refs.values():
-        fitted = keep_fitted(ref, job_id, features, spec, workspace)
-    return fitted
-
-
 # ---- party mode: the coordinator and each party in their own processes ------------------------
 CALL = "preprocessing_call"
 EDGES = "preprocessing_edges"

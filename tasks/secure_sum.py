@@ -14,18 +14,17 @@ session's masks never cover two different inputs. A party also refuses to help u
 (job, round) a second time for a different set of senders: the difference of two such sums
 would be one party's vector.
 
-One driver runs a session for every protocol and both modes (:func:`drive_session`): each
-stage has one deadline (``SumContext.stage_timeout`` after it opens), and the coordinator
-waits for the stage's message from every live party until then, all at once. A party whose
-message has not arrived by then, for whatever reason (its step raised, hung, its process was
-killed or is slow), is a dropout; the coordinator's next step reads only the messages of the
-parties that answered. In the one-process mode (:func:`run_session`) the driver first submits
-every live party's step of the stage at once; with each party its own process, the parties
-run their steps themselves and the coordinator only waits for their messages. While at least
-``threshold`` remain the round goes on; below that it aborts, naming the missing parties and
-why, before anything is unmasked. A party that *refuses* (a protocol violation it detected, a
-budget refusal) stops the run: that is an accusation or a data owner's decision, not a fault
-to route around (in party mode, the refusing party's own run stops, naming the violation).
+One driver runs a session for every protocol (:func:`drive_session`): each stage has one
+deadline (``SumContext.stage_timeout`` after it opens), and the coordinator waits for the
+stage's message from every live party until then, all at once. A party whose message has not
+arrived by then, for whatever reason (its step raised, hung, its process was killed or is
+slow), is a dropout; the coordinator's next step reads only the messages of the parties that
+answered. Each party runs its steps in its own side (:func:`contribute`), whether its own
+process or a thread of a local run. While at least ``threshold`` remain the round goes on;
+below that it aborts, naming the missing parties and why, before anything is unmasked. A
+party that *refuses* (a protocol violation it detected, a budget refusal) stops its own side,
+naming the violation: that is an accusation or a data owner's decision, not a fault to route
+around.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ from typing import Any
 import numpy as np
 from prefect import get_run_logger, task
 from prefect.exceptions import MissingContextError
-from prefect.futures import PrefectFuture, wait
 
 from core import secagg, test_switches
 from storage.artifacts import ArtifactStore
@@ -668,14 +666,14 @@ class SimulatedCrashError(RuntimeError):
 
 @dataclass(frozen=True)
 class Faults:
-    """Test-only fault injection for :func:`run_session`, from this job's test switches
-    (:mod:`core.test_switches`); empty in production.
+    """Test-only fault injection, from this job's test switches (:mod:`core.test_switches`);
+    empty in production. Each side reads its own part.
 
     ``parties`` maps ``"<round or *>:<stage>"`` to ``{party: "raise" | "hang"}``: that party's
     step is replaced by a stand-in task that raises, or that sleeps past the stage deadline
-    and never answers (a killed process, in the one-process mode). ``crash_after``
-    (``"<round>:<stage or commit>"``) makes the driver itself raise there, as if the flow's
-    process were killed.
+    and never answers (:func:`step_fault`, in the party's side). ``crash_after``
+    (``"<round>:<stage or commit>"``) makes the coordinator raise there, as if its process
+    were killed.
     """
 
     parties: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -742,67 +740,6 @@ class StageOutcome:
     missing: dict[str, str]
 
 
-def run_stage(
-    stage: str,
-    step: Any,
-    refs: Mapping[str, TableRef],
-    parties: Sequence[str],
-    ctx: SumContext,
-    *args: Any,
-    faults: Faults = NO_FAULTS,
-) -> StageOutcome:
-    """Run ``step(ref, ctx, *args)`` for every party at once; wait until the stage deadline.
-
-    Each party's step is its own Prefect task run, so one party's exception or hang cannot
-    stop another's. Used for the steps outside a secure-sum session (a party's saving of the
-    round's result); the session's own stages go through :func:`drive_session`.
-    """
-    answered, failed = run_party_steps(stage, step, refs, parties, ctx, args, faults)
-    late = f"no answer within {ctx.stage_timeout:g} s"
-    missing = {p: failed.get(p, late) for p in parties if p not in answered}
-    outcome = StageOutcome(answered, missing)
-    log_dropouts(ctx.round, ctx.job_id, stage, outcome.missing)
-    return outcome
-
-
-def run_party_steps(
-    stage: str,
-    step: Any,
-    refs: Mapping[str, TableRef],
-    parties: Sequence[str],
-    ctx: SumContext,
-    args: tuple[Any, ...],
-    faults: Faults,
-    deadline: float | None = None,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """One-process mode: submit every party's step, wait until the deadline; return the
-    results of those that finished and why those that failed did (a refusal is raised)."""
-    injected = faults.at(ctx.round, stage)
-    futures: dict[str, PrefectFuture[Any]] = {}
-    for party in parties:
-        if party in injected:
-            hang = ctx.stage_timeout + 1.0
-            futures[party] = injected_fault.submit(party, stage, ctx.round, injected[party], hang)
-        else:
-            futures[party] = step.submit(refs[party], ctx, *args)
-    timeout = ctx.stage_timeout if deadline is None else max(deadline - time.monotonic(), 0)
-    done = wait(list(futures.values()), timeout=timeout).done
-    answered: dict[str, Any] = {}
-    failed: dict[str, str] = {}
-    for party, future in futures.items():
-        if future not in done:
-            continue
-        future.wait(0)  # records the run's final state on the future (no API round trip)
-        if future.state.is_completed():
-            answered[party] = future.result()
-        else:
-            error = future.result(raise_on_failure=False)
-            if isinstance(error, REFUSALS):
-                raise error
-            failed[party] = f"{type(error).__name__}: {error}"
-    return answered, failed
-
-
 def log_dropouts(round_: int, job_id: str, stage: str, missing: Mapping[str, str]) -> None:
     """One warning per party that dropped out of a stage, with why (every secure-sum driver)."""
     for party, why in missing.items():
@@ -837,16 +774,9 @@ SESSION_STAGES: tuple[tuple[str, str, Any], ...] = (
     ("reveal_shares", "secagg_unmask_response", None),
 )
 
-#: One-process mode: run the live parties' step of a stage until the deadline; return why
-#: those that failed did (see :func:`run_session`).
-PartySteps = Callable[[str, list[str], float], dict[str, str]]
-
-
 def drive_session(
     ctx: SumContext,
     parties: Sequence[str] | None = None,
-    run_parties: PartySteps | None = None,
-    faults: Faults = NO_FAULTS,
     absent: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The one driver of a secure-sum session, seen from the coordinator.
@@ -856,10 +786,9 @@ def drive_session(
     whose message has not arrived by the deadline, whatever the reason (its step raised,
     hangs, its process was killed or is slow), has dropped: the coordinator's answer goes only
     to those it heard. While at least ``threshold`` remain the round goes on; below that it
-    aborts naming each missing party and why, before anything is unmasked. With each party
-    its own process (party mode) their steps run there; in the one-process mode
-    ``run_parties`` runs them first. Returns the parties whose unmask shares arrived: the
-    caller's coordinator step reconstructs from exactly those. ``absent`` names the parties
+    aborts naming each missing party and why, before anything is unmasked. The parties' steps
+    run in their own sides. Returns the parties whose unmask shares arrived: the caller's
+    coordinator step reconstructs from exactly those. ``absent`` names the parties
     left out of the session beforehand (not waited for) with why, for the error below the
     threshold.
     """
@@ -867,70 +796,16 @@ def drive_session(
     live, gone = list(parties if parties is not None else ctx.parties), dict(absent or {})
     for stage, kind, coordinator_step in SESSION_STAGES:
         deadline = time.monotonic() + ctx.stage_timeout
-        failed = run_parties(stage, live, deadline) if run_parties is not None else {}
-        found = gather(endpoint, ctx, kind, [p for p in live if p not in failed], deadline)
+        found = gather(endpoint, ctx, kind, live, deadline)
         late = f"no answer within {ctx.stage_timeout:g} s"
-        outcome = StageOutcome(found, {p: failed.get(p, late) for p in live if p not in found})
+        outcome = StageOutcome(found, {p: late for p in live if p not in found})
         log_dropouts(ctx.round, ctx.job_id, stage, outcome.missing)
         gone.update(outcome.missing)
         answered = require_threshold(ctx, stage, outcome, gone)
-        faults.crash_point(ctx.round, stage)
         if coordinator_step is None:
             return answered
         live = coordinator_step(ctx, answered)  # those the coordinator heard (and answered)
     raise AssertionError("unreachable")
-
-
-def run_session(
-    refs: Mapping[str, TableRef],
-    ctx: SumContext,
-    mask_step: Any,
-    mask_args: tuple[Any, ...] = (),
-    parties: Sequence[str] | None = None,
-    faults: Faults = NO_FAULTS,
-) -> list[str]:
-    """:func:`drive_session` with every party's steps run from this process (one task run
-    each, submitted at once, so one party's exception or hang cannot stop another's).
-
-    ``mask_step(ref, ctx, *mask_args)`` is the protocol's own masking task (it computes or
-    reads the party's vector and calls :func:`party_mask`).
-    """
-    steps: dict[str, tuple[Any, tuple[Any, ...]]] = {
-        "advertise_keys": (advertise_keys, ()),
-        "share_keys": (share_keys, ()),
-        "mask_input": (mask_step, mask_args),
-        "reveal_shares": (reveal_shares, ()),
-    }
-
-    def run_parties(stage: str, live: list[str], deadline: float) -> dict[str, str]:
-        step, args = steps[stage]
-        return run_party_steps(stage, step, refs, live, ctx, args, faults, deadline)[1]
-
-    live = list(parties if parties is not None else refs)
-    return drive_session(ctx, live, run_parties, faults)
-
-
-def each_party(
-    step: Any, refs: dict[str, TableRef], parties: Sequence[str], *args: Any
-) -> dict[str, Any]:
-    """Run a (non-secure-sum) party step for ``parties``; return the results of those that
-    finished.
-
-    A party whose step still fails after its retries with a transient error (I/O, a missing
-    message) has dropped out. Refused input, protocol violations and budget refusals
-    (``ValueError``, ``BudgetError``) fail the flow.
-    """
-    done: dict[str, Any] = {}
-    for party in parties:
-        state = step(refs[party], *args, return_state=True)
-        if state.is_completed():
-            done[party] = state.result()
-            continue
-        error = state.result(raise_on_failure=False)
-        if not isinstance(error, Exception) or isinstance(error, ValueError | BudgetError):
-            state.result()  # raises the failure
-        get_run_logger().warning("%s dropped out at %s: %s", party, step.name, error)
-    return done
 
 
 #: A party's stages in party mode: the coordinator message it waits for, then its own step.
@@ -1016,19 +891,3 @@ def await_coordinator(
 
 #: How often a waiting party asks whether its session ended without it (seconds).
 _ENDED_CHECK = 1.0
-
-
-def sum_stored_vectors(
-    refs: dict[str, TableRef],
-    ctx: SumContext,
-    input_key: str,
-    parties: Sequence[str] | None = None,
-    faults: Faults = NO_FAULTS,
-) -> list[str]:
-    """One secure-sum session over the vectors stored under ``input_key`` in each party's store.
-
-    The decoded sum ends in the coordinator's store (:func:`stored_sum`); returns the parties
-    whose vectors it contains.
-    """
-    responders = run_session(refs, ctx, mask_stored_input, (input_key,), parties, faults)
-    return unmask_sum(ctx, responders)

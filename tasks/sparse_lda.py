@@ -584,27 +584,24 @@ def keep_model(ref: TableRef, job: SparseLDAJob, ctx: SumContext | None = None) 
 
 
 @task(name="sparse-lda-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
-def open_job(job: SparseLDAJob, timeout: float | None = None) -> list[str]:
+def open_job(job: SparseLDAJob, timeout: float) -> list[str]:
     """Refuse parties whose feature columns differ; send everyone the agreed order.
 
-    With ``timeout`` (party mode) the parties' columns are awaited until one deadline: those
-    that have not announced them by then are missing from the start (the secure sum drops
-    them), and fewer than the threshold fails naming the missing parties.
+    The parties' columns are awaited until one deadline, ``timeout`` from now: those that
+    have not announced them by then are missing from the start (the secure sum drops them),
+    and fewer than the threshold fails naming the missing parties.
     """
     endpoint = job.endpoint(COORDINATOR)
-    if timeout is None:
-        messages = {p: endpoint.receive(p, "schema") for p in job.parties}
-    else:
-        found = secure_sum.collect(endpoint, "schema", job.parties, 0, time.monotonic() + timeout)
-        messages = {p: found[p] for p in job.parties if p in found}
-        missing = [p for p in job.parties if p not in messages]
-        if len(messages) < job.threshold:
-            raise InsufficientSurvivorsError(
-                f"job {job.job_id}: only {sorted(messages)} announced their columns within "
-                f"{timeout:g} s, fewer than the threshold {job.threshold}; missing: {missing}"
-            )
-        if missing:
-            get_run_logger().warning("job %s: %s did not announce columns", job.job_id, missing)
+    found = secure_sum.collect(endpoint, "schema", job.parties, 0, time.monotonic() + timeout)
+    messages = {p: found[p] for p in job.parties if p in found}
+    missing = [p for p in job.parties if p not in messages]
+    if len(messages) < job.threshold:
+        raise InsufficientSurvivorsError(
+            f"job {job.job_id}: only {sorted(messages)} announced their columns within "
+            f"{timeout:g} s, fewer than the threshold {job.threshold}; missing: {missing}"
+        )
+    if missing:
+        get_run_logger().warning("job %s: %s did not announce columns", job.job_id, missing)
     schemas = {p: message["feature_columns"] for p, message in messages.items()}
     announced = list(schemas)
     first = announced[0]
@@ -757,8 +754,8 @@ def score_holdout(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
     positives = int(np.count_nonzero(labels == 1))
     score = {"rows": int(labels.size), "errors": wrong, "positives": positives}
     job.endpoint(ref.party).send(COORDINATOR, "holdout_score", score)
-    # the ROC of its held-out rows stays with this party (its own chart; the one-process
-    # flow's), never sent to the coordinator
+    # the ROC of its held-out rows stays with this party (its own chart), never sent to the
+    # coordinator
     roc = held_out_roc(labels.astype(float), discriminant(model).decision_scores(features))
     return {**score, "roc": roc}
 

@@ -239,12 +239,13 @@ def rounds_with_a_drop(folder: Path, drop: bool, rounds: int = 10) -> dict[int, 
     refs = _tables(folder / "tables")
     servers = serve_all(orgs.values(), PATIENCE)
     common = ["--job", "bench-drop", "--parties", ",".join(HOSPITALS), "--learning-rate", "0.5"]
+    common += ["--threshold", "2", "--stage-timeout", "5"]  # the agreed terms, at every side
     running: dict[str, subprocess.Popen] = {}
     try:
         running["coordinator"] = start(
             orgs["coordinator"], "horizontal",
-            [*common, "--rounds", str(rounds), "--tol", "0", "--threshold", "2",
-             "--stage-timeout", "5"], PATIENCE, stderr=subprocess.DEVNULL,
+            [*common, "--rounds", str(rounds), "--tol", "0"], PATIENCE,
+            stderr=subprocess.DEVNULL,
         )  # fmt: skip
         for name in HOSPITALS:
             args = [*common, "--table", json.dumps(refs[name].to_dict())]

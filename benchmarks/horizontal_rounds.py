@@ -99,11 +99,10 @@ def party_processes(folder: Path, rounds: int, api: str, count: int = 3) -> dict
     runs: dict[str, subprocess.Popen[str]] = {}
     common = ["--job", f"bench-rounds-{count}", "--parties", ",".join(names)]
     common += ["--learning-rate", "0.5", "--l2", "0.001"]
-    threshold = str(count // 2 + 1)
+    common += ["--threshold", str(count // 2 + 1)]  # the agreed terms, at every side
     try:
         started = time.perf_counter()
         coordinator_args = [*common, "--rounds", str(rounds), "--tol", "0"]
-        coordinator_args += ["--threshold", threshold]
         runs["coordinator"] = start(orgs["coordinator"], "horizontal", coordinator_args, extra)
         for name in names:
             args = [*common, "--table", json.dumps(refs[name].to_dict())]

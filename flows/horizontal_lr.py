@@ -227,7 +227,10 @@ def horizontal_lr(
         horizontal_lr_coordinator, names, job_id, rounds, tol=tol, threshold=threshold,
         stage_timeout=stage_timeout, workspace=workspace, **agreed,
     )  # fmt: skip
-    own = {"holdout_fraction": holdout_fraction, **agreed}  # each hospital's own hold-out
+    own = {  # each hospital's own hold-out; the terms every call must state
+        "holdout_fraction": holdout_fraction, "threshold": threshold,
+        "stage_timeout": stage_timeout, **agreed,
+    }  # fmt: skip
     hospitals = {
         ref.party: functools.partial(horizontal_lr_party, ref.to_dict(), names, job_id, **own)
         for ref in refs
@@ -419,6 +422,8 @@ def horizontal_lr_party(
     l2: float = 1e-3,
     holdout_fraction: float = 0.0,
     preprocessing: dict[str, Any] | None = None,
+    threshold: int | None = None,
+    stage_timeout: float = 60.0,
 ) -> dict[str, Any]:
     """One hospital's side: join, then per round contribute its masked update and check and
     save the coordinator's model, until the coordinator's stop.
@@ -439,6 +444,9 @@ def horizontal_lr_party(
         holdout_fraction: Share of this hospital's rows (< 0.5) kept out of training and
             scored for its summary (its own choice; 0: none, the figures are then in-sample).
         preprocessing: The job's preprocessing (the coordinator's call must ask for the same).
+        threshold: Hospitals needed at every stage, as agreed (default: a strict majority); a
+            coordinator's call that states another is refused, naming it.
+        stage_timeout: The agreed seconds a stage waits; a call stating others is refused.
     """
     spec = _spec(preprocessing)
     if not 0.0 <= holdout_fraction < 0.5:
@@ -458,10 +466,10 @@ def horizontal_lr_party(
     features = steps.agreed_features(ref, job_id)
     pre.party_statistics(ref, job_id, features, spec, names, holdout_fraction)
     # keys once per job (kept across a restart); then a task run per group of rounds
-    provisional = secagg.default_threshold(len(names))  # the call states the job's own
+    agreed = threshold or secagg.default_threshold(len(names))  # each call must state it
     width = steps.model_width(ref.database, job_id, features)  # missing indicators too
-    first = steps.round_context(job_id, round_, names, provisional, width)
-    steps.join_rounds(ref, first)
+    first = steps.round_context(job_id, round_, names, agreed, width, stage_timeout=stage_timeout)
+    steps.join_rounds(ref, first)  # with this party's own terms: parties, threshold, timeout
     with steps.store_held(PartyStore.of(ref)):  # no opening of its database per step
         run = steps.RoundsRun(round_, stopped=False)
         while not run.stopped:

@@ -243,8 +243,9 @@ def _horizontal(args: argparse.Namespace) -> None:
             raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
         own = _own_table(config, args.table)
         result = horizontal_lr_party(
-            own, parties, args.job, holdout_fraction=args.holdout_fraction, **shared
-        )
+            own, parties, args.job, holdout_fraction=args.holdout_fraction,
+            threshold=args.threshold, stage_timeout=args.stage_timeout, **shared,
+        )  # fmt: skip
     print(json.dumps(result, default=float))
 
 
@@ -383,7 +384,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     hlr.add_argument("--learning-rate", type=float, default=0.2, help="step size")
     hlr.add_argument("--l2", type=float, default=1e-3, help="ridge penalty")
     hlr.add_argument("--tol", type=float, default=1e-6, help="stop below this (coordinator)")
-    hlr.add_argument("--threshold", type=int, help="parties needed at every stage (coordinator)")
+    hlr.add_argument("--threshold", type=int, help="parties needed at every stage (agreed)")
     hlr.add_argument(
         "--stage-timeout",
         type=float,

@@ -466,8 +466,10 @@ def _answer(
 @task(name="hlr-join-rounds", task_run_name="{ref.party}: job keys", **PARTY_STEP)
 def join_rounds(ref: TableRef, ctx: RoundContext) -> None:
     """Once per job: this party's key pair; the public key to the coordinator, sent with the
-    first round it joins."""
-    secure_rounds.party_join(PartyStore.of(ref), ctx.job, ref.party, ctx.round)
+    first round it joins. ``ctx`` is built from this party's own options: its terms (parties,
+    threshold, stage timeout) are held, and a coordinator's call that states others is
+    refused (:func:`tasks.secure_rounds.party_state`)."""
+    secure_rounds.party_join(PartyStore.of(ref), ctx.job, ref.party, ctx.round, agreed=True)
 
 
 def verified_model(

@@ -42,7 +42,11 @@ LR, L2 = 0.5, 1e-3
 FAST: dict[str, Any] = {"learning_rate": LR, "l2": L2, "tol": 0.0}
 Loader = Callable[..., list[TableRef]]
 # keys once per job, then per round only masked inputs and unmask answers (no key exchange)
-TO_COORDINATOR = {"schema", "secagg_job_keys", "secagg_masked", "secagg_unmask_response"}
+# what a hospital sends the coordinator: its columns' names, its job key, its masked input,
+# its signed view of the round's survivors (the consistency round) and its unmasking answer
+TO_COORDINATOR = {
+    "schema", "secagg_job_keys", "secagg_masked", "secagg_view", "secagg_unmask_response"
+}
 
 
 def load_hospitals(

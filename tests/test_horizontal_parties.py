@@ -239,7 +239,7 @@ def test_a_killed_and_a_failing_hospital_leave_the_survivors_model(make_job: Any
     for party in hospitals:
         # the second round (index 1) and the third (index 2)
         fault = {"hospital_b": "1:mask_input:kill", "hospital_d": "2:mask_input:raise"}.get(party)
-        job.start(party, "hlr-dropouts", fault=fault)
+        job.start(party, "hlr-dropouts", *options, fault=fault)  # the agreed terms alike
 
     code, _, _ = job.finish("hospital_b")  # killed before masking in round 1: gone for good
     assert code == -9
@@ -267,7 +267,7 @@ def test_below_the_threshold_the_coordinator_fails_naming_the_missing(make_job: 
     job.start(COORDINATOR, "hlr-too-few", *options)
     faults = {"hospital_b": "0:mask_input:raise", "hospital_c": "0:mask_input:kill"}
     for party in hospitals:
-        job.start(party, "hlr-too-few", fault=faults.get(party))
+        job.start(party, "hlr-too-few", *options, fault=faults.get(party))
 
     code, _, err = job.finish(COORDINATOR)
     assert code != 0

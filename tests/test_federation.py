@@ -219,7 +219,8 @@ def test_a_wait_outlasts_its_timeout_while_the_sender_is_alive_and_queued(tmp_pa
     try:
         time.sleep(0.3)  # the host hears the guest once at least
         with watchers.bound(["job1-psi"], terms):
-            threading.Timer(1.5, channel.endpoint("guest").send, ("host", "size", [7])).start()
+            send = watchers.in_context(channel.endpoint("guest").send)  # as the side's thread
+            threading.Timer(1.5, send, ("host", "size", [7])).start()
             started = time.monotonic()
             assert channel.endpoint("host").receive("guest", "size", timeout=0.3) == [7]
             assert time.monotonic() - started >= 1.4

@@ -222,14 +222,8 @@ class PrivacyLedger:
         read (held locked past ``lock_timeout``, damaged) refuses: nothing counts as unspent."""
         with self.store.serialized():
             try:
-                with self.store.connect(self.lock_timeout) as con:
-                    con.execute("BEGIN TRANSACTION")
-                    try:
-                        yield con
-                    except BaseException:
-                        con.execute("ROLLBACK")
-                        raise
-                    con.execute("COMMIT")
+                with self.store.transaction(self.lock_timeout) as con:
+                    yield con
             except duckdb.Error as error:
                 raise BudgetError(
                     f"the privacy ledger in {self.store.path.name} cannot be read ({error}); "

@@ -180,9 +180,9 @@ class PartyStore:
             yield
 
     @contextmanager
-    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def transaction(self, lock_timeout: float = 30.0) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection inside BEGIN/COMMIT; any exception rolls everything back."""
-        with self.connect() as con:
+        with self.connect(lock_timeout) as con:
             con.execute("BEGIN TRANSACTION")
             try:
                 yield con

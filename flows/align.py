@@ -94,7 +94,8 @@ def psi_align(
 
 def _local_job_id(a: TableRef, b: TableRef, min_rows: int, protocol: str) -> str:
     """The job id of a local alignment: derived from both tables' salted fingerprints, so
-    unchanged tables reuse their alignment; a fresh id if a stored one no longer matches."""
+    unchanged tables reuse their alignment (or another job's standing alignment of the same
+    tables); a fresh id if a stored one no longer matches."""
     inputs: dict[str, Any] = {
         "a": [a.party, a.table, fingerprint(a)],
         "b": [b.party, b.table, fingerprint(b)],
@@ -104,11 +105,23 @@ def _local_job_id(a: TableRef, b: TableRef, min_rows: int, protocol: str) -> str
         inputs["protocol"] = protocol
     job_id = derive_job_id("psi", inputs)
     stored = [steps.stored_alignment(r, job_id, refuse_changed=False) for r in (a, b)]
+    if stored == [None, None] and (current := _current_alignment(a, b, min_rows)) is not None:
+        return current  # another job (a job file's PSI) aligned these very tables already
     if any(s is not None and "changed" in s for s in stored):
         fresh = {**inputs, "replaces": job_id, "nonce": secrets.token_hex(8)}
         job_id = derive_job_id("psi", fresh)
         get_run_logger().info("re-aligning as job %s", job_id)
     return job_id
+
+
+def _current_alignment(a: TableRef, b: TableRef, min_rows: int) -> str | None:
+    """The job whose alignment of these two tables stands at both parties (see
+    :func:`tasks.psi.current_alignment`), if it is one job."""
+    jobs = {steps.current_alignment(r, min_rows) for r in (a, b)}
+    if len(jobs) != 1 or (job := jobs.pop()) is None:
+        return None
+    get_run_logger().info("reused the alignment of job %s (the tables are unchanged)", job)
+    return job
 
 
 def _side(ref: TableRef, peer: str, job_id: str, min_rows: int, protocol: str) -> Any:

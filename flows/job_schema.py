@@ -199,7 +199,7 @@ class HorizontalOptions(_Strict):
     learning_rate: Positive = Field(0.2, description="step size")
     l2: NonNegative = Field(1e-3, description="ridge penalty")
     tol: NonNegative = Field(1e-6, description="stop when the loss changes less than this")
-    seed: int = Field(0, ge=0, description="names the job (one-process runs)")
+    seed: int = Field(0, ge=0, description="names a derived job id (local runs without a job file)")
     threshold: int | None = Field(None, ge=2, description="fewest parties a round accepts")
     stage_timeout: Positive = Field(60.0, description="seconds the coordinator waits per stage")
     join_timeout: Positive = Field(600.0, description="seconds it waits for parties to join")

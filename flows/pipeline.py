@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
 
 from flows.job_schema import job_kind
 from flows.jobs import load_job_tree, read_job
 from flows.local_run import LocalJob, LocalSide, run_locally
 from flows.pipeline_party import PipelineResult, organisations, pipeline_party
-from storage.workspace import channel_for
-from tasks.reporting import run_namer
+from storage.workspace import channel_for, derive_job_id
+from tasks.reporting import RunSummary, bytes_sent, publish_summary, run_namer
 
 
 def _bytes_sent(job_id: str, workspace: str | None) -> str:
@@ -78,19 +77,33 @@ def pipeline(
     parties = organisations(job_file, Path.cwd())
     sides = [LocalSide(party, _side(job_file, run)) for party in sorted(parties)]
     results = run_locally(LocalJob(sides, workspace))
-    name = spec.get("job") or Path(job_file).stem
-    summary = summary_markdown(name + (f"-{run}" if run else ""), results, workspace)
-    create_markdown_artifact(summary, key=_artifact_key(name), description=f"Job {name}")
-    print(summary)
+    name = (spec.get("job") or Path(job_file).stem) + (f"-{run}" if run else "")
+    publish_summary(_run_summary(name, results, workspace))
+    print(summary_markdown(name, results, workspace))
     return results
+
+
+def _run_summary(
+    name: str, results: dict[str, PipelineResult], workspace: str | None
+) -> RunSummary:
+    """The run's one summary, as every flow publishes it: each party's rows, the bytes each
+    sent over every stage, and each party's stage lines."""
+    rows: dict[str, int] = {}
+    job_ids: dict[str, None] = {}
+    details = []
+    for party, result in sorted(results.items()):
+        for stage in result.stages:
+            if stage.stage == "load":
+                rows[party] = rows.get(party, 0) + sum(stage.result.get("rows", {}).values())
+            else:
+                job_ids[stage.job_id] = None
+            details.append((f"{party} {stage.job}/{stage.stage}", stage.summary))
+    run_id = derive_job_id("pipeline", {"job": name, "stages": list(job_ids)})
+    return RunSummary(run_id, rows, bytes_sent=bytes_sent(job_ids, workspace), details=details)
 
 
 def _side(job_file: str, run: str) -> Any:
     return lambda: pipeline_party(job_file, run)
-
-
-def _artifact_key(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in f"{name}-pipeline-summary".lower())[:100]
 
 
 if __name__ == "__main__":

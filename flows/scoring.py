@@ -2,7 +2,8 @@
 
 score_vertical_party (a model split across parties: one side per party):
     guest ── the training job whose shares score ──▶ hosts
-    guest, host ── PSI on the new tables ──▶ aligned new rows (same order on both sides)
+    guest ── the alignment standing for its table ──▶ host ── the same here, or not ──▶ guest
+    guest, host ── PSI on the new tables, unless both named one ──▶ aligned new rows
     host ── X_h w_h (its score share only) ──▶ guest ── X_g w_g + b + shares ──▶ scores table
 score_vertical runs those sides locally (:mod:`flows.local_run`).
 score_local (a model one party holds whole): the party scores its own new rows.
@@ -23,6 +24,7 @@ from flows.align import psi_align_party
 from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
 from storage.workspace import derive_job_id
+from tasks import psi as psi_steps
 from tasks import scoring as steps
 from tasks.loading import fingerprint
 from tasks.reporting import Quality, RunSummary, bytes_sent, job_name, publish_summary, run_namer
@@ -67,7 +69,14 @@ def score_vertical(
         for role, ref in (("guest", guest_ref), ("host", host_refs[0]))
     ]
     done = run_locally(LocalJob(sides, workspace, job=job_id))
-    return done[guest_ref.party]
+    result = done[guest_ref.party]
+    scored = steps.ScoredRows(
+        result["rows"], result["scores_table"], result["model_key"], result["auc"],
+        result["in_training"],
+    )  # fmt: skip
+    rows = {guest_ref.party: scored.rows, host_refs[0].party: scored.rows}
+    _summary(job_id, rows, scored, [job_id, f"{job_id}-psi"], workspace)
+    return result
 
 
 def _side(ref: TableRef, role: str, model_job_id: str | None, shared: dict[str, Any]) -> Any:
@@ -113,18 +122,22 @@ def score_vertical_party(
             model_job_id = key.split("/")[2]
         run = steps.ScoringJob(job_id, model_job_id, guest, None)
         steps.announce_model(run, ref, hosts)
-        aligned = _align(ref, hosts[0], job_id, min_rows)
+        aligned = _align(run, ref, hosts[0], min_rows)
         scored = steps.guest_scores(run, aligned, hosts, f"{ref.table}_scored")
         return {**_result(scored), "job_id": job_id, "model_job_id": model_job_id}
     run = steps.ScoringJob(job_id, "", guest, None)
     run = steps.ScoringJob(job_id, steps.announced_model(run, ref), guest, None)
-    rows = steps.host_score_share(run, _align(ref, guest, job_id, min_rows))
+    rows = steps.host_score_share(run, _align(run, ref, guest, min_rows))
     return {"job_id": job_id, "rows": rows, "model_job_id": run.model_job_id}
 
 
-def _align(ref: TableRef, peer: str, job_id: str, min_rows: int) -> TableRef:
-    """This party's new rows aligned with ``peer``'s (reused when the table is unchanged)."""
-    aligned = psi_align_party(ref.to_dict(), peer, f"{job_id}-psi", min_rows=min_rows)
+def _align(run: steps.ScoringJob, ref: TableRef, peer: str, min_rows: int) -> TableRef:
+    """This party's new rows aligned with ``peer``'s: the standing alignment of both tables
+    where the guest and the host name the same one (no PSI rerun), else the scoring job's own
+    PSI (``<job_id>-psi``, reused when the tables are unchanged)."""
+    if steps.agree_alignment(run, ref, peer, psi_steps.current_alignment(ref, min_rows)):
+        return ref.with_table(psi_steps.aligned_table_name(ref))
+    aligned = psi_align_party(ref.to_dict(), peer, f"{run.job_id}-psi", min_rows=min_rows)
     return TableRef.from_dict(aligned["aligned"])
 
 

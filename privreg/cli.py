@@ -1,13 +1,16 @@
 """``privreg``: what a data owner does outside Prefect.
 
 privreg load SOURCE --database D --table T [--id-column C] [--label-column L] [--label-domain 0,1]
-privreg run JOB_FILE [--log-dir var/logs]  run a job file here (main job, or a sub-job alone):
-                                          progress lines; Prefect's log lines go to the log
+privreg run JOB_FILE [--run R] [--log-dir var/logs]
+                                          run a job file here, every party's side (main job, or
+                                          a sub-job alone): progress lines; Prefect's log lines
+                                          go to the log; --run R starts a new run of the job
 privreg job check JOB_FILE                validate a job file and its sub-jobs; print it with
                                           every default filled in
 privreg job schema --markdown             the job-file reference (README, "Job files")
 privreg budget set --database D --table T --epsilon E [--delta X]
 privreg budget show --database D [--table T] [--json]
+privreg budget window --database D --table T (--epsilon E [--per-consumer C] [--hours H] | --off)
 privreg policy set --database D --table T [--allow-noiseless-release | --no-allow-noiseless-release]
                    [--allow-raw-export | --no-allow-raw-export]
 privreg policy show --database D [--table T] [--json]
@@ -120,7 +123,7 @@ def _run(args: argparse.Namespace) -> None:
         try:
             from flows.pipeline import pipeline  # Prefect only for a command that runs a flow
 
-            pipeline(args.job_file, workspace=args.workspace)
+            pipeline(args.job_file, workspace=args.workspace, run=args.run)
         except Exception as error:
             logging.getLogger("privreg").exception("privreg run %s failed", args.job_file)
             raise RunFailedError(_one_line(error), log) from error
@@ -338,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("job_file", help="the job file (JSON), validated in full before it runs")
     run.add_argument("--workspace", help="folder for the run's messages (default: var)")
+    run.add_argument(
+        "--run", default="", help="a new run: appended to every job id (<job>-<stage>-RUN)"
+    )
     run.add_argument(
         "--log-dir", default="var/logs", help="folder of the run's full log (Prefect's lines)"
     )

@@ -55,6 +55,11 @@ def record(
     artifacts.put(_writer_key(lineage.output_table), lineage.job_id, KIND, con=con)
 
 
+def writer(store: PartyStore, table: str) -> str | None:
+    """The job that last wrote ``table`` (``None``: no job recorded one)."""
+    return ArtifactStore(store).get(_writer_key(table))
+
+
 def changed(store: PartyStore, prefix: str, job_id: str, source_digest: str) -> str | None:
     """Why job ``job_id``'s result under ``prefix`` may not be reused (``None``: its inputs are
     unchanged). ``source_digest`` is the source table's digest now."""
@@ -65,7 +70,7 @@ def changed(store: PartyStore, prefix: str, job_id: str, source_digest: str) -> 
     lineage = Lineage(**stored)
     if lineage.source_digest != source_digest:
         return f"table {lineage.source_table!r} changed since job {job_id} used it"
-    writer = artifacts.get(_writer_key(lineage.output_table))
-    if writer != lineage.job_id:
-        return f"table {lineage.output_table!r} was rewritten by job {writer} after job {job_id}"
+    last = artifacts.get(_writer_key(lineage.output_table))
+    if last != lineage.job_id:
+        return f"table {lineage.output_table!r} was rewritten by job {last} after job {job_id}"
     return None

@@ -15,6 +15,7 @@ import numpy as np
 from prefect import get_run_logger, task
 
 from core import psi
+from storage import lineage
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.lineage import Lineage, StaleResultError, changed, record
@@ -136,3 +137,18 @@ def store_aligned_rows(
         "%s aligned %d of %d rows into %s", ref.party, result.size, result.own_size, table
     )
     return summary
+
+
+def current_alignment(ref: TableRef, min_rows: int = 1) -> str | None:
+    """The job whose alignment of ``ref``'s table stands: its aligned copy was last written by
+    that job, from the table as it is now, with at least ``min_rows`` rows (``None``: none).
+    Why: aligning the same table again would only rewrite the copy that job's later stages
+    (and their resumes) use."""
+    store = PartyStore.of(ref)
+    job = lineage.writer(store, aligned_table_name(ref))
+    if job is None:
+        return None
+    stored = stored_alignment.fn(ref, job, refuse_changed=False)
+    if stored is None or "changed" in stored or stored["size"] < min_rows:
+        return None
+    return job

@@ -19,6 +19,7 @@ from prefect import get_run_logger, task
 from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing, PreprocessingError
 from storage.descriptor import TableRef
+from storage.lineage import StaleResultError
 from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
 from storage.workspace import channel_for
@@ -112,6 +113,28 @@ def announced_model(job: ScoringJob, ref: TableRef) -> str:
         raise ScoringError(f"{job.guest} named no training job to score with ({named!r})")
     _load(ref, model_key("vertical", named, ref.party))
     return named
+
+
+@task(name="score-alignment", task_run_name="{ref.party}: agree the alignment", **PARTY_STEP)
+def agree_alignment(job: ScoringJob, ref: TableRef, peer: str, standing: str | None) -> bool:
+    """Whether both parties use the alignment job ``standing`` names for their tables: the
+    guest names its own (or none), the host answers whether its table's is the same."""
+    endpoint = job.endpoint(ref.party)
+    if ref.party == job.guest:  # a re-run keeps the first run's decision (messages stand)
+        endpoint.send_once(peer, "score_alignment", lambda: standing or "")
+        named = endpoint.sent(peer, "score_alignment")
+        same = bool(endpoint.receive(peer, "score_alignment_same")) and bool(named)
+    else:
+        named = endpoint.receive(job.guest, "score_alignment")
+        agrees = bool(named) and named == standing
+        endpoint.send_once(job.guest, "score_alignment_same", lambda: agrees)
+        same = bool(endpoint.sent(job.guest, "score_alignment_same"))
+    if same and named != standing:
+        raise StaleResultError(
+            f"{ref.party}: scoring job {job.job_id} used the alignment of job {named}, which no "
+            f"longer stands for table {ref.table!r}; start a new scoring run"
+        )
+    return same
 
 
 @task(name="score-host-share", task_run_name="{ref.party}: score share of new rows", **PARTY_STEP)

@@ -21,10 +21,9 @@ from core.preprocessing import FittedPreprocessing
 from core.sparse_lda.model import LinearDiscriminant
 from core.vertical_lr.schedule import Schedule
 from storage.artifacts import ArtifactStore
-from storage.channel import Channel
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from storage.workspace import workspace_root
+from storage.workspace import channel_for
 from tasks.charts import held_out_roc
 from tasks.policy import PARTY_STEP
 from tasks.reporting import (
@@ -166,9 +165,10 @@ def _classifier_quality(metrics: dict[str, Any], baseline: dict[str, Any], rows:
 
 
 def _round_bytes(job_id: str, workspace: str | None) -> dict[int, int]:
-    """Bytes that crossed in each round of a job (every run of it), from the channel's log."""
+    """Bytes that crossed in each round of a job (every run of it), from the channel's log as
+    this party sees it (a party's own folder holds what it sent and received)."""
     totals: dict[int, int] = {}
-    for record in Channel(workspace_root(workspace), job_id).log():
+    for record in channel_for(job_id, workspace).log():
         totals[record.round] = totals.get(record.round, 0) + record.size
     return totals
 

@@ -87,5 +87,6 @@ def test_vertical_scores_equal_the_plaintext_model_on_the_shared_rows(workspace:
     # row, from the host to the guest
     log = channel_for(result["job_id"], str(workspace)).log()
     assert [(r.sender, r.receiver, r.kind) for r in log] == [
-        ("clinic", "lab", "score_model"), ("lab", "clinic", "score_share")
-    ]
+        ("clinic", "lab", "score_alignment"), ("clinic", "lab", "score_model"),
+        ("lab", "clinic", "score_alignment_same"), ("lab", "clinic", "score_share"),
+    ]  # fmt: skip

@@ -25,6 +25,7 @@ in a local run. ``psi_align`` is that local run: both sides in this process
 
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Any
 
@@ -40,6 +41,7 @@ from tasks.reporting import run_namer
 from tasks.summaries import psi_summary
 
 PROTOCOLS = ("ecdh", "kkrt")
+_DERIVED = re.compile(r"psi-[0-9a-f]{16}")  # a direct call's job id (derive_job_id)
 
 
 def _check_protocol(protocol: str) -> None:
@@ -115,10 +117,11 @@ def _local_job_id(a: TableRef, b: TableRef, min_rows: int, protocol: str) -> str
 
 
 def _current_alignment(a: TableRef, b: TableRef, min_rows: int) -> str | None:
-    """The job whose alignment of these two tables stands at both parties (see
-    :func:`tasks.psi.current_alignment`), if it is one job."""
+    """The job file's job whose alignment of these two tables stands at both parties (see
+    :func:`tasks.psi.current_alignment`), if it is one job. Another direct call's alignment
+    (a derived id) is not taken: its inputs, the protocol among them, named it."""
     jobs = {steps.current_alignment(r, min_rows) for r in (a, b)}
-    if len(jobs) != 1 or (job := jobs.pop()) is None:
+    if len(jobs) != 1 or (job := jobs.pop()) is None or _DERIVED.fullmatch(job):
         return None
     get_run_logger().info("reused the alignment of job %s (the tables are unchanged)", job)
     return job

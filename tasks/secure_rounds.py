@@ -53,7 +53,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from prefect.runtime import flow_run
@@ -83,6 +83,8 @@ VIEW = "secagg_view"
 MASKED_RELAY, RESPONSE_RELAY = f"{MASKED}_relay", f"{RESPONSE}_relay"
 VIEW_RELAY = f"{VIEW}_relay"
 _RELAY_OF = {MASKED: MASKED_RELAY, RESPONSE: RESPONSE_RELAY, VIEW: VIEW_RELAY}
+
+T = TypeVar("T")
 
 
 @functools.lru_cache(maxsize=16)
@@ -323,19 +325,32 @@ def party_view(
     One view a round: a different request for the round is refused. With ``record`` nothing
     is stored here (as :func:`party_answer` says why); a retry re-sends the same bytes."""
     request = _request(request_plain, party, round_)
-    if record is not None:
-        state, view = mr.sign_view(party_state(record, job), request)
-        record = {**record, "state": wire.party_state_to_plain(state)}
-    else:
-        with store.transaction() as con:
-            record = load_record(store, job, party, con)
-            before = party_state(record, job)
-            state, view = mr.sign_view(before, request)
-            if state != before:
-                record = {**record, "state": wire.party_state_to_plain(state)}
-                save_record(store, job, party, record, con)
+    record, view = _advance(store, job, party, record, lambda st: mr.sign_view(st, request))
     job.endpoint(party).send(COORDINATOR, VIEW, wire.view_to_plain(view), round=round_)
     return record
+
+
+def _advance(
+    store: PartyStore,
+    job: RoundsJob,
+    party: str,
+    record: dict[str, Any] | None,
+    step: Callable[[Any], tuple[Any, T]],
+) -> tuple[dict[str, Any], T]:
+    """``step`` applied to the party's state: to ``record`` where the caller holds it (and
+    stores it with the round's checkpoint), else to the stored record in one transaction,
+    saved when the state changed. Returns the new record and what the step returned."""
+    if record is not None:
+        state, out = step(party_state(record, job))
+        return {**record, "state": wire.party_state_to_plain(state)}, out
+    with store.transaction() as con:
+        record = load_record(store, job, party, con)
+        before = party_state(record, job)
+        state, out = step(before)
+        if state != before:
+            record = {**record, "state": wire.party_state_to_plain(state)}
+            save_record(store, job, party, record, con)
+    return record, out
 
 
 def party_answer(
@@ -361,17 +376,10 @@ def party_answer(
     held = record is not None
     record = party_view(store, job, party, round_, request_plain, record)
     views = party_views(job, party, round_, 2 * job.stage_timeout)
-    if held:
-        state, response = mr.answer_unmask(party_state(record, job), request, views)
-        record = {**record, "state": wire.party_state_to_plain(state)}
-    else:
-        with store.transaction() as con:
-            record = load_record(store, job, party, con)
-            before = party_state(record, job)
-            state, response = mr.answer_unmask(before, request, views)
-            if state is not before:
-                record = {**record, "state": wire.party_state_to_plain(state)}
-                save_record(store, job, party, record, con)
+    record, response = _advance(
+        store, job, party, record if held else None,
+        lambda st: mr.answer_unmask(st, request, views),
+    )  # fmt: skip
     plain = wire.response_to_plain(response)
     job.endpoint(party).send(COORDINATOR, RESPONSE, plain, round=round_)
     return record

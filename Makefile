@@ -8,9 +8,6 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export PREFECT_HOME ?= $(CURDIR)/var/prefect
 export PREFECT_LOGGING_LEVEL ?= INFO
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
-# a local run's sides write to one SQLite-backed temporary API at once: a writer waits up to a
-# minute for SQLite's lock (Prefect's default 10 s printed "database is locked" retries)
-export PREFECT_SERVER_DATABASE_TIMEOUT ?= 60
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint \

@@ -1,6 +1,6 @@
 """How a privreg process runs Prefect's temporary API server (the embedded default).
 
-Two things Prefect 3.8.8 leaves to the caller, set here once for every process that imports
+Three things Prefect 3.8.8 leaves to the caller, set here once for every process that imports
 ``flows`` (a party's pipeline, ``privreg run``, a served deployment's child):
 
 * the temporary server dies with the process that started it: it is started under
@@ -9,7 +9,10 @@ Two things Prefect 3.8.8 leaves to the caller, set here once for every process t
 * its start-up may take longer than Prefect's 20 s default: several parties starting at once
   on one machine each run the server's migrations (a fresh start took ~13 s alone). privreg
   waits :data:`STARTUP_TIMEOUT` seconds unless ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``
-  is set in the environment.
+  is set in the environment;
+* its SQLite writers wait up to :data:`DATABASE_TIMEOUT` seconds for the lock (a local run's
+  sides write at once; Prefect's 10 s default printed "database is locked" retries), unless
+  ``PREFECT_SERVER_DATABASE_TIMEOUT`` is set.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 
 STARTUP_TIMEOUT = 120
 _STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+DATABASE_TIMEOUT = "60"
+_DATABASE_SETTING = "PREFECT_SERVER_DATABASE_TIMEOUT"
 
 
 def _popen_under_watch(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
@@ -44,6 +49,7 @@ def install() -> None:
 
     if get_current_settings().api.url:
         return
+    os.environ.setdefault(_DATABASE_SETTING, DATABASE_TIMEOUT)  # read by the server's process
     from prefect.server.api import server
 
     if getattr(server.SubprocessASGIServer, "_privreg_watched", False):

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from core.model_format import ModelRecord
-from flows.job_schema import JobFileError
 from privreg import job_check, job_cli, party_cli
 from privreg.run_log import log_path, logs_to_file
 from storage.descriptor import TableRef
@@ -468,7 +467,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         if args.debug:
             traceback.print_exc()
-        if isinstance(error, JobFileError):  # a short block: the file, each key, a suggestion
+        # a short block (the file, each key, a suggestion); the schema's module is loaded only
+        # by commands that read a job file, and importing it loads Prefect (flows/__init__.py)
+        schema = sys.modules.get("flows.job_schema")
+        if schema is not None and isinstance(error, schema.JobFileError):
             print(f"privreg: error: {error}", file=sys.stderr)
         else:
             print(f"privreg: error: {_one_line(error)}", file=sys.stderr)

@@ -33,12 +33,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from storage import certs
-from storage.channel import Channel
-from storage.endpoint_limits import EndpointLimits
-from storage.identity import check_own, check_sender, sign, statement
-from storage.party_config import PartyConfig
-from storage.transport_grpc import GrpcTransport, serve
+from federation import certs
+from federation.channel import Channel
+from federation.endpoint_limits import EndpointLimits
+from federation.identity import check_own, check_sender, sign, statement
+from federation.party_config import PartyConfig
+from federation.transport_grpc import GrpcTransport, serve
 
 PARTIES = ("bank", "ads", "greedy")
 
@@ -104,7 +104,7 @@ import sys, threading, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from storage import codec
-from storage.transport_grpc import _mapped
+from federation.transport_grpc import _mapped
 path, mode = Path(sys.argv[2]), sys.argv[3]
 def anon():
     for line in open("/proc/self/status"):

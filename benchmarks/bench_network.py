@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.paillier.keys import MIN_SECURE_KEY_BITS, SMALL_KEYS_VARIABLE, small_keys_allowed
 from demo.orgs import Org, free_port, make_orgs, serve, start
+from federation.channel import Channel
 from storage.artifacts import ArtifactStore
-from storage.channel import Channel
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 

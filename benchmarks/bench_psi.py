@@ -158,9 +158,9 @@ PHASES = (
     ("storage.secrets.SealedArtifacts", "get", "seal and store state"),
     ("storage.codec", "dumps", "encode messages"),
     ("storage.codec", "loads", "decode messages"),
-    ("storage.channel.MessageFolder", "put", "write messages (file, fsync)"),
-    ("storage.channel.FileTransport", "get", "wait for and read peer's messages"),
-    ("storage.channel.Channel", "_write", "message digest (SHA-256), other"),
+    ("federation.channel.MessageFolder", "put", "write messages (file, fsync)"),
+    ("federation.channel.FileTransport", "get", "wait for and read peer's messages"),
+    ("federation.channel.Channel", "_write", "message digest (SHA-256), other"),
     ("tasks.psi_kkrt", "_insert", "insert rows (DuckDB)"),
     ("storage.party_store.PartyStore", "fingerprint", "fingerprint source table"),
     ("tasks.psi_kkrt", "_write", "write aligned table (DuckDB)"),
@@ -188,9 +188,9 @@ def _kkrt_party(
     clock and CPU count start once its modules are imported and both parties are ready."""
     from prefect.logging import disable_run_logger
 
+    from federation.workspace import channel_for
     from storage.descriptor import TableRef
     from storage.party_store import PartyStore
-    from storage.workspace import channel_for
     from tasks import psi_kkrt
 
     ref = TableRef(database, "ids", party=party)

@@ -51,8 +51,8 @@ from core.paillier.randomness import DEFAULT_RANDOMIZER
 from core.vertical_lr.reference import train_reference, with_intercept
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import Optimizer
+from federation.channel import PartyEndpoint
 from storage.artifacts import ArtifactStore
-from storage.channel import PartyEndpoint
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore

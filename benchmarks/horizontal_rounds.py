@@ -165,10 +165,10 @@ def delivery_latency(folder: Path, repeats: int = 20) -> dict[str, float]:
     transport (one folder) and the mTLS gRPC transport (the sender's endpoint serves it)."""
     import threading
 
-    from storage import certs
-    from storage.channel import Channel
-    from storage.party_config import PartyConfig
-    from storage.transport_grpc import GrpcTransport, serve
+    from federation import certs
+    from federation.channel import Channel
+    from federation.party_config import PartyConfig
+    from federation.transport_grpc import GrpcTransport, serve
 
     def measure(send: Any, receive: Any) -> float:
         lags = []

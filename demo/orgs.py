@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from storage import certs
+from federation import certs
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "privreg.cli", "party"]

@@ -31,9 +31,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from federation.workspace import derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
-from storage.workspace import derive_job_id
 from tasks import psi as steps
 from tasks import psi_kkrt
 from tasks.loading import fingerprint

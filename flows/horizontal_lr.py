@@ -43,12 +43,12 @@ from prefect.states import Completed, State
 from core import secagg, test_switches
 from core.outcomes import BELOW_BASELINE, check_loss, rising
 from core.preprocessing import PreprocessingSpec
+from federation.party_config import active_config
+from federation.workspace import derive_job_id
 from flows.hospitals import run_hospitals
 from flows.jobs import read_job
 from storage.descriptor import TableRef
-from storage.party_config import active_config
 from storage.party_store import PartyStore
-from storage.workspace import derive_job_id
 from tasks import horizontal_lr as steps
 from tasks import preprocessing as pre
 from tasks.charts import publish_training_charts

@@ -21,9 +21,9 @@ import time
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from federation.status import Federation, Proposal, ProposalRefusedError
+from federation.transport_grpc import transport_for
 from flows.pipeline_party import PipelineResult, _this_party, pipeline_party, read_jobs
-from storage.federation import Federation, Proposal, ProposalRefusedError
-from storage.transport_grpc import transport_for
 
 
 def _run_name() -> str:

@@ -31,9 +31,9 @@ from prefect import flow
 
 from core.label_dp.grid import DEFAULT_GRID_SIZE
 from core.preprocessing import PreprocessingSpec
+from federation.workspace import derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
-from storage.workspace import derive_job_id
 from tasks import label_dp as steps
 from tasks.charts import publish_training_charts
 from tasks.loading import fingerprint

@@ -3,7 +3,7 @@
 The embedded default (``privreg run``, ``make demo``, the Python entry points such as
 ``psi_align``) runs the same side flows an organisation runs across the network, as Flower
 runs the same apps in simulation and deployment. Each side runs in its own thread, as its own
-party (:func:`storage.party_config.as_party`), under its own :class:`Federation` unless the side
+party (:func:`federation.party_config.as_party`), under its own :class:`Federation` unless the side
 flow keeps one of its own (``pipeline_party``); its Prefect run is a child of the caller's run.
 
 Why threads, not processes: a side process would import Prefect and start its own temporary
@@ -29,10 +29,10 @@ from prefect import tags
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
-from storage.channel import FileTransport
-from storage.federation import Federation, PeerFailedError
-from storage.party_config import PartyConfig, as_party
-from storage.workspace import workspace_root
+from federation.channel import FileTransport
+from federation.party_config import PartyConfig, as_party
+from federation.status import Federation, PeerFailedError
+from federation.workspace import workspace_root
 from tasks.reporting import job_name
 
 

@@ -46,6 +46,19 @@ from prefect.states import Crashed
 from core.job_terms import differences, digest, job_terms
 from core.lifetime import alive
 from core.preprocessing import PreprocessingSpec
+from federation import watchers
+from federation.channel import MessageConflictError, check_name
+from federation.party_config import ENV_VAR, PartyConfig, active_config
+from federation.standing_policy import epsilon_spent_since
+from federation.status import (
+    LIVE,
+    RESTART_GRACE,
+    Federation,
+    PartyStatus,
+    beside_status,
+    describe_exit,
+)
+from federation.workspace import channel_for
 from flows.align import psi_align_party
 from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
 from flows.job_schema import job_kind
@@ -56,23 +69,10 @@ from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party
 from flows.sparse_lda import summary_line as sparse_lda_summary
 from flows.vertical_party import vertical_lr_party
 from flows.walr import walr_party
-from storage import watchers
-from storage.channel import MessageConflictError, check_name
 from storage.descriptor import TableRef
-from storage.federation import (
-    LIVE,
-    RESTART_GRACE,
-    Federation,
-    PartyStatus,
-    beside_status,
-    describe_exit,
-)
 from storage.ledger import PrivacyLedger
 from storage.models import model_key
-from storage.party_config import ENV_VAR, PartyConfig, active_config
 from storage.party_store import PartyStore
-from storage.standing_policy import epsilon_spent_since
-from storage.workspace import channel_for
 from tasks.loading import load_table
 from tasks.scoring import promote_model
 from tasks.secure_sum import COORDINATOR

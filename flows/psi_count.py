@@ -17,8 +17,8 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from federation.workspace import derive_job_id
 from storage.descriptor import TableRef
-from storage.workspace import derive_job_id
 from tasks import psi_count as steps
 from tasks.loading import fingerprint
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from prefect import flow
 
+from federation.workspace import derive_job_id
 from flows.align import psi_align_party
 from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
-from storage.workspace import derive_job_id
 from tasks import psi as psi_steps
 from tasks import scoring as steps
 from tasks.loading import fingerprint

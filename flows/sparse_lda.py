@@ -65,12 +65,12 @@ from core.preprocessing import PreprocessingSpec
 from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
 from core.sparse_lda.aggregation import DEFAULT_THRESHOLD_SCALE
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
+from federation.party_config import active_config
+from federation.workspace import derive_job_id
 from flows.hospitals import run_hospitals
 from flows.jobs import read_job
 from storage.descriptor import TableRef
-from storage.party_config import active_config
 from storage.party_store import PartyStore
-from storage.workspace import derive_job_id
 from tasks import preprocessing as pre
 from tasks import secure_sum
 from tasks import sparse_lda as steps

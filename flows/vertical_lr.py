@@ -20,10 +20,10 @@ from core.outcomes import BELOW_BASELINE
 from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
+from federation.workspace import derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
 from flows.vertical_party import FAULT_VARIABLE, InjectedFaultError, vertical_lr_party
 from storage.descriptor import TableRef
-from storage.workspace import derive_job_id
 from tasks import vertical_lr as steps
 from tasks.loading import fingerprint
 from tasks.reporting import run_namer

@@ -45,11 +45,11 @@ from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.schedule import Schedule
+from federation.party_config import active_config
+from federation.workspace import workspace_root
 from flows.local_run import caller_attempt
 from storage.descriptor import TableRef
-from storage.party_config import active_config
 from storage.party_store import PartyStore
-from storage.workspace import workspace_root
 from tasks import vertical_lr as steps
 from tasks.charts import own_rows_roc, publish_training_charts
 from tasks.policy import PARTY_STEP

@@ -49,9 +49,9 @@ from core.dp.gaussian import validate_epsilon_delta
 from core.paillier.keys import check_key_size
 from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
+from federation.workspace import derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
-from storage.workspace import derive_job_id
 from tasks import walr as steps
 from tasks.loading import fingerprint
 from tasks.reporting import (

@@ -27,16 +27,16 @@ from typing import Any
 
 def _transport(config_path: str) -> tuple[Any, Any]:
     """This party's configuration and network transport (imported late: a fast ``--help``)."""
-    from storage.party_config import PartyConfig
-    from storage.transport_grpc import transport_for
+    from federation.party_config import PartyConfig
+    from federation.transport_grpc import transport_for
 
     config = PartyConfig.load(config_path)
     return config, transport_for(config)
 
 
 def _status(args: argparse.Namespace) -> None:
-    from storage.channel import ChannelError
-    from storage.federation import PartyStatus, PeerView
+    from federation.channel import ChannelError
+    from federation.status import PartyStatus, PeerView
 
     config, transport = _transport(args.config)
     own = transport.store().read_status(args.job, config.party)
@@ -100,7 +100,7 @@ def _schedule(args: argparse.Namespace) -> None:
 def _answer(args: argparse.Namespace) -> None:
     from prefect.flow_runs import resume_flow_run
 
-    from storage.federation import beside_status
+    from federation.status import beside_status
 
     config, transport = _transport(args.config)
     where = beside_status(transport, args.job, config.party, "flow_run")
@@ -129,7 +129,7 @@ def _wait_until_paused(flow_run_id: str, job: str, patience: float = 60.0) -> No
 
 
 def _abort(args: argparse.Namespace) -> None:
-    from storage.federation import request_abort
+    from federation.status import request_abort
 
     config, transport = _transport(args.config)
     record = request_abort(transport, args.job, config.party, args.reason)

@@ -38,7 +38,7 @@ from privreg.party_sides import as_side
 
 
 def _certs(args: argparse.Namespace) -> None:
-    from storage import certs
+    from federation import certs
 
     if args.action == "init":
         issued = certs.create_ca(args.out, name=args.name)
@@ -54,7 +54,7 @@ def _certs(args: argparse.Namespace) -> None:
 
 def _as_party(config_path: str) -> Any:
     """Load the configuration and make this whole process that party (read by channel_for)."""
-    from storage.party_config import ENV_VAR, PartyConfig
+    from federation.party_config import ENV_VAR, PartyConfig
 
     config = PartyConfig.load(config_path)
     os.environ[ENV_VAR] = str(Path(config_path).resolve())
@@ -73,9 +73,9 @@ def _serve(args: argparse.Namespace) -> None:
     import logging
     import sys
 
+    from federation.identity import EXPIRY_WARNING_DAYS, IdentityError, check_own
+    from federation.transport_grpc import serve
     from privreg.party_service import PartyService
-    from storage.identity import EXPIRY_WARNING_DAYS, IdentityError, check_own
-    from storage.transport_grpc import serve
 
     config = _as_party(args.config)
     try:

@@ -5,7 +5,7 @@ path, read from this party's own folder (each organisation holds its own copy; t
 terms are compared when the run starts), and the run's name. The service
 
 1. refuses a peer its standing policy does not name (``[policy] accept_from``), a run name
-   that is not a plain name (``storage.channel.check_name``: no ``/``, no ``..``; checked
+   that is not a plain name (``federation.channel.check_name``: no ``/``, no ``..``; checked
    before any path is built), a job file that is missing or outside its folder, and a side
    beyond its limits (``[limits] proposals_per_peer``, ``proposals_total``: sides started by
    proposals and still running), in one line the proposer prints;
@@ -29,9 +29,9 @@ import sys
 import threading
 from pathlib import Path
 
-from storage.channel import check_name
-from storage.federation import Proposal, ProposalRefusedError
-from storage.party_config import PartyConfig
+from federation.channel import check_name
+from federation.party_config import PartyConfig
+from federation.status import Proposal, ProposalRefusedError
 from storage.party_store import owner_only_umask, private_dirs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 its job in the federation, as a side started by ``privreg party pipeline`` is.
 
 Each command names its job and its peers on the command line; wrapped by :func:`as_side`, it
-publishes its state to them and hears theirs (``storage.federation``): a peer that fails,
+publishes its state to them and hears theirs (``federation.status``): a peer that fails,
 is aborted or is gone past the restart grace ends this side within seconds, naming it, and
 this side's own failure (an exception, Ctrl-C, SIGTERM) reaches every peer before it exits.
 Hospitals of horizontal LR and sites of sparse LDA are dropouts their protocol survives: their
@@ -54,9 +54,9 @@ def as_side(
     """``command`` run as this party's side of the job ``side`` describes."""
 
     def run(args: argparse.Namespace) -> None:
-        from storage.federation import Federation
-        from storage.party_config import PartyConfig
-        from storage.transport_grpc import transport_for
+        from federation.party_config import PartyConfig
+        from federation.status import Federation
+        from federation.transport_grpc import transport_for
 
         config = PartyConfig.load(args.config)
         taking_part = side(args, config.party)

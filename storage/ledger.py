@@ -180,7 +180,7 @@ def _policy_rule() -> WindowRule | bool | None:
     """The window rule of the party this code runs as (its party.toml's ``[policy]``); None
     when that policy sets none; False when no standing policy applies (a local run, a helper
     without a party)."""
-    from storage.party_config import active_config  # a party's configuration, not a ledger's
+    from federation.party_config import active_config  # a party's configuration, not a ledger's
 
     config = active_config()
     if config is None or config.local:

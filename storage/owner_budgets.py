@@ -21,7 +21,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.party_config import ENV_VAR
+from federation.party_config import ENV_VAR
 
 
 class OwnerBudgetError(ValueError):

@@ -48,13 +48,13 @@ from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.secagg.weighted import packed_dimension, unpack_weighted
+from federation.channel import PartyEndpoint
+from federation.workspace import channel_for
 from storage import models
 from storage.artifacts import Artifact, ArtifactStore
-from storage.channel import PartyEndpoint
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks import secure_rounds, secure_sum
 from tasks.policy import PARTY_STEP, is_transient
 from tasks.preprocessing import stored_fitted

@@ -43,14 +43,14 @@ from core.label_dp.losses import check_loss
 from core.label_dp.validation import check_epsilon
 from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing, PreprocessingSpec, fit_local
+from federation.channel import PartyEndpoint
+from federation.workspace import channel_for
 from storage import models
 from storage.artifacts import ArtifactStore
-from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.validation import DataValidationError
-from storage.workspace import channel_for
 from tasks.charts import held_out_calibration
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP

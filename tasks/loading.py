@@ -9,11 +9,11 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from core.preprocessing import PreprocessingSpec
+from federation.party_config import active_config
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.owner_budgets import owner_budgets
-from storage.party_config import active_config
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect.cache_policies import NO_CACHE
 
-from storage.federation import PeerFailedError
+from federation.status import PeerFailedError
 from storage.ledger import BudgetError
 
 

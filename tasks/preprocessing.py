@@ -28,10 +28,10 @@ import numpy as np
 from prefect import task
 
 from core import preprocessing as pp
+from federation.workspace import channel_for
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks import secure_sum
 from tasks.policy import PARTY_STEP
 from tasks.secure_sum import COORDINATOR, SumContext, coordinator_store

@@ -15,6 +15,7 @@ import numpy as np
 from prefect import get_run_logger, task
 
 from core import psi
+from federation.workspace import channel_for
 from storage import lineage
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -22,7 +23,6 @@ from storage.lineage import Lineage, StaleResultError, changed, record
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.secrets import SealedArtifacts
-from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 
 

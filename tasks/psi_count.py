@@ -12,10 +12,10 @@ import numpy as np
 from prefect import get_run_logger, task
 
 from core import psi, psi_count
+from federation.workspace import channel_for
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 
 KIND_BLINDED, KIND_ANSWER = "psi_count_blinded", "psi_count_answer"

@@ -35,13 +35,13 @@ from core import psi
 from core.psi_ot import buckets
 from core.psi_ot import protocol as kkrt
 from core.psi_ot.buckets import Plan
+from federation.workspace import channel_for
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.lineage import Lineage, record
 from storage.party_store import Fingerprint, PartyStore, table_chunks
 from storage.policy import OwnerPolicy
 from storage.secrets import SealedArtifacts
-from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 from tasks.psi import aligned_table_name
 

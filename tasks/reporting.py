@@ -432,7 +432,7 @@ class RunSummary:
 
 def bytes_sent(job_ids: Iterable[str], workspace: str | None) -> dict[str, int]:
     """Bytes each party sent in these jobs (every run of them), from the channel's log."""
-    from storage.workspace import channel_for
+    from federation.workspace import channel_for
 
     totals: dict[str, int] = {}
     for job_id in job_ids:

@@ -18,11 +18,11 @@ from prefect import get_run_logger, task
 
 from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing, PreprocessingError
+from federation.workspace import channel_for
 from storage.descriptor import TableRef
 from storage.lineage import StaleResultError
 from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks.policy import PARTY_STEP
 
 #: The scores table's column saying what the model's training did with a row.

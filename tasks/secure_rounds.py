@@ -63,12 +63,12 @@ from core.secagg import wire
 from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.secagg.fixed_point import DEFAULT_SCALE_BITS, decode
 from core.secagg.graph import choose_parameters
+from federation.channel import PartyEndpoint, RelayError
+from federation.watchers import in_context
+from federation.workspace import channel_for
 from storage.artifacts import Artifact
-from storage.channel import PartyEndpoint, RelayError
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts
-from storage.watchers import in_context
-from storage.workspace import channel_for
 from tasks.secure_sum import collect, receivers
 
 COORDINATOR = "coordinator"

@@ -47,15 +47,15 @@ from prefect import get_run_logger, task
 from prefect.exceptions import MissingContextError
 
 from core import secagg, test_switches
+from federation.channel import ChannelError, MessageConflictError, PartyEndpoint
+from federation.status import PeerFailedError
+from federation.watchers import in_context
+from federation.workspace import channel_for, workspace_root
 from storage.artifacts import ArtifactStore
-from storage.channel import ChannelError, MessageConflictError, PartyEndpoint
 from storage.descriptor import TableRef
-from storage.federation import PeerFailedError
 from storage.ledger import BudgetError
 from storage.party_store import PartyStore
 from storage.secrets import JobSecrets, SecretGoneError
-from storage.watchers import in_context
-from storage.workspace import channel_for, workspace_root
 from tasks.policy import PARTY_STEP
 
 COORDINATOR = "coordinator"

@@ -80,14 +80,14 @@ from core.sparse_lda import (
 )
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
 from core.sparse_lda.privacy import add_noise_share, party_level_blocks, release_dimension
+from federation.channel import PartyEndpoint
+from federation.workspace import channel_for
 from storage import models
 from storage.artifacts import ArtifactStore
-from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
-from storage.workspace import channel_for
 from tasks import secure_sum
 from tasks.charts import held_out_roc
 from tasks.loading import fingerprint

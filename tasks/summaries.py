@@ -20,10 +20,10 @@ from core.outcomes import BELOW_BASELINE
 from core.preprocessing import FittedPreprocessing
 from core.sparse_lda.model import LinearDiscriminant
 from core.vertical_lr.schedule import Schedule
+from federation.workspace import channel_for
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks.charts import held_out_roc
 from tasks.policy import PARTY_STEP
 from tasks.reporting import (

@@ -66,15 +66,15 @@ from core.vertical_lr.steps import (
     labels_pm1,
     loss_coefficients,
 )
+from federation.channel import PartyEndpoint
+from federation.workspace import channel_for
 from storage import codec
 from storage.artifacts import ArtifactStore
-from storage.channel import PartyEndpoint
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts, SecretGoneError
-from storage.workspace import channel_for
 from tasks.feature_cache import party_features
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance

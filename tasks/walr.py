@@ -83,15 +83,15 @@ from core.walr import (
     validate_labels,
     walr_sigma,
 )
+from federation.channel import PartyEndpoint
+from federation.workspace import channel_for
 from storage import codec, models
 from storage.artifacts import ArtifactStore
-from storage.channel import PartyEndpoint
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.secrets import SealedArtifacts, SecretGoneError
-from storage.workspace import channel_for
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance

@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from federation.party_config import ENV_VAR
 from privreg.cli import main
 from storage.ledger import BudgetError, PrivacyLedger, WindowRule
-from storage.party_config import ENV_VAR
 from storage.party_store import PartyStore
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from federation.channel import Channel, ChannelError
 from storage import codec
 from storage.artifacts import ArtifactStore
-from storage.channel import Channel, ChannelError
 from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from federation.channel import Channel, ChannelError, MessageTimeoutError
 from storage import codec
-from storage.channel import Channel, ChannelError, MessageTimeoutError
 from storage.descriptor import DescriptorError, TableRef
 
 

@@ -23,13 +23,14 @@ import numpy as np
 import pytest
 from test_network_channel import channel, config, inbox
 
-from storage import certs, codec
-from storage.channel import Channel, ChannelError
-from storage.endpoint_limits import EndpointLimits
-from storage.identity import fingerprint, load_chain
-from storage.message_caps import MessageCaps
-from storage.party_config import PartyConfig, PartyConfigError
-from storage.transport_grpc import GrpcTransport, _NotYetError, _RetryError, serve
+from federation import certs
+from federation.channel import Channel, ChannelError
+from federation.endpoint_limits import EndpointLimits
+from federation.identity import fingerprint, load_chain
+from federation.message_caps import MessageCaps
+from federation.party_config import PartyConfig, PartyConfigError
+from federation.transport_grpc import GrpcTransport, _NotYetError, _RetryError, serve
+from storage import codec
 
 ROOT = Path(__file__).resolve().parents[1]
 

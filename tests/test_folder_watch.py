@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import folder_watch
+from federation import folder_watch
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify")
 

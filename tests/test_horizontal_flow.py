@@ -23,14 +23,14 @@ from core import secagg
 from core.preprocessing import FittedPreprocessing
 from core.secagg import multiround as mr
 from core.test_switches import CRASH_VARIABLE, FAULTS_VARIABLE
+from federation.channel import Channel
+from federation.workspace import channel_for
 from flows.horizontal_lr import SimulatedCrashError, horizontal_lr, predict_proba
 from storage import codec
 from storage.artifacts import ArtifactStore
-from storage.channel import Channel
 from storage.descriptor import TableRef
 from storage.models import ModelStore
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks import horizontal_lr as steps
 from tasks.reporting import short_id
 from tasks.summaries import holdout_split

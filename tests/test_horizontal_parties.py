@@ -29,11 +29,11 @@ from core import horizontal_lr as hlr
 from core.preprocessing import FittedPreprocessing
 from core.test_switches import PARTY_FAULT_VARIABLE
 from demo.orgs import free_port
-from storage import certs
+from federation import certs
+from federation.party_config import PartyConfig
+from federation.transport_grpc import serve
 from storage.descriptor import TableRef
-from storage.party_config import PartyConfig
 from storage.party_store import PartyStore
-from storage.transport_grpc import serve
 from tasks.summaries import holdout_split
 
 pytestmark = pytest.mark.usefixtures("prefect_server")

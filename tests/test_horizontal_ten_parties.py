@@ -22,10 +22,10 @@ import pytest
 from core import horizontal_lr as hlr
 from core.preprocessing import FittedPreprocessing
 from demo.orgs import Org, make_orgs, start
+from federation.party_config import PartyConfig
+from federation.transport_grpc import serve
 from storage.descriptor import TableRef
-from storage.party_config import PartyConfig
 from storage.party_store import PartyStore
-from storage.transport_grpc import serve
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 COORDINATOR = "coordinator"

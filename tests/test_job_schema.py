@@ -162,7 +162,7 @@ def test_the_table_descriptor_has_the_fields_of_table_ref() -> None:
 
 def test_job_level_keys_follow_their_readers() -> None:
     from core.preprocessing import PreprocessingSpec
-    from storage.federation import RESTART_GRACE
+    from federation.status import RESTART_GRACE
 
     assert schema.MainJob.model_fields["restart_grace"].default == RESTART_GRACE
     assert set(schema.Preprocessing.model_fields) == set(PreprocessingSpec.__dataclass_fields__)

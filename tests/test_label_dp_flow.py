@@ -13,6 +13,7 @@ from prefect.artifacts import Artifact
 from prefect.logging import disable_run_logger
 
 from core.label_dp import InvalidEpsilonError, train_on_noisy_labels
+from federation.workspace import channel_for
 from flows.label_dp import label_dp_regression
 from flows.pipeline import pipeline
 from storage import codec
@@ -21,7 +22,6 @@ from storage.descriptor import TableRef
 from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
 from storage.validation import DataValidationError
-from storage.workspace import channel_for
 from tasks import label_dp as steps
 from tasks.reporting import short_id
 

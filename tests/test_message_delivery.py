@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from storage import certs
-from storage.channel import Channel, MessageConflictError, MessageKey
-from storage.party_config import PartyConfig
-from storage.transport_grpc import GrpcTransport, serve
+from federation import certs
+from federation.channel import Channel, MessageConflictError, MessageKey
+from federation.party_config import PartyConfig
+from federation.transport_grpc import GrpcTransport, serve
 
 
 @pytest.fixture

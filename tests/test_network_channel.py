@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from demo.orgs import free_port
-from storage import certs, codec, identity
-from storage.channel import Channel, ChannelError, MessageTimeoutError, RelayError
-from storage.party_config import PartyConfig, PartyConfigError
-from storage.transport_grpc import GrpcTransport, serve
+from federation import certs, identity
+from federation.channel import Channel, ChannelError, MessageTimeoutError, RelayError
+from federation.party_config import PartyConfig, PartyConfigError
+from federation.transport_grpc import GrpcTransport, serve
+from storage import codec
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from prefect.logging import disable_run_logger
 
+from federation.party_config import ENV_VAR
 from storage.descriptor import TableRef
 from storage.ledger import BudgetError, PrivacyLedger
 from storage.owner_budgets import OwnerBudgetError, owner_budgets
-from storage.party_config import ENV_VAR
 from storage.party_store import PartyStore
 from tasks import label_dp
 from tasks.loading import load_table

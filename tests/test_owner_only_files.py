@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     os.umask(0o022)
     root = Path(sys.argv[1])
     from storage.party_store import PartyStore
-    from storage.workspace import channel_for
+    from federation.workspace import channel_for
 
     with PartyStore(root / "clinic" / "db" / "clinic.duckdb").connect() as con:
         con.execute("CREATE TABLE t AS SELECT 1 AS x")  # creates the write-ahead log

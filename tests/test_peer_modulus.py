@@ -19,10 +19,10 @@ from prefect.logging import disable_run_logger
 from core.paillier.errors import PeerKeyError
 from core.paillier.keys import SMALL_KEYS_VARIABLE, check_peer_modulus, generate_keypair
 from core.vertical_lr.schedule import Schedule
+from federation.workspace import channel_for
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks import vertical_lr as vlr
 from tasks import walr
 

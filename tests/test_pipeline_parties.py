@@ -31,6 +31,7 @@ from prefect.artifacts import Artifact
 from core.test_switches import NOISELESS_VARIABLE
 from demo.orgs import Org
 from demo.parties import SMALL_KEYS, prepare, run_job
+from federation.party_config import ENV_VAR
 from flows.jobs import read_job
 from flows.pipeline import pipeline
 from flows.pipeline_party import PipelineRefusalError, pipeline_party
@@ -38,7 +39,6 @@ from flows.vertical_lr import vertical_lr
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.models import ModelStore
-from storage.party_config import ENV_VAR
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from tasks import horizontal_lr, label_dp, secure_sum, sparse_lda, walr

@@ -16,15 +16,15 @@ import pytest
 from test_endpoint_hardening import pki  # noqa: F401 (the module's certificates)
 from test_network_channel import config
 
+from federation import certs
+from federation.channel import PeerUnreachableError
+from federation.endpoint_limits import EndpointLimits
+from federation.party_config import PartyConfig
+from federation.standing_policy import StandingPolicy
+from federation.status import Proposal, ProposalRefusedError
+from federation.transport_grpc import GrpcTransport, serve
 from privreg import party_service
 from privreg.party_service import PartyService
-from storage import certs
-from storage.channel import PeerUnreachableError
-from storage.endpoint_limits import EndpointLimits
-from storage.federation import Proposal, ProposalRefusedError
-from storage.party_config import PartyConfig
-from storage.standing_policy import StandingPolicy
-from storage.transport_grpc import GrpcTransport, serve
 
 
 class FakeSide:

@@ -9,9 +9,9 @@ import pytest
 from test_psi_flow import make_parties
 
 from core import psi, psi_count
+from federation.workspace import channel_for
 from flows.psi_count import psi_count as psi_count_flow
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 
 
 def run_count(a: list[object], b: list[object]) -> tuple[psi_count.Cardinality, ...]:

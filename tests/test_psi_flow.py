@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from core import psi
+from federation.workspace import channel_for
 from flows.align import psi_align
 from storage import codec
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]

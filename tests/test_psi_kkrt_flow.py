@@ -21,13 +21,13 @@ from core import psi
 from core.psi_ot import buckets
 from core.psi_ot import protocol as kkrt
 from demo.orgs import free_port
+from federation.channel import ChannelError, MessageConflictError
+from federation.workspace import channel_for
 from flows.align import psi_align
 from privreg.cli import main as privreg
 from storage import codec, party_store
-from storage.channel import ChannelError, MessageConflictError
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks import psi_kkrt
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -288,7 +288,7 @@ def test_steps_over_the_whole_digest_table_hold_one_slice(
 
 _DRIVER = """
 import json, os, sys
-from storage.party_config import ENV_VAR, PartyConfig
+from federation.party_config import ENV_VAR, PartyConfig
 os.environ[ENV_VAR] = os.path.abspath(sys.argv[1])
 own = PartyConfig.load(sys.argv[1]).own_table(json.loads(sys.argv[2]))
 from flows.align import psi_align_party

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from core.model_format import ModelRecord
+from federation.workspace import channel_for
 from flows.scoring import score_vertical
 from storage.descriptor import TableRef
 from storage.models import ModelStore, NoPromotedModelError, model_key
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 

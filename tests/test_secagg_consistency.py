@@ -163,8 +163,8 @@ def test_a_forged_view_in_the_relay_is_refused_naming_the_coordinator(
     """Over the local run's shared folder the relayed views are checked against the
     originals there: one view altered by the coordinator stops every sender before it
     answers."""
+    from federation.channel import Channel
     from storage import codec
-    from storage.channel import Channel
 
     parties = ("hospital_a", "hospital_b", "hospital_c")
     job = steps.rounds_job("view-job", parties, 2, 2, str(tmp_path))

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from core.secagg.errors import ProtocolViolationError
+from federation.channel import Channel, FileTransport
 from storage import codec
-from storage.channel import Channel, FileTransport
 from storage.party_store import PartyStore
 from tasks import horizontal_lr as steps
 from tasks import secure_rounds

@@ -20,7 +20,7 @@ from core.secagg.graph import (
     harary_graph,
 )
 from core.secagg.simulation import out_of_session, rejoin, run_round, start_job
-from storage.message_caps import MessageCaps
+from federation.message_caps import MessageCaps
 from tasks.secure_rounds import (
     JOB_KEYS,
     MASKED,

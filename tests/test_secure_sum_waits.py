@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from federation.workspace import channel_for
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks import horizontal_lr as steps
 from tasks import secure_rounds
 from tasks.secure_sum import COORDINATOR, collect

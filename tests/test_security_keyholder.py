@@ -21,8 +21,8 @@ from core.paillier.decryption import CrtDecryptor
 from core.paillier.errors import PaillierError
 from core.paillier.keys import generate_keypair
 from core.vertical_lr.schedule import Schedule
+from federation.channel import ChannelError
 from storage.artifacts import ArtifactStore
-from storage.channel import ChannelError
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore

@@ -20,6 +20,7 @@ import pytest
 from prefect.logging import disable_run_logger
 
 from core import psi
+from federation.workspace import channel_for
 from privreg.cli import main as cli
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -27,7 +28,6 @@ from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy, PolicyError
 from storage.secrets import SealedArtifacts
-from storage.workspace import channel_for
 from tasks import psi as psi_steps
 from tasks import sparse_lda
 from tasks.loading import load_table

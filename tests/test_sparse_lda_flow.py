@@ -36,16 +36,16 @@ from core.sparse_lda import (
 )
 from core.sparse_lda.privacy import clip_to_norm, round_to_grid
 from core.test_switches import FAULTS_VARIABLE, NOISELESS_VARIABLE
+from federation.channel import Channel
+from federation.workspace import channel_for
 from flows.sparse_lda import sparse_lda, summary_line
 from storage import codec
 from storage.artifacts import ArtifactStore
-from storage.channel import Channel
 from storage.descriptor import TableRef
 from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.validation import MissingValuesError
-from storage.workspace import channel_for
 from tasks import secure_sum
 from tasks import sparse_lda as steps
 from tasks.reporting import PUBLISHED

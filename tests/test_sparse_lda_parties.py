@@ -29,13 +29,13 @@ from core.secagg.errors import ProtocolViolationError
 from core.sparse_lda import ThresholdRule
 from core.test_switches import FAULTS_VARIABLE, NOISELESS_VARIABLE, PARTY_FAULT_VARIABLE
 from demo.orgs import make_orgs, start
+from federation.party_config import PartyConfig
+from federation.transport_grpc import serve
 from flows.sparse_lda import sparse_lda
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
-from storage.party_config import PartyConfig
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
-from storage.transport_grpc import serve
 from tasks import sparse_lda as steps
 from tasks.secure_sum import COORDINATOR
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from storage.channel import FileTransport
-from storage.federation import Federation, PeerFailedError
+from federation.channel import FileTransport
+from federation.status import Federation, PeerFailedError
 
 PARTIES = ("coordinator", "hospital_a", "hospital_b")
 

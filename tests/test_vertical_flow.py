@@ -20,13 +20,13 @@ from core.preprocessing import PreprocessingSpec, fit_local
 from core.vertical_lr.reference import train_reference
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import Optimizer
+from federation.workspace import channel_for
 from flows.vertical_lr import FAULT_VARIABLE, InjectedFaultError, vertical_lr
 from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts
-from storage.workspace import channel_for
 from tasks.reporting import short_id
 from tasks.vertical_lr import (
     VerticalSetupError,

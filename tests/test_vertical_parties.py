@@ -25,12 +25,12 @@ from prefect_api import run_artifacts
 
 from demo.orgs import Org, make_orgs, start
 from demo.parties import SMALL_KEYS
+from federation.party_config import PartyConfig
+from federation.transport_grpc import serve
 from flows.vertical_lr import vertical_lr
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
-from storage.party_config import PartyConfig
 from storage.party_store import PartyStore
-from storage.transport_grpc import serve
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"

@@ -24,6 +24,7 @@ from core.walr import (
     prepare_binary_features,
     prepare_clipped_features,
 )
+from federation.workspace import channel_for
 from flows.walr import walr
 from storage import codec
 from storage.artifacts import ArtifactStore
@@ -31,7 +32,6 @@ from storage.descriptor import TableRef
 from storage.ledger import BudgetError, PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
-from storage.workspace import channel_for
 from tasks.reporting import short_id
 from tasks.summaries import holdout_split
 from tasks.walr import ReleaseRefusalError, WalrSetupError

@@ -28,6 +28,7 @@ from helpers import party_env
 from prefect.logging import disable_run_logger
 
 from demo.orgs import free_port
+from federation.workspace import channel_for
 from flows.label_dp import label_dp_regression
 from flows.walr import walr
 from privreg.cli import main as privreg
@@ -35,7 +36,6 @@ from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
-from storage.workspace import channel_for
 from tasks import walr as steps
 
 pytestmark = pytest.mark.usefixtures("prefect_server")

@@ -4,9 +4,9 @@ A party *sends* by writing the message into its own folder (its outbox, kept for
 receiver *fetches* it from the sender's message endpoint, a gRPC service over mutual TLS:
 
 * a party is the name its certificate gives by one rule, CN and DNS SAN equal
-  (:mod:`storage.identity`), optionally pinned by fingerprint; the TLS layer checks that the
+  (:mod:`federation.identity`), optionally pinned by fingerprint; the TLS layer checks that the
   caller's certificate chains to the configured CA, the endpoint checks the rule and the pin
-  for every call (:class:`storage.tls_credentials.CallerCheck`), serves a message only to the
+  for every call (:class:`federation.tls_credentials.CallerCheck`), serves a message only to the
   party it is addressed to, and only its own messages, so a party reads only what is addressed
   to it;
 * the receiver checks that the server's certificate names the sender it asked (TLS host-name
@@ -14,9 +14,9 @@ receiver *fetches* it from the sender's message endpoint, a gRPC service over mu
   its certificate's key; the receiver checks chain, rule, pin and signature before writing a
   byte, so a message in a party's inbox comes from the party whose certificate served it,
   never from a field a peer filled in: a party can send only as itself;
-* each peer holds at most its share of the endpoint (:mod:`storage.endpoint_limits`), and a
+* each peer holds at most its share of the endpoint (:mod:`federation.endpoint_limits`), and a
   receiver refuses a message announced larger than its kind's cap
-  (:mod:`storage.message_caps`) before writing it;
+  (:mod:`federation.message_caps`) before writing it;
 * the payload streams in 1 MiB chunks (gRPC's 4 MB message limit never applies); the receiver
   writes them to a temporary file, checks size and SHA-256, and persists the message in its own
   folder before using it. A key already holding other bytes is refused (nothing replaced);
@@ -25,7 +25,7 @@ receiver *fetches* it from the sender's message endpoint, a gRPC service over mu
 
 The service's methods work on raw bytes. ``/privreg.Messages/Fetch``: the request and the
 first response item are small dicts in the privreg codec, the rest are payload chunks.
-``/privreg.Messages/Status``: a party's current status record of a job (storage.federation),
+``/privreg.Messages/Status``: a party's current status record of a job (federation.status),
 served only to the parties that record names.
 """
 
@@ -47,8 +47,8 @@ from typing import Any
 
 import grpc
 
-from storage import codec, folder_watch, watchers
-from storage.channel import (
+from federation import folder_watch, watchers
+from federation.channel import (
     ChannelError,
     MessageFolder,
     MessageKey,
@@ -56,11 +56,12 @@ from storage.channel import (
     PeerUnreachableError,
     check_name,
 )
-from storage.endpoint_limits import LimitExceededError, PeerGate, Ticket
-from storage.federation import Proposal, ProposalRefusedError, status_parties
-from storage.identity import IdentityError, check_sender, sign, statement
-from storage.party_config import PartyConfig
-from storage.tls_credentials import CallerCheck, CredentialFiles, caller_of
+from federation.endpoint_limits import LimitExceededError, PeerGate, Ticket
+from federation.identity import IdentityError, check_sender, sign, statement
+from federation.party_config import PartyConfig
+from federation.status import Proposal, ProposalRefusedError, status_parties
+from federation.tls_credentials import CallerCheck, CredentialFiles, caller_of
+from storage import codec
 
 CHUNK = 1 << 20
 LONG_POLL = 2.0  # seconds the endpoint holds a fetch for a message not sent yet
@@ -191,7 +192,7 @@ class MessageService:
     ) -> Any:
         """The message's file, after a long poll if it is not sent yet; its size reserved.
         The long poll is answered the moment the sender links the file into place (the
-        folder's watch wakes it, :mod:`storage.folder_watch`)."""
+        folder's watch wakes it, :mod:`federation.folder_watch`)."""
         path = self.folder.path(key)
         if not path.exists() and wait > 0:
             ticket.start_long_poll()
@@ -353,7 +354,7 @@ def serve(
 ) -> tuple[grpc.Server, int]:
     """Start the party's message endpoint; returns the server and the port it listens on.
 
-    The endpoint first checks its own credentials (:func:`storage.identity.check_own`;
+    The endpoint first checks its own credentials (:func:`federation.identity.check_own`;
     ``check_own=False`` only to play an impostor in tests) and follows renewed files. Its
     workers default to every configured peer's share and spares (``limits.workers``).
     """

@@ -5,7 +5,7 @@ A renewed certificate (same CA, same name) is picked up by the endpoint at the n
 handshake (gRPC asks :class:`CredentialFiles` through a certificate-configuration fetcher)
 and by the client for the channels it opens next; connections already open keep their
 session, so running jobs do not fail. A renewal that does not pass the endpoint's own
-checks (:func:`storage.identity.check_own`) is not used: the last good credentials stay and
+checks (:func:`federation.identity.check_own`) is not used: the last good credentials stay and
 the refusal is logged once.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from storage import identity
-from storage.party_config import PartyConfig
+from federation import identity
+from federation.party_config import PartyConfig
 
 logger = logging.getLogger("privreg.endpoint")
 

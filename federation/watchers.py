@@ -1,7 +1,7 @@
 """The jobs this process is taking part in right now, as the channel consults them.
 
 A wait for a peer's message is the moment a party would otherwise learn nothing for minutes:
-while it waits, the channel asks every active watcher (``storage.federation.Federation``)
+while it waits, the channel asks every active watcher (``federation.status.Federation``)
 whether the job has failed elsewhere, and tells them what it is waiting for. Kept apart from
 the federation itself so that the channel depends on this small registry only.
 

@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from storage import watchers
-from storage.channel import ChannelError, MessageKey, PeerUnreachableError, Transport
+from federation import watchers
+from federation.channel import ChannelError, MessageKey, PeerUnreachableError, Transport
 
 LIVE = ("queued", "agreeing", "approval", "running", "waiting")  # a heartbeat is expected
 ENDED_BADLY = ("failed", "aborted")

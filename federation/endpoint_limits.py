@@ -11,7 +11,7 @@ slowly) is cancelled. A peer's ``Propose`` and ``Status`` calls take a fetch slo
 they run, and the party service runs at most ``proposals_per_peer`` sides proposed by one peer
 and ``proposals_total`` in all at a time (each side is a process of its own).
 
-Nothing here imports gRPC: :mod:`storage.transport_grpc` applies it.
+Nothing here imports gRPC: :mod:`federation.transport_grpc` applies it.
 """
 
 from __future__ import annotations

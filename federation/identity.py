@@ -12,7 +12,7 @@ sender of each message: it signs the message's key and digest with its certifica
 sends the certificate along; the receiver checks chain, name, pin and signature
 (:func:`check_sender`). The endpoint learns the caller's certificate from the TLS session.
 
-Nothing here imports gRPC; :mod:`storage.transport_grpc` applies it.
+Nothing here imports gRPC; :mod:`federation.transport_grpc` applies it.
 """
 
 from __future__ import annotations

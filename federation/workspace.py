@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from storage.channel import Channel
-from storage.party_config import active_config
+from federation.channel import Channel
+from federation.party_config import active_config
 from storage.party_store import owner_only_umask
 
 DEFAULT_ROOT = "var"
@@ -37,7 +37,7 @@ def channel_for(job_id: str, root: str | None = None) -> Channel:
         return Channel(workspace_root(root), job_id)
     if config.local:
         return Channel(config.root, job_id, timeout=config.receive_timeout)
-    from storage.transport_grpc import transport_for
+    from federation.transport_grpc import transport_for
 
     return Channel(config.root, job_id, transport_for(config), timeout=config.receive_timeout)
 

@@ -5,7 +5,7 @@ learns how a message travels. A :class:`Transport` does that:
 
 * :class:`FileTransport` (the embedded default): one folder that every party of the process
   shares, ``<root>/runs/<job>/messages/r<round>/<sender>__<receiver>__<kind>``;
-* ``storage.transport_grpc.GrpcTransport``: each party keeps its own folder of the same layout
+* ``federation.transport_grpc.GrpcTransport``: each party keeps its own folder of the same layout
   (what it sent and what it received) and fetches its messages from the sender over mutual TLS.
 
 Whatever the transport, a message is keyed by (job, round, sender, receiver, kind) and is
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from storage import codec, folder_watch, watchers
+from federation import folder_watch, watchers
+from storage import codec
 
 # Names are path components and are joined with "__": they start and end with a letter or digit
 # and never hold "__" or "..", so "<sender>__<receiver>__<kind>" splits one way only.
@@ -300,7 +301,7 @@ class MessageFolder:
             return b""
 
     def status_path(self, run: str, party: str) -> Path:
-        """Where ``party`` keeps its current status of ``run`` (see storage.federation)."""
+        """Where ``party`` keeps its current status of ``run`` (see federation.status)."""
         return self.root / "runs" / check_name(run, "job") / "status" / check_name(party, "party")
 
     def write_status(self, run: str, party: str, data: bytes) -> None:
@@ -387,7 +388,7 @@ class FileTransport:
 
     def get(self, key: MessageKey, timeout: float) -> bytes:
         """Returns as soon as the sender links the file into place: the wait is woken by the
-        file system (:mod:`storage.folder_watch`), not by a poll of its own."""
+        file system (:mod:`federation.folder_watch`), not by a poll of its own."""
         deadline = time.monotonic() + timeout
         while (data := self.folder.find(key)) is None:
             watchers.check_peers()

@@ -17,7 +17,7 @@ lab = "lab.example.org:7701"
 [pins]                           # optional: a peer's certificate by its SHA-256 fingerprint
 lab = "sha256:3f1c..."
 
-[policy]                         # optional: jobs taken part in unattended (storage.standing_policy)
+[policy]                       # optional: unattended jobs (federation.standing_policy)
 accept_from = ["lab"]
 
 [limits]                         # optional: per-peer limits at the endpoint (see README)
@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from storage.channel import check_name
-from storage.endpoint_limits import EndpointLimits
-from storage.message_caps import MessageCaps
-from storage.standing_policy import StandingPolicy
+from federation.channel import check_name
+from federation.endpoint_limits import EndpointLimits
+from federation.message_caps import MessageCaps
+from federation.standing_policy import StandingPolicy
 
 ENV_VAR = "PRIVREG_PARTY_CONFIG"
 

@@ -16,7 +16,12 @@ becomes a :class:`PreprocessingSpec`. Three steps use it, all plain functions he
   fitted statistics are saved with the model so scoring applies the same transform.
 
 Scaling statistics are computed on the observed cells of each column; imputed cells then take
-the fill value. A column that is constant where observed is centred and left unscaled.
+the fill value. A column that is constant where observed is centred and left unscaled. Any
+finite column has finite statistics: a party's own are computed on the column shifted by the
+binary exponent of its largest value (exact), so a column of values near 1e308 is scaled like
+the same column divided by 1e300. A statistic or a scaled cell that is still not a finite
+number is refused, never passed on as inf or NaN (a load refuses a column whose values lie
+further apart than the largest float: ``storage.validation``).
 """
 
 from __future__ import annotations
@@ -289,11 +294,35 @@ class FittedPreprocessing:
         filled = np.where(missing, fills, X)
         if not np.isfinite(filled).all():
             raise PreprocessingError(f"{where}: infinite feature values cannot be scaled")
-        centers = np.array([c.center for c in self.columns])
-        scales = np.array([c.scale for c in self.columns])
-        scaled = (filled - centers) / scales
+        scaled = self._scaled(filled, where)
         flags = [j for j, c in enumerate(self.columns) if c.indicator]
         return np.hstack([scaled, missing[:, flags].astype(float)]) if flags else scaled
+
+    def _scaled(self, filled: np.ndarray, where: str) -> np.ndarray:
+        """``(x - center) / scale`` per column, refusing a cell that is not a finite number.
+
+        A cell whose difference overflows (a new row's -1e308 against a centre of 1e308) is
+        computed as ``x / scale - center / scale`` instead; one still beyond the largest float
+        is refused naming its column and row, since an infinite feature would silently decide
+        the score.
+        """
+        centers = np.array([c.center for c in self.columns])
+        scales = np.array([c.scale for c in self.columns])
+        with np.errstate(over="ignore", invalid="ignore"):
+            scaled = (filled - centers) / scales
+            rows, cols = np.nonzero(~np.isfinite(scaled))
+            scaled[rows, cols] = filled[rows, cols] / scales[cols] - centers[cols] / scales[cols]
+        bad = np.argwhere(~np.isfinite(scaled))
+        if len(bad):
+            row, j = (int(v) for v in bad[0])
+            column = self.columns[j]
+            raise PreprocessingError(
+                f"{where}, column {column.name!r}, row {row + 1}: value {filled[row, j]:g} "
+                f"scaled by the fitted statistics (centre {column.center:g}, scale "
+                f"{column.scale:g}) is beyond the largest float; divide the column by a power "
+                "of ten in the source files and train again"
+            )
+        return scaled
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -350,13 +379,27 @@ def _column(summary: ColumnSummary, name: str, rows: int, spec: PreprocessingSpe
         center, scale = summary.mean, summary.std
     elif spec.scaling == "robust":
         center, scale = median, q3 - q1
-    if not scale > 1e-12 * max(1.0, abs(center)):
-        scale = 1.0  # constant where observed: centred, not blown up
     fill = {"none": None, "mean": summary.mean, "median": median, "constant": spec.fill_value}[
         spec.impute
     ]
+    _require_finite(name, center=center, scale=scale, fill=fill)
+    if not scale > 1e-12 * max(1.0, abs(center)):
+        scale = 1.0  # constant where observed: centred, not blown up
     missing = rows - summary.count
     return ColumnStats(name, center, scale, fill, missing, spec.missing_indicator and missing > 0)
+
+
+def _require_finite(name: str, **statistics: float | None) -> None:
+    """Refuses a fitted statistic that is inf or NaN (a pooled sum of squares that overflowed):
+    a scale of inf would silently turn the column into zeros, a NaN one into nothing."""
+    bad = [
+        what for what, value in statistics.items() if value is not None and not math.isfinite(value)
+    ]
+    if bad:
+        raise PreprocessingError(
+            f"column {name!r}: its fitted {' and '.join(bad)} is not a finite number (its values "
+            "are too large to sum or square); divide the column by a power of ten in the source"
+        )
 
 
 def fit(
@@ -370,18 +413,28 @@ def fit(
 def fit_local(X: np.ndarray, names: Sequence[str], spec: PreprocessingSpec) -> FittedPreprocessing:
     """Statistics of one party's own columns (observed cells; population standard deviation)."""
     X = np.asarray(X, dtype=float)
-    summaries = []
     quartiles = spec.scaling == "robust" or spec.impute == "median"
-    for j in range(X.shape[1]):
-        observed = X[~np.isnan(X[:, j]), j]
-        if len(observed) == 0:
-            summaries.append(ColumnSummary(0, math.nan, math.nan))
-            continue
-        q = tuple(float(v) for v in np.percentile(observed, [25, 50, 75])) if quartiles else None
-        summaries.append(
-            ColumnSummary(len(observed), float(observed.mean()), float(observed.std()), q)
-        )
+    summaries = [_summary(X[~np.isnan(X[:, j]), j], quartiles) for j in range(X.shape[1])]
     return fit(summaries, names, len(X), spec)
+
+
+def _summary(observed: np.ndarray, quartiles: bool) -> ColumnSummary:
+    """One column's count, mean and std, computed on the column shifted by the binary exponent
+    of its largest value, then shifted back (and its quartiles).
+
+    Why: the sum of a column near 1e308 overflows, and so does a square of any value beyond
+    1e154; shifted into (-1, 1) neither can, and a shift by a power of two is exact, so an
+    ordinary column's statistics are the very same bits as without it. Quartiles need no
+    shift (they interpolate between two values, which overflows only for a column spanning
+    more than the largest float, refused at load) and keep the precision of tiny values.
+    """
+    if len(observed) == 0:
+        return ColumnSummary(0, math.nan, math.nan)
+    shift = math.frexp(float(np.max(np.abs(observed))))[1]
+    unit = np.ldexp(observed, -shift)
+    mean, std = (math.ldexp(float(v), shift) for v in (unit.mean(), unit.std()))
+    q = tuple(float(v) for v in np.percentile(observed, [25, 50, 75])) if quartiles else None
+    return ColumnSummary(len(observed), mean, std, q)
 
 
 # ---- pooled statistics from summed vectors -----------------------------------------------------

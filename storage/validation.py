@@ -101,6 +101,33 @@ def _numeric(
     return values
 
 
+def _check_span(frame: pd.DataFrame, ref: TableRef, column: str, values: np.ndarray) -> None:
+    """Refuses a feature whose values lie further apart than the largest float (1.8e308).
+
+    Why: scaling subtracts a centre between the column's smallest and largest value from every
+    value. Its statistics are finite for any finite column (``core.preprocessing``), but such
+    a difference is not, and an infinite cell would silently decide the model. Names the row
+    that first makes the span overflow, and the row at the other end.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        span = np.fmax.accumulate(values) - np.fmin.accumulate(values)  # NaN cells skipped
+    over = np.isinf(span)
+    if not over.any():
+        return
+    row = _first(over)
+    before = values[:row]
+    other = int(np.nanargmin(before) if values[row] > 0 else np.nanargmax(before))
+    raise DataValidationError(
+        ref.table,
+        column,
+        row + 1,
+        f"feature {values[row]:g} is further from row {other + 1}'s {values[other]:g} than the "
+        f"largest float ({np.finfo(float).max:.4g}), so the column cannot be centred; divide "
+        "the column by a power of ten in the source",
+        frame[ref.id_column].iloc[row],
+    )
+
+
 def validate_frame(
     frame: pd.DataFrame, ref: TableRef, allow_missing: bool = False, check_ids: bool = True
 ) -> pd.DataFrame:
@@ -148,6 +175,7 @@ def validate_frame(
         columns[ref.label_column] = labels
     for column in features:
         columns[column] = _numeric(frame, ref, column, "feature", missing_ok=True)
+        _check_span(frame, ref, column, columns[column])
     if features and not allow_missing:
         X = np.column_stack([columns[c] for c in features])
         gaps = missing_columns(X, features)

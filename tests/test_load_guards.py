@@ -1,0 +1,89 @@
+"""Loads that cannot silently go wrong: a column of huge values keeps its information, and
+a value that would still overflow is refused naming its row, leaving the database as it was."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core import preprocessing as pp
+from core.horizontal_lr import centralized_gd
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from storage.validation import DataValidationError
+
+
+def _digest(database: Path) -> str:
+    """The database's bytes (and its write-ahead log's, if one is left)."""
+    files = (database, database.with_name(database.name + ".wal"))
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files if f.exists())).hexdigest()
+
+
+def _trained(ref: TableRef, spec: pp.PreprocessingSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The stored table's standardised design matrix and a plain logistic regression on it."""
+    frame = PartyStore.of(ref).read_table(ref)
+    X = frame[["x"]].to_numpy(dtype=float)
+    Z = pp.fit_local(X, ["x"], spec).transform(X, f"table {ref.table!r}")
+    return Z, centralized_gd(Z, frame["y"].to_numpy(), l2=0.01, learning_rate=0.5, iterations=200)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # no overflow, not even a warning
+@pytest.mark.parametrize("scaling", ["standard", "robust"])
+def test_a_1e308_column_trains_like_the_same_column_divided_by_1e300(
+    tmp_path: Path, scaling: str
+) -> None:
+    rng = np.random.default_rng(3)
+    signal = rng.normal(size=40)
+    labels = (signal + rng.normal(size=40) > 0).astype(int)
+    huge = 1e308 + 1e307 * signal  # its sum (and every square) overflows a float
+    refs = {}
+    for name, x in (("huge", huge), ("tame", huge / 1e300)):
+        refs[name] = TableRef(str(tmp_path / "p.duckdb"), name, label_column="y")
+        frame = pd.DataFrame({"id": range(40), "y": labels, "x": x})
+        PartyStore.of(refs[name]).import_frame(frame, refs[name])
+    spec = pp.PreprocessingSpec(scaling=scaling)
+    Z_huge, w_huge = _trained(refs["huge"], spec)
+    Z_tame, w_tame = _trained(refs["tame"], spec)
+    np.testing.assert_allclose(Z_huge, Z_tame, rtol=1e-12, atol=1e-12)
+    assert abs(w_tame[0]) > 0.5  # the feature carries the label's signal
+    assert w_huge[0] == pytest.approx(w_tame[0], rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("x", "where", "problem"),
+    [
+        ([1.5e308, 0.0, -1.5e308, 1.0], "row 3 (id 'c')", "further from row 1's 1.5e+308 than"),
+        ([1.0, float("inf"), 2.0, 3.0], "row 2 (id 'b')", "feature is infinite"),
+    ],
+)
+def test_a_value_that_would_overflow_is_refused_at_load(
+    tmp_path: Path, x: list[float], where: str, problem: str
+) -> None:
+    ref = TableRef(str(tmp_path / "p.duckdb"), "t")
+    store = PartyStore.of(ref)
+    store.import_frame(pd.DataFrame({"id": ["a", "b"], "x": [1.0, 2.0]}), ref)
+    before = _digest(store.path)
+    with pytest.raises(DataValidationError) as refused:
+        store.import_frame(pd.DataFrame({"id": ["a", "b", "c", "d"], "x": x}), ref)
+    assert f"table 't', column 'x', {where}: " in str(refused.value)
+    assert problem in str(refused.value)
+    assert _digest(store.path) == before
+
+
+def test_a_scaled_cell_beyond_a_float_is_refused_and_a_far_one_still_scales() -> None:
+    """Robust scaling of a column whose quartiles lie 1e-11 apart would put its 1e308 at
+    1e319: refused naming the row, never passed on as inf. A new row far beyond the fitted
+    centre (whose difference to it overflows) is scaled all the same."""
+    column = np.array([0.0, 1e-11] * 10 + [1e308])[:, None]
+    fitted = pp.fit_local(column, ["x"], pp.PreprocessingSpec(scaling="robust"))
+    with pytest.raises(pp.PreprocessingError, match=r"^party p, column 'x', row 21: value 1e\+308"):
+        fitted.transform(column, "party p")
+    huge = 1e308 + 1e307 * np.arange(5.0)[:, None]
+    fitted = pp.fit_local(huge, ["x"], pp.PreprocessingSpec())
+    (center, scale) = fitted.columns[0].center, fitted.columns[0].scale
+    far = fitted.transform(np.array([[-1.5e308]]))
+    assert far[0, 0] == pytest.approx(-1.5e308 / scale - center / scale, rel=1e-12)

@@ -21,6 +21,7 @@ import pandas as pd
 
 from core.preprocessing import PreprocessingSpec, prepare_raw
 from storage.descriptor import TableRef, check_identifier
+from storage.sources import read_source
 from storage.validation import DataValidationError, validate_frame
 
 _LOCKS: dict[Path, threading.RLock] = {}
@@ -246,16 +247,12 @@ class PartyStore:
     def import_file(
         self, source: str | Path, ref: TableRef, preprocessing: PreprocessingSpec | None = None
     ) -> int:
-        """Import a CSV (optionally gzipped) or Parquet file; see :meth:`import_frame`."""
-        source = Path(source)
-        name = source.name.lower()
-        if name.endswith((".parquet", ".pq")):
-            frame = pd.read_parquet(source)
-        elif name.endswith((".csv", ".csv.gz")):
-            frame = pd.read_csv(source)
-        else:
-            raise ValueError(f"{source.name}: only .csv, .csv.gz and .parquet files are imported")
-        return self.import_frame(frame, ref, preprocessing)
+        """Import a CSV (optionally gzipped) or Parquet file; see :meth:`import_frame`.
+
+        A file that cannot be read is refused naming it (:func:`storage.sources.read_source`)
+        before the database is opened.
+        """
+        return self.import_frame(read_source(source, ref.table), ref, preprocessing)
 
     def fingerprint(self, ref: TableRef) -> str:
         """A digest of the table's content, to detect that inputs are unchanged between runs.

@@ -1,8 +1,10 @@
-"""Loads that cannot silently go wrong: a column of huge values keeps its information, and
-a value that would still overflow is refused naming its row, leaving the database as it was."""
+"""Loads that cannot silently go wrong: huge values keep their information, and a file that
+cannot be read names itself and what to do; every refusal leaves the database byte for byte as
+it was."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from core import preprocessing as pp
 from core.horizontal_lr import centralized_gd
+from privreg.cli import main
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.validation import DataValidationError
@@ -21,6 +24,14 @@ def _digest(database: Path) -> str:
     """The database's bytes (and its write-ahead log's, if one is left)."""
     files = (database, database.with_name(database.name + ".wal"))
     return hashlib.sha256(b"".join(f.read_bytes() for f in files if f.exists())).hexdigest()
+
+
+def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """The CLI's one error line for ``argv`` (status 1, no traceback)."""
+    assert main(argv) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
 
 
 def _trained(ref: TableRef, spec: pp.PreprocessingSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -87,3 +98,51 @@ def test_a_scaled_cell_beyond_a_float_is_refused_and_a_far_one_still_scales() ->
     (center, scale) = fitted.columns[0].center, fitted.columns[0].scale
     far = fitted.transform(np.array([[-1.5e308]]))
     assert far[0, 0] == pytest.approx(-1.5e308 / scale - center / scale, rel=1e-12)
+
+
+def _latin1(path: Path) -> None:
+    path.write_bytes("id,x\n1,0.5\n2,caf\xe9\n".encode("latin-1"))
+
+
+def _gzipped_latin1(path: Path) -> None:
+    path.write_bytes(gzip.compress("id,x\n1,0.5\n2,caf\xe9\n".encode("latin-1")))
+
+
+BAD_FILES = {
+    "latin1.csv": (_latin1, "line 3 is not UTF-8 (byte 0xe9); re-save it as UTF-8"),
+    "latin1.csv.gz": (_gzipped_latin1, "line 3 is not UTF-8 (byte 0xe9); re-save it as UTF-8"),
+    "empty.csv": (lambda p: p.write_text(""), "the file is empty"),
+    "empty.parquet": (lambda p: p.write_bytes(b""), "the file is empty"),
+    "header.csv": (lambda p: p.write_text("id,x\n"), "the file has a header but no rows"),
+    "long.csv": (
+        lambda p: p.write_text("id,x\n1,0.5\n2,0.7,9\n"),
+        "line 3 has 3 fields where the header has 2",
+    ),
+    "short.csv": (
+        lambda p: p.write_text("id,x,z\n1,0.5,1\n2,0.7\n3,0.1,2\n"),
+        "line 3 has 2 fields where the header has 3",
+    ),
+    "shifted.csv": (  # pandas would make the ids an index and shift every column left
+        lambda p: p.write_text("id,x\n1,0.5,9\n2,0.7,8\n"),
+        "line 2 has 3 fields where the header has 2",
+    ),
+    "absent.csv": (lambda p: None, "no such file"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_a_bad_file_names_itself_says_what_to_do_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    database = tmp_path / "shop.duckdb"
+    good = tmp_path / "good.csv"
+    good.write_text("id,x,z\n1,0.5,1\n2,0.7,2\n")
+    assert main(["load", str(good), "--database", str(database), "--table", "orders"]) == 0
+    before = _digest(database)
+    write, message = BAD_FILES[name]
+    write(tmp_path / name)
+    argv = ["load", str(tmp_path / name), "--database", str(database), "--table", "orders"]
+    line = _error_line(capsys, argv)
+    assert line.startswith(f"privreg: error: table 'orders': file {tmp_path / name}: ")
+    assert message in line
+    assert _digest(database) == before

@@ -1,6 +1,7 @@
 """``privreg``: what a data owner does outside Prefect.
 
 privreg load SOURCE --database D --table T [--id-column C] [--label-column L] [--label-domain 0,1]
+             [--replace | --append]       an existing table: replace it, or append the rows
 privreg run JOB_FILE [--run R] [--log-dir var/logs]
                                           run a job file here, every party's side (main job, or
                                           a sub-job alone): progress lines; Prefect's log lines
@@ -64,8 +65,16 @@ def _load(args: argparse.Namespace) -> None:
         label_domain=_domain(args.label_domain),
         **({"party": args.party} if args.party else {}),
     )
-    rows = PartyStore.of(ref).import_file(args.source, ref)
-    print(f"{rows} rows loaded into {ref.table} of {ref.database}")
+    store = PartyStore.of(ref)
+    before = store.row_count(ref.table) if args.replace or args.append else None
+    if_exists = "append" if args.append else "replace" if args.replace else "fail"
+    rows = store.import_file(args.source, ref, if_exists=if_exists)
+    if before is None:
+        print(f"{rows} rows loaded into {ref.table} of {ref.database}")
+    elif args.append:
+        print(f"appended {rows - before} rows to {ref.table}: {before} rows -> {rows} rows")
+    else:
+        print(f"replaced {ref.table}: {before} rows -> {rows} rows")
     print(json.dumps(ref.to_dict()))
 
 
@@ -327,11 +336,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument("source", help="CSV, CSV.gz or Parquet file")
     load.add_argument("--database", required=True, help="the party's DuckDB file")
-    load.add_argument("--table", required=True, help="table to create or replace")
+    load.add_argument(
+        "--table", required=True, help="table to create (an existing one: --replace or --append)"
+    )
     load.add_argument("--party", help="the owner's name (default: the database file's name)")
     load.add_argument("--id-column", default="id", help="column PSI matches on")
     load.add_argument("--label-column", help="the label column, if this party holds it")
     load.add_argument("--label-domain", help="comma-separated allowed label values, e.g. 0,1")
+    existing = load.add_mutually_exclusive_group()
+    existing.add_argument(
+        "--replace", action="store_true", help="replace the table if it exists (prints both counts)"
+    )
+    existing.add_argument(
+        "--append",
+        action="store_true",
+        help="add the file's rows to the existing table (ids must be new; the whole is validated)",
+    )
     load.set_defaults(handler=_load)
     run = commands.add_parser(
         "run",

@@ -19,6 +19,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from core.ids import canonical_id
 from core.preprocessing import PreprocessingSpec, prepare_raw
 from storage.descriptor import TableRef, check_identifier
 from storage.sources import read_source
@@ -229,30 +230,72 @@ class PartyStore:
         finally:
             con.unregister("_privreg_staged")
 
-    def import_frame(
-        self, frame: pd.DataFrame, ref: TableRef, preprocessing: PreprocessingSpec | None = None
-    ) -> int:
-        """Validate ``frame`` and store it as ``ref.table``, replacing any previous version.
+    def row_count(self, table: str) -> int | None:
+        """The rows ``table`` holds, or None when there is no such table (or no database)."""
+        check_identifier(table, "table")
+        if not self.path.exists():
+            return None
+        with self.connect() as con:
+            return _row_count(con, table)
 
-        Validation happens before the transaction opens, and the write is one transaction, so
-        a bad input leaves the database exactly as it was. Returns the row count.
+    def import_frame(
+        self,
+        frame: pd.DataFrame,
+        ref: TableRef,
+        preprocessing: PreprocessingSpec | None = None,
+        if_exists: str = "replace",
+    ) -> int:
+        """Validate ``frame`` and store it as ``ref.table``; returns the rows the table holds.
+
+        ``if_exists`` says what becomes of a table of that name: ``"replace"`` it (a job's load
+        stage: a re-run stays idempotent), ``"fail"`` (refused, naming its row count) or
+        ``"append"`` the rows (their ids must be new; the combined table is validated as one).
+        Validation happens before the transaction opens (the combined table's inside it), and
+        the write is one transaction, so a bad input leaves the database exactly as it was.
         """
+        if if_exists not in IF_EXISTS:
+            raise ValueError(f"if_exists must be one of {', '.join(IF_EXISTS)}, not {if_exists!r}")
         spec = preprocessing or PreprocessingSpec()
         keep = [c for c in (ref.id_column, ref.label_column) if c]
         frame = prepare_raw(frame, spec, keep, ref.table)  # declared missing values, categories
-        clean = validate_frame(frame, ref, allow_missing=spec.impute != "none")
-        self.write_table(ref.table, clean)
+        allow_missing = spec.impute != "none"
+        clean = validate_frame(frame, ref, allow_missing)
+        with self.transaction() as con:
+            rows = None if if_exists == "replace" else _row_count(con, ref.table)
+            if rows is not None and if_exists == "fail":
+                raise self._exists_error(ref.table, rows)
+            if rows is not None:  # append
+                old = con.execute(f'SELECT * FROM "{ref.table}" ORDER BY rowid').df()
+                clean = _appended(old, clean, ref, allow_missing)
+            self.write_table(ref.table, clean, con)
         return len(clean)
 
     def import_file(
-        self, source: str | Path, ref: TableRef, preprocessing: PreprocessingSpec | None = None
+        self,
+        source: str | Path,
+        ref: TableRef,
+        preprocessing: PreprocessingSpec | None = None,
+        if_exists: str = "replace",
     ) -> int:
         """Import a CSV (optionally gzipped) or Parquet file; see :meth:`import_frame`.
 
         A file that cannot be read is refused naming it (:func:`storage.sources.read_source`)
-        before the database is opened.
+        before the database is opened; with ``if_exists="fail"`` an existing table is refused
+        before the file is read.
         """
-        return self.import_frame(read_source(source, ref.table), ref, preprocessing)
+        if if_exists == "fail" and (rows := self.row_count(ref.table)) is not None:
+            raise self._exists_error(ref.table, rows)
+        frame = read_source(source, ref.table)
+        return self.import_frame(frame, ref, preprocessing, if_exists)
+
+    def _exists_error(self, table: str, rows: int) -> DataValidationError:
+        return DataValidationError(
+            table,
+            None,
+            None,
+            f"already exists in {self.path.name} ({rows} rows); privreg load --replace "
+            "replaces it, --append adds the file's rows to it",
+        )
 
     def fingerprint(self, ref: TableRef) -> str:
         """A digest of the table's content, to detect that inputs are unchanged between runs.
@@ -271,6 +314,65 @@ class PartyStore:
                 if digest.rows == 0:  # refused as before: "table is empty"
                     validate_frame(con.execute(f'SELECT * FROM "{ref.table}" LIMIT 0').df(), ref)
         return digest.hexdigest()
+
+
+#: What :meth:`PartyStore.import_frame` may do to a table that exists already.
+IF_EXISTS = ("replace", "append", "fail")
+
+
+def _row_count(con: duckdb.DuckDBPyConnection, table: str) -> int | None:
+    [(exists,)] = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]
+    ).fetchall()
+    if not exists:
+        return None
+    [(rows,)] = con.execute(f'SELECT count(*) FROM "{table}"').fetchall()
+    return int(rows)
+
+
+def _appended(
+    old: pd.DataFrame, new: pd.DataFrame, ref: TableRef, allow_missing: bool
+) -> pd.DataFrame:
+    """The stored rows ``old`` then the validated rows ``new``, validated as one table.
+
+    Refuses other columns, another kind of id (numbers or text), and the first new row whose
+    id the table holds already (its row in the file and in the table): appending a row again
+    is a mistake the combined table's own duplicate check would report at a row number of
+    the combined table, not of the file.
+    """
+    if set(old.columns) != set(new.columns):
+        raise DataValidationError(
+            ref.table,
+            None,
+            None,
+            f"the file's columns ({', '.join(map(str, new.columns))}) are not the table's "
+            f"({', '.join(map(str, old.columns))}); append needs the same columns",
+        )
+    column = ref.id_column
+    kinds = [_id_kind(frame[column]) for frame in (new, old)]
+    if kinds[0] != kinds[1]:
+        raise DataValidationError(
+            ref.table,
+            column,
+            None,
+            f"the file's ids are {kinds[0]}, the table's {kinds[1]}; append needs the same kind",
+        )
+    stored = {canonical_id(value): row for row, value in enumerate(old[column].tolist())}
+    for row, value in enumerate(new[column].tolist()):
+        if (twin := stored.get(canonical_id(value))) is not None:
+            raise DataValidationError(
+                ref.table,
+                column,
+                row + 1,
+                f"the table holds this id already (its row {twin + 1}); append adds new ids only",
+                value,
+            )
+    combined = pd.concat([old, new.loc[:, list(old.columns)]], ignore_index=True)
+    return validate_frame(combined, ref, allow_missing)
+
+
+def _id_kind(ids: pd.Series) -> str:
+    return "numbers" if pd.api.types.is_numeric_dtype(ids) else "text"
 
 
 #: Rows per piece when a table is read in pieces (its fingerprint, PSI's ids).

@@ -1,6 +1,6 @@
-"""Loads that cannot silently go wrong: huge values keep their information, and a file that
-cannot be read names itself and what to do; every refusal leaves the database byte for byte as
-it was."""
+"""Loads that cannot silently go wrong: huge values keep their information, a file that cannot
+be read names itself and what to do, and an existing table is replaced or appended to only
+when the owner says so; every refusal leaves the database byte for byte as it was."""
 
 from __future__ import annotations
 
@@ -142,7 +142,84 @@ def test_a_bad_file_names_itself_says_what_to_do_and_changes_nothing(
     write, message = BAD_FILES[name]
     write(tmp_path / name)
     argv = ["load", str(tmp_path / name), "--database", str(database), "--table", "orders"]
-    line = _error_line(capsys, argv)
+    line = _error_line(capsys, [*argv, "--replace"])
     assert line.startswith(f"privreg: error: table 'orders': file {tmp_path / name}: ")
     assert message in line
     assert _digest(database) == before
+
+
+def _csv(path: Path, ids: list[object], x: list[float]) -> str:
+    pd.DataFrame({"id": ids, "x": x}).to_csv(path, index=False)
+    return str(path)
+
+
+def test_an_existing_table_is_replaced_or_appended_to_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = tmp_path / "shop.duckdb"
+    ref = TableRef(str(database), "orders")
+    load = ["--database", str(database), "--table", "orders"]
+    first = _csv(tmp_path / "first.csv", [1, 2, 3, 4, 5], [0.1, 0.2, 0.3, 0.4, 0.5])
+    assert main(["load", first, *load]) == 0
+    assert capsys.readouterr().out.startswith("5 rows loaded into orders")
+    before = _digest(database)
+
+    second = _csv(tmp_path / "second.csv", [7, 8, 9], [0.7, 0.8, 0.9])
+    assert _error_line(capsys, ["load", second, *load]) == (
+        "privreg: error: table 'orders': already exists in shop.duckdb (5 rows); privreg load "
+        "--replace replaces it, --append adds the file's rows to it"
+    )
+    assert _digest(database) == before
+
+    assert main(["load", second, *load, "--replace"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "replaced orders: 5 rows -> 3 rows"
+    assert PartyStore.of(ref).read_table(ref)["id"].tolist() == [7, 8, 9]
+
+    third = _csv(tmp_path / "third.csv", [10, 11], [1.0, 1.1])
+    assert main(["load", third, *load, "--append"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "appended 2 rows to orders: 3 rows -> 5 rows"
+    stored = PartyStore.of(ref).read_table(ref)
+    assert stored["id"].tolist() == [7, 8, 9, 10, 11]
+    assert stored["x"].tolist() == [0.7, 0.8, 0.9, 1.0, 1.1]
+
+
+@pytest.mark.parametrize(
+    ("ids", "x", "expected"),
+    [
+        (  # the first id the table holds already, by its row in the file and in the table
+            [12, 9, 8],
+            [0.1, 0.2, 0.3],
+            "table 'orders', column 'id', row 2 (id 9): the table holds this id already (its "
+            "row 3); append adds new ids only",
+        ),
+        (  # the combined table (rows numbered after the stored ones) passes the same validation
+            [12, 13],
+            [0.1, -1.5e308],
+            "table 'orders', column 'x', row 6 (id 13): feature -1.5e+308 is further from row "
+            "4's 1.5e+308 than",
+        ),
+    ],
+)
+def test_append_refuses_what_the_combined_table_may_not_hold(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    ids: list[int],
+    x: list[float],
+    expected: str,
+) -> None:
+    database = tmp_path / "shop.duckdb"
+    load = ["--database", str(database), "--table", "orders"]
+    assert main(["load", _csv(tmp_path / "a.csv", [7, 8, 9, 10], [1, 2, 3, 1.5e308]), *load]) == 0
+    before = _digest(database)
+    line = _error_line(capsys, ["load", _csv(tmp_path / "b.csv", ids, x), *load, "--append"])
+    assert line.startswith(f"privreg: error: {expected}")
+    assert _digest(database) == before
+
+
+def test_a_job_s_load_still_replaces_its_own_table(tmp_path: Path) -> None:
+    """PartyStore.import_file's default (a job's load stage) replaces, as before."""
+    ref = TableRef(str(tmp_path / "p.duckdb"), "orders")
+    store = PartyStore.of(ref)
+    assert store.import_file(_csv(tmp_path / "a.csv", [1, 2, 3], [0.1, 0.2, 0.3]), ref) == 3
+    assert store.import_file(_csv(tmp_path / "b.csv", [4, 5], [0.4, 0.5]), ref) == 2
+    assert store.read_table(ref)["id"].tolist() == [4, 5]

@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.job_schema import job_kind
 from core.paillier.keys import SMALL_KEYS_VARIABLE
 from demo.orgs import CLI, Org, env_of, make_orgs, serve_all, start
 from flows.jobs import read_job
@@ -161,6 +162,7 @@ def propose_job(
     initiators: tuple[str, ...] = INITIATORS,
     extra: dict[str, str] | None = None,
     timeout: float = 1800,
+    source: Path = ROOT,
 ) -> None:
     """Every party's endpoint and service; the initiators run ``privreg job start``, the
     others start when proposed to. Prints every party's stage lines once every job is done."""
@@ -180,7 +182,7 @@ def propose_job(
             if process.wait(timeout=max(deadline - time.monotonic(), 1)):
                 tail = (orgs[party].folder / "pipeline.log").read_text().splitlines()[-15:]
                 raise RuntimeError(f"{party}'s job start failed:\n" + "\n".join(tail))
-        sides = _sides(job_file, run)
+        sides = _sides(job_file, run, source)
         ended = ("done", "failed", "aborted")
         while unfinished := [s for s in sides if _state(orgs, *s) not in ended]:
             if time.monotonic() > deadline:
@@ -201,11 +203,11 @@ def propose_job(
             server.wait(timeout=60)
 
 
-def _sides(job_file: str, run: str) -> list[tuple[str, str]]:
-    """(party, job run) for every job of the file and every party of it."""
-    main = read_job(ROOT / job_file)
-    files = [("main", job_file), *main.get("subjobs", {}).items()]
-    jobs = [(kind, read_job(ROOT / path), Path(path).stem) for kind, path in files]
+def _sides(job_file: str, run: str, source: Path) -> list[tuple[str, str]]:
+    """(party, job run) for every job of the file (read from ``source``) and its parties."""
+    main = read_job(source / job_file)
+    files = [(job_kind(main), job_file), *main.get("subjobs", {}).items()]
+    jobs = [(kind, read_job(source / path), Path(path).stem) for kind, path in files]
     return [
         (party, f"{spec.get('job') or stem}-{run}")
         for kind, spec, stem in jobs

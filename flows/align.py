@@ -31,8 +31,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from core.job_schema import PsiOptions
 from federation.workspace import derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
+from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from tasks import psi as steps
 from tasks import psi_kkrt
@@ -40,47 +42,40 @@ from tasks.loading import fingerprint
 from tasks.reporting import run_namer
 from tasks.summaries import psi_summary
 
-PROTOCOLS = ("ecdh", "kkrt")
 _DERIVED = re.compile(r"psi-[0-9a-f]{16}")  # a direct call's job id (derive_job_id)
 
 
-def _check_protocol(protocol: str) -> None:
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown PSI protocol {protocol!r}; choose one of {PROTOCOLS}")
-
-
 @flow(name="psi_align", flow_run_name=run_namer("psi_align"))
+@keyword_options(PsiOptions)
 def psi_align(
     party_a: dict[str, Any],
     party_b: dict[str, Any],
-    min_rows: int = 100,
     workspace: str | None = None,
-    protocol: str = "kkrt",
     job_id: str | None = None,
+    *,
+    options: PsiOptions,
 ) -> dict[str, Any]:
     """Align two tables locally: both parties' ``psi_align_party`` sides, in this process.
 
     Returns the intersection size and each party's aligned descriptor. Re-running on
     unchanged inputs reuses the stored alignment (the job id is derived from both parties'
-    salted table fingerprints).
+    salted table fingerprints). The options are :class:`PsiOptions`'s fields.
 
     Args:
         party_a: Descriptor of the first party's table (database, table, party, id column).
         party_b: Descriptor of the second party's table.
-        min_rows: Refuse an intersection smaller than this many rows.
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
-        protocol: ``"kkrt"`` (OT extension, KKRT16; the default) or ``"ecdh"`` (X25519).
         job_id: The job to run or reuse; default derived from the tables (see above).
     """
     a, b = TableRef.from_dict(party_a), TableRef.from_dict(party_b)
     if a.party == b.party:
         raise ValueError(f"both tables belong to party {a.party!r}; PSI needs two parties")
-    _check_protocol(protocol)
-    job_id = job_id or _local_job_id(a, b, min_rows, protocol)
+    job_id = job_id or _local_job_id(a, b, options.min_rows, options.protocol)
     sides = [
-        LocalSide(ref.party, _side(ref, peer.party, job_id, min_rows, protocol))
+        LocalSide(ref.party, lambda ref=ref, peer=peer: psi_align_party(
+            ref.to_dict(), peer.party, job_id, options))
         for ref, peer in ((a, b), (b, a))
-    ]
+    ]  # fmt: skip
     done = run_locally(LocalJob(sides, workspace, job=job_id))
     results = [done[a.party], done[b.party]]
     sizes = [r["set_sizes"][0] for r in results]
@@ -127,13 +122,9 @@ def _current_alignment(a: TableRef, b: TableRef, min_rows: int) -> str | None:
     return job
 
 
-def _side(ref: TableRef, peer: str, job_id: str, min_rows: int, protocol: str) -> Any:
-    return lambda: psi_align_party(ref.to_dict(), peer, job_id, min_rows, protocol)
-
-
 @flow(name="psi_align_party", flow_run_name="psi_align {job_id}: {own[party]} with {peer}")
 def psi_align_party(
-    own: dict[str, Any], peer: str, job_id: str, min_rows: int = 100, protocol: str = "kkrt"
+    own: dict[str, Any], peer: str, job_id: str, options: PsiOptions
 ) -> dict[str, Any]:
     """One party's side of the alignment; its result names only its own aligned table.
 
@@ -144,14 +135,13 @@ def psi_align_party(
         own: Descriptor of this party's own table.
         peer: Name of the other party (as its certificate names it).
         job_id: Job name agreed between the two parties.
-        min_rows: Smallest intersection either party accepts.
-        protocol: ``"kkrt"`` (the default) or ``"ecdh"``; both parties must pass the same.
+        options: The smallest intersection and the protocol (both parties pass the same).
     """
-    _check_protocol(protocol)
+    min_rows = options.min_rows
     ref = TableRef.from_dict(own)
     result = steps.stored_alignment(ref, job_id)
     reused = result is not None
-    if result is None and protocol == "kkrt":
+    if result is None and options.protocol == "kkrt":
         result = psi_kkrt.run_party(ref, peer, job_id, min_rows)
     elif result is None:
         steps.blind_own_ids(ref, peer, job_id)

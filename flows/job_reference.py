@@ -1,4 +1,4 @@
-"""The README's job-file reference, generated from ``flows.job_schema`` so it cannot drift.
+"""The README's job-file reference, generated from ``core.job_schema`` so it cannot drift.
 
 ``privreg job schema --markdown`` prints it; ``tests/test_job_schema.py`` checks that the
 README's section between the markers equals this text.
@@ -15,7 +15,7 @@ import annotated_types as at
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from flows import job_schema as schema
+from core import job_schema as schema
 
 BEGIN = "<!-- job-file-reference:begin (generated: privreg job schema --markdown) -->"
 END = "<!-- job-file-reference:end -->"

@@ -2,7 +2,7 @@
 
 Every reader goes through :func:`read_job` or :func:`load_job`, so a job file (from the command
 line, a sub-job list or a deployment's ``job_file`` parameter) is validated in full against
-``flows.job_schema`` before anything is loaded or sent.
+``core.job_schema`` before anything is loaded or sent.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flows.job_schema import JobFileError, validate_job
+from core.job_schema import JobFileError, validate_job
 
 
 def _parse(path: str | Path) -> Any:

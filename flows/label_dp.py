@@ -24,15 +24,15 @@ rows, applied to every row and saved with its model (see tasks/label_dp.py).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from prefect import flow
 
-from core.label_dp.grid import DEFAULT_GRID_SIZE
+from core.job_schema import LabelDPOptions
 from core.preprocessing import PreprocessingSpec
 from federation.workspace import derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
+from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from tasks import label_dp as steps
 from tasks.charts import publish_training_charts
@@ -98,89 +98,47 @@ def _summary(
 
 
 @flow(name="label_dp_regression", flow_run_name=run_namer("label_dp_regression"))
+@keyword_options(LabelDPOptions)
 def label_dp_regression(
     features: dict[str, Any],
     labels: dict[str, Any],
-    epsilon: float,
-    loss: str = "squared",
-    label_range: list[float] | None = None,
-    mechanism: str = "rr_on_bins",
-    prior_epsilon: float | None = None,
-    grid_size: int = DEFAULT_GRID_SIZE,
-    integer_labels: bool = False,
-    clip: bool = True,
-    holdout_fraction: float = 0.2,
-    seed: int = 0,
-    evaluate: bool = False,
     workspace: str | None = None,
     job_id: str | None = None,
     preprocessing: dict[str, Any] | None = None,
+    *,
+    options: LabelDPOptions,
 ) -> dict[str, Any]:
     """Train on epsilon-label-DP noisy labels, locally (both parties' ``label_dp_party``
     sides in this process); returns the model, the release and the budget.
 
-    ``label_range`` (or the labels descriptor's ``label_domain``) fixes the public grid:
-    ``grid_size`` evenly spaced points, or every integer with ``integer_labels`` when there
-    are at most ``grid_size`` of them. Labels outside it are clipped, or refused with
-    ``clip=False``. ``prior_epsilon`` defaults to ``min(sqrt(k / n), epsilon / 2)`` for
-    RR-on-Bins and to no prior for the baselines (``laplace``, ``exponential``,
-    ``staircase``). ``evaluate`` sends the hold-out predictions to the labels party for a
-    test MSE on the true labels (outside the budget; see the README). The job id defaults to
-    one derived from both tables' salted fingerprints and the options.
+    The options are :class:`LabelDPOptions`'s fields. ``label_range`` (or the labels
+    descriptor's ``label_domain``) fixes the public grid; labels outside it are clipped, or
+    refused with ``clip=False``. ``prior_epsilon`` defaults to ``min(sqrt(k / n), epsilon /
+    2)`` for RR-on-Bins and to no prior for the baselines. ``evaluate`` sends the hold-out
+    predictions to the labels party for a test MSE on the true labels (outside the budget).
 
     Args:
         features: Descriptor of the features party's aligned table.
         labels: Descriptor of the labels party's aligned table (its label column is protected).
-        epsilon: Label-DP epsilon of the release (prior plus labels).
-        loss: Loss the mechanism and the model optimise, e.g. "squared".
-        label_range: Public [low, high] of the labels (default: the descriptor's label_domain).
-        mechanism: "rr_on_bins", or a baseline: "laplace", "exponential", "staircase".
-        prior_epsilon: Epsilon spent on the private prior (default: the paper's rule).
-        grid_size: Number of evenly spaced grid points in the label range.
-        integer_labels: Use every integer of the range as the grid when it fits.
-        clip: Clip labels outside the range (False: refuse them).
-        holdout_fraction: Share of rows held out for evaluation.
-        seed: Seed of the public hold-out split.
-        evaluate: Send hold-out predictions to the labels party for a test MSE (outside DP).
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
-        job_id: Job to continue; default derived from the tables and options.
+        job_id: Job to continue; default derived from both tables' fingerprints and the options.
         preprocessing: The job's preprocessing (default: standardise), fitted by the features
             party on its own training rows.
     """
     spec = PreprocessingSpec.from_dict(preprocessing)
     features_ref, labels_ref = TableRef.from_dict(features), TableRef.from_dict(labels)
-    job = steps.LabelDPJob(
-        job_id or "pending",
-        workspace,
-        labels_ref.party,
-        features_ref.party,
-        epsilon,
-        loss,
-        _label_range(label_range, labels_ref),
-        mechanism,
-        prior_epsilon,
-        grid_size,
-        integer_labels,
-        clip,
-        holdout_fraction,
-        seed,
-    )
+    job = _job(job_id or "pending", labels_ref, features_ref.party, options)
     steps.check_parameters(job)
     if job_id is None:
         tables = [[r.party, r.table, fingerprint(r)] for r in (labels_ref, features_ref)]
-        options = {**job.release_parameters(), "holdout_fraction": holdout_fraction, "seed": seed}
+        described = {**job.release_parameters(), "holdout_fraction": job.holdout_fraction,
+                     "seed": job.seed}  # fmt: skip
         if spec != PreprocessingSpec():  # another model, the same release
-            options["preprocessing"] = spec.to_dict()
-        job_id = derive_job_id("label-dp", {"tables": tables, **options})
-        job = replace(job, job_id=job_id)
-    options = {
-        "epsilon": epsilon, "loss": loss, "label_range": list(job.label_range),
-        "mechanism": mechanism, "prior_epsilon": prior_epsilon, "grid_size": grid_size,
-        "integer_labels": integer_labels, "clip": clip, "holdout_fraction": holdout_fraction,
-        "seed": seed, "evaluate": evaluate, "preprocessing": spec.to_dict(),
-    }  # fmt: skip
+            described["preprocessing"] = spec.to_dict()
+        job_id = derive_job_id("label-dp", {"tables": tables, **described})
+    options = options.model_copy(update={"label_range": list(job.label_range)})
     sides = [
-        LocalSide(ref.party, _side(ref, role, peer.party, job_id, options))
+        LocalSide(ref.party, _side(ref, role, peer.party, job_id, options, spec))
         for ref, role, peer in (
             (labels_ref, "labels", features_ref),
             (features_ref, "features", labels_ref),
@@ -203,8 +161,21 @@ def label_dp_regression(
     }
 
 
-def _side(ref: TableRef, role: str, peer: str, job_id: str, options: dict[str, Any]) -> Any:
-    return lambda: label_dp_party(ref.to_dict(), role, peer, job_id, **options)
+def _side(
+    ref: TableRef, role: str, peer: str, job_id: str, options: LabelDPOptions,
+    spec: PreprocessingSpec,
+) -> Any:  # fmt: skip
+    return lambda: label_dp_party(ref.to_dict(), role, peer, job_id, options, spec.to_dict())
+
+
+def _job(job_id: str, labels: TableRef, features_party: str, options: LabelDPOptions) -> Any:
+    """The labels party's job: the options, with the grid's range fixed before any label."""
+    return steps.LabelDPJob(
+        job_id, None, labels.party, features_party, options.epsilon, options.loss,
+        _label_range(options.label_range, labels), options.mechanism, options.prior_epsilon,
+        options.grid_size, options.integer_labels, options.clip, options.holdout_fraction,
+        options.seed,
+    )  # fmt: skip
 
 
 ROLES = ("labels", "features")
@@ -216,43 +187,22 @@ def label_dp_party(
     role: str,
     peer: str,
     job_id: str,
-    epsilon: float | None = None,
-    loss: str = "squared",
-    label_range: list[float] | None = None,
-    mechanism: str = "rr_on_bins",
-    prior_epsilon: float | None = None,
-    grid_size: int = DEFAULT_GRID_SIZE,
-    integer_labels: bool = False,
-    clip: bool = True,
-    holdout_fraction: float = 0.2,
-    seed: int = 0,
-    evaluate: bool = False,
+    options: LabelDPOptions,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One party's side of label-DP regression; its result holds only what that party may see.
 
-    Both parties run it with the same agreed ``job_id``. The labels party sets the release
-    options (as in ``label_dp_regression``) and sends them with its digest; the features
-    party's own release options are unused (the terms arrive as a message). A killed party
-    re-runs it with the same arguments: the stored release is re-sent, never charged again.
+    Both parties run it with the same agreed ``job_id`` and options; the labels party sends
+    the release's terms with its digest, and the features party trains for those. A killed
+    party re-runs it with the same arguments: the stored release is re-sent, never charged
+    again.
 
     Args:
         own: Descriptor of this party's own aligned table.
         role: "labels" (holds the protected label column and the budget) or "features".
         peer: Name of the other party (as its certificate names it).
         job_id: Job name agreed between the two parties.
-        epsilon: Label-DP epsilon of the release (labels party; required there).
-        loss: Loss the mechanism and the model optimise (labels party).
-        label_range: Public [low, high] of the labels (default: the descriptor's label_domain).
-        mechanism: "rr_on_bins", or a baseline: "laplace", "exponential", "staircase".
-        prior_epsilon: Epsilon spent on the private prior (default: the paper's rule).
-        grid_size: Number of evenly spaced grid points in the label range.
-        integer_labels: Use every integer of the range as the grid when it fits.
-        clip: Clip labels outside the range (False: refuse them).
-        holdout_fraction: Share of rows held out for evaluation (labels party).
-        seed: Seed of the public hold-out split (labels party).
-        evaluate: Hold-out predictions go to the labels party for a test MSE (outside DP);
-            both parties must pass it.
+        options: The release and the regression (both parties pass the same).
         preprocessing: The job's preprocessing (default: standardise); only the features
             party uses it, on its own training rows.
     """
@@ -261,18 +211,13 @@ def label_dp_party(
         raise steps.LabelDPSetupError(f"role must be one of {ROLES}, got {role!r}")
     ref = TableRef.from_dict(own)
     if role == "features":
-        return _features_side(job_id, ref, peer, evaluate, spec)
-    if epsilon is None:
-        raise steps.LabelDPSetupError("the labels party needs epsilon")
-    job = steps.LabelDPJob(
-        job_id, None, ref.party, peer, epsilon, loss, _label_range(label_range, ref), mechanism,
-        prior_epsilon, grid_size, integer_labels, clip, holdout_fraction, seed,
-    )  # fmt: skip
+        return _features_side(job_id, ref, peer, options.evaluate, spec)
+    job = _job(job_id, ref, peer, options)
     steps.check_parameters(job)
     checked = steps.check_labels(job, ref)
     steps.await_alignment(job, ref)
     release = steps.release_noisy_labels(job, ref)
-    evaluation = steps.evaluate(job, ref) if evaluate else None
+    evaluation = steps.evaluate(job, ref) if options.evaluate else None
     if evaluation:
         scope = f"{evaluation['test_rows']} rows, {evaluation['evaluated_on']}"
         publish_training_charts("label-dp", job_id, [], {scope: evaluation.pop("calibration")})

@@ -20,8 +20,8 @@ from typing import Any
 
 from prefect import flow
 
+from core.job_schema import job_kind
 from federation.workspace import channel_for, derive_job_id
-from flows.job_schema import job_kind
 from flows.jobs import load_job_tree, read_job
 from flows.local_run import LocalJob, LocalSide, run_locally
 from flows.pipeline_party import PipelineResult, organisations, pipeline_party

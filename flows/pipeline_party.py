@@ -25,7 +25,6 @@ refused before anything is loaded. The arbiter and the coordinator are the parti
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import re
 import time
@@ -43,6 +42,7 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from prefect.states import Crashed
 
+from core.job_schema import KINDS, job_kind
 from core.job_terms import differences, digest, job_terms
 from core.lifetime import alive
 from core.preprocessing import PreprocessingSpec
@@ -61,7 +61,6 @@ from federation.status import (
 from federation.workspace import channel_for
 from flows.align import psi_align_party
 from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
-from flows.job_schema import job_kind
 from flows.jobs import read_job
 from flows.label_dp import label_dp_party
 from flows.scoring import score_vertical_party
@@ -151,13 +150,9 @@ class PartyJob:
             return spec
         return spec.with_party(self.spec["parties"][key].get("preprocessing"))
 
-    def psi_options(self) -> dict[str, Any]:
-        """The PSI stage's options of the job file (``min_rows``, ``protocol``)."""
-        psi = self.spec.get("psi", {})
-        return {
-            "min_rows": psi.get("min_rows", 100),
-            **({"protocol": psi["protocol"]} if "protocol" in psi else {}),
-        }
+    def options(self, stage: str) -> Any:
+        """The stage's validated options (its model in core/job_schema.py, defaults filled)."""
+        return getattr(KINDS[self.kind].model_validate(self.spec), stage)
 
     def stages(self) -> tuple[str, ...]:
         """The stages whose message job ids this job uses (see :meth:`job_id`)."""
@@ -289,28 +284,28 @@ def pipeline_party(
 def _main_stages(job: PartyJob) -> Iterator[StageResult]:
     parties = job.parties()
     guest, host = parties["guest"], parties["host"]
-    vertical = dict(job.spec.get("vertical", {}))
-    arbiter = ARBITER if vertical.pop("arbiter", True) is True else None  # False: two-party
+    vertical = job.options("vertical")
     own = yield from _load(job)
     role = next(iter(own), None)  # "guest" or "host"; None at the arbiter
     aligned, peer = None, host if role == "guest" else guest
+    preprocessing = job.preprocessing().to_dict()
     if role is not None:
         psi = yield from _stage(
             job, "psi", role, psi_align_party, own[role].to_dict(), peer, job.job_id("psi"),
-            **job.psi_options(),
+            job.options("psi"),
         )  # fmt: skip
         aligned = psi["aligned"]
-    if "vertical" in job.spec and (role is not None or job.party == arbiter):
+    if vertical is not None and (role is not None or (vertical.arbiter and job.party == ARBITER)):
         yield from _stage(
             job, "vertical", role or "arbiter", vertical_lr_party, role or "arbiter",
-            job.job_id("vertical"), guest, [host], own=aligned, arbiter=arbiter,
-            preprocessing=job.preprocessing().to_dict(), **vertical,
+            job.job_id("vertical"), guest, [host], vertical, own=aligned, arbiter=ARBITER,
+            preprocessing=preprocessing,
         )  # fmt: skip
-    if "walr" in job.spec and role is not None:  # the guest's labels, the host's features
+    if job.options("walr") is not None and role is not None:  # guest: labels, host: features
         side = "labels" if role == "guest" else "features"
         yield from _stage(
             job, "walr", side, walr_party, aligned, side, peer, job.job_id("walr"),
-            preprocessing=job.preprocessing().to_dict(), **job.spec["walr"],
+            job.options("walr"), preprocessing,
         )  # fmt: skip
 
 
@@ -324,34 +319,29 @@ def _label_dp_stages(job: PartyJob) -> Iterator[StageResult]:
         peer = parties["host"] if role == "guest" else parties["guest"]
         psi = yield from _stage(
             job, "psi", role, psi_align_party, ref.to_dict(), peer, job.job_id("psi"),
-            **job.psi_options(),
+            job.options("psi"),
         )  # fmt: skip
         yield from _stage(
             job, "label_dp", side, label_dp_party, psi["aligned"], side, peer,
-            job.job_id("label_dp"), preprocessing=job.preprocessing().to_dict(),
-            **job.spec["label_dp"],
+            job.job_id("label_dp"), job.options("label_dp"), job.preprocessing().to_dict(),
         )  # fmt: skip
 
 
 def _hospitals(job: PartyJob, party_flow: Any, coordinator_flow: Any) -> Iterator[StageResult]:
     """A sub-job of hospitals and a coordinator: each hospital runs its side on its own table,
-    the coordinator (no table) its own. The job file's options serve both roles: each flow
-    takes those it has; one that neither has is refused (``seed`` only names the job)."""
+    the coordinator (no table) its own; both take the job file's options whole."""
     hospitals = list(job.parties().values())
-    options = {**job.spec.get(job.kind, {}), "preprocessing": job.preprocessing().to_dict()}
-    taken = {name for f in (party_flow, coordinator_flow) for name in _parameters(f)}
-    if unknown := sorted(set(options) - taken - {"seed", "preprocessing"}):
-        raise PipelineRefusalError(f"{job.party} refuses job {job.name}: unknown {unknown}")
+    options, preprocessing = job.options(job.kind), job.preprocessing().to_dict()
     own = yield from _load(job)
     for ref in own.values():
         yield from _stage(
             job, job.kind, "hospital", party_flow, ref.to_dict(), hospitals,
-            job.job_id(job.kind), **_accepted(party_flow, options),
+            job.job_id(job.kind), options, preprocessing,
         )  # fmt: skip
     if job.party == COORDINATOR:
         yield from _stage(
             job, job.kind, "coordinator", coordinator_flow, hospitals, job.job_id(job.kind),
-            **_accepted(coordinator_flow, options),
+            options, preprocessing,
         )  # fmt: skip
 
 
@@ -389,13 +379,12 @@ def _score_vertical_stages(job: PartyJob) -> Iterator[StageResult]:
     """New rows of the guest and the host, scored with a promoted vertical model: each loads
     its table, then scores its share (the PSI of the new rows is the scoring side's own)."""
     parties = job.parties()
-    options = job.spec["score_vertical"]
     own = yield from _load(job)
     for role, ref in own.items():
         yield from _stage(
             job, "score_vertical", role, score_vertical_party, ref.to_dict(), role,
             parties["guest"], [parties["host"]], job.job_id("score_vertical"),
-            options["model_job"], min_rows=options.get("min_rows", 1),
+            job.options("score_vertical"),
         )  # fmt: skip
 
 
@@ -636,7 +625,7 @@ def _read(path: str | Path, kind: str, config: PartyConfig, folder: Path, run: s
         raise PipelineRefusalError(
             f"{config.party} refuses sub-job {kind!r}: not one of {list(STAGES)[1:]}"
         )
-    spec = read_job(path, kind)  # validated in full (flows/job_schema.py)
+    spec = read_job(path, kind)  # validated in full (core/job_schema.py)
     return PartyJob(kind, spec.get("job") or Path(path).stem, spec, config, folder, run or None)
 
 
@@ -693,14 +682,6 @@ def _finish(
     )
     get_run_logger().info("%s", done.line(job.party))
     return done
-
-
-def _parameters(party_flow: Any) -> set[str]:
-    return set(inspect.signature(party_flow.fn).parameters)
-
-
-def _accepted(party_flow: Any, options: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in options.items() if k in _parameters(party_flow)}
 
 
 def summary_line(stage: str, role: str, r: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from prefect import flow
 
+from core.job_schema import PsiOptions, ScoreOptions
 from federation.workspace import derive_job_id
 from flows.align import psi_align_party
 from flows.local_run import LocalJob, LocalSide, run_locally
@@ -60,14 +61,13 @@ def score_vertical(
         model_job_id = key.split("/")[2]
     tables = [f"{r.party}.{r.table}.{fingerprint(r)}" for r in (guest_ref, *host_refs)]
     job_id = derive_job_id("score", {"model": model_job_id, "tables": tables})
-    shared = {
-        "guest": guest_ref.party, "hosts": [h.party for h in host_refs], "job_id": job_id,
-        "min_rows": min_rows,
-    }  # fmt: skip
+    parties = {"guest": guest_ref.party, "hosts": [h.party for h in host_refs], "job_id": job_id}
+    options = ScoreOptions(model_job=job or job_name(), min_rows=min_rows)
     sides = [
-        LocalSide(ref.party, _side(ref, role, model_job_id, shared))
+        LocalSide(ref.party, lambda role=role, ref=ref: score_vertical_party(
+            ref.to_dict(), role, **parties, options=options, model_job_id=model_job_id))
         for role, ref in (("guest", guest_ref), ("host", host_refs[0]))
-    ]
+    ]  # fmt: skip
     done = run_locally(LocalJob(sides, workspace, job=job_id))
     result = done[guest_ref.party]
     scored = steps.ScoredRows(
@@ -79,11 +79,6 @@ def score_vertical(
     return result
 
 
-def _side(ref: TableRef, role: str, model_job_id: str | None, shared: dict[str, Any]) -> Any:
-    own = ref.to_dict()
-    return lambda: score_vertical_party(own, role, model_job_id=model_job_id, **shared)
-
-
 @flow(name="score_vertical_party", flow_run_name="score_vertical {job_id}: {role}")
 def score_vertical_party(
     own: dict[str, Any],
@@ -91,9 +86,8 @@ def score_vertical_party(
     guest: str,
     hosts: list[str],
     job_id: str,
-    job: str | None = None,
+    options: ScoreOptions,
     model_job_id: str | None = None,
-    min_rows: int = 1,
 ) -> dict[str, Any]:
     """One party's side of scoring new rows with a vertical model it holds a share of.
 
@@ -108,26 +102,25 @@ def score_vertical_party(
         guest: The guest's party name.
         hosts: The hosts' party names (one: PSI is two-party).
         job_id: The scoring job's name, agreed by every party.
-        job: Job whose promoted vertical model scores (the guest's choice; default: this
-            run's job).
-        model_job_id: Or the training job id whose shares score (the guest's choice).
-        min_rows: Refuse to score fewer shared rows than this.
+        options: The job whose promoted vertical model scores (the guest's choice), and the
+            fewest shared rows scored.
+        model_job_id: Or the training job id whose shares score, explicitly (the guest's).
     """
     ref = TableRef.from_dict(own)
     if role not in ("guest", "host") or len(hosts) != 1:
         raise steps.ScoringError(f"role must be guest or host (not {role!r}), with one host")
     if role == "guest":
         if not model_job_id:
-            key = steps.promoted_model(ref, job or job_name(), "vertical")
+            key = steps.promoted_model(ref, options.model_job, "vertical")
             model_job_id = key.split("/")[2]
         run = steps.ScoringJob(job_id, model_job_id, guest, None)
         steps.announce_model(run, ref, hosts)
-        aligned = _align(run, ref, hosts[0], min_rows)
+        aligned = _align(run, ref, hosts[0], options.min_rows)
         scored = steps.guest_scores(run, aligned, hosts, f"{ref.table}_scored")
         return {**_result(scored), "job_id": job_id, "model_job_id": model_job_id}
     run = steps.ScoringJob(job_id, "", guest, None)
     run = steps.ScoringJob(job_id, steps.announced_model(run, ref), guest, None)
-    rows = steps.host_score_share(run, _align(run, ref, guest, min_rows))
+    rows = steps.host_score_share(run, _align(run, ref, guest, options.min_rows))
     return {"job_id": job_id, "rows": rows, "model_job_id": run.model_job_id}
 
 
@@ -137,7 +130,8 @@ def _align(run: steps.ScoringJob, ref: TableRef, peer: str, min_rows: int) -> Ta
     PSI (``<job_id>-psi``, reused when the tables are unchanged)."""
     if steps.agree_alignment(run, ref, peer, psi_steps.current_alignment(ref, min_rows)):
         return ref.with_table(psi_steps.aligned_table_name(ref))
-    aligned = psi_align_party(ref.to_dict(), peer, f"{run.job_id}-psi", min_rows=min_rows)
+    psi = PsiOptions(min_rows=min_rows)
+    aligned = psi_align_party(ref.to_dict(), peer, f"{run.job_id}-psi", psi)
     return TableRef.from_dict(aligned["aligned"])
 
 

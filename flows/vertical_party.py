@@ -40,13 +40,12 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 from core import test_switches
+from core.job_schema import VerticalOptions
 from core.outcomes import BELOW_BASELINE, check_loss, classifier_verdict
 from core.paillier.keys import check_key_size
-from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.schedule import Schedule
 from federation.party_config import active_config
-from federation.workspace import workspace_root
 from flows.local_run import caller_attempt
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -79,22 +78,9 @@ def vertical_lr_party(
     job_id: str,
     guest: str,
     hosts: list[str],
+    options: VerticalOptions,
     own: dict[str, Any] | None = None,
-    arbiter: str | None = "arbiter",
-    arbiter_database: str | None = None,
-    epochs: int = 5,
-    batch_size: int = 1024,
-    learning_rate: float = 0.15,
-    momentum: float = 0.9,
-    decay: float = 0.0,
-    l2: float = 0.0,
-    tol: float = 1e-5,
-    key_size: int = 2048,
-    seed: int = 0,
-    holdout_fraction: float = 0.1,
-    randomizer: str = DEFAULT_RANDOMIZER,
-    clip_features: float | None = None,
-    workspace: str | None = None,
+    arbiter: str = "arbiter",
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any] | State:
     """Run one party's steps of a vertical LR job; the result names only this party's slice.
@@ -104,46 +90,36 @@ def vertical_lr_party(
         job_id: Job name every party agreed on (resumes the job when it exists).
         guest: The guest's party name.
         hosts: The hosts' party names, in the same order at every party.
+        options: The training's options (every party passes the same); with
+            ``options.arbiter`` false the guest holds the key (two-party mode).
         own: Descriptor of this party's own aligned table (none for the arbiter).
-        arbiter: The arbiter's party name; None for the two-party mode (the guest holds the key).
-        arbiter_database: The arbiter's own database (default: under its own folder).
-        epochs: Passes over the training rows.
-        batch_size: Rows per mini-batch (one protocol round per batch).
-        learning_rate: Step size of the momentum gradient descent.
-        momentum: Momentum of the gradient descent.
-        decay: Learning-rate decay per epoch.
-        l2: L2 penalty on the coefficients.
-        tol: Stop once an epoch's mean loss changes by less than this.
-        key_size: Paillier modulus bits (2048 by default; smaller only for tests).
-        seed: Seed of the public batch schedule and hold-out split.
-        holdout_fraction: Share of rows held out for the hold-out loss and metrics.
-        randomizer: Paillier randomizer ("full", "short" or "standard").
-        clip_features: Clip this party's features to [-c, c] locally; None keeps them.
-        workspace: The shared message folder when every party runs in one process (embedded).
+        arbiter: The arbiter's party name (unused in two-party mode).
         preprocessing: The job's preprocessing (default: standardise); this party fits it on
             its own columns only, nothing leaves it. Every party passes the job's same object.
     """
-    randomizer_mode(randomizer)  # an unknown name fails here, before any key is made
-    check_key_size(key_size)  # below 2048 bits: this party's own opt-in (tests only)
-    ref = _own_table(role, own, guest, hosts, arbiter)
+    o = options
+    key_holder = arbiter if o.arbiter else None
+    check_key_size(o.key_size)  # below 2048 bits: this party's own opt-in (tests only)
+    ref = _own_table(role, own, guest, hosts, key_holder)
     job = steps.VerticalJob(
         job_id=job_id,
-        workspace=workspace,
+        workspace=None,
         guest=guest,
         hosts=tuple(hosts),
-        key_holder=arbiter or guest,
-        key_holder_database=_key_holder_database(role, ref, arbiter, arbiter_database, workspace),
-        schedule=Schedule(2, 1, seed),  # the real one once the guest has told the row count
-        learning_rate=learning_rate,
-        momentum=momentum,
-        decay=decay,
-        l2=l2,
-        randomizer=randomizer,
-        clip_features=clip_features,
+        key_holder=key_holder or guest,
+        key_holder_database=_key_holder_database(role, ref, key_holder, o.arbiter_database),
+        schedule=Schedule(2, 1, o.seed),  # the real one once the guest has told the row count
+        learning_rate=o.learning_rate,
+        momentum=o.momentum,
+        decay=o.decay,
+        l2=o.l2,
+        randomizer=o.randomizer,
+        clip_features=o.clip_features,
         preprocessing=PreprocessingSpec.from_dict(preprocessing),
-        key_size=key_size,
+        key_size=o.key_size,
     )
-    shape = {"batch_size": batch_size, "holdout_fraction": holdout_fraction}
+    epochs, tol, key_size = o.epochs, o.tol, o.key_size
+    shape = {"batch_size": o.batch_size, "holdout_fraction": o.holdout_fraction}
     started = time.time()
     if ref is None:
         steps.create_keys(job, key_size)
@@ -189,7 +165,7 @@ def _own_table(
 
 
 def _key_holder_database(
-    role: str, ref: TableRef | None, arbiter: str | None, database: str | None, ws: str | None
+    role: str, ref: TableRef | None, arbiter: str | None, database: str | None
 ) -> str:
     """The key holder's own store: the arbiter's database, or the guest's in two-party mode.
     Other parties never open it (an empty name)."""
@@ -199,10 +175,9 @@ def _key_holder_database(
     if role != "arbiter":
         return ""
     config = active_config()
-    if config is None or config.local:
-        home = (config.root if config is not None else workspace_root(ws)) / "parties"
-    else:
-        home = config.root
+    if config is None:
+        raise steps.VerticalSetupError("the arbiter runs as a party (a local run or its own)")
+    home = config.root / "parties" if config.local else config.root
     return database or str(Path(home) / f"{arbiter}.duckdb")
 
 

@@ -46,11 +46,12 @@ from prefect import flow, get_run_logger
 
 from core import test_switches
 from core.dp.gaussian import validate_epsilon_delta
+from core.job_schema import WalrOptions
 from core.paillier.keys import check_key_size
-from core.paillier.randomness import DEFAULT_RANDOMIZER, randomizer_mode
 from core.preprocessing import PreprocessingSpec
 from federation.workspace import derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
+from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from tasks import walr as steps
 from tasks.loading import fingerprint
@@ -64,17 +65,14 @@ from tasks.reporting import (
 from tasks.summaries import walr_summary
 
 
-def _check_options(
-    mode: str,
-    clip_norm: float | None,
-    l2: float,
-    key_size: int,
-    holdout_fraction: float = 0.0,
-) -> None:
-    if not 0.0 <= holdout_fraction < 0.5:
-        raise steps.WalrSetupError(f"holdout_fraction must be in [0, 0.5), got {holdout_fraction}")
-    if mode not in steps.MODES:
-        raise steps.WalrSetupError(f"mode must be one of {steps.MODES}, got {mode!r}")
+def _check_options(options: WalrOptions) -> None:
+    """What the schema cannot say alone: the mode's clip norm, a positive ridge, the key."""
+    validate_epsilon_delta(options.epsilon, options.delta)
+    if not options.holdout_fraction < 0.5:
+        raise steps.WalrSetupError(
+            f"holdout_fraction must be in [0, 0.5), got {options.holdout_fraction}"
+        )
+    mode, clip_norm = options.mode, options.clip_norm
     if mode == "clipped" and clip_norm is None:
         raise steps.WalrSetupError(
             "clipped mode needs clip_norm (e.g. a quantile of the features' row norms, which "
@@ -82,11 +80,13 @@ def _check_options(
         )
     if mode == "binary" and clip_norm is not None:
         raise steps.WalrSetupError("clip_norm applies to clipped mode only; binary rows are 0/1")
-    if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
+    if clip_norm is not None and not math.isfinite(clip_norm):
         raise steps.WalrSetupError(f"clip_norm must be finite and > 0, got {clip_norm!r}")
-    if not (math.isfinite(l2) and l2 > 0):
-        raise steps.WalrSetupError(f"l2 must be finite and > 0 (noisy sums need it), got {l2!r}")
-    check_key_size(key_size)  # below 2048 bits: this process's opt-in (tests only)
+    if not (math.isfinite(options.l2) and options.l2 > 0):
+        raise steps.WalrSetupError(
+            f"l2 must be finite and > 0 (noisy sums need it), got {options.l2!r}"
+        )
+    check_key_size(options.key_size)  # below 2048 bits: this process's opt-in (tests only)
 
 
 def _noiseless_for_tests(noise: bool, job_id: str) -> bool:
@@ -178,15 +178,10 @@ def _make_job(
     features_party: str,
     labels_party: str,
     job_id: str,
-    workspace: str | None,
     protected_table: str,
     fingerprints: tuple[str, str],
-    release: dict[str, Any],
-    noise: bool,
-    randomizer: str,
-    holdout_fraction: float = 0.0,
-    key_size: int = 2048,
-    preprocessing: PreprocessingSpec | None = None,
+    options: WalrOptions,
+    preprocessing: PreprocessingSpec,
 ) -> steps.WalrJob:
     """The public job both parties hold: names, release parameters, fingerprints known so far,
     and the labels party's key size."""
@@ -194,19 +189,22 @@ def _make_job(
         raise steps.WalrSetupError(f"both tables belong to {features_party!r}")
     return steps.WalrJob(
         job_id=job_id,
-        workspace=workspace,
+        workspace=None,
         features_party=features_party,
         labels_party=labels_party,
         protected_table=protected_table,
         labels_fingerprint=fingerprints[0],
         features_fingerprint=fingerprints[1],
-        noise=noise,
-        noiseless_for_tests=_noiseless_for_tests(noise, job_id),
-        randomizer=randomizer,
-        holdout_fraction=holdout_fraction,
-        key_size=key_size,
-        preprocessing=preprocessing or PreprocessingSpec(),
-        **release,
+        noise=options.noise,
+        noiseless_for_tests=_noiseless_for_tests(options.noise, job_id),
+        randomizer=options.randomizer,
+        holdout_fraction=options.holdout_fraction,
+        key_size=options.key_size,
+        preprocessing=preprocessing,
+        epsilon=options.epsilon,
+        delta=options.delta,
+        mode=options.mode,
+        clip_norm=options.clip_norm,
     )
 
 
@@ -239,90 +237,56 @@ def _model_facts(model: dict[str, Any], ref: TableRef) -> dict[str, Any]:
 
 
 @flow(name="walr", flow_run_name=run_namer("walr"))
+@keyword_options(WalrOptions)
 def walr(
     features: dict[str, Any],
     labels: dict[str, Any],
-    epsilon: float,
-    delta: float,
-    mode: str = "clipped",
-    clip_norm: float | None = None,
-    l2: float = 1e-3,
-    key_size: int = 2048,
     workspace: str | None = None,
     job_id: str | None = None,
-    noise: bool = True,
-    evaluate: bool = False,
-    protected_table: str | None = None,
-    randomizer: str = DEFAULT_RANDOMIZER,
-    holdout_fraction: float = 0.0,
     preprocessing: dict[str, Any] | None = None,
+    *,
+    options: WalrOptions,
 ) -> dict[str, Any]:
     """Train WALR: (epsilon, delta)-label-DP logistic regression from one noisy sum, locally:
     both parties' ``walr_party`` sides in this process.
 
     ``features`` and ``labels`` are descriptors of the two parties' PSI-aligned tables; the
     labels party uses only its label column, and charges its own source table (an aligned
-    copy's budget is its source table's); ``protected_table``, if given, must name that table
-    or the labels table, else the labels party refuses. ``evaluate=True`` sends the
-    predictions to the labels party, which returns their AUC on the true labels: that reveals
-    every row's prediction to the labels party and is not covered by the DP guarantee.
-    ``noise=False`` (tests only) needs the test switch ``PRIVREG_TEST_NOISELESS=<job id>`` in
-    the environment (see core/test_switches.py) and the labels owner's policy (``privreg
-    policy set ... --allow-noiseless-release``).
-    ``randomizer`` picks the Paillier obfuscators: ``"full"`` (default, DCR only), ``"short"``
-    (faster, extra assumption) or ``"standard"`` (textbook r^n); see core/paillier/randomness.py.
+    copy's budget is its source table's). The options are :class:`WalrOptions`'s fields:
+    ``evaluate=True`` reveals every row's prediction to the labels party (not covered by the
+    DP guarantee); ``noise=False`` (tests only) needs the test switch
+    ``PRIVREG_TEST_NOISELESS=<job id>`` (core/test_switches.py) and the labels owner's policy.
 
     Args:
         features: Descriptor of the features party's aligned table.
         labels: Descriptor of the labels party's aligned table (only its label column is used).
-        epsilon: Epsilon of the one noisy label-weighted sum.
-        delta: Delta of the one noisy label-weighted sum.
-        mode: "clipped" (rows clipped to clip_norm) or "binary" (0/1 features).
-        clip_norm: Row-norm bound of clipped mode, chosen without looking at the labels.
-        l2: L2 penalty of the logistic regression (> 0).
-        key_size: Paillier modulus bits of the labels party's key.
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
         job_id: Job to continue; default derived from the tables and options.
-        noise: Add the calibrated noise (False only for tests, with the test switch).
-        evaluate: Send predictions to the labels party for an AUC (not covered by the DP).
-        protected_table: The labels table or its source (checked by the labels party).
-        randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
-        holdout_fraction: Share of rows (< 0.5) kept out of the release and scored for the
-            summary's held-out AUC and log-loss (0: none; evaluate=True is then in-sample).
         preprocessing: The job's preprocessing (default: standardise), fitted by the features
             party on its own training rows before clipping; binary mode never scales.
     """
     spec = PreprocessingSpec.from_dict(preprocessing)
-    randomizer_mode(randomizer)
-    validate_epsilon_delta(epsilon, delta)
-    _check_options(mode, clip_norm, l2, key_size, holdout_fraction)
+    _check_options(options)
     features_ref, labels_ref = TableRef.from_dict(features), TableRef.from_dict(labels)
     if features_ref.party == labels_ref.party:  # before anything is read or fingerprinted
         raise steps.WalrSetupError(f"both tables belong to {features_ref.party!r}")
-    labels_view = steps.labels_only(labels_ref)
-    prints = {
-        "features": steps.features_fingerprint(features_ref, spec),
-        "labels": fingerprint(labels_view),
-    }
-    protected = protected_table or labels_ref.table
-    release = {"epsilon": epsilon, "delta": delta, "mode": mode, "clip_norm": clip_norm}
+    protected = options.protected_table or labels_ref.table
+    options = options.model_copy(update={"protected_table": protected})
     if job_id is None:
         described = {
-            "features": [features_ref.party, features_ref.table, prints["features"]],
+            "features": [
+                features_ref.party, features_ref.table,
+                steps.features_fingerprint(features_ref, spec),
+            ],
             "labels": [labels_ref.party, labels_ref.table, labels_ref.label_column],
-            "labels_fingerprint": prints["labels"],
-            "shaping": [noise, l2, key_size, protected],
-            **({"holdout_fraction": holdout_fraction} if holdout_fraction else {}),
-        }
-        job_id = derive_job_id("walr", {**described, **release})
-    shared = {
-        "job_id": job_id, "epsilon": epsilon, "delta": delta, "mode": mode,
-        "clip_norm": clip_norm, "l2": l2, "key_size": key_size, "noise": noise,
-        "evaluate": evaluate, "protected_table": protected, "randomizer": randomizer,
-        "holdout_fraction": holdout_fraction, "preprocessing": spec.to_dict(),
-    }  # fmt: skip
+            "labels_fingerprint": fingerprint(steps.labels_only(labels_ref)),
+            "shaping": [options.noise, options.l2, options.key_size, protected],
+            **({"holdout_fraction": options.holdout_fraction} if options.holdout_fraction else {}),
+            **options.model_dump(include={"epsilon", "delta", "mode", "clip_norm"}),
+        }  # fmt: skip
+        job_id = derive_job_id("walr", described)
     sides = [
-        LocalSide(ref.party, _side(ref, role, peer.party, shared))
+        LocalSide(ref.party, _side(ref, role, peer.party, job_id, options, spec))
         for ref, role, peer in (
             (labels_ref, "labels", features_ref),
             (features_ref, "features", labels_ref),
@@ -334,13 +298,15 @@ def walr(
     return {
         **{k: v for k, v in labels_side.items() if k != "role"},
         **facts,
-        "epsilon": epsilon,
-        "delta": delta,
+        "epsilon": options.epsilon,
+        "delta": options.delta,
     }
 
 
-def _side(ref: TableRef, role: str, peer: str, shared: dict[str, Any]) -> Any:
-    return lambda: walr_party(ref.to_dict(), role, peer, **shared)
+def _side(
+    ref: TableRef, role: str, peer: str, job_id: str, options: WalrOptions, spec: PreprocessingSpec
+) -> Any:
+    return lambda: walr_party(ref.to_dict(), role, peer, job_id, options, spec.to_dict())
 
 
 ROLES = ("labels", "features")
@@ -352,68 +318,42 @@ def walr_party(
     role: str,
     peer: str,
     job_id: str,
-    epsilon: float,
-    delta: float,
-    mode: str = "clipped",
-    clip_norm: float | None = None,
-    l2: float = 1e-3,
-    key_size: int = 2048,
-    noise: bool = True,
-    evaluate: bool = False,
-    protected_table: str | None = None,
-    randomizer: str = DEFAULT_RANDOMIZER,
-    holdout_fraction: float = 0.0,
+    options: WalrOptions,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One party's side of WALR; its result holds only what that party may see.
 
-    Both parties run it with the same agreed ``job_id`` and release options, each with its
-    own table and ``role``; a killed party re-runs it with the same arguments and resumes:
-    messages already sent stand, and a stored release is re-sent, never charged again.
+    Both parties run it with the same agreed ``job_id`` and options, each with its own table
+    and ``role``; a killed party re-runs it with the same arguments and resumes: messages
+    already sent stand, and a stored release is re-sent, never charged again. ``noise=False``
+    needs the test switch ``PRIVREG_TEST_NOISELESS`` naming the job in this party's
+    environment.
 
     Args:
         own: Descriptor of this party's own aligned table.
         role: "labels" (holds the label column, the key and the budget) or "features".
         peer: Name of the other party (as its certificate names it).
         job_id: Job name agreed between the two parties.
-        epsilon: Epsilon of the one noisy label-weighted sum.
-        delta: Delta of the one noisy label-weighted sum.
-        mode: "clipped" (rows clipped to clip_norm) or "binary" (0/1 features).
-        clip_norm: Row-norm bound of clipped mode, chosen without looking at the labels.
-        l2: L2 penalty of the logistic regression (> 0; used by the features party).
-        key_size: Paillier modulus bits of the labels party's key.
-        noise: Add the calibrated noise (False only for tests, with the test switch
-            ``PRIVREG_TEST_NOISELESS`` naming the job in this party's environment).
-        evaluate: Predictions go to the labels party for an AUC (not covered by the DP).
-        protected_table: The labels table or its source (checked by the labels party).
-        randomizer: Paillier obfuscators: "full" (default), "short" or "standard".
-        holdout_fraction: Share of rows (< 0.5) kept out of the release and scored at the
-            labels party (both parties must pass the same; 0: none).
+        options: The release and the fit (both parties pass the same).
         preprocessing: The job's preprocessing (default: standardise); only the features
             party uses it, on its own training rows.
     """
     spec = PreprocessingSpec.from_dict(preprocessing)
     if role not in ROLES:
         raise steps.WalrSetupError(f"role must be one of {ROLES}, got {role!r}")
-    randomizer_mode(randomizer)
-    validate_epsilon_delta(epsilon, delta)
-    _check_options(mode, clip_norm, l2, key_size, holdout_fraction)
+    _check_options(options)
     ref = TableRef.from_dict(own)
-    release = {"epsilon": epsilon, "delta": delta, "mode": mode, "clip_norm": clip_norm}
     if role == "labels":
         prints = (fingerprint(steps.labels_only(ref)), "")  # the features' arrives as a message
-        names = (peer, ref.party, protected_table or ref.table)
+        names = (peer, ref.party, options.protected_table or ref.table)
     else:
         prints = ("", steps.features_fingerprint(ref, spec))
         names = (ref.party, peer, "")
-    job = _make_job(
-        names[0], names[1], job_id, None, names[2], prints, release, noise, randomizer,
-        holdout_fraction, key_size, spec,
-    )  # fmt: skip
-    scored = evaluate or holdout_fraction > 0
+    job = _make_job(names[0], names[1], job_id, names[2], prints, options, spec)
+    scored = options.evaluate or options.holdout_fraction > 0
     if role == "labels":
-        return _labels_side(job, ref, key_size, scored)
-    return _features_side(job, ref, l2, scored)
+        return _labels_side(job, ref, options.key_size, scored)
+    return _features_side(job, ref, options.l2, scored)
 
 
 def _labels_side(

@@ -111,7 +111,7 @@ class RunFailedError(RuntimeError):
 def _run(args: argparse.Namespace) -> None:
     """Validate the job file (and its sub-jobs) in full, then run it with Prefect's log lines
     in a file: the terminal shows progress and, on an error, one line and where the log is."""
-    from flows.job_schema import job_kind
+    from core.job_schema import job_kind
     from flows.jobs import load_job, load_job_tree, read_job
 
     path = Path(args.job_file)
@@ -489,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         # a short block (the file, each key, a suggestion); the schema's module is loaded only
         # by commands that read a job file, and importing it loads Prefect (flows/__init__.py)
-        schema = sys.modules.get("flows.job_schema")
+        schema = sys.modules.get("core.job_schema")
         if schema is not None and isinstance(error, schema.JobFileError):
             print(f"privreg: error: {error}", file=sys.stderr)
         else:

@@ -1,6 +1,6 @@
 """``privreg job check FILE`` and ``privreg job schema``: a job file as privreg reads it.
 
-``check`` validates a job file and the sub-job files it names (``flows/job_schema.py``) and
+``check`` validates a job file and the sub-job files it names (``core/job_schema.py``) and
 prints it with every default filled in; ``schema --markdown`` prints the job-file reference the
 README carries.
 """

@@ -10,7 +10,7 @@ import pytest
 
 from core.model_format import ModelRecord
 from privreg.cli import main
-from privreg.party_cli import _descriptor
+from privreg.option_flags import json_value
 from storage.artifacts import ArtifactStore
 from storage.party_store import PartyStore
 from tasks.horizontal_lr import model_key, model_record
@@ -109,7 +109,7 @@ def test_party_options_are_inline_json_of_any_length_or_a_file(tmp_path: Path) -
     """A job's options with its preprocessing run past 255 bytes, the longest file name: they
     are read as JSON, not looked up as a path (which failed with 'File name too long')."""
     options = {"preprocessing": {"impute": "median"}, "note": "x" * 300}
-    assert _descriptor(json.dumps(options)) == options
+    assert json_value(json.dumps(options)) == options
     saved = tmp_path / "options.json"
     saved.write_text(json.dumps(options))
-    assert _descriptor(str(saved)) == options
+    assert json_value(str(saved)) == options

@@ -17,9 +17,8 @@ import pytest
 import yaml
 from prefect import Flow
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
-from flows import job_schema as schema
+from core import job_schema as schema
 from flows.job_reference import BEGIN, markdown, readme_section
 from flows.jobs import load_job, read_job
 from privreg.cli import build_parser, main
@@ -173,40 +172,36 @@ def test_job_level_keys_follow_their_readers() -> None:
     }
 
 
-# ---- the schema follows the flows ----------------------------------------------------------------
-def _flows() -> dict[type, list[tuple[Any, set[str]]]]:
-    """Each stage's flows, with the parameters a job file does not set (tables, ids, roles)."""
-    from flows import align, horizontal_lr, label_dp, sparse_lda, vertical_lr, vertical_party, walr
+# ---- the schema is what the flows take ----------------------------------------------------------
+#: Each stage's model, and the side flows that take it whole as their ``options``.
+STAGE_FLOWS: dict[type, list[str]] = {
+    schema.PsiOptions: ["psi_align_party"],
+    schema.VerticalOptions: ["vertical_lr_party"],
+    schema.WalrOptions: ["walr_party"],
+    schema.LabelDPOptions: ["label_dp_party"],
+    schema.HorizontalOptions: ["horizontal_lr_party", "horizontal_lr_coordinator"],
+    schema.SparseLDAOptions: ["sparse_lda_party", "sparse_lda_coordinator"],
+    schema.ScoreOptions: ["score_vertical_party"],
+}
 
-    # a job-level "preprocessing" reaches the flows that take it, not as a stage option
-    one = {"workspace", "job_id", "preprocessing"}
-    party = {"own", "role", "peer", "job_id", "workspace", "preprocessing"}
-    hospitals = {"parties", "job_id", "workspace", "own", "preprocessing"}
-    return {
-        schema.PsiOptions: [
-            (align.psi_align, {"party_a", "party_b", "workspace", "job_id"}),
-            (align.psi_align_party, party),
-        ],
-        schema.VerticalOptions: [
-            (vertical_lr.vertical_lr, one | {"guest", "hosts"}),
-            (vertical_party.vertical_lr_party, party | {"guest", "hosts", "arbiter"}),
-        ],
-        schema.WalrOptions: [(walr.walr, one | {"features", "labels"}), (walr.walr_party, party)],
-        schema.LabelDPOptions: [
-            (label_dp.label_dp_regression, one | {"features", "labels"}),
-            (label_dp.label_dp_party, party),
-        ],
-        schema.HorizontalOptions: [
-            (horizontal_lr.horizontal_lr, hospitals),
-            (horizontal_lr.horizontal_lr_coordinator, hospitals),
-            (horizontal_lr.horizontal_lr_party, hospitals),
-        ],
-        schema.SparseLDAOptions: [
-            (sparse_lda.sparse_lda, hospitals),
-            (sparse_lda.sparse_lda_coordinator, hospitals),
-            (sparse_lda.sparse_lda_party, hospitals),
-        ],
-    }
+
+def test_every_side_flow_takes_its_stage_model_as_one_validated_parameter() -> None:
+    """Issue 35.5: an option is declared once, in its model; Prefect validates a side flow's
+    ``options`` from it (a dict from a deployment form becomes the model, a bad value fails)."""
+    flows = _user_facing_flows()
+    for model, names in STAGE_FLOWS.items():
+        for name in names:
+            schema_of = flows[name].parameters.model_dump()
+            assert schema_of["properties"]["options"]["$ref"].endswith(model.__name__), name
+            assert set(schema_of["definitions"][model.__name__]["properties"]) == set(
+                model.model_fields
+            ), name
+    walr = flows["walr"]  # a public runner: one keyword per field, the model's defaults
+    keywords = inspect.signature(walr.fn).parameters
+    assert all(keywords[k].default == f.default for k, f in schema.WalrOptions.model_fields.items()
+               if not f.is_required())  # fmt: skip
+    with pytest.raises(ValueError, match="clip_norm"):
+        walr.fn({}, {}, epsilon=1.0, delta=1e-5, clip_norm=-1.0)
 
 
 def _test_only(name: str) -> bool:
@@ -251,7 +246,7 @@ def test_no_user_facing_flow_job_file_or_command_has_a_test_only_option() -> Non
         if _test_only(parameter)
     }
     models = [v for v in vars(schema).values() if isinstance(v, type) and issubclass(v, BaseModel)]
-    assert set(_flows()) <= set(models)
+    assert set(STAGE_FLOWS) <= set(models)
     offered |= {f"{m.__name__}.{k}" for m in models for k in m.model_fields if _test_only(k)}
     commands = [build_parser()]
     while commands:  # every option of every (sub)command but the owner's consent to test runs
@@ -265,21 +260,3 @@ def test_no_user_facing_flow_job_file_or_command_has_a_test_only_option() -> Non
                 if _test_only(option.lstrip("-").replace("-", "_")):
                     offered.add(f"{parser.prog} {option}")
     assert offered == set()
-
-
-def test_every_stage_option_is_a_flow_parameter_with_the_same_default() -> None:
-    for model, stage_flows in _flows().items():
-        accepted: set[str] = set()
-        for stage_flow, structural in stage_flows:
-            parameters = inspect.signature(stage_flow.fn).parameters
-            options = {n: p for n, p in parameters.items() if n not in structural}
-            accepted |= set(options)
-            for name, parameter in options.items():
-                field = model.model_fields[name]
-                if (
-                    field.default is PydanticUndefined
-                    or parameter.default is inspect.Parameter.empty
-                ):
-                    continue  # required by the schema, or by this flow
-                assert field.default == parameter.default, (model.__name__, stage_flow.name, name)
-        assert set(model.model_fields) == accepted, model.__name__

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from helpers import party_env
 from prefect import flow
+from prefect.exceptions import ParameterTypeError
 from test_party_processes import PARTIES, make_tables, write_config
 from test_psi_flow import make_parties
 
@@ -85,7 +86,7 @@ def test_small_intersection_is_refused_and_nothing_written(workspace: Path) -> N
 
 def test_unknown_protocol_is_refused(workspace: Path) -> None:
     a, b, _ = make_parties(workspace)
-    with pytest.raises(ValueError, match="unknown PSI protocol 'rr22'"):
+    with pytest.raises(ParameterTypeError, match="protocol: Input should be 'kkrt' or 'ecdh'"):
         psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="rr22")
 
 
@@ -291,8 +292,9 @@ import json, os, sys
 from federation.party_config import ENV_VAR, PartyConfig
 os.environ[ENV_VAR] = os.path.abspath(sys.argv[1])
 own = PartyConfig.load(sys.argv[1]).own_table(json.loads(sys.argv[2]))
+from core.job_schema import PsiOptions
 from flows.align import psi_align_party
-print(json.dumps(psi_align_party(own, sys.argv[3], "kkrt-two")))
+print(json.dumps(psi_align_party(own, sys.argv[3], "kkrt-two", PsiOptions())))
 """
 
 

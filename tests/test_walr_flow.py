@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import summary_quality
+from prefect.exceptions import ParameterTypeError
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
 
-from core.dp.errors import PrivacyParameterError
 from core.paillier.errors import KeySizeError
 from core.test_switches import NOISELESS_VARIABLE, SMALL_KEYS_VARIABLE
 from core.walr import (
@@ -215,7 +215,7 @@ def test_bad_inputs_are_refused_with_clear_errors(
         (1.0, 0.0, "delta"),
         (1.0, 1.0, "delta"),
     ):
-        with pytest.raises(PrivacyParameterError, match=problem):
+        with pytest.raises(ParameterTypeError, match=f"{problem}: Input should be"):
             run(features, labels, workspace, epsilon=epsilon, delta=delta)
     with pytest.raises(WalrSetupError, match=f"{NOISELESS_VARIABLE}=walr-unsure"):
         run(features, labels, workspace, noise=False, job_id="walr-unsure")

@@ -294,10 +294,10 @@ def test_label_dp_parties_as_processes_release_once_and_match_one_process(
     frame = pd.DataFrame(X, columns=["x0", "x1", "x2"]).assign(id=ids)
     PartyStore.of(tables[FEATURES]).import_frame(frame, tables[FEATURES])
     PrivacyLedger(PartyStore.of(tables[LABELS])).set_budget("scores", 1.0, 0.0)
-    labels_options = ["--epsilon", "1", "--label-range", "0", "20", "--integer-labels"]
+    options = ["--epsilon", "1", "--label-range", "0", "20", "--integer-labels"]
     job = "label-dp-two-processes"
-    # the features party passes no release option: the terms arrive with the digest
-    runs = parties.run("label-dp", job, tables, {LABELS: labels_options, FEATURES: []},
+    # both pass the job's options; the features party trains on the terms the digest binds
+    runs = parties.run("label-dp", job, tables, dict.fromkeys(tables, options),
                        dict.fromkeys(PEER, True))  # fmt: skip
     result = finish(runs)
     labels, features = result[LABELS], result[FEATURES]

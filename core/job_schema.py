@@ -396,7 +396,7 @@ def _keys_at(model: type[BaseModel], loc: list[str]) -> list[str]:
     """The valid keys of the object at ``loc`` (a dict's keys are free, so none follow it)."""
     annotation: Any = model
     for part in loc:
-        annotation = _object_type(annotation)
+        annotation = bare_type(annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             field = annotation.model_fields.get(part)
             if field is None:
@@ -406,13 +406,13 @@ def _keys_at(model: type[BaseModel], loc: list[str]) -> list[str]:
             annotation = typing.get_args(annotation)[1]
         else:
             return []
-    annotation = _object_type(annotation)
+    annotation = bare_type(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return list(annotation.model_fields)
     return []
 
 
-def _object_type(annotation: Any) -> Any:
+def bare_type(annotation: Any) -> Any:
     """``X | None`` and ``Annotated[X, ...]`` as ``X``."""
     while True:
         origin = typing.get_origin(annotation)

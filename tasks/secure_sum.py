@@ -79,7 +79,6 @@ class SumContext:
     workspace: str | None = None
     scale_bits: int = secagg.DEFAULT_SCALE_BITS
     stage_timeout: float = 60.0  # seconds a stage waits for the parties' answers
-    peer_copies: bool = False  # parties also send peers what lets each unmask the sum itself
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return channel_for(self.job_id, self.workspace).endpoint(party)
@@ -104,10 +103,6 @@ class SumContext:
     def revealed_key(self) -> str:
         """Which senders a party helped unmask this (job, round) for; kept for the job's life."""
         return f"{self.protocol}/{self.job_id}/revealed/{self.round:07d}"
-
-    def point_key(self, point: str) -> str:
-        """Which round a party contributed at ``point`` (e.g. a model); kept for the job's life."""
-        return f"{self.protocol}/{self.job_id}/point/{point}"
 
     @property
     def sum_key(self) -> str:
@@ -165,10 +160,6 @@ class SessionRecords:
             record = {"session_id": self.ctx.session_id, "state": sealed, "outbox": outbox}
             self.artifacts.put(self.ctx.prefix + step, record, "secagg-state", con=self.con)
         return record["outbox"]
-
-    def stored(self, step: str) -> dict[str, Any] | None:
-        """This session's record of a finished step (``state`` and ``outbox``), or None."""
-        return self._record(step)
 
     def forget_older_sessions(self) -> None:
         """Drop what an aborted attempt left behind (or this session's secrets, once done):
@@ -334,43 +325,17 @@ def party_share(store: PartyStore, ctx: SumContext, party: str) -> None:
             "share", lambda: secagg.share_keys(records.state("advertise"), directory)
         )
     endpoint.send(COORDINATOR, ctx.kind("secagg_shares"), message, round=ctx.round)
-    commitment = {k: message[k] for k in ("session_id", "party", "self_mask_commitment")}
-    _to_peers(endpoint, ctx, party, "secagg_commitment", commitment)
 
 
-def party_mask(
-    store: PartyStore, ctx: SumContext, party: str, vector: np.ndarray, point: str | None = None
-) -> None:
-    """Step 2: send ``vector`` masked (a retry re-sends the stored masked message).
-
-    ``point`` names what the vector is a function of (horizontal LR: a digest of the model it
-    was computed at). A party contributes at one point in one round only: two sums at the same
-    point whose senders differ by one party give that party's exact vector, and a coordinator
-    could otherwise get them across rounds (broadcast the same model twice, then claim the
-    party dropped). A re-run of the same round may use its point again; the per-round guard of
-    :func:`party_reveal` keeps its senders unchanged.
-    """
+def party_mask(store: PartyStore, ctx: SumContext, party: str, vector: np.ndarray) -> None:
+    """Step 2: send ``vector`` masked (a retry re-sends the stored masked message)."""
     endpoint = ctx.endpoint(party)
     delivery = endpoint.receive(COORDINATOR, ctx.kind("secagg_shares"), round=ctx.round)
     with session(store, ctx, party) as records:
-
-        def mask() -> tuple[Any, Any]:
-            if point is not None:
-                key = ctx.point_key(point)
-                seen = records.artifacts.get(key, con=records.con)
-                if seen is not None and seen != ctx.round:
-                    raise secagg.ProtocolViolationError(
-                        f"party {party!r}: the coordinator asks for round {ctx.round} of job "
-                        f"{ctx.job_id} at the same model as round {seen}; refusing to "
-                        "contribute twice at one model (the difference of two such sums "
-                        "would reveal single updates)"
-                    )
-                records.artifacts.put(key, ctx.round, "secagg-point", con=records.con)
-            return secagg.mask_input(records.state("share"), delivery, vector)
-
-        message = records.once("mask", mask)
+        message = records.once(
+            "mask", lambda: secagg.mask_input(records.state("share"), delivery, vector)
+        )
     endpoint.send(COORDINATOR, ctx.kind("secagg_masked"), message, round=ctx.round)
-    _to_peers(endpoint, ctx, party, "secagg_masked", message)
 
 
 def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
@@ -399,70 +364,6 @@ def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
 
         response = records.once("reveal", reveal)
     endpoint.send(COORDINATOR, ctx.kind("secagg_unmask_response"), response, round=ctx.round)
-    _to_peers(endpoint, ctx, party, "secagg_unmask_response", response)
-
-
-def _to_peers(
-    endpoint: PartyEndpoint, ctx: SumContext, party: str, kind: str, message: Any
-) -> None:
-    """With ``ctx.peer_copies``, the same message to every other party (see
-    :func:`party_unmasked_sum`); each copy is authenticated by the channel, not relayed."""
-    if ctx.peer_copies:
-        for peer in ctx.parties:
-            if peer != party:
-                endpoint.send(peer, ctx.kind(kind), message, round=ctx.round)
-
-
-def party_unmasked_sum(
-    store: PartyStore, ctx: SumContext, party: str, revealers: Sequence[str] | None = None
-) -> np.ndarray | None:
-    """The session's sum as this party unmasks it itself, from its peers' copies.
-
-    Why: a party that helped unmask must be able to check the sum the coordinator announces;
-    otherwise a coordinator could announce any sum (e.g. one that barely moves the model, so
-    that the next round, with one party claimed dropped, reveals that party's update). The
-    peers' commitments, masked inputs and unmask shares reach every party directly, and it runs
-    the coordinator's own steps on them; it learns the sum (the coordinator's view), no more.
-    Returns None when this party did not help unmask the session (it has nothing to check).
-    ``revealers`` (from the coordinator's result, default: every sender) are the parties whose
-    unmask shares it used; only theirs are waited for.
-    """
-    endpoint = ctx.endpoint(party)
-    with session(store, ctx, party) as records:
-        revealed, masked, shared = (records.stored(s) for s in ("reveal", "mask", "share"))
-    if revealed is None or masked is None or shared is None:
-        return None
-    state, own_response = revealed["state"], revealed["outbox"]
-    own_masked, own_share = masked["outbox"], shared["outbox"]
-    request = state["unmask_request"]
-    senders = [p for p in request["input_senders"] if p != party]
-    where = f"party {party!r}: round {ctx.round} of job {ctx.job_id}"
-    masked = [own_masked, *arrived(endpoint, ctx, "secagg_masked", senders)]
-    commitments = {party: own_share["self_mask_commitment"]}
-    for message in arrived(endpoint, ctx, "secagg_commitment", senders):
-        commitments[message["party"]] = message["self_mask_commitment"]
-    missing = sorted(set(request["input_senders"]) - {m["party"] for m in masked})
-    missing += sorted(set(request["input_senders"]) - set(commitments))
-    if missing:
-        raise secagg.ProtocolViolationError(
-            f"{where}: the coordinator counts {sorted(set(missing))} as senders, but their "
-            "masked inputs or commitments never reached this party; refusing its sum"
-        )
-    peer_state = secagg.CoordinatorState(
-        config=state["config"],
-        stage="collecting_inputs",
-        public_keys=state["public_keys"],
-        share_senders=state["share_senders"],
-        self_mask_commitments=commitments,
-        input_senders=[],
-        dropped=[],
-        masked_sum=None,
-    )
-    peer_state, _ = secagg.collect_masked_inputs(peer_state, masked)
-    helpers = senders if revealers is None else [p for p in revealers if p != party]
-    responses = [own_response, *arrived(endpoint, ctx, "secagg_unmask_response", helpers)]
-    _, aggregate = secagg.reconstruct_sum(peer_state, responses)
-    return secagg.decode(aggregate["ring_sum"], state["config"]["scale_bits"])
 
 
 def forget_session(store: PartyStore, ctx: SumContext, who: str) -> None:
@@ -582,15 +483,6 @@ def mask_stored_input(ref: TableRef, ctx: SumContext, input_key: str) -> None:
 )
 def reveal_shares(ref: TableRef, ctx: SumContext) -> None:
     party_reveal(PartyStore.of(ref), ctx, ref.party)
-
-
-@task(
-    name="secagg-forget-session",
-    task_run_name="round {ctx.round}: {ref.party} forget session",
-    **PARTY_STEP,
-)
-def forget_party_session(ref: TableRef, ctx: SumContext) -> None:
-    forget_session(PartyStore.of(ref), ctx, ref.party)
 
 
 @task(
@@ -773,6 +665,7 @@ SESSION_STAGES: tuple[tuple[str, str, Any], ...] = (
     ("mask_input", "secagg_masked", collect_masked),
     ("reveal_shares", "secagg_unmask_response", None),
 )
+
 
 def drive_session(
     ctx: SumContext,

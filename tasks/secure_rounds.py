@@ -60,12 +60,11 @@ from prefect.runtime import flow_run
 
 from core.secagg import multiround as mr
 from core.secagg import wire
-from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
+from core.secagg.errors import ProtocolViolationError
 from core.secagg.fixed_point import DEFAULT_SCALE_BITS, decode
 from core.secagg.graph import choose_parameters
 from federation.channel import PartyEndpoint, RelayError
 from federation.watchers import in_context
-from federation.workspace import channel_for
 from storage.artifacts import Artifact
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts
@@ -108,7 +107,6 @@ class RoundsJob:
     parties: tuple[str, ...]
     threshold: int  # fewest senders a sum may have
     dimension: int
-    workspace: str | None = None
     scale_bits: int = DEFAULT_SCALE_BITS
     stage_timeout: float = 60.0  # seconds a stage waits (the coordinator's view stage too)
 
@@ -124,9 +122,6 @@ class RoundsJob:
         """The job's SecAgg+ configuration: the same at every holder (graph from the job id);
         with a complete graph each self-mask needs ``threshold`` of its holders."""
         return _config(self.job_id, self.parties, self.threshold, self.dimension, self.scale_bits)
-
-    def endpoint(self, party: str) -> PartyEndpoint:
-        return channel_for(self.job_id, self.workspace).endpoint(party)
 
     @property
     def scope(self) -> str:
@@ -208,7 +203,7 @@ def _require_terms(record: dict[str, Any], job: RoundsJob, party: str) -> None:
 
 
 def party_join(
-    store: PartyStore, job: RoundsJob, party: str, round_: int, agreed: bool = False
+    store: PartyStore, job: RoundsJob, endpoint: PartyEndpoint, round_: int, agreed: bool = False
 ) -> None:
     """Once per job: fresh keys; the public half to the coordinator, with ``round_`` as the
     first round this party joins (a retry, or a restart, re-sends the same message).
@@ -216,6 +211,7 @@ def party_join(
     ``agreed``: ``job`` carries this party's own terms (its options: parties, threshold,
     stage timeout); they are stored and every later call must state them (:func:`party_state`).
     Without it only the configuration is fixed once the party has masked a round."""
+    party = endpoint.party
     with store.transaction() as con:
         record = load_record(store, job, party, con)
         if not record:
@@ -227,14 +223,14 @@ def party_join(
                 record["terms"] = job.terms()  # from this party's own options
             save_record(store, job, party, record, con)
     first = record["first_keys"]
-    job.endpoint(party).send_once(COORDINATOR, JOB_KEYS, lambda: first, round=record["keys_round"])
+    endpoint.send_once(COORDINATOR, JOB_KEYS, lambda: first, round=record["keys_round"])
 
 
-def party_rejoin(store: PartyStore, job: RoundsJob, party: str, round_: int) -> None:
+def party_rejoin(store: PartyStore, job: RoundsJob, endpoint: PartyEndpoint, round_: int) -> None:
     """Left out of ``round_``: re-key once (old secrets gone), then ask back with the new keys
     on every call that still leaves it out."""
     with store.transaction() as con:
-        record = load_record(store, job, party, con)
+        record = load_record(store, job, endpoint.party, con)
         if not record.get("rejoining"):
             state, ad = mr.rekey(party_state(record))
             record = {
@@ -244,8 +240,8 @@ def party_rejoin(store: PartyStore, job: RoundsJob, party: str, round_: int) -> 
                 "masked": None,
                 "rejoining": True,
             }
-            save_record(store, job, party, record, con)
-    job.endpoint(party).send_once(COORDINATOR, REJOIN, lambda: record["keys"], round=round_)
+            save_record(store, job, endpoint.party, record, con)
+    endpoint.send_once(COORDINATOR, REJOIN, lambda: record["keys"], round=round_)
 
 
 def round_start(job: RoundsJob, round_: int, call: Mapping[str, Any], party: str) -> mr.RoundStart:
@@ -263,7 +259,7 @@ def round_start(job: RoundsJob, round_: int, call: Mapping[str, Any], party: str
 def party_mask(
     store: PartyStore,
     job: RoundsJob,
-    party: str,
+    endpoint: PartyEndpoint,
     start: mr.RoundStart,
     vector: np.ndarray,
     guard: Callable[[Any], Sequence[Artifact]] | None = None,
@@ -275,7 +271,7 @@ def party_mask(
     ``guard(con)`` runs in the same transaction before masking (e.g. one contribution per
     model point) and may refuse; the artifacts it returns are stored with the record.
     """
-    r = start.round
+    r, party = start.round, endpoint.party
     with store.transaction() as con:
         record = load_record(store, job, party, con)
         stored = record.get("masked")
@@ -297,7 +293,7 @@ def party_mask(
                 "rejoining": False,
             }
             save_record(store, job, party, record, con, also=marks)
-    job.endpoint(party).send(COORDINATOR, MASKED, stored, round=r)
+    endpoint.send(COORDINATOR, MASKED, stored, round=r)
     return record
 
 
@@ -313,7 +309,7 @@ def _request(request_plain: Any, party: str, round_: int) -> mr.UnmaskRequest:
 def party_view(
     store: PartyStore,
     job: RoundsJob,
-    party: str,
+    endpoint: PartyEndpoint,
     round_: int,
     request_plain: Any,
     record: dict[str, Any] | None = None,
@@ -324,9 +320,11 @@ def party_view(
 
     One view a round: a different request for the round is refused. With ``record`` nothing
     is stored here (as :func:`party_answer` says why); a retry re-sends the same bytes."""
-    request = _request(request_plain, party, round_)
-    record, view = _advance(store, job, party, record, lambda st: mr.sign_view(st, request))
-    job.endpoint(party).send(COORDINATOR, VIEW, wire.view_to_plain(view), round=round_)
+    request = _request(request_plain, endpoint.party, round_)
+    record, view = _advance(
+        store, job, endpoint.party, record, lambda st: mr.sign_view(st, request)
+    )
+    endpoint.send(COORDINATOR, VIEW, wire.view_to_plain(view), round=round_)
     return record
 
 
@@ -356,7 +354,7 @@ def _advance(
 def party_answer(
     store: PartyStore,
     job: RoundsJob,
-    party: str,
+    endpoint: PartyEndpoint,
     round_: int,
     request_plain: Any,
     record: dict[str, Any] | None = None,
@@ -372,26 +370,25 @@ def party_answer(
     party can only be asked the same request again (the channel keeps one message under a
     round's key and refuses other bytes), which it signs and answers with the same bytes
     (signing and answering are deterministic given the state and the request)."""
-    request = _request(request_plain, party, round_)
+    request = _request(request_plain, endpoint.party, round_)
     held = record is not None
-    record = party_view(store, job, party, round_, request_plain, record)
-    views = party_views(job, party, round_, 2 * job.stage_timeout)
+    record = party_view(store, job, endpoint, round_, request_plain, record)
+    views = party_views(job, endpoint, round_, 2 * job.stage_timeout)
     record, response = _advance(
-        store, job, party, record if held else None,
+        store, job, endpoint.party, record if held else None,
         lambda st: mr.answer_unmask(st, request, views),
     )  # fmt: skip
     plain = wire.response_to_plain(response)
-    job.endpoint(party).send(COORDINATOR, RESPONSE, plain, round=round_)
+    endpoint.send(COORDINATOR, RESPONSE, plain, round=round_)
     return record
 
 
 def party_views(
-    job: RoundsJob, party: str, round_: int, timeout: float
+    job: RoundsJob, endpoint: PartyEndpoint, round_: int, timeout: float
 ) -> dict[str, mr.SurvivorView]:
     """The senders' signed views of the round from the coordinator's relay, each checked as
     its signer's (over mTLS its certificate's signature; on a shared folder the original);
     a relay that fails the check is refused, naming the coordinator."""
-    endpoint = job.endpoint(party)
     try:
         entries = endpoint.receive(COORDINATOR, VIEW_RELAY, round=round_, timeout=timeout)
         signers = sorted(entries) if isinstance(entries, dict) else []
@@ -402,13 +399,13 @@ def party_views(
         )
     except RelayError as error:
         raise ProtocolViolationError(
-            f"party {party!r}: the coordinator's relay of the survivor views of round "
+            f"party {endpoint.party!r}: the coordinator's relay of the survivor views of round "
             f"{round_} of job {job.job_id} is refused before anything is revealed: {error}"
         ) from None
     return {s: wire.view_from_plain(v, s) for s, v in plain.items()}
 
 
-def prefetch(job: RoundsJob, party: str, kind: str, round_: int, timeout: float) -> None:
+def prefetch(endpoint: PartyEndpoint, kind: str, round_: int, timeout: float) -> None:
     """Start fetching the coordinator's relay ``kind`` of the round in the background, a wait
     that returns when it arrives (or after ``timeout`` seconds); returns at once.
 
@@ -417,7 +414,6 @@ def prefetch(job: RoundsJob, party: str, kind: str, round_: int, timeout: float)
     critical path (a fetched message is kept and read locally later; a check that asks for
     one still being fetched waits for that fetch). On one shared folder there is nothing to
     fetch."""
-    endpoint = job.endpoint(party)
     if endpoint.channel.transport.party is not None:
         receivers().submit(in_context(_fetch_quietly), endpoint, COORDINATOR, kind, round_, timeout)
 
@@ -451,7 +447,7 @@ def _relayed(
 
 def party_sum(
     job: RoundsJob,
-    party: str,
+    endpoint: PartyEndpoint,
     record: dict[str, Any],
     call: Mapping[str, Any],
     round_: int,
@@ -469,12 +465,12 @@ def party_sum(
     """
     if not record:
         return None
+    party = endpoint.party
     state = party_state(record, job)
     if state.answered is None or state.answered[0].round != round_:
         return None
     request, own_response = state.answered
     own_masked = wire.masked_from_plain(record["masked"], party)
-    endpoint = job.endpoint(party)
     deadline = time.monotonic() + timeout
     others = [p for p in request.senders if p != party]
     masked = _relayed(endpoint, MASKED, others, round_, deadline)
@@ -570,6 +566,7 @@ def call_keys(state: mr.JobCoordinatorState) -> dict[str, Any]:
 def coordinator_collect(
     store: PartyStore,
     job: RoundsJob,
+    endpoint: PartyEndpoint,
     round_: int,
     inputs: Mapping[str, Any],
     views: bool = True,
@@ -595,16 +592,17 @@ def coordinator_collect(
             }
             save_record(store, job, COORDINATOR, record, con)
     remember(store, job, record)
-    endpoint = job.endpoint(COORDINATOR)
     endpoint.send_each(record["requests"], REQUEST, round=round_)
     senders = list(state.senders)
     endpoint.relay(senders, MASKED_RELAY, MASKED, senders, round=round_)
     if views:
-        coordinator_relay_views(store, job, round_)
+        coordinator_relay_views(store, job, endpoint, round_)
     return senders, list(state.dropped)
 
 
-def coordinator_relay_views(store: PartyStore, job: RoundsJob, round_: int) -> list[str]:
+def coordinator_relay_views(
+    store: PartyStore, job: RoundsJob, endpoint: PartyEndpoint, round_: int
+) -> list[str]:
     """The consistency round's relay (Bonawitz et al. 2017, round 3): wait up to the stage
     timeout for every sender's signed view, check each is the one this coordinator gave
     (:func:`core.secagg.multiround.collect_views`), and relay all of them, with their
@@ -616,7 +614,7 @@ def coordinator_relay_views(store: PartyStore, job: RoundsJob, round_: int) -> l
             f"coordinator: round {round_} of job {job.job_id} has no unmask requests out "
             f"(at round {state.round}, {state.stage})"
         )
-    endpoint, senders = job.endpoint(COORDINATOR), list(state.senders)
+    senders = list(state.senders)
     deadline = time.monotonic() + job.stage_timeout
     found = collect(endpoint, VIEW, senders, round_, deadline)
     views = [wire.view_from_plain(found[p], p) for p in senders if p in found]
@@ -626,11 +624,11 @@ def coordinator_relay_views(store: PartyStore, job: RoundsJob, round_: int) -> l
 
 
 def coordinator_relay_answers(
-    job: RoundsJob, round_: int, senders: Sequence[str], responders: Sequence[str]
+    endpoint: PartyEndpoint, round_: int, senders: Sequence[str], responders: Sequence[str]
 ) -> None:
     """Before the round's model: relay the answers it was unmasked with to every sender, so
     each that answered can check the sum (:func:`party_sum`); a re-send is a no-op."""
-    job.endpoint(COORDINATOR).relay(senders, RESPONSE_RELAY, RESPONSE, responders, round=round_)
+    endpoint.relay(senders, RESPONSE_RELAY, RESPONSE, responders, round=round_)
 
 
 def coordinator_unmask(
@@ -652,19 +650,3 @@ def coordinator_unmask(
     record = {**record, "state": wire.coordinator_state_to_plain(state), "requests": {}}
     total = decode(result.ring_sum, job.scale_bits)
     return RoundSum(total, senders, sorted(responses), record)
-
-
-def require_senders(
-    job: RoundsJob, round_: int, stage: str, live: Sequence[str], why: Mapping[str, str]
-) -> None:
-    """Abort before anything is unmasked when fewer than ``threshold`` answered a stage,
-    naming each missing party and why."""
-    if len(live) >= job.threshold:
-        return
-    missing = "; ".join(f"{p} ({why[p]})" for p in job.parties if p in why)
-    raise InsufficientSurvivorsError(
-        f"round {round_} of job {job.job_id}, stage {stage}: only {len(live)} of "
-        f"{len(job.parties)} parties answered ({list(live)}), fewer than the threshold "
-        f"{job.threshold}; missing: {missing}. The round is aborted: nothing was unmasked "
-        "or committed"
-    )

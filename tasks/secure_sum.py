@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from prefect import get_run_logger, task
@@ -48,6 +48,7 @@ from prefect.exceptions import MissingContextError
 
 from core import secagg, test_switches
 from federation.channel import ChannelError, MessageConflictError, PartyEndpoint
+from federation.party_config import active_config
 from federation.status import PeerFailedError
 from federation.watchers import in_context
 from federation.workspace import channel_for, workspace_root
@@ -110,8 +111,14 @@ class SumContext:
         return f"{self.protocol}/{self.job_id}/sum/{self.round:07d}"
 
 
-def coordinator_store(workspace: str | None) -> PartyStore:
-    return PartyStore(workspace_root(workspace) / "parties" / f"{COORDINATOR}.duckdb")
+def coordinator_store(root: str | None = None) -> PartyStore:
+    """The coordinator's own store, in the folder of the party this code runs as (a side of a
+    local run: the run's folder; the coordinator's process: its own folder), as
+    :func:`federation.workspace.channel_for` finds its messages; ``root`` only where no party
+    is active (a helper that reads a run's results)."""
+    config = active_config()
+    folder = workspace_root(root) if config is None else config.root
+    return PartyStore(folder / "parties" / f"{COORDINATOR}.duckdb")
 
 
 class SessionRecords:
@@ -249,7 +256,7 @@ def collect(
             break
         still = [p for p in parties if p not in found]
         if now >= report_at and report_every and still:
-            _logger().info(
+            run_logger().info(
                 "%s: still waiting for %s of round %d from %s, since %s (%.0f s); "
                 "%.0f s left before they count as missing",
                 endpoint.party,
@@ -291,7 +298,7 @@ def _receive(endpoint: PartyEndpoint, party: str, kind: str, round_: int, wait: 
         return _NOTHING
 
 
-def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+def run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
     """The run's logger inside a flow or task run, else this module's (a plain call)."""
     try:
         return get_run_logger()
@@ -624,37 +631,61 @@ def injected_fault(party: str, stage: str, round_: int, kind: str, hang_seconds:
     raise SimulatedCrashError(f"{party}: injected failure at {stage} in round {round_}")
 
 
-@dataclass(frozen=True)
-class StageOutcome:
-    """Who answered a stage by its deadline (with their results) and why the others did not."""
+class Terms(Protocol):
+    """What a quorum is counted against (:class:`SumContext`, a rounds job)."""
 
-    answered: dict[str, Any]
-    missing: dict[str, str]
-
-
-def log_dropouts(round_: int, job_id: str, stage: str, missing: Mapping[str, str]) -> None:
-    """One warning per party that dropped out of a stage, with why (every secure-sum driver)."""
-    for party, why in missing.items():
-        get_run_logger().warning(
-            "round %d of job %s: %s dropped out at %s (%s)", round_, job_id, party, stage, why
-        )
+    job_id: str
+    parties: tuple[str, ...]
+    threshold: int
 
 
-def require_threshold(
-    ctx: SumContext, stage: str, outcome: StageOutcome, gone: Mapping[str, str]
+def survivors(
+    terms: Terms,
+    round_: int,
+    stage: str,
+    live: Sequence[str],
+    found: Mapping[str, Any],
+    timeout: float,
+    gone: dict[str, str],
 ) -> list[str]:
-    """The parties that answered; abort (nothing unmasked or committed) below the threshold."""
-    live = list(outcome.answered)
-    if len(live) < ctx.threshold:
-        why = {**gone, **outcome.missing}
-        missing = "; ".join(f"{p} ({why[p]})" for p in ctx.parties if p in why)
+    """Those of ``live`` whose message of ``stage`` is in ``found`` (it arrived by the stage's
+    deadline, ``timeout`` after it opened); every other one has dropped out, whatever the
+    reason: logged, and added to ``gone`` with why. Fewer than the threshold abort the round
+    before anything is unmasked or committed, naming each missing party and why."""
+    late = f"no answer within {timeout:g} s"
+    for party in live:
+        if party not in found:
+            gone[party] = late
+            run_logger().warning(
+                "round %d of job %s: %s dropped out at %s (%s)",
+                round_, terms.job_id, party, stage, late,
+            )  # fmt: skip
+    answered = [p for p in live if p in found]
+    if len(answered) < terms.threshold:
+        missing = "; ".join(f"{p} ({gone[p]})" for p in terms.parties if p in gone)
         raise secagg.InsufficientSurvivorsError(
-            f"round {ctx.round} of job {ctx.job_id}, stage {stage}: only {len(live)} of "
-            f"{len(ctx.parties)} parties answered ({live}), fewer than the threshold "
-            f"{ctx.threshold}; missing: {missing}. The round is aborted: nothing was unmasked "
-            "or committed"
+            f"round {round_} of job {terms.job_id}, stage {stage}: only {len(answered)} of "
+            f"{len(terms.parties)} parties answered ({answered}), fewer than the threshold "
+            f"{terms.threshold}; missing: {missing}. The round is aborted: nothing was "
+            "unmasked or committed"
         )
-    return live
+    return answered
+
+
+def announced(endpoint: PartyEndpoint, kind: str, terms: Terms, timeout: float) -> dict[str, Any]:
+    """The parties' ``kind`` messages of a job's start (their columns), by party in the job's
+    order, that arrive within ``timeout``: those missing by then are left out from the start
+    (named in the log), and fewer than the threshold fail, naming them."""
+    found = collect(endpoint, kind, terms.parties, 0, time.monotonic() + timeout)
+    missing = [p for p in terms.parties if p not in found]
+    if len(found) < terms.threshold:
+        raise secagg.InsufficientSurvivorsError(
+            f"job {terms.job_id}: only {sorted(found)} announced their columns within "
+            f"{timeout:g} s, fewer than the threshold {terms.threshold}; missing: {missing}"
+        )
+    if missing:
+        run_logger().warning("job %s: %s did not announce columns", terms.job_id, missing)
+    return {p: found[p] for p in terms.parties if p in found}
 
 
 #: A session's stages: the party step, the message it sends the coordinator, and the
@@ -688,13 +719,8 @@ def drive_session(
     endpoint = ctx.endpoint(COORDINATOR)
     live, gone = list(parties if parties is not None else ctx.parties), dict(absent or {})
     for stage, kind, coordinator_step in SESSION_STAGES:
-        deadline = time.monotonic() + ctx.stage_timeout
-        found = gather(endpoint, ctx, kind, live, deadline)
-        late = f"no answer within {ctx.stage_timeout:g} s"
-        outcome = StageOutcome(found, {p: late for p in live if p not in found})
-        log_dropouts(ctx.round, ctx.job_id, stage, outcome.missing)
-        gone.update(outcome.missing)
-        answered = require_threshold(ctx, stage, outcome, gone)
+        found = gather(endpoint, ctx, kind, live, time.monotonic() + ctx.stage_timeout)
+        answered = survivors(ctx, ctx.round, stage, live, found, ctx.stage_timeout, gone)
         if coordinator_step is None:
             return answered
         live = coordinator_step(ctx, answered)  # those the coordinator heard (and answered)
@@ -752,7 +778,9 @@ def contribute(
         "reveal_shares": lambda: reveal_shares(ref, ctx),
     }
     for stage, awaited in PARTY_STAGES:
-        if awaited is not None and not await_coordinator(endpoint, ctx, awaited, ended):
+        if awaited is not None and not await_coordinator(
+            endpoint, ctx.kind(awaited), ctx.round, ended
+        ):
             return
         party_fault(fault, ctx.round, stage)
         if step_fault(faults, ref.party, ctx.round, stage, ctx.stage_timeout):
@@ -761,10 +789,10 @@ def contribute(
 
 
 def await_coordinator(
-    endpoint: PartyEndpoint, ctx: SumContext, kind: str, ended: Callable[[], bool]
+    endpoint: PartyEndpoint, kind: str, round_: int, ended: Callable[[], bool]
 ) -> bool:
-    """Party mode: wait for the coordinator's ``kind`` message of this session; False once
-    ``ended()`` says the session is over without it (this party was dropped at a stage).
+    """Party mode: wait for the coordinator's ``kind`` message of ``round_``; False once
+    ``ended()`` says the round is over without it (this party was dropped at a stage).
 
     A plain function, not a task: waiting is not a step of the protocol. It waits in the
     channel's receive (returning as soon as the message is stored) and asks ``ended()`` once a
@@ -774,12 +802,12 @@ def await_coordinator(
     deadline = time.monotonic() + endpoint.channel.timeout
     while True:
         slice_end = min(deadline, time.monotonic() + _ENDED_CHECK)
-        if collect(endpoint, ctx.kind(kind), [COORDINATOR], ctx.round, slice_end, None):
+        if collect(endpoint, kind, [COORDINATOR], round_, slice_end, None):
             return True
         if ended():
             return False
         if time.monotonic() >= deadline:
-            endpoint.receive(COORDINATOR, ctx.kind(kind), round=ctx.round, timeout=0)
+            endpoint.receive(COORDINATOR, kind, round=round_, timeout=0)
 
 
 #: How often a waiting party asks whether its session ended without it (seconds).

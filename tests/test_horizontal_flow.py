@@ -32,7 +32,9 @@ from storage.descriptor import TableRef
 from storage.models import ModelStore
 from storage.party_store import PartyStore
 from tasks import horizontal_lr as steps
+from tasks import horizontal_party
 from tasks.reporting import short_id
+from tasks.secure_sum import coordinator_store
 from tasks.summaries import holdout_split
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -81,7 +83,7 @@ def hospitals() -> Iterator[Loader]:
 
     def load(workspace: Path, frames: dict[str, pd.DataFrame] | None = None) -> list[TableRef]:
         refs = load_hospitals(workspace, frames)
-        coordinator = steps.coordinator_store(str(workspace)).path
+        coordinator = coordinator_store(str(workspace)).path
         coordinator.parent.mkdir(exist_ok=True)
         handles.extend(duckdb.connect(p) for p in [*(r.database for r in refs), str(coordinator)])
         return refs
@@ -126,7 +128,7 @@ def run(
 
 def last_rounds(refs: list[TableRef], workspace: Path, job_id: str) -> dict[str, int]:
     stores = {r.party: PartyStore.of(r) for r in refs}
-    stores["coordinator"] = steps.coordinator_store(str(workspace))
+    stores["coordinator"] = coordinator_store(str(workspace))
     return {who: steps.checkpoints(s, job_id).last_round() for who, s in stores.items()}
 
 
@@ -149,7 +151,7 @@ def test_gradient_averaging_equals_centralized_gd_and_coordinator_sees_no_update
         predict_proba(result, frame), hlr.predict_proba(reference, X), atol=1e-6
     )
     job = result["job_id"]
-    for store in [steps.coordinator_store(str(workspace))] + [PartyStore.of(r) for r in refs]:
+    for store in [coordinator_store(str(workspace))] + [PartyStore.of(r) for r in refs]:
         saved = ArtifactStore(store).get(steps.model_key(job))
         assert np.array_equal(steps.model_weights(saved), result["weights"])
         assert saved["rounds"] == 2
@@ -238,8 +240,8 @@ def test_held_out_rows_stay_out_of_training_and_each_party_scores_its_own(
 def test_a_partys_copy_of_the_model_is_a_step_of_its_own_run() -> None:
     """Keeping the model is a task run in the hospital's flow run (the UI shows it); reading
     the ids it trained on is a plain call inside it."""
-    assert isinstance(steps.keep_model, Task)
-    assert not isinstance(steps._model_rows, Task)
+    assert isinstance(horizontal_party.keep_model, Task)
+    assert not isinstance(horizontal_party._model_rows, Task)
 
 
 def test_a_failing_and_a_hanging_party_leave_the_survivors_model(

@@ -10,14 +10,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from core.job_schema import HorizontalOptions
 from core.secagg import multiround as mr
 from core.secagg import wire
 from core.secagg.errors import ProtocolViolationError
 from core.secagg.simulation import run_round, start_job
+from federation.workspace import channel_for
 from storage.party_store import PartyStore
-from tasks import horizontal_lr as steps
 from tasks import secure_rounds
-from tasks.secure_sum import COORDINATOR, collect
+from tasks.horizontal_coordinator import Coordinator, _call_round
+from tasks.secure_sum import COORDINATOR, collect, coordinator_store
 
 RNG = np.random.default_rng(36)
 
@@ -167,20 +169,24 @@ def test_a_forged_view_in_the_relay_is_refused_naming_the_coordinator(
     from storage import codec
 
     parties = ("hospital_a", "hospital_b", "hospital_c")
-    job = steps.rounds_job("view-job", parties, 2, 2, str(tmp_path))
+    channel = channel_for("view-job", str(tmp_path))
+    ends = {p: channel.endpoint(p) for p in (*parties, COORDINATOR)}
+    coordinator = ends[COORDINATOR]
+    options = HorizontalOptions(learning_rate=0.2, l2=0.0, stage_timeout=30.0)
+    side = Coordinator(coordinator, coordinator_store(str(tmp_path)), parties, 2, options, 2)
+    job = side.job
     stores = {p: PartyStore(tmp_path / f"{p}.duckdb") for p in parties}
-    stores[COORDINATOR] = steps.coordinator_store(str(tmp_path))
+    stores[COORDINATOR] = side.store
     for party in parties:
-        secure_rounds.party_join(stores[party], job, party, 0, agreed=True)
-    coordinator = job.endpoint(COORDINATOR)
+        secure_rounds.party_join(stores[party], job, ends[party], 0, agreed=True)
     keys = collect(coordinator, secure_rounds.JOB_KEYS, list(parties), 0, 5.0)
     secure_rounds.coordinator_admit(stores[COORDINATOR], job, keys)
-    call = steps._call_round(steps.RoundContext(job, 0, 30.0), steps.TrainingOptions(0, 0.2, 0.0))
+    call = _call_round(side, 0)
     for party in parties:
         start = secure_rounds.round_start(job, 0, call.protocol, party)
-        secure_rounds.party_mask(stores[party], job, party, start, np.arange(5.0))
+        secure_rounds.party_mask(stores[party], job, ends[party], start, np.arange(5.0))
     masked = collect(coordinator, secure_rounds.MASKED, list(parties), 0, 5.0)
-    secure_rounds.coordinator_collect(stores[COORDINATOR], job, 0, masked, views=False)
+    secure_rounds.coordinator_collect(stores[COORDINATOR], job, coordinator, 0, masked, views=False)
     real_write = Channel._write_each
 
     def forge(self: Channel, r: int, sender: str, kind: str, payloads: dict[str, Any]) -> Any:
@@ -194,12 +200,12 @@ def test_a_forged_view_in_the_relay_is_refused_naming_the_coordinator(
     monkeypatch.setattr(Channel, "_write_each", forge)
     requests = {}
     for party in parties:
-        requests[party] = job.endpoint(party).receive(COORDINATOR, secure_rounds.REQUEST, round=0)
-        secure_rounds.party_view(stores[party], job, party, 0, requests[party])
-    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, 0)
+        requests[party] = ends[party].receive(COORDINATOR, secure_rounds.REQUEST, round=0)
+        secure_rounds.party_view(stores[party], job, ends[party], 0, requests[party])
+    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, coordinator, 0)
     with pytest.raises(ProtocolViolationError, match="relay of the survivor views") as refused:
         secure_rounds.party_answer(
-            stores["hospital_a"], job, "hospital_a", 0, requests["hospital_a"]
+            stores["hospital_a"], job, ends["hospital_a"], 0, requests["hospital_a"]
         )
     assert "from hospital_b to coordinator" in str(refused.value)
     assert (

@@ -15,77 +15,86 @@ from typing import Any
 import numpy as np
 import pytest
 
+from core.job_schema import HorizontalOptions
 from core.secagg.errors import ProtocolViolationError
-from federation.channel import Channel, FileTransport
+from federation.channel import Channel, FileTransport, PartyEndpoint
+from federation.workspace import channel_for
 from storage import codec
 from storage.party_store import PartyStore
-from tasks import horizontal_lr as steps
 from tasks import secure_rounds
-from tasks.secure_sum import COORDINATOR, collect
+from tasks.horizontal_coordinator import Coordinator, _call_round
+from tasks.secure_sum import COORDINATOR, collect, coordinator_store
 
-OPTIONS = steps.TrainingOptions(0, 0.2, 1e-3)
+OPTIONS = HorizontalOptions(learning_rate=0.2, stage_timeout=30.0)
 Tamper = Callable[[int, dict[str, Any]], dict[str, Any]]
 
 
 @dataclass
 class Job:
-    job: secure_rounds.RoundsJob
+    side: Coordinator
     stores: dict[str, PartyStore]
     vectors: dict[str, np.ndarray]
+    ends: dict[str, PartyEndpoint]
+
+    @property
+    def job(self) -> secure_rounds.RoundsJob:
+        return self.side.job
 
     @property
     def parties(self) -> tuple[str, ...]:
-        return self.job.parties
+        return self.side.parties
 
 
 def start_job(tmp_path: Path, n: int, job_id: str = "relay-job") -> Job:
     """``n`` hospitals with their keys admitted; 2 features, so 5 numbers a party."""
     parties = tuple(f"hospital_{i}" for i in range(n))
-    job = steps.rounds_job(job_id, parties, n // 2 + 1, 2, str(tmp_path))
+    channel = channel_for(job_id, str(tmp_path))
+    ends = {p: channel.endpoint(p) for p in (*parties, COORDINATOR)}
+    side = Coordinator(
+        ends[COORDINATOR], coordinator_store(str(tmp_path)), parties, n // 2 + 1, OPTIONS, 2
+    )
     stores = {p: PartyStore(tmp_path / f"{p}.duckdb") for p in parties}
-    stores[COORDINATOR] = steps.coordinator_store(str(tmp_path))
+    stores[COORDINATOR] = side.store
     for party in parties:
-        secure_rounds.party_join(stores[party], job, party, 0)
-    keys = collect(job.endpoint(COORDINATOR), secure_rounds.JOB_KEYS, list(parties), 0, 5.0)
-    secure_rounds.coordinator_admit(stores[COORDINATOR], job, keys)
+        secure_rounds.party_join(stores[party], side.job, ends[party], 0)
+    keys = collect(ends[COORDINATOR], secure_rounds.JOB_KEYS, list(parties), 0, 5.0)
+    secure_rounds.coordinator_admit(stores[COORDINATOR], side.job, keys)
     vectors = {p: np.arange(5.0) * (i + 1) for i, p in enumerate(parties)}
-    return Job(job, stores, vectors)
+    return Job(side, stores, vectors, ends)
 
 
 def run_round(setup: Job, round_: int) -> dict[str, np.ndarray | None]:
     """One round as the horizontal flow runs it; each party's own unmasking of the sum."""
-    job, stores = setup.job, setup.stores
-    call = steps._call_round(steps.RoundContext(job, round_, 30.0), OPTIONS)
+    job, stores, ends = setup.job, setup.stores, setup.ends
+    call = _call_round(setup.side, round_)
     records = {}
     for party in setup.parties:
         start = secure_rounds.round_start(job, round_, call.protocol, party)
         vector = setup.vectors[party] + round_
-        secure_rounds.party_mask(stores[party], job, party, start, vector)
-    coordinator = job.endpoint(COORDINATOR)
+        secure_rounds.party_mask(stores[party], job, ends[party], start, vector)
+    coordinator = ends[COORDINATOR]
     masked = collect(coordinator, secure_rounds.MASKED, list(setup.parties), round_, 5.0)
     senders, _ = secure_rounds.coordinator_collect(
-        stores[COORDINATOR], job, round_, masked, views=False
+        stores[COORDINATOR], job, coordinator, round_, masked, views=False
     )
     requests = {}
     for party in senders:  # the consistency round: each signs its view, all are relayed
-        requests[party] = job.endpoint(party).receive(
-            COORDINATOR, secure_rounds.REQUEST, round=round_
-        )
-        secure_rounds.party_view(stores[party], job, party, round_, requests[party])
-    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, round_)
+        requests[party] = ends[party].receive(COORDINATOR, secure_rounds.REQUEST, round=round_)
+        secure_rounds.party_view(stores[party], job, ends[party], round_, requests[party])
+    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, coordinator, round_)
     for party in senders:
         records[party] = secure_rounds.party_answer(
-            stores[party], job, party, round_, requests[party]
+            stores[party], job, ends[party], round_, requests[party]
         )
     answers = collect(coordinator, secure_rounds.RESPONSE, senders, round_, time.monotonic() + 5)
     with stores[COORDINATOR].transaction() as con:
         summed = secure_rounds.coordinator_unmask(stores[COORDINATOR], job, round_, answers, con)
-    secure_rounds.coordinator_relay_answers(job, round_, senders, summed.responders)
+    secure_rounds.coordinator_relay_answers(coordinator, round_, senders, summed.responders)
     expected = sum(setup.vectors[p] + round_ for p in senders)
     np.testing.assert_allclose(summed.total, expected)
     return {
         party: secure_rounds.party_sum(
-            job, party, records[party], call.protocol, round_, summed.responders, 5.0
+            job, ends[party], records[party], call.protocol, round_, summed.responders, 5.0
         )
         for party in senders
     }
@@ -133,7 +142,7 @@ def test_each_party_checks_the_sum_from_two_relays_whatever_the_number_of_partie
         relays = [secure_rounds.MASKED_RELAY, secure_rounds.RESPONSE_RELAY]
         kinds = [secure_rounds.REQUEST, secure_rounds.VIEW_RELAY, *relays]
         assert mine == {(COORDINATOR, kind) for kind in kinds}
-    log = setup.job.endpoint(COORDINATOR).channel.log()
+    log = setup.ends[COORDINATOR].channel.log()
     for party in setup.parties:
         sent = [(r.receiver, r.kind) for r in log if r.sender == party and r.round == 0]
         kinds = [secure_rounds.JOB_KEYS, secure_rounds.MASKED, secure_rounds.RESPONSE]

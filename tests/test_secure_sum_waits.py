@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.job_schema import HorizontalOptions
 from federation.workspace import channel_for
 from storage.party_store import PartyStore
-from tasks import horizontal_lr as steps
 from tasks import secure_rounds
-from tasks.secure_sum import COORDINATOR, collect
+from tasks.horizontal_coordinator import Coordinator, _call_round
+from tasks.horizontal_lr import RoundCall
+from tasks.secure_sum import COORDINATOR, collect, coordinator_store
 
 
 def test_collect_returns_when_the_last_message_arrives_and_names_who_is_missing(
@@ -68,36 +70,40 @@ def test_a_dropped_hospital_rekeys_asks_to_rejoin_and_is_called_again(tmp_path: 
     """Keys once per job; a round with hospital_b silent sums the other two exactly; the
     following calls leave b out until it re-keys (a higher epoch, once) and asks back."""
     parties = ("hospital_a", "hospital_b", "hospital_c")
-    options = steps.TrainingOptions(0, 0.2, 1e-3)
-    job = steps.rounds_job("rejoin-job", parties, 2, 2, str(tmp_path))  # 5 numbers a party
-    stores = {p: PartyStore(tmp_path / f"{p}.duckdb") for p in (*parties, COORDINATOR)}
-    stores[COORDINATOR] = steps.coordinator_store(str(tmp_path))
+    channel = channel_for("rejoin-job", str(tmp_path))
+    ends = {p: channel.endpoint(p) for p in (*parties, COORDINATOR)}
+    coordinator = ends[COORDINATOR]
+    side = Coordinator(
+        coordinator, coordinator_store(str(tmp_path)), parties, 2,
+        HorizontalOptions(learning_rate=0.2, stage_timeout=30.0), width=2,
+    )  # fmt: skip
+    job = side.job  # 5 numbers a party
+    stores = {p: PartyStore(tmp_path / f"{p}.duckdb") for p in parties}
+    stores[COORDINATOR] = side.store
     for party in parties:
-        secure_rounds.party_join(stores[party], job, party, 0)
-    coordinator = job.endpoint(COORDINATOR)
+        secure_rounds.party_join(stores[party], job, ends[party], 0)
     keys = collect(coordinator, secure_rounds.JOB_KEYS, list(parties), 0, time.monotonic() + 5)
     secure_rounds.coordinator_admit(stores[COORDINATOR], job, keys)
 
-    ctx = steps.RoundContext(job, 0, 30.0)
-    call = steps._call_round(ctx, options)
+    call = _call_round(side, 0)
     assert call.out == () and call.protocol is not None
-    assert steps.RoundCall.from_message(call.to_message()) == call
+    assert RoundCall.from_message(call.to_message()) == call
     vectors = {p: np.arange(5.0) * (i + 1) for i, p in enumerate(parties)}
     for party in ("hospital_a", "hospital_c"):  # b stays silent
         start = secure_rounds.round_start(job, 0, call.protocol, party)
-        secure_rounds.party_mask(stores[party], job, party, start, vectors[party])
+        secure_rounds.party_mask(stores[party], job, ends[party], start, vectors[party])
     masked = collect(coordinator, secure_rounds.MASKED, list(parties), 0, time.monotonic() + 0.2)
     senders, dropped = secure_rounds.coordinator_collect(
-        stores[COORDINATOR], job, 0, masked, views=False
+        stores[COORDINATOR], job, coordinator, 0, masked, views=False
     )
     assert (senders, dropped) == (["hospital_a", "hospital_c"], ["hospital_b"])
     requests = {}
     for party in senders:  # each signs its view of the survivor set, then all are relayed
-        requests[party] = job.endpoint(party).receive(COORDINATOR, secure_rounds.REQUEST, round=0)
-        secure_rounds.party_view(stores[party], job, party, 0, requests[party])
-    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, 0)
+        requests[party] = ends[party].receive(COORDINATOR, secure_rounds.REQUEST, round=0)
+        secure_rounds.party_view(stores[party], job, ends[party], 0, requests[party])
+    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, coordinator, 0)
     for party in senders:
-        secure_rounds.party_answer(stores[party], job, party, 0, requests[party])
+        secure_rounds.party_answer(stores[party], job, ends[party], 0, requests[party])
     answers = collect(coordinator, secure_rounds.RESPONSE, senders, 0, time.monotonic() + 5)
     with stores[COORDINATOR].transaction() as con:
         summed = secure_rounds.coordinator_unmask(stores[COORDINATOR], job, 0, answers, con)
@@ -105,11 +111,11 @@ def test_a_dropped_hospital_rekeys_asks_to_rejoin_and_is_called_again(tmp_path: 
     np.testing.assert_allclose(summed.total, vectors["hospital_a"] + vectors["hospital_c"])
 
     # dropped stays dropped: round 1 leaves b out; b re-keys once, asking back each call
-    first = steps._call_round(steps.RoundContext(job, 1, 30.0), options)
+    first = _call_round(side, 1)
     assert first.out == ("hospital_b",) and "hospital_b" not in first.protocol["keys"]
-    secure_rounds.party_rejoin(stores["hospital_b"], job, "hospital_b", 1)
-    secure_rounds.party_rejoin(stores["hospital_b"], job, "hospital_b", 1)  # a retry: same keys
+    secure_rounds.party_rejoin(stores["hospital_b"], job, ends["hospital_b"], 1)
+    secure_rounds.party_rejoin(stores["hospital_b"], job, ends["hospital_b"], 1)  # same keys
     back = coordinator.receive("hospital_b", secure_rounds.REJOIN, round=1)
     assert back["keys"][0] == 1  # epoch 1: fresh keys, the old ones gone
-    second = steps._call_round(steps.RoundContext(job, 2, 30.0), options)
+    second = _call_round(side, 2)
     assert second.out == () and second.protocol["keys"]["hospital_b"] == back["keys"]

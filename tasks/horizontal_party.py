@@ -1,0 +1,516 @@
+"""A hospital's steps of horizontal logistic regression (:mod:`tasks.horizontal_lr` holds what
+it shares with the coordinator).
+
+The hospital checks its own table, announces its columns, joins the rounds with its own terms,
+then per round masks its update, answers the unmasking and checks and saves the model. Its
+rounds are one task run per group of rounds, and its flow holds its database open through
+them: a round's fixed cost is then its messages and a few commits, not Prefect's or DuckDB's
+openings.
+
+Across rounds (a coordinator unmasking one party by broadcasting the same model twice, then
+claiming that party dropped): each party checks that the model it is sent is exactly the
+previous model moved by the mean update sent along, and, if it helped unmask the round, that
+this mean is the one of the sum it unmasked itself from its peers' messages, which the
+coordinator relays with their senders' proofs (:func:`verified_model`); and it contributes
+at one model in one round only (:func:`_mask`). What is left for an honest-but-curious
+coordinator: two consecutive sums with senders S and S - {C} differ by C's weighted update plus
+``sum over S - {C} of n_j (g_j(w_r) - g_j(w_r+1))``, at most ``N L |w_r+1 - w_r|`` with
+``L <= max |(x, 1)|^2 / 4 + l2`` in gradient mode: not C's update while the model moves, an
+approximation of it near convergence (and C's row count exactly). Only per-round noise would
+hide that.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from prefect import task
+
+from core import horizontal_lr as hlr
+from core import secagg, test_switches
+from core.job_schema import HorizontalOptions
+from core.model_format import ModelRecord
+from core.secagg.errors import ProtocolViolationError
+from core.secagg.weighted import unpack_weighted
+from federation.channel import PartyEndpoint
+from storage import models
+from storage.artifacts import Artifact, ArtifactStore
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from tasks import secure_rounds, secure_sum
+from tasks.horizontal_lr import (
+    PROTOCOL,
+    RoundCall,
+    checkpoints,
+    model_key,
+    model_record,
+    model_weights,
+    n_features,
+    rounds_job,
+    status,
+    trained_columns,
+    training,
+)
+from tasks.policy import PARTY_STEP, is_transient
+from tasks.preprocessing import stored_fitted
+from tasks.reporting import provenance
+from tasks.secure_sum import COORDINATOR, RoundStateError, run_logger
+from tasks.summaries import holdout_split
+
+#: The stages of a round at which a hospital can drop (test switch ``PRIVREG_TEST_FAULTS``).
+STAGES = ("mask_input", "reveal_shares")
+
+
+@dataclass(frozen=True)
+class Hospital:
+    """One hospital's side of a job, built once by its flow when the columns are agreed: its
+    table, its endpoint (the job, its own name, the transport), the hospitals and columns it
+    agreed to, the model's width and its own options (its hold-out is its own choice, never
+    sent)."""
+
+    ref: TableRef
+    endpoint: PartyEndpoint
+    parties: tuple[str, ...]
+    features: tuple[str, ...]
+    width: int  # the model's columns (missing indicators too): :func:`model_width`
+    options: HorizontalOptions
+
+    @property
+    def party(self) -> str:
+        return self.endpoint.party
+
+    @property
+    def job_id(self) -> str:
+        return self.endpoint.channel.run
+
+    @property
+    def store(self) -> PartyStore:
+        return PartyStore.of(self.ref)
+
+    def agreed(self) -> secure_rounds.RoundsJob:
+        """The job's terms from this hospital's own options: every call must state them."""
+        threshold = self.options.threshold or secagg.default_threshold(len(self.parties))
+        return rounds_job(
+            self.job_id, self.parties, threshold, self.width, self.options.stage_timeout
+        )
+
+    def called(self, call: RoundCall) -> secure_rounds.RoundsJob:
+        """The job's terms as a (checked) call states them."""
+        return rounds_job(self.job_id, call.parties, call.threshold, self.width, call.stage_timeout)
+
+    @functools.cached_property
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The training rows (scaled, hold-out removed), read once per side.
+
+        Why: reading and validating the table from DuckDB every round cost more than the
+        round's own work; within a run the protocol takes the table as fixed (its digest named
+        the job)."""
+        fitted = stored_fitted(self.ref.database, self.job_id)  # pooled statistics, if any
+        frame = self.store.read_table(self.ref, allow_missing=fitted is not None)
+        X, y = hlr.party_arrays(frame, list(self.features), self.ref.label_column or "")
+        if fitted is not None:
+            X = fitted.transform(X, f"party {self.party}, table {self.ref.table!r}")
+        train = holdout_split(len(y), self.options.holdout_fraction, self.job_id)[0]
+        return X[train], y[train]  # held-out rows never reach an update
+
+
+# ---------------------------------------------------------------------------------------------
+# Before any round: the hospital checks its own table and announces its columns
+
+
+@task(name="hlr-check-table", task_run_name="{ref.party}: check {ref.table}", **PARTY_STEP)
+def check_table(ref: TableRef) -> str:
+    """Validate the party's own table; return a salted digest of it (for the job id).
+
+    The salt is the party's secret, so the digest only tells a later run "changed or not".
+    """
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    with store.transaction() as con:
+        found = con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [ref.table]
+        ).fetchone()[0]
+        if found and con.execute(f'SELECT count(*) FROM "{ref.table}"').fetchone()[0] == 0:
+            raise hlr.EmptyPartyError(
+                f"party {ref.party!r}: table {ref.table!r} has no rows", party=ref.party
+            )
+        salt = artifacts.get(f"{PROTOCOL}/fingerprint-salt", con=con)
+        if salt is None:
+            salt = secrets.token_bytes(32)
+            artifacts.put(f"{PROTOCOL}/fingerprint-salt", salt, "secret", con=con)
+    # validated against the descriptor; missing cells are imputed or refused before training
+    frame = store.read_table(ref, allow_missing=True)
+    label = ref.label_column or ""
+    hlr.validate_party_tables({ref.party: frame}, label, ref.id_column, allow_missing=True)
+    digest = hashlib.sha256(salt)
+    digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    digest.update(",".join(map(str, frame.columns)).encode())
+    return digest.hexdigest()
+
+
+@task(name="hlr-join-job", task_run_name="{ref.party}: announce columns", **PARTY_STEP)
+def join_job(ref: TableRef, endpoint: PartyEndpoint) -> dict[str, Any]:
+    """Send the coordinator the label and feature column names (no rows, no row count).
+
+    Returns the party's last finished round of this job, so a re-run can resume.
+    """
+    store = PartyStore.of(ref)
+    frame = store.read_table(ref, allow_missing=True)  # imputed or refused before training
+    label = ref.label_column or ""
+    features = hlr.validate_party_tables({ref.party: frame}, label, ref.id_column, True)
+    schema = {"label_column": ref.label_column, "feature_columns": features}
+    endpoint.send(COORDINATOR, "schema", schema)
+    return status(store, endpoint.channel.run)
+
+
+def agreed_features(endpoint: PartyEndpoint) -> list[str]:
+    """The feature order the coordinator agreed (after :func:`join_job`)."""
+    return list(endpoint.receive(COORDINATOR, "schema_agreed")["feature_columns"])
+
+
+@task(name="hlr-join-rounds", task_run_name="{side.party}: job keys", **PARTY_STEP)
+def join_rounds(side: Hospital, round_: int) -> None:
+    """Once per job: this party's key pair; the public key to the coordinator, sent with the
+    first round it joins (``round_``). Its terms (parties, threshold, stage timeout) come from
+    its own options and are held: a coordinator's call that states others is refused
+    (:func:`tasks.secure_rounds.party_state`)."""
+    secure_rounds.party_join(side.store, side.agreed(), side.endpoint, round_, agreed=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# One round (plain steps: the hospital's rounds task calls them)
+
+
+def _weights_before(side: Hospital, job: secure_rounds.RoundsJob, round_: int) -> np.ndarray:
+    """The model a round starts from: zeros, or this party's own checkpoint of the last round."""
+    if round_ == 0:
+        return hlr.init_model(n_features(job))
+    try:
+        saved = checkpoints(side.store, side.job_id).load(round_ - 1)
+    except KeyError:
+        raise RoundStateError(f"{side.party}: no checkpoint of round {round_ - 1}") from None
+    return np.asarray(saved["weights"], dtype=np.float64)
+
+
+def model_point(weights: np.ndarray) -> str:
+    """Digest of a model, naming the point at which a party computed its update."""
+    return hashlib.sha256(np.ascontiguousarray(weights, dtype="<f8").tobytes()).hexdigest()
+
+
+def _checked_call(side: Hospital, round_: int) -> RoundCall:
+    """The coordinator's call for ``round_``, if it names the parties this party agreed to and
+    its own training options (a coordinator changing the learning rate or the peers is
+    refused, naming what differs)."""
+    call = RoundCall.from_message(side.endpoint.receive(COORDINATOR, "round", round=round_))
+    where = f"{side.party}: the coordinator's call for round {round_} of job {side.job_id}"
+    if sorted(call.parties) != sorted(side.parties):
+        raise ProtocolViolationError(
+            f"{where} names parties {list(call.parties)}, not {list(side.parties)}"
+        )
+    own = training(side.options)
+    if call.training[:3] != own:
+        raise ProtocolViolationError(
+            f"{where} asks for local_epochs, learning_rate, l2 = {call.training[:3]}, not the "
+            f"agreed {own}"
+        )
+    return call
+
+
+def _mask(
+    side: Hospital, job: secure_rounds.RoundsJob, round_: int, call: RoundCall
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Compute the local update at the round's model and send it masked (once a round);
+    returns that model and the party's stored record.
+
+    The packed vector is ``[rows * update, rows * loss, rows]`` (FedAvg weights by rows), so
+    the coordinator learns only the weighted means and the total row count. A party
+    contributes at one model in one round only: two sums at one model whose senders differ
+    by one party give that party's update, and a coordinator could get them across rounds.
+    """
+    store, options = side.store, side.options
+    with store.session():  # one opening of the database for the reads and the stored state
+        weights = _weights_before(side, job, round_)
+        X, y = side.rows
+        if options.local_epochs == 0:
+            update = hlr.local_gradient(weights, X, y, options.l2)
+        else:
+            update = hlr.local_epochs(
+                weights, X, y, options.l2, options.learning_rate, options.local_epochs
+            )
+        point_key = f"{PROTOCOL}/{side.job_id}/point/{model_point(weights)}"
+
+        def one_round_per_model(con: Any) -> list[Artifact]:
+            seen = ArtifactStore(store).get(point_key, con=con)
+            if seen is not None and seen != round_:
+                raise ProtocolViolationError(
+                    f"party {side.party!r}: the coordinator asks for round {round_} of job "
+                    f"{side.job_id} at the same model as round {seen}; refusing to contribute "
+                    "twice at one model (the difference of two such sums would reveal single "
+                    "updates)"
+                )
+            return [Artifact(point_key, round_, "secagg-point")]  # stored with the mask
+
+        start = secure_rounds.round_start(job, round_, call.protocol, side.party)
+        record = secure_rounds.party_mask(
+            store, job, side.endpoint, start, update.packed(), one_round_per_model
+        )
+    return weights, record
+
+
+def _model_out(endpoint: PartyEndpoint, round_: int) -> bool:
+    """Whether the round's model is out (a party without an unmask request was dropped)."""
+    return bool(secure_sum.collect(endpoint, "model", [COORDINATOR], round_, 0, None))
+
+
+def _answer(
+    side: Hospital, job: secure_rounds.RoundsJob, round_: int, record: dict[str, Any]
+) -> dict[str, Any]:
+    """Answer the coordinator's unmask request of the round (once); returns the party's new
+    record (what its masking stored, moved on), stored with the round's checkpoint
+    (:func:`tasks.secure_rounds.party_answer` says why)."""
+    request = side.endpoint.receive(COORDINATOR, secure_rounds.REQUEST, round=round_)
+    return secure_rounds.party_answer(side.store, job, side.endpoint, round_, request, record)
+
+
+def verified_model(
+    message: dict[str, Any],
+    before: np.ndarray,
+    options: HorizontalOptions,
+    who: str,
+    round_: int,
+    own_sum: np.ndarray | None = None,
+) -> np.ndarray:
+    """The broadcast weights, if they are exactly the update of ``before`` by the mean update.
+
+    Why: a party must not compute its next update at whatever model the coordinator names.
+    With this check the model of round r+1 is the model of round r moved by the mean update
+    the coordinator says it unmasked; together with the one-model-one-round rule of
+    :func:`_mask`, the coordinator cannot have two rounds summed at the same model (whose
+    difference, with one party claimed dropped, is that party's update). ``own_sum`` is the
+    round's sum as this party unmasked it itself (:func:`tasks.secure_rounds.party_sum`; None
+    if it did not help unmask): the mean update must be exactly that sum's, so the
+    coordinator cannot make one up.
+    """
+    where = f"{who}: coordinator's model of round {round_}"
+    mean = np.asarray(message.get("mean_update", ()), dtype=np.float64)
+    weights = np.asarray(message["weights"], dtype=np.float64)
+    if mean.shape != before.shape or not np.all(np.isfinite(mean)):
+        raise ProtocolViolationError(
+            f"{where} carries no usable mean update (shape {mean.shape}, expected {before.shape})"
+        )
+    if own_sum is not None and not np.array_equal(mean, unpack_weighted(own_sum).mean):
+        raise ProtocolViolationError(
+            f"{where}: its mean update is not the one of the sum {who} unmasked from its peers' "
+            "messages; refusing it (a made-up update could unmask one party across rounds)"
+        )
+    expected = hlr.next_model(before, mean, options.local_epochs, options.learning_rate)
+    if weights.shape != expected.shape or not np.array_equal(weights, expected):
+        raise ProtocolViolationError(
+            f"{where} is not the update of round {round_ - 1}'s model by the mean it sent; "
+            "refusing it (a coordinator choosing the model could unmask one party across rounds)"
+        )
+    return weights
+
+
+def _finish(
+    side: Hospital,
+    job: secure_rounds.RoundsJob,
+    round_: int,
+    call: RoundCall,
+    known: tuple[np.ndarray, dict[str, Any]] | None = None,
+) -> None:
+    """Receive the round's model, verify it (against the sum this party unmasked itself, if
+    it helped), and checkpoint the round (the model is kept after the stop,
+    :func:`keep_model`). ``known``: the round's model before and this party's record, as its
+    own earlier steps of the round left them (else read from its store)."""
+    store = side.store
+    message = side.endpoint.receive(COORDINATOR, "model", round=round_)
+    if message["round"] != round_:
+        raise RoundStateError(f"{side.party}: the model message of round {round_} is another's")
+    if known is None:
+        with store.session():
+            before = _weights_before(side, job, round_)
+            record = secure_rounds.load_record(store, job, side.party)
+    else:
+        before, record = known
+    own_sum = secure_rounds.party_sum(
+        job, side.endpoint, record, call.protocol, round_, message.get("revealers"),
+        job.stage_timeout,
+    )  # fmt: skip
+    weights = verified_model(message, before, side.options, side.party, round_, own_sum)
+    cps = checkpoints(store, side.job_id)
+    with store.transaction() as con:
+        state = {"weights": weights, "change": message["change"]}
+        if known is not None:  # the round's answer, stored with its checkpoint
+            also = [cps.item(round_, state)]
+            secure_rounds.save_record(store, job, side.party, record, con, also=also)
+        else:
+            cps.save(round_, state, con=con)
+
+
+def _stage_fault(
+    party: str,
+    job: secure_rounds.RoundsJob,
+    round_: int,
+    stage: str,
+    fault: test_switches.PartyFault | None,
+    faults: secure_sum.Faults,
+) -> bool:
+    """Tests only: this side fails before ``stage`` (``fault``), or its step of the stage
+    fails or hangs and it sends nothing then (``faults``: True), as a dropped hospital."""
+    secure_sum.party_fault(fault, round_, stage)
+    return secure_sum.step_fault(faults, party, round_, stage, job.stage_timeout)
+
+
+def _party_round(
+    side: Hospital,
+    round_: int,
+    fault: test_switches.PartyFault | None = None,
+    faults: secure_sum.Faults = secure_sum.NO_FAULTS,
+) -> bool:
+    """This hospital's whole round; False on the coordinator's stop.
+
+    It takes the call, masks its update (unless the call leaves it out: it then re-keys and
+    asks to rejoin), answers the unmask request, then checks and saves the round's model.
+    A round it already masked (a restarted process) is re-sent from its records; a round
+    whose model is already out (it missed it) is only checked and saved.
+    """
+    call = _checked_call(side, round_)
+    if call.stop:
+        return False
+    job, endpoint = side.called(call), side.endpoint
+    model_out = _model_out(endpoint, round_)
+    if side.party in call.out:
+        with side.store.session():
+            secure_rounds.party_rejoin(side.store, job, endpoint, round_)
+    elif not model_out and not _stage_fault(side.party, job, round_, "mask_input", fault, faults):
+        before, record = _mask(side, job, round_, call)
+        wait = job.stage_timeout
+        secure_rounds.prefetch(endpoint, secure_rounds.MASKED_RELAY, round_, wait)
+        if secure_sum.await_coordinator(
+            endpoint, secure_rounds.REQUEST, round_, lambda: _model_out(endpoint, round_)
+        ):
+            if not _stage_fault(side.party, job, round_, "reveal_shares", fault, faults):
+                record = _answer(side, job, round_, record)  # stored with the checkpoint below
+                secure_rounds.prefetch(endpoint, secure_rounds.RESPONSE_RELAY, round_, wait)
+            _finish(side, job, round_, call, (before, record))
+            return True
+    _finish(side, job, round_, call)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The rounds as task runs, then the model
+
+
+ROUND_GROUP_SECONDS = 5.0
+"""A hospital's task run goes on to its next round until it has run this long (party mode)."""
+
+
+@dataclass(frozen=True)
+class RoundsRun:
+    """What one task run of a hospital's rounds did: the round it stopped before, and whether
+    that is because the coordinator called the stop."""
+
+    next_round: int
+    stopped: bool
+
+
+def _retried(task: Any, task_run: Any, state: Any) -> bool:
+    """A hospital's rounds retry transient faults (:func:`tasks.policy.is_transient`), but not
+    an injected crash (tests), which stands for this process's death."""
+    try:
+        state.result()
+    except secure_sum.SimulatedCrashError:
+        return False
+    except Exception:
+        pass
+    return is_transient(task, task_run, state)
+
+
+@task(
+    name="hlr-party-rounds",
+    task_run_name="rounds from {first}: {side.party}",
+    **{**PARTY_STEP, "retry_condition_fn": _retried},
+)
+def party_rounds(
+    side: Hospital,
+    first: int,
+    fault: test_switches.PartyFault | None = None,
+    faults: secure_sum.Faults = secure_sum.NO_FAULTS,
+    group_seconds: float = ROUND_GROUP_SECONDS,
+) -> RoundsRun:
+    """This hospital's rounds from ``first`` as one task run, until the coordinator's stop or
+    until the run has lasted ``group_seconds`` (a round that takes longer is a task run of
+    its own). A retry (a message that failed to go out, say) goes on after the last round
+    this hospital saved, re-sending what it stored: nothing is masked twice. Tests only:
+    ``fault`` fails this side before a stage, ``faults`` replaces a stage's step by one that
+    fails or hangs.
+
+    Why a group: a task run cost the Prefect API 28 ms of CPU here under load (its states,
+    events and log line), and ten hospitals each running one a round made the API the largest
+    cost of a fast round. Per-round detail stays where a person reads it: the coordinator's
+    task run per round and its rounds table, and this run's log, which names the rounds it
+    ran. Each round still commits its own checkpoint before the next begins, so a killed or
+    failed run resumes at the round it was in, as before."""
+    started = time.monotonic()
+    first = max(first, checkpoints(side.store, side.job_id).last_round() + 1)
+    round_ = first
+    try:
+        while True:
+            if not _party_round(side, round_, fault, faults):
+                return RoundsRun(round_, stopped=True)
+            round_ += 1
+            if time.monotonic() - started >= group_seconds:
+                return RoundsRun(round_, stopped=False)
+    finally:
+        if round_ > first:
+            run_logger().info(
+                "%s: rounds %d-%d masked, answered, model checked and saved",
+                side.party,
+                first,
+                round_ - 1,
+            )
+
+
+def forget_rounds(side: Hospital) -> None:
+    """After the stop: shred this party's secure-aggregation secrets of the job."""
+    secure_rounds.forget_job(side.store, side.agreed())
+
+
+def _model_rows(
+    ref: TableRef, store: PartyStore, job_id: str, holdout: float
+) -> tuple[list[object], list[object]]:
+    """The ids this party's copy of the model trained on and held out (the job's seeded
+    split), saved with it so scoring's ``in_training`` column says which rows it saw."""
+    ids = store.read_table(ref, allow_missing=True)[ref.id_column].to_numpy(dtype=object)
+    train, held_out = holdout_split(len(ids), holdout, job_id)
+    return ids[train].tolist(), ids[held_out].tolist()
+
+
+@task(name="hlr-keep-model", task_run_name="{side.party}: keep the model", **PARTY_STEP)
+def keep_model(side: Hospital) -> dict[str, Any]:
+    """After the coordinator's stop: this party's own copy of the last verified model, with
+    the ids it trained on and held out (its own hold-out fraction)."""
+    ref, store, job_id = side.ref, side.store, side.job_id
+    cps = checkpoints(store, job_id)
+    last = cps.last_round()
+    if last < 0:
+        raise RoundStateError(f"{ref.party}: job {job_id} stopped before any round finished")
+    saved = cps.load(last)
+    fitted = stored_fitted(ref.database, job_id)
+    features = trained_columns(fitted, list(side.features))
+    model = model_record(
+        job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict(), provenance(ref)
+    )
+    rows = _model_rows(ref, store, job_id, side.options.holdout_fraction)
+    models.ModelStore(store).save(model_key(job_id), ModelRecord.from_dict(model), *rows)
+    cps.prune(keep_last=2)
+    return {**model, "weights": model_weights(model).tolist()}

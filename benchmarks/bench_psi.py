@@ -188,10 +188,12 @@ def _kkrt_party(
     clock and CPU count start once its modules are imported and both parties are ready."""
     from prefect.logging import disable_run_logger
 
+    from federation.channel import Channel
     from federation.workspace import channel_for
     from storage.descriptor import TableRef
     from storage.party_store import PartyStore
     from tasks import psi_kkrt
+    from tasks.psi import PsiSide
 
     ref = TableRef(database, "ids", party=party)
     phases = _watch_phases() if with_phases else Phases()
@@ -199,9 +201,8 @@ def _kkrt_party(
     go.wait()
     start, started = _cpu(), time.perf_counter()
     with disable_run_logger():
-        summary = psi_kkrt.party_side(
-            ref, peer, "bench", 1, root, call=lambda step, *args: step.fn(*args)
-        )
+        side = PsiSide(ref, peer, Channel(root, "bench").endpoint(party))
+        summary = psi_kkrt.party_side(side, 1, call=lambda step, *args: step.fn(*args))
     cpu, peak = _cpu() - start, _peak_mib()
     timed = [sum(t[i] for t in phases.totals.values()) for i in (0, 1)]
     phases.totals["other (task code, transactions, Python)"] = [

@@ -51,7 +51,7 @@ from core.paillier.randomness import DEFAULT_RANDOMIZER
 from core.vertical_lr.reference import train_reference, with_intercept
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import Optimizer
-from federation.channel import PartyEndpoint
+from federation.channel import Channel, PartyEndpoint
 from storage.artifacts import ArtifactStore
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
@@ -197,7 +197,7 @@ def prepare(
         guest_ref.party,
         (host_ref.party,),
         key_holder_database=str(workspace / "parties" / "arbiter.duckdb"),
-        workspace=str(workspace),
+        channel=Channel(workspace, "bench-pooled"),
         randomizer=randomizer,
         key_size=key_size,
     )

@@ -141,12 +141,13 @@ def psi_align_party(
     ref = TableRef.from_dict(own)
     result = steps.stored_alignment(ref, job_id)
     reused = result is not None
+    side = steps.PsiSide.of(ref, peer, job_id)
     if result is None and options.protocol == "kkrt":
-        result = psi_kkrt.run_party(ref, peer, job_id, min_rows)
+        result = psi_kkrt.run_party(side, min_rows)
     elif result is None:
-        steps.blind_own_ids(ref, peer, job_id)
-        steps.blind_peer_ids(ref, peer, job_id)
-        result = steps.store_aligned_rows(ref, peer, job_id, min_rows)
+        steps.blind_own_ids(side)
+        steps.blind_peer_ids(side)
+        result = steps.store_aligned_rows(side, min_rows)
     return {
         "job_id": job_id,
         "intersection_size": result["size"],

@@ -30,7 +30,7 @@ from prefect import flow
 
 from core.job_schema import LabelDPOptions
 from core.preprocessing import PreprocessingSpec
-from federation.workspace import derive_job_id
+from federation.workspace import channel_for, derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
 from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
@@ -171,7 +171,7 @@ def _side(
 def _job(job_id: str, labels: TableRef, features_party: str, options: LabelDPOptions) -> Any:
     """The labels party's job: the options, with the grid's range fixed before any label."""
     return steps.LabelDPJob(
-        job_id, None, labels.party, features_party, options.epsilon, options.loss,
+        job_id, channel_for(job_id), labels.party, features_party, options.epsilon, options.loss,
         _label_range(options.label_range, labels), options.mechanism, options.prior_epsilon,
         options.grid_size, options.integer_labels, options.clip, options.holdout_fraction,
         options.seed,
@@ -243,8 +243,9 @@ def _features_side(
     job_id: str, ref: TableRef, peer: str, evaluate: bool, spec: PreprocessingSpec
 ) -> dict[str, Any]:
     """The features party's column: the terms, the alignment check, training on the release."""
-    terms = steps.receive_terms(job_id, None, peer, ref)
-    job = steps.LabelDPJob.from_terms(job_id, None, peer, ref.party, terms)
+    channel = channel_for(job_id)  # this side's, once
+    terms = steps.receive_terms(channel, peer, ref)
+    job = steps.LabelDPJob.from_terms(channel, peer, ref.party, terms)
     checked = steps.check_features(job, ref)
     model = steps.train_model(job, ref, spec)
     if evaluate:

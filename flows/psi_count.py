@@ -7,8 +7,9 @@ answer shuffled ── H(b)^yx, sorted ───────▶
                 ◀─────── H(a)^xy, sorted ──  answer shuffled
 count                                        count          (the same number on both sides)
 
-``psi_count`` runs both sides in one process; ``psi_count_party`` is one side, run at each
-organisation with an agreed job id. No table is written: each party stores the count only.
+``psi_count_party`` is one side, run at each organisation with an agreed job id; ``psi_count``
+runs both sides locally (:mod:`flows.local_run`). No table is written: each party stores the
+count only.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from federation.workspace import derive_job_id
+from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
 from tasks import psi_count as steps
 from tasks.loading import fingerprint
+from tasks.psi import PsiSide
 
 
 @flow(name="psi_count")
@@ -49,24 +52,18 @@ def psi_count(
             "min_rows": min_rows,
         },
     )
-    stored = [steps.stored_count(a, job_id), steps.stored_count(b, job_id)]
-    if all(stored):
-        get_run_logger().info("inputs unchanged: reused count of job %s", job_id)
-        results = stored
-    else:
-        sizes = [steps.blind_own_ids(a, b.party, job_id, workspace)]
-        sizes.append(steps.blind_own_ids(b, a.party, job_id, workspace))
-        steps.answer_peer(a, b.party, job_id, workspace)
-        steps.answer_peer(b, a.party, job_id, workspace)
-        results = [
-            steps.count_shared(a, b.party, job_id, sizes[0], min_rows, workspace),
-            steps.count_shared(b, a.party, job_id, sizes[1], min_rows, workspace),
-        ]
+    sides = [
+        LocalSide(ref.party, lambda ref=ref, peer=peer: psi_count_party(
+            ref.to_dict(), peer.party, job_id, min_rows))
+        for ref, peer in ((a, b), (b, a))
+    ]  # fmt: skip
+    done = run_locally(LocalJob(sides, workspace, job=job_id))
+    results = [done[a.party], done[b.party]]
     return {
         "job_id": job_id,
-        "intersection_size": results[0]["size"],
-        "set_sizes": [results[0]["own_size"], results[1]["own_size"]],
-        "reused": all(stored),
+        "intersection_size": results[0]["intersection_size"],
+        "set_sizes": [r["set_sizes"][0] for r in results],
+        "reused": all(r["reused"] for r in results),
     }
 
 
@@ -84,12 +81,17 @@ def psi_count_party(
     """
     ref = TableRef.from_dict(own)
     result = steps.stored_count(ref, job_id)
+    reused = result is not None
     if result is None:
-        own_size = steps.blind_own_ids(ref, peer, job_id)
-        steps.answer_peer(ref, peer, job_id)
-        result = steps.count_shared(ref, peer, job_id, own_size, min_rows)
+        side = PsiSide.of(ref, peer, job_id)
+        own_size = steps.blind_own_ids(side)
+        steps.answer_peer(side)
+        result = steps.count_shared(side, own_size, min_rows)
+    else:
+        get_run_logger().info("inputs unchanged: reused count of job %s", job_id)
     return {
         "job_id": job_id,
         "intersection_size": result["size"],
         "set_sizes": [result["own_size"], result["peer_size"]],
+        "reused": reused,
     }

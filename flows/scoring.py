@@ -16,12 +16,13 @@ in the scoring party's store as ``<table>_scored`` (id, score, probability or pr
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from prefect import flow
 
 from core.job_schema import PsiOptions, ScoreOptions
-from federation.workspace import derive_job_id
+from federation.workspace import channel_for, derive_job_id
 from flows.align import psi_align_party
 from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
@@ -113,13 +114,13 @@ def score_vertical_party(
         if not model_job_id:
             key = steps.promoted_model(ref, options.model_job, "vertical")
             model_job_id = key.split("/")[2]
-        run = steps.ScoringJob(job_id, model_job_id, guest, None)
+        run = steps.ScoringJob(job_id, model_job_id, guest, channel_for(job_id))
         steps.announce_model(run, ref, hosts)
         aligned = _align(run, ref, hosts[0], options.min_rows)
         scored = steps.guest_scores(run, aligned, hosts, f"{ref.table}_scored")
         return {**_result(scored), "job_id": job_id, "model_job_id": model_job_id}
-    run = steps.ScoringJob(job_id, "", guest, None)
-    run = steps.ScoringJob(job_id, steps.announced_model(run, ref), guest, None)
+    run = steps.ScoringJob(job_id, "", guest, channel_for(job_id))
+    run = replace(run, model_job_id=steps.announced_model(run, ref))
     rows = steps.host_score_share(run, _align(run, ref, guest, options.min_rows))
     return {"job_id": job_id, "rows": rows, "model_job_id": run.model_job_id}
 

@@ -46,6 +46,7 @@ from core.paillier.keys import check_key_size
 from core.preprocessing import PreprocessingSpec
 from core.vertical_lr.schedule import Schedule
 from federation.party_config import active_config
+from federation.workspace import channel_for
 from flows.local_run import caller_attempt
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -103,7 +104,7 @@ def vertical_lr_party(
     ref = _own_table(role, own, guest, hosts, key_holder)
     job = steps.VerticalJob(
         job_id=job_id,
-        workspace=None,
+        channel=channel_for(job_id),  # this side's, built once and handed down
         guest=guest,
         hosts=tuple(hosts),
         key_holder=key_holder or guest,
@@ -430,7 +431,7 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
     final = steps.last_round(job, ref)
     # the guest's own record of the rounds: losses the key holder sent it, its own metrics
     own_record = replace(job, key_holder_database=ref.database)
-    history_rows = vertical_round_history(own_record, job.workspace)
+    history_rows = vertical_round_history(own_record)
     publish_table(
         artifact_key("vertical-lr", job.job_id, "rounds"),
         history_rows,
@@ -449,7 +450,6 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
         [],
         prediction["metrics"],
         len(history),
-        job.workspace,
         history_rows,
         outcome=outcome,
     )

@@ -49,7 +49,7 @@ from core.dp.gaussian import validate_epsilon_delta
 from core.job_schema import WalrOptions
 from core.paillier.keys import check_key_size
 from core.preprocessing import PreprocessingSpec
-from federation.workspace import derive_job_id
+from federation.workspace import channel_for, derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
 from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
@@ -189,7 +189,7 @@ def _make_job(
         raise steps.WalrSetupError(f"both tables belong to {features_party!r}")
     return steps.WalrJob(
         job_id=job_id,
-        workspace=None,
+        channel=channel_for(job_id),  # this side's, built once and handed down
         features_party=features_party,
         labels_party=labels_party,
         protected_table=protected_table,

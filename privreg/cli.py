@@ -286,6 +286,7 @@ def _show_model(key: str, model: ModelRecord) -> None:
 
 def _paillier(args: argparse.Namespace) -> None:
     """Work done ahead of a vertical LR run (see tasks/vertical_lr.py for why it is sound)."""
+    from federation.workspace import channel_for
     from tasks import vertical_lr as steps
 
     job = steps.keys_job(
@@ -294,8 +295,8 @@ def _paillier(args: argparse.Namespace) -> None:
         tuple(h for h in args.hosts.split(",") if h),
         args.key_holder,
         args.database if args.action == "prepare-key" else "",
-        args.workspace,
-        args.randomizer,
+        channel=channel_for(args.job_id, args.workspace),
+        randomizer=args.randomizer,
         key_size=args.key_size,  # fill-pool checks the key holder's n against it
     )
     if args.action == "prepare-key":

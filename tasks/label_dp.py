@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,8 +43,7 @@ from core.label_dp.losses import check_loss
 from core.label_dp.validation import check_epsilon
 from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing, PreprocessingSpec, fit_local
-from federation.channel import PartyEndpoint
-from federation.workspace import channel_for
+from federation.channel import Channel, PartyEndpoint
 from storage import models
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -78,7 +77,7 @@ class LabelDPJob:
     """Everything a step needs besides its own table: public, small, a task parameter."""
 
     job_id: str
-    workspace: str | None
+    channel: Channel = field(compare=False, repr=False)  # this side's, built once by its flow
     labels_party: str
     features_party: str
     epsilon: float
@@ -93,7 +92,7 @@ class LabelDPJob:
     seed: int = 0
 
     def endpoint(self, party: str) -> PartyEndpoint:
-        return channel_for(self.job_id, self.workspace).endpoint(party)
+        return self.channel.endpoint(party)
 
     def grid(self) -> LabelGrid:
         """The public grid: from the declared range only, never from the labels."""
@@ -104,8 +103,7 @@ class LabelDPJob:
         """Everything that changes the release (not the hold-out split, not the job id)."""
         keys = ("epsilon", "loss", "label_range", "mechanism", "prior_epsilon", "grid_size",
                 "integer_labels", "clip")  # fmt: skip
-        values = asdict(self)
-        return {key: values[key] for key in keys}
+        return {key: getattr(self, key) for key in keys}
 
     def split(self, rows: int) -> tuple[float, float]:
         """``(prior epsilon, label epsilon)``: public, as it depends only on sizes."""
@@ -133,8 +131,7 @@ class LabelDPJob:
     @classmethod
     def from_terms(
         cls,
-        job_id: str,
-        workspace: str | None,
+        channel: Channel,
         labels_party: str,
         features_party: str,
         terms: dict[str, Any],
@@ -143,7 +140,7 @@ class LabelDPJob:
         low, high = terms["label_range"]
         fields = {k: v for k, v in terms.items() if k != "label_range"}
         return cls(
-            job_id, workspace, labels_party, features_party, label_range=(low, high), **fields
+            channel.run, channel, labels_party, features_party, label_range=(low, high), **fields
         )
 
 
@@ -372,16 +369,13 @@ _TERMS = ("epsilon", "loss", "label_range", "mechanism", "prior_epsilon", "grid_
 
 
 @task(name="label-dp-terms", task_run_name="{ref.party}: the release's terms", **PARTY_STEP)
-def receive_terms(
-    job_id: str, workspace: str | None, labels_party: str, ref: TableRef
-) -> dict[str, Any]:
+def receive_terms(channel: Channel, labels_party: str, ref: TableRef) -> dict[str, Any]:
     """The features party learns the labels party's public release parameters and hold-out
     split (it trains for the loss the release was made for); unusable terms are refused."""
-    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
-    terms = endpoint.receive(labels_party, "label_dp_terms")
+    terms = channel.endpoint(ref.party).receive(labels_party, "label_dp_terms")
     if not isinstance(terms, dict) or sorted(terms) != sorted(_TERMS):
         raise LabelDPSetupError(f"{ref.party} got unreadable release terms from {labels_party}")
-    check_parameters(LabelDPJob.from_terms(job_id, workspace, labels_party, ref.party, terms))
+    check_parameters(LabelDPJob.from_terms(channel, labels_party, ref.party, terms))
     return terms
 
 

@@ -9,12 +9,14 @@ no copy of the database ever holds it in the clear.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from prefect import get_run_logger, task
 
 from core import psi
+from federation.channel import PartyEndpoint
 from federation.workspace import channel_for
 from storage import lineage
 from storage.artifacts import ArtifactStore
@@ -24,6 +26,24 @@ from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.secrets import SealedArtifacts
 from tasks.policy import PARTY_STEP
+
+
+@dataclass(frozen=True)
+class PsiSide:
+    """One party's side of an alignment job: its own table, its peer, and its endpoint (the
+    job's channel as this party, built once by its flow and handed to every step)."""
+
+    ref: TableRef
+    peer: str
+    endpoint: PartyEndpoint = field(compare=False, repr=False)
+
+    @property
+    def job_id(self) -> str:
+        return self.endpoint.channel.run
+
+    @classmethod
+    def of(cls, ref: TableRef, peer: str, job_id: str) -> PsiSide:
+        return cls(ref, peer, channel_for(job_id).endpoint(ref.party))
 
 
 def _prefix(job_id: str) -> str:
@@ -69,9 +89,10 @@ def stored_alignment(
     return result
 
 
-@task(name="psi-blind", task_run_name="{ref.party}: blind own ids", **PARTY_STEP)
-def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> int:
+@task(name="psi-blind", task_run_name="{side.ref.party}: blind own ids", **PARTY_STEP)
+def blind_own_ids(side: PsiSide) -> int:
     """Step 1: blind and sort own ids, send them to the peer. Returns the own set size."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     ids = store.read_table(ref, allow_missing=True)[ref.id_column].tolist()
@@ -82,17 +103,18 @@ def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None =
         sealed.put(_prefix(job_id) + "key", key)
     blinded = psi.prepare(ids, key)
     artifacts.put(_prefix(job_id) + "rows", blinded.rows, "psi-state")
-    channel_for(job_id, workspace).endpoint(ref.party).send(peer, "psi_blinded", blinded.blinded)
+    side.endpoint.send(peer, "psi_blinded", blinded.blinded)
     get_run_logger().info("%s blinded %d ids", ref.party, len(ids))
     return len(ids)
 
 
-@task(name="psi-reblind", task_run_name="{ref.party}: blind peer's ids", **PARTY_STEP)
-def blind_peer_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> int:
+@task(name="psi-reblind", task_run_name="{side.ref.party}: blind peer's ids", **PARTY_STEP)
+def blind_peer_ids(side: PsiSide) -> int:
     """Step 2: blind the peer's values again, return them, keep the set for step 3."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
-    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
+    endpoint = side.endpoint
     peer_blinded = endpoint.receive(peer, "psi_blinded")
     key = _scalar(store, job_id).get(_prefix(job_id) + "key")
     doubled = psi.reblind(peer_blinded, key, peer=peer)
@@ -101,14 +123,13 @@ def blind_peer_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None 
     return len(doubled)
 
 
-@task(name="psi-align", task_run_name="{ref.party}: store aligned rows", **PARTY_STEP)
-def store_aligned_rows(
-    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
-) -> dict[str, Any]:
+@task(name="psi-align", task_run_name="{side.ref.party}: store aligned rows", **PARTY_STEP)
+def store_aligned_rows(side: PsiSide, min_rows: int) -> dict[str, Any]:
     """Step 3: intersect, refuse small results, write the aligned table in one transaction."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
-    own_double = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, "psi_double")
+    own_double = side.endpoint.receive(peer, "psi_double")
     result = psi.intersect(
         np.asarray(own_double),
         np.asarray(artifacts.get(_prefix(job_id) + "rows")),

@@ -12,11 +12,11 @@ import numpy as np
 from prefect import get_run_logger, task
 
 from core import psi, psi_count
-from federation.workspace import channel_for
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
+from tasks.psi import PsiSide
 
 KIND_BLINDED, KIND_ANSWER = "psi_count_blinded", "psi_count_answer"
 
@@ -31,9 +31,10 @@ def stored_count(ref: TableRef, job_id: str) -> dict[str, Any] | None:
     return ArtifactStore(PartyStore.of(ref)).get(_prefix(job_id) + "result")
 
 
-@task(name="psi-count-blind", task_run_name="{ref.party}: blind own ids", **PARTY_STEP)
-def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> int:
+@task(name="psi-count-blind", task_run_name="{side.ref.party}: blind own ids", **PARTY_STEP)
+def blind_own_ids(side: PsiSide) -> int:
     """Step 1: blind and sort own ids, send them. Returns the own set size."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     ids = store.read_table(ref)[ref.id_column].tolist()
@@ -42,15 +43,16 @@ def blind_own_ids(ref: TableRef, peer: str, job_id: str, workspace: str | None =
         key = psi.new_key()
         artifacts.put(_prefix(job_id) + "key", key, "secret")
     blinded = psi.prepare(ids, key).blinded
-    channel_for(job_id, workspace).endpoint(ref.party).send(peer, KIND_BLINDED, blinded)
+    side.endpoint.send(peer, KIND_BLINDED, blinded)
     return len(ids)
 
 
-@task(name="psi-count-answer", task_run_name="{ref.party}: answer shuffled", **PARTY_STEP)
-def answer_peer(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> None:
+@task(name="psi-count-answer", task_run_name="{side.ref.party}: answer shuffled", **PARTY_STEP)
+def answer_peer(side: PsiSide) -> None:
     """Step 2: blind the peer's values again and return them shuffled."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     artifacts = ArtifactStore(PartyStore.of(ref))
-    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
+    endpoint = side.endpoint
     shuffled = psi_count.answer(
         endpoint.receive(peer, KIND_BLINDED), artifacts.get(_prefix(job_id) + "key"), peer
     )
@@ -58,19 +60,13 @@ def answer_peer(ref: TableRef, peer: str, job_id: str, workspace: str | None = N
     endpoint.send(peer, KIND_ANSWER, shuffled)
 
 
-@task(name="psi-count", task_run_name="{ref.party}: count shared ids", **PARTY_STEP)
-def count_shared(
-    ref: TableRef,
-    peer: str,
-    job_id: str,
-    own_size: int,
-    min_rows: int,
-    workspace: str | None = None,
-) -> dict[str, Any]:
+@task(name="psi-count", task_run_name="{side.ref.party}: count shared ids", **PARTY_STEP)
+def count_shared(side: PsiSide, own_size: int, min_rows: int) -> dict[str, Any]:
     """Step 3: count, refuse a count below ``min_rows``, store the result, drop the secrets."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
-    own_double = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, KIND_ANSWER)
+    own_double = side.endpoint.receive(peer, KIND_ANSWER)
     peer_double = np.asarray(artifacts.get(_prefix(job_id) + "peer_double"))
     result = psi_count.count(np.asarray(own_double), own_size, peer_double, peer)
     psi_count.check_release(result, min_rows)

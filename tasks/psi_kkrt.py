@@ -35,7 +35,6 @@ from core import psi
 from core.psi_ot import buckets
 from core.psi_ot import protocol as kkrt
 from core.psi_ot.buckets import Plan
-from federation.workspace import channel_for
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.lineage import Lineage, record
@@ -43,7 +42,7 @@ from storage.party_store import Fingerprint, PartyStore, table_chunks
 from storage.policy import OwnerPolicy
 from storage.secrets import SealedArtifacts
 from tasks.policy import PARTY_STEP
-from tasks.psi import aligned_table_name
+from tasks.psi import PsiSide, aligned_table_name
 
 
 def _prefix(job_id: str) -> str:
@@ -206,20 +205,17 @@ def _source_digest(store: PartyStore, ref: TableRef, job_id: str) -> str:
     return state.get("fingerprint") or store.fingerprint(ref)
 
 
-@task(name="psi-kkrt-size", task_run_name="{ref.party}: announce set size", **PARTY_STEP)
-def send_size(
-    ref: TableRef, peer: str, job_id: str, size: int, workspace: str | None = None
-) -> None:
+@task(name="psi-kkrt-size", task_run_name="{side.ref.party}: announce set size", **PARTY_STEP)
+def send_size(side: PsiSide, size: int) -> None:
     """Step 0: the own set size and bucket size."""
-    channel_for(job_id, workspace).endpoint(ref.party).send(
-        peer, kkrt.KIND_SIZE, kkrt.size_message(size, buckets.BUCKET_IDS)
-    )
+    side.endpoint.send(side.peer, kkrt.KIND_SIZE, kkrt.size_message(size, buckets.BUCKET_IDS))
 
 
-def plan_for(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> Plan:
+def plan_for(side: PsiSide) -> Plan:
     """Roles and buckets, from the own size and the peer's size message (waits for it)."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     size = ArtifactStore(PartyStore.of(ref)).get(_prefix(job_id) + "ids")["size"]
-    message = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, kkrt.KIND_SIZE)
+    message = side.endpoint.receive(peer, kkrt.KIND_SIZE)
     return kkrt.plan(ref.party, peer, int(size), buckets.BUCKET_IDS, message)
 
 
@@ -294,18 +290,20 @@ def _bucket(
 # ---- the base OTs, once per job --------------------------------------------------------------
 
 
-@task(name="psi-kkrt-hello", task_run_name="{ref.party}: base-OT setup", **PARTY_STEP)
-def send_hello(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> None:
+@task(name="psi-kkrt-hello", task_run_name="{side.ref.party}: base-OT setup", **PARTY_STEP)
+def send_hello(side: PsiSide) -> None:
     """Step 1 (receiver): base-OT setup."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     key = _key(PartyStore.of(ref), job_id)
-    channel_for(job_id, workspace).endpoint(ref.party).send(peer, kkrt.KIND_HELLO, kkrt.hello(key))
+    side.endpoint.send(peer, kkrt.KIND_HELLO, kkrt.hello(key))
 
 
-@task(name="psi-kkrt-reply", task_run_name="{ref.party}: base-OT choices", **PARTY_STEP)
-def send_reply(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> None:
+@task(name="psi-kkrt-reply", task_run_name="{side.ref.party}: base-OT choices", **PARTY_STEP)
+def send_reply(side: PsiSide) -> None:
     """Step 2 (sender): base-OT choices and the code key."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     key = _key(PartyStore.of(ref), job_id)
-    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
+    endpoint = side.endpoint
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
     endpoint.send(peer, kkrt.KIND_REPLY, kkrt.reply(key, hello, peer))
 
@@ -323,56 +321,55 @@ def _done(job_id: str, bucket: int) -> str:
 _RECEIVER_STATES: dict[tuple[str, str, int], tuple[np.ndarray, kkrt.ReceiverState]] = {}
 
 
-def _receiver_bucket(
-    ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None
-) -> tuple[np.ndarray, kkrt.ReceiverExtension]:
+def _receiver_bucket(side: PsiSide, bucket: int) -> tuple[np.ndarray, kkrt.ReceiverExtension]:
     """R's rows of one bucket and its extension (deterministic: a recomputation gives the very
     matrix sent before). The cuckoo table is built before S's reply is awaited."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     with store.session():  # one opening of the database for the step's reads
-        plan = plan_for(ref, peer, job_id, workspace)
+        plan = plan_for(side)
         key = _key(store, job_id)
         rows, digests = _bucket(store, job_id, plan, None if plan.one_table else bucket)
     table = kkrt.receiver_table(key, digests, plan, bucket)
-    reply = channel_for(job_id, workspace).endpoint(ref.party).receive(peer, kkrt.KIND_REPLY)
+    reply = side.endpoint.receive(peer, kkrt.KIND_REPLY)
     return rows, kkrt.extend(key, table, reply, plan, bucket, peer)
 
 
-@task(name="psi-kkrt-matrix", task_run_name="{ref.party}: matrix, bucket {bucket}", **PARTY_STEP)
-def send_matrix(
-    ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None = None
-) -> None:
+@task(
+    name="psi-kkrt-matrix", task_run_name="{side.ref.party}: matrix, bucket {bucket}", **PARTY_STEP
+)
+def send_matrix(side: PsiSide, bucket: int) -> None:
     """Step 3 (receiver): one bucket's OT-extension columns; keeps its OPRF outputs, computed
     once the columns are sent (while the sender evaluates)."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     with store.session():
         if ArtifactStore(store).has(_done(job_id, bucket)):
             return  # matched by an earlier attempt: not redone
-        if plan_for(ref, peer, job_id, workspace).matrix_round(bucket) != bucket:
+        if plan_for(side).matrix_round(bucket) != bucket:
             return  # one table for every bucket: bucket 0's matrix serves them all
-    rows, extension = _receiver_bucket(ref, peer, job_id, bucket, workspace)
-    channel_for(job_id, workspace).endpoint(ref.party).send(
-        peer, kkrt.KIND_MATRIX, extension.message, round=bucket
-    )
+    rows, extension = _receiver_bucket(side, bucket)
+    side.endpoint.send(peer, kkrt.KIND_MATRIX, extension.message, round=bucket)
     _RECEIVER_STATES[(str(store.path), job_id, bucket)] = (rows, extension.state())
 
 
-@task(name="psi-kkrt-values", task_run_name="{ref.party}: values, bucket {bucket}", **PARTY_STEP)
-def send_values(
-    ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None = None
-) -> None:
+@task(
+    name="psi-kkrt-values", task_run_name="{side.ref.party}: values, bucket {bucket}", **PARTY_STEP
+)
+def send_values(side: PsiSide, bucket: int) -> None:
     """Step 4 (sender): the OPRF of one bucket's items under each hash function; the items
     are padded, ordered and encoded before R's matrix is awaited."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     with store.session():  # one opening of the database for the step's reads
         if artifacts.has(_done(job_id, bucket)):
             return  # sent by an earlier attempt: not redone
         key = _key(store, job_id)
-        plan = plan_for(ref, peer, job_id, workspace)
+        plan = plan_for(side)
         _, digests = _bucket(store, job_id, plan, bucket)
     prepared = kkrt.sender_bucket(key, digests, plan, bucket)
-    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
+    endpoint = side.endpoint
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
     matrix = endpoint.receive(peer, kkrt.KIND_MATRIX, round=plan.matrix_round(bucket))
     message = kkrt.evaluate(key, prepared, hello, matrix, plan, bucket, peer)
@@ -380,28 +377,23 @@ def send_values(
     artifacts.put(_done(job_id, bucket), {"sent": True}, "psi-state")
 
 
-@task(name="psi-kkrt-match", task_run_name="{ref.party}: match, bucket {bucket}", **PARTY_STEP)
-def match_bucket(
-    ref: TableRef, peer: str, job_id: str, bucket: int, workspace: str | None = None
-) -> None:
+@task(name="psi-kkrt-match", task_run_name="{side.ref.party}: match, bucket {bucket}", **PARTY_STEP)
+def match_bucket(side: PsiSide, bucket: int) -> None:
     """Step 5 (receiver): one bucket's matches, kept with the bucket's "done" mark."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     with store.session():
         if artifacts.has(_done(job_id, bucket)):
             return
-        plan = plan_for(ref, peer, job_id, workspace)
+        plan = plan_for(side)
     table = (str(store.path), job_id, plan.matrix_round(bucket))
     saved = _RECEIVER_STATES.get(table)
     if saved is None:  # matched in another process than the matrix: recomputed
-        rows, extension = _receiver_bucket(ref, peer, job_id, table[2], workspace)
+        rows, extension = _receiver_bucket(side, table[2])
         saved = _RECEIVER_STATES[table] = (rows, extension.state())
     rows, state = saved
-    values = (
-        channel_for(job_id, workspace)
-        .endpoint(ref.party)
-        .receive(peer, kkrt.KIND_VALUES, round=bucket)
-    )
+    values = side.endpoint.receive(peer, kkrt.KIND_VALUES, round=bucket)
     found = kkrt.match(state, values, peer)
     frame = pd.DataFrame({"bucket": np.full(found.result.size, bucket, dtype=np.int64)})
     frame["pos"] = found.positions
@@ -468,18 +460,17 @@ def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, An
     )
 
 
-@task(name="psi-kkrt-release", task_run_name="{ref.party}: release and store", **PARTY_STEP)
-def release_and_store(
-    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
-) -> dict[str, Any]:
+@task(name="psi-kkrt-release", task_run_name="{side.ref.party}: release and store", **PARTY_STEP)
+def release_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
     """Step 5 (receiver), every bucket matched: the size, then (when released) the positions
     per bucket; then the aligned table. Refuses an empty or small intersection."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     with store.session():  # one opening of the database for the B reads
-        plan = plan_for(ref, peer, job_id, workspace)
+        plan = plan_for(side)
         size = sum(int(artifacts.get(_done(job_id, b))["matched"]) for b in range(plan.buckets))
-    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
+    endpoint = side.endpoint
     answer = kkrt.result_message(size, min_rows)
     endpoint.send(peer, kkrt.KIND_RESULT, answer)
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
@@ -497,16 +488,15 @@ def release_and_store(
     return summary
 
 
-@task(name="psi-kkrt-finish", task_run_name="{ref.party}: store aligned rows", **PARTY_STEP)
-def finish_and_store(
-    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
-) -> dict[str, Any]:
+@task(name="psi-kkrt-finish", task_run_name="{side.ref.party}: store aligned rows", **PARTY_STEP)
+def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
     """Step 6 (sender): own rows at the receiver's positions, bucket by bucket, written in the
     same order. Refuses a withheld, empty or small intersection and bad positions."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     key = _key(store, job_id)
-    plan = plan_for(ref, peer, job_id, workspace)
-    endpoint = channel_for(job_id, workspace).endpoint(ref.party)
+    plan = plan_for(side)
+    endpoint = side.endpoint
     size = kkrt.released_size(endpoint.receive(peer, kkrt.KIND_RESULT), peer)
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
     placed, source_digest = 0, _source_digest(store, ref, job_id)
@@ -541,76 +531,68 @@ def _call(step: Any, *args: Any) -> Any:
     return step(*args)
 
 
-def party_side(
-    ref: TableRef,
-    peer: str,
-    job_id: str,
-    min_rows: int,
-    workspace: str | None = None,
-    call: Step = _call,
-) -> dict[str, Any]:
+def party_side(side: PsiSide, min_rows: int, call: Step = _call) -> dict[str, Any]:
     """One party's whole side in its role's order. ``call(task, *args)`` runs each step (as a
     Prefect task by default; a benchmark passes one that calls ``task.fn``).
 
     The party's database stays open through the side (one opening, not one per step and
     read: an opening cost 30-90 ms of CPU, twenty of them a job at 100k ids); other processes
     wait for it meanwhile, as in party-mode vertical LR."""
-    with PartyStore.of(ref).session():
-        return _side(ref, peer, job_id, min_rows, workspace, call)
+    with PartyStore.of(side.ref).session():
+        return _side(side, min_rows, call)
 
 
-@task(name="psi-kkrt-start", task_run_name="{ref.party}: own ids, sizes, base OTs", **PARTY_STEP)
-def start_side(ref: TableRef, peer: str, job_id: str, workspace: str | None = None) -> Plan:
+@task(
+    name="psi-kkrt-start", task_run_name="{side.ref.party}: own ids, sizes, base OTs", **PARTY_STEP
+)
+def start_side(side: PsiSide) -> Plan:
     """Steps 0 to 2 of one party's side as one task run (a task run costs 0.1-0.4 s of a
     loaded machine): own ids, the size message, the plan, then R's base-OT setup or S's reply.
     Each is idempotent, so a retry redoes only what had not finished."""
-    size = prepare_ids.fn(ref, job_id)
-    send_size.fn(ref, peer, job_id, size, workspace)
-    plan = plan_for(ref, peer, job_id, workspace)
-    (send_hello if plan.receiver else send_reply).fn(ref, peer, job_id, workspace)
+    send_size.fn(side, prepare_ids.fn(side.ref, side.job_id))
+    plan = plan_for(side)
+    (send_hello if plan.receiver else send_reply).fn(side)
     return plan
 
 
-@task(name="psi-kkrt-receive-one", task_run_name="{ref.party}: matrix, match, store", **PARTY_STEP)
-def receiver_one_bucket(
-    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
-) -> dict[str, Any]:
+@task(
+    name="psi-kkrt-receive-one",
+    task_run_name="{side.ref.party}: matrix, match, store",
+    **PARTY_STEP,
+)
+def receiver_one_bucket(side: PsiSide, min_rows: int) -> dict[str, Any]:
     """Steps 3 and 5 of a job of one bucket as one task run (the receiver's rest of the side
     in two task runs, not three); each step is idempotent, so a retry redoes only what had
     not finished."""
-    send_matrix.fn(ref, peer, job_id, 0, workspace)
-    match_bucket.fn(ref, peer, job_id, 0, workspace)
-    return release_and_store.fn(ref, peer, job_id, min_rows, workspace)
+    send_matrix.fn(side, 0)
+    match_bucket.fn(side, 0)
+    return release_and_store.fn(side, min_rows)
 
 
-@task(name="psi-kkrt-send-one", task_run_name="{ref.party}: values, store", **PARTY_STEP)
-def sender_one_bucket(
-    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None = None
-) -> dict[str, Any]:
+@task(name="psi-kkrt-send-one", task_run_name="{side.ref.party}: values, store", **PARTY_STEP)
+def sender_one_bucket(side: PsiSide, min_rows: int) -> dict[str, Any]:
     """Steps 4 and 6 of a job of one bucket as one task run (as :func:`receiver_one_bucket`)."""
-    send_values.fn(ref, peer, job_id, 0, workspace)
-    return finish_and_store.fn(ref, peer, job_id, min_rows, workspace)
+    send_values.fn(side, 0)
+    return finish_and_store.fn(side, min_rows)
 
 
-def _side(
-    ref: TableRef, peer: str, job_id: str, min_rows: int, workspace: str | None, call: Step
-) -> dict[str, Any]:
-    plan = call(start_side, ref, peer, job_id, workspace)
+def _side(side: PsiSide, min_rows: int, call: Step) -> dict[str, Any]:
+    plan = call(start_side, side)
     if plan.buckets == 1:  # nothing to pipeline: the rest of the side in one task run
         rest = receiver_one_bucket if plan.receiver else sender_one_bucket
-        return call(rest, ref, peer, job_id, min_rows, workspace)
+        return call(rest, side, min_rows)
     if plan.receiver:
-        call(send_matrix, ref, peer, job_id, 0, workspace)
+        call(send_matrix, side, 0)
         for bucket in range(plan.buckets):  # the next matrix goes out before this match
             if bucket + 1 < plan.buckets:
-                call(send_matrix, ref, peer, job_id, bucket + 1, workspace)
-            call(match_bucket, ref, peer, job_id, bucket, workspace)
-        return call(release_and_store, ref, peer, job_id, min_rows, workspace)
+                call(send_matrix, side, bucket + 1)
+            call(match_bucket, side, bucket)
+        return call(release_and_store, side, min_rows)
     for bucket in range(plan.buckets):
-        call(send_values, ref, peer, job_id, bucket, workspace)
-    return call(finish_and_store, ref, peer, job_id, min_rows, workspace)
+        call(send_values, side, bucket)
+    return call(finish_and_store, side, min_rows)
 
 
-def run_party(ref: TableRef, peer: str, job_id: str, min_rows: int) -> dict[str, Any]:
+def run_party(side: PsiSide, min_rows: int) -> dict[str, Any]:
     """One party's whole side (for ``psi_align_party``)."""
-    return party_side(ref, peer, job_id, min_rows)
+    return party_side(side, min_rows)

@@ -9,8 +9,7 @@ explicitly; never the newest by date.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -18,7 +17,7 @@ from prefect import get_run_logger, task
 
 from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing, PreprocessingError
-from federation.workspace import channel_for
+from federation.channel import Channel, PartyEndpoint
 from storage.descriptor import TableRef
 from storage.lineage import StaleResultError
 from storage.models import ModelStore, model_key
@@ -40,10 +39,10 @@ class ScoringJob:
     job_id: str
     model_job_id: str
     guest: str
-    workspace: str | None
+    channel: Channel = field(compare=False, repr=False)  # this side's, built once by its flow
 
-    def endpoint(self, party: str) -> Any:
-        return channel_for(self.job_id, self.workspace).endpoint(party)
+    def endpoint(self, party: str) -> PartyEndpoint:
+        return self.channel.endpoint(party)
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,7 @@ def _reused(history: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     return [("rounds reused from earlier attempts", reused)] if reused else []
 
 
-def vertical_round_history(job: Any, workspace: str | None) -> list[dict[str, Any]]:
+def vertical_round_history(job: Any) -> list[dict[str, Any]]:
     """Every finished round of a vertical job, from the key holder's store (so rounds finished
     before a retry are included), with the bytes that crossed in each, the attempt that ran
     it, and whether this attempt reused it."""
@@ -226,7 +226,7 @@ def vertical_round_history(job: Any, workspace: str | None) -> list[dict[str, An
             value = artifacts.get(key)
             entry = rows.setdefault(int(number), {"round": int(number)})
             entry.update({"loss": value} if kind == "loss" else value)
-    traffic = _round_bytes(job.job_id, workspace)
+    traffic = _round_bytes(job.job_id, None)  # as this side sees its channel
     now = current_attempt()
     return [
         {
@@ -247,7 +247,6 @@ def vertical_summary(
     hosts: list[TableRef],
     metrics: dict[str, Any],
     rounds_run: int,
-    workspace: str | None,
     history: list[dict[str, Any]],
     outcome: str | None = None,
 ) -> dict[str, Any]:
@@ -270,7 +269,7 @@ def vertical_summary(
             job.job_id,
             {ref.party: rows for ref in (guest, *hosts)},
             quality=quality,
-            bytes_sent=bytes_sent([job.job_id], workspace),
+            bytes_sent=bytes_sent([job.job_id], None),
             rounds=len(history),
             rounds_table=history,
             details=[
@@ -560,7 +559,7 @@ def sparse_lda_summary(
             {party: e["rows"] for party, e in errors.items()},
             quality=quality,
             budgets=budgets,
-            bytes_sent=bytes_sent([job.job_id], job.workspace),
+            bytes_sent=bytes_sent([job.job_id], None),
             rounds=1,
             details=[("method", job.method), ("features kept", kept)],
         )

@@ -66,8 +66,7 @@ from core.vertical_lr.steps import (
     labels_pm1,
     loss_coefficients,
 )
-from federation.channel import PartyEndpoint
-from federation.workspace import channel_for
+from federation.channel import Channel, PartyEndpoint
 from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.checkpoints import RoundCheckpoints
@@ -99,7 +98,7 @@ class VerticalJob:
     """Everything a party step needs besides its own table: small and public."""
 
     job_id: str
-    workspace: str | None
+    channel: Channel = field(compare=False, repr=False)  # this side's, built once by its flow
     guest: str
     hosts: tuple[str, ...]
     key_holder: str
@@ -131,7 +130,7 @@ class VerticalJob:
         raise VerticalSetupError(f"no gradient length was agreed for party {party!r}")
 
     def endpoint(self, party: str) -> PartyEndpoint:
-        return channel_for(self.job_id, self.workspace).endpoint(party)
+        return self.channel.endpoint(party)
 
     def optimizer(self, velocity: dict[str, np.ndarray]) -> Optimizer:
         return Optimizer(self.learning_rate, self.momentum, self.decay, self.l2, dict(velocity))
@@ -451,7 +450,8 @@ def keys_job(
     hosts: tuple[str, ...],
     key_holder: str = "arbiter",
     key_holder_database: str = "",
-    workspace: str | None = None,
+    *,
+    channel: Channel,
     randomizer: str = cipher.DEFAULT_RANDOMIZER,
     key_size: int = DEFAULT_KEY_BITS,
 ) -> VerticalJob:
@@ -459,7 +459,7 @@ def keys_job(
     part; the schedule is a placeholder until :func:`agreed_job`)."""
     return VerticalJob(
         job_id=job_id,
-        workspace=workspace,
+        channel=channel,
         guest=guest,
         hosts=tuple(hosts),
         key_holder=key_holder,

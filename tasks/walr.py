@@ -83,8 +83,7 @@ from core.walr import (
     validate_labels,
     walr_sigma,
 )
-from federation.channel import PartyEndpoint
-from federation.workspace import channel_for
+from federation.channel import Channel, PartyEndpoint
 from storage import codec, models
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -111,7 +110,7 @@ class WalrJob:
     """Everything a party step needs besides its own table: small and public."""
 
     job_id: str
-    workspace: str | None
+    channel: Channel = field(compare=False, repr=False)  # this side's, built once by its flow
     features_party: str
     labels_party: str
     epsilon: float
@@ -140,7 +139,7 @@ class WalrJob:
         return holdout_split(rows, self.holdout_fraction, PROTOCOL)
 
     def endpoint(self, party: str) -> PartyEndpoint:
-        return channel_for(self.job_id, self.workspace).endpoint(party)
+        return self.channel.endpoint(party)
 
     def key(self, *parts: object) -> str:
         return "/".join([PROTOCOL, self.job_id, *map(str, parts)])

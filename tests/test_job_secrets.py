@@ -18,6 +18,7 @@ import pytest
 from helpers import found_in
 from prefect.logging import disable_run_logger
 
+from federation.channel import Channel
 from flows.vertical_lr import FAULT_VARIABLE, InjectedFaultError, vertical_lr
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -151,7 +152,7 @@ def test_walr_key_is_gone_after_the_release(workspace: Path) -> None:
     PartyStore.of(features).import_frame(X.assign(id=ids)[["id", "a", "b", "c"]], features)
     PrivacyLedger(PartyStore.of(labels)).set_budget("conversions", 1.0, 1e-4)
     job = walr_steps.WalrJob(
-        job_id="walr-secrets", workspace=str(workspace), features_party="pub",
+        job_id="walr-secrets", channel=Channel(workspace, "walr-secrets"), features_party="pub",
         labels_party="shop", epsilon=1.0, delta=1e-4, mode="clipped", clip_norm=3.0,
         protected_table="conversions", labels_fingerprint="l", features_fingerprint="f",
         columns=3, key_size=KEY_BITS,
@@ -176,18 +177,18 @@ def test_psi_scalars_are_gone_once_the_rows_are_aligned(workspace: Path) -> None
         frame = pd.DataFrame({"id": rows, "v": np.arange(len(rows), dtype=float)})
         PartyStore.of(refs[party]).import_frame(frame, refs[party])
     peer = {"bank": "shop", "shop": "bank"}
+    channel = Channel(workspace, "psi-secrets")
+    side = {p: psi_steps.PsiSide(r, peer[p], channel.endpoint(p)) for p, r in refs.items()}
     scalars = {}
     with disable_run_logger():
         for party, ref in refs.items():
-            psi_steps.blind_own_ids.fn(ref, peer[party], "psi-secrets", str(workspace))
+            psi_steps.blind_own_ids.fn(side[party])
             sealed = SealedArtifacts(PartyStore.of(ref), "psi/psi-secrets")
             scalars[party] = sealed.get("psi/psi-secrets/key")
-        for party, ref in refs.items():
-            psi_steps.blind_peer_ids.fn(ref, peer[party], "psi-secrets", str(workspace))
-        for party, ref in refs.items():
-            summary = psi_steps.store_aligned_rows.fn(
-                ref, peer[party], "psi-secrets", 100, str(workspace)
-            )
+        for party in refs:
+            psi_steps.blind_peer_ids.fn(side[party])
+        for party in refs:
+            summary = psi_steps.store_aligned_rows.fn(side[party], 100)
             assert summary["size"] == 110
     assert all(len(s) == 32 for s in scalars.values())
     assert leaks([workspace], scalars) == []

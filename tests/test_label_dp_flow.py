@@ -14,6 +14,7 @@ from prefect.exceptions import ParameterTypeError
 from prefect.logging import disable_run_logger
 
 from core.label_dp import InvalidEpsilonError, train_on_noisy_labels
+from federation.channel import Channel
 from federation.workspace import channel_for
 from flows.label_dp import label_dp_regression
 from flows.pipeline import pipeline
@@ -95,7 +96,7 @@ def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None
     # the features party trained on exactly those labels and saved the model in its own store
     job = steps.LabelDPJob(
         result["job_id"],
-        str(workspace),
+        Channel(workspace, result["job_id"]),
         "registry",
         "clinic",
         1.0,
@@ -162,7 +163,8 @@ def test_features_are_standardised_on_training_rows_and_the_model_carries_it(
     # they give the predictions the features party sent for the held-out rows
     model = ArtifactStore(PartyStore.of(features)).get(scaled["model_key"])
     stats = {c["name"]: c for c in model["preprocessing"]["columns"]}
-    job = steps.LabelDPJob(scaled["job_id"], None, "registry", "clinic", 1.0, "squared", (0, 20))
+    channel = Channel(workspace, scaled["job_id"])
+    job = steps.LabelDPJob(scaled["job_id"], channel, "registry", "clinic", 1.0, "squared", (0, 20))
     train, holdout = job.train_rows(ROWS), job.holdout_rows(ROWS)
     raw = X.copy()
     raw[:, 1] = raw[:, 1] * 1e3 + 5e4

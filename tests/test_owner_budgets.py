@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from prefect.logging import disable_run_logger
 
+from federation.channel import Channel
 from federation.party_config import ENV_VAR
 from storage.descriptor import TableRef
 from storage.ledger import BudgetError, PrivacyLedger
@@ -38,7 +39,7 @@ def registry(tmp_path: Path, budgets: str = "") -> tuple[TableRef, Path]:
 
 def release(ref: TableRef, workspace: Path) -> dict:
     job = label_dp.LabelDPJob(
-        job_id="budgetless", workspace=str(workspace), labels_party="registry",
+        job_id="budgetless", channel=Channel(workspace, "budgetless"), labels_party="registry",
         features_party="clinic", epsilon=1.0, loss="squared", label_range=(0.0, 20.0),
     )  # fmt: skip
     with disable_run_logger():

@@ -19,6 +19,7 @@ from prefect.logging import disable_run_logger
 from core.paillier.errors import PeerKeyError
 from core.paillier.keys import SMALL_KEYS_VARIABLE, check_peer_modulus, generate_keypair
 from core.vertical_lr.schedule import Schedule
+from federation.channel import Channel
 from federation.workspace import channel_for
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -87,8 +88,9 @@ def vertical_job(workspace, key_bits: int) -> tuple[vlr.VerticalJob, TableRef, T
     frame = pd.DataFrame({"id": ids, "y": (rng.random(ROWS) < 0.5).astype(float), "g": 1.0})
     PartyStore.of(guest).import_frame(frame, guest)
     PartyStore.of(host).import_frame(pd.DataFrame({"id": ids, "h": rng.normal(size=ROWS)}), host)
+    job_id = f"modulus-{secrets.token_hex(4)}"
     job = vlr.VerticalJob(
-        job_id=f"modulus-{secrets.token_hex(4)}", workspace=str(workspace), guest="clinic",
+        job_id=job_id, channel=Channel(workspace, job_id), guest="clinic",
         hosts=("lab",), key_holder="arbiter", key_holder_database=str(workspace / "arb.duckdb"),
         schedule=Schedule(ROWS, ROWS, 0, 0.0), learning_rate=0.1, momentum=0.0, decay=0.0,
         l2=0.0, widths=(("clinic", 2), ("lab", 1)), key_size=key_bits,
@@ -133,7 +135,7 @@ def test_walr_features_party_refuses_a_small_factor_modulus(workspace) -> None:
     frame = pd.DataFrame({"id": [f"u{i}" for i in range(ROWS)], "a": rng.normal(size=ROWS)})
     PartyStore.of(features).import_frame(frame, features)
     job = walr.WalrJob(
-        job_id="walr-modulus", workspace=str(workspace), features_party="pub",
+        job_id="walr-modulus", channel=Channel(workspace, "walr-modulus"), features_party="pub",
         labels_party="shop", epsilon=1.0, delta=1e-5, mode="clipped", clip_norm=2.0,
         protected_table="conversions", labels_fingerprint="l", features_fingerprint="f",
         columns=1, key_size=1024,

@@ -22,7 +22,7 @@ from core import psi
 from core.psi_ot import buckets
 from core.psi_ot import protocol as kkrt
 from demo.orgs import free_port
-from federation.channel import ChannelError, MessageConflictError
+from federation.channel import Channel, ChannelError, MessageConflictError
 from federation.workspace import channel_for
 from flows.align import psi_align
 from privreg.cli import main as privreg
@@ -30,6 +30,7 @@ from storage import codec, party_store
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks import psi_kkrt
+from tasks.psi import PsiSide
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -117,7 +118,8 @@ def test_replayed_message_with_other_payload_is_refused(workspace: Path) -> None
 
 @flow
 def _shop_reply(b: dict, job: str, workspace: str) -> None:
-    psi_kkrt.send_reply(TableRef.from_dict(b), "bank", job, workspace)
+    ref = TableRef.from_dict(b)
+    psi_kkrt.send_reply(PsiSide(ref, "bank", Channel(workspace, job).endpoint(ref.party)))
 
 
 def test_truncated_messages_are_refused(workspace: Path) -> None:

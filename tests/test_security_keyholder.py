@@ -21,7 +21,7 @@ from core.paillier.decryption import CrtDecryptor
 from core.paillier.errors import PaillierError
 from core.paillier.keys import generate_keypair
 from core.vertical_lr.schedule import Schedule
-from federation.channel import ChannelError
+from federation.channel import Channel, ChannelError
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
@@ -72,7 +72,7 @@ def _vertical(workspace: Path) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
     vlr.check_batches(schedule, {"mallory": HOST_FEATURES})
     job = vlr.VerticalJob(
         job_id="attack",
-        workspace=str(workspace),
+        channel=Channel(workspace, "attack"),
         guest="guest",
         hosts=("mallory",),
         key_holder="arbiter",
@@ -182,7 +182,7 @@ def _walr(workspace: Path, keypair, noise: bool = True, protected: str = "conver
     PrivacyLedger(store).set_budget("conversions", 2.0, 1e-4)
     job = walr.WalrJob(
         job_id="walr-attack",
-        workspace=str(workspace),
+        channel=Channel(workspace, "walr-attack"),
         features_party="mallory",
         labels_party="advertiser",
         epsilon=1.0,

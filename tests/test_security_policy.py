@@ -35,6 +35,11 @@ from tasks.loading import load_table
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _side(ref: TableRef, job: str, root: Path) -> psi_steps.PsiSide:
+    """The clinic's side of PSI job ``job`` against the shop, over the folder ``root``."""
+    return psi_steps.PsiSide(ref, "shop", channel_for(job, str(root)).endpoint(ref.party))
+
+
 def owner(tmp_path: Path, table: str = "patients") -> tuple[PartyStore, TableRef]:
     ref = TableRef(str(tmp_path / "parties" / "clinic.duckdb"), table, label_column="y",
                    party="clinic")  # fmt: skip
@@ -97,7 +102,7 @@ def test_psi_alignment_records_the_copys_source(tmp_path: Path) -> None:
         "clinic", "psi_double", psi.reblind(mine.blinded, peer_key)
     )
     with disable_run_logger():
-        psi_steps.store_aligned_rows.fn(ref, "shop", "j", 1, str(tmp_path))
+        psi_steps.store_aligned_rows.fn(_side(ref, "j", tmp_path), 1)
     assert PrivacyLedger(PartyStore.of(ref)).budget_table("patients_aligned") == "patients"
 
 
@@ -226,5 +231,5 @@ def test_psi_refuses_repeated_and_malformed_points_naming_the_peer(tmp_path: Pat
     SealedArtifacts(PartyStore.of(ref), "psi/j2").put("psi/j2/key", key)  # as blind_own_ids
     channel_for("j2", str(tmp_path)).endpoint("shop").send("clinic", "psi_blinded", repeated)
     with pytest.raises(psi.PsiError, match=r"shop repeats"):
-        psi_steps.blind_peer_ids.fn(ref, "shop", "j2", str(tmp_path))
+        psi_steps.blind_peer_ids.fn(_side(ref, "j2", tmp_path))
     assert ArtifactStore(PartyStore.of(ref)).get("psi/j2/peer_double") is None

@@ -20,6 +20,7 @@ from core.preprocessing import PreprocessingSpec, fit_local
 from core.vertical_lr.reference import train_reference
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import Optimizer
+from federation.channel import Channel
 from federation.workspace import channel_for
 from flows.vertical_lr import FAULT_VARIABLE, InjectedFaultError, vertical_lr
 from storage import codec
@@ -107,7 +108,7 @@ def prepare_pools(workspace: Path, guest_ref: TableRef, host_refs: list[TableRef
         guest_ref.party,
         tuple(h.party for h in host_refs),
         key_holder_database=str(workspace / "parties" / "arbiter.duckdb"),
-        workspace=str(workspace),
+        channel=Channel(workspace, "pooled"),
         key_size=1024,
     )
     prepare_key(job, 1024)

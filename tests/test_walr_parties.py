@@ -28,6 +28,7 @@ from helpers import party_env
 from prefect.logging import disable_run_logger
 
 from demo.orgs import free_port
+from federation.channel import Channel
 from federation.workspace import channel_for
 from flows.label_dp import label_dp_regression
 from flows.walr import walr
@@ -196,7 +197,7 @@ def test_walr_retried_randomised_steps_resend_the_same_bytes(workspace: Path) ->
     """A retried encryption or masking keeps what was sent (a fresh one would be refused)."""
     tables = walr_tables(dict.fromkeys(PEER, workspace))
     job = steps.WalrJob(
-        job_id="walr-retried", workspace=str(workspace), features_party=FEATURES,
+        job_id="walr-retried", channel=Channel(workspace, "walr-retried"), features_party=FEATURES,
         labels_party=LABELS, epsilon=1.0, delta=1e-4, mode="clipped", clip_norm=5.0,
         protected_table="conversions", labels_fingerprint="l", features_fingerprint="f",
         columns=20, key_size=1024,

@@ -1,8 +1,5 @@
 """Flow ``psi_align``: align two parties' tables on their id columns by private set intersection.
 
-The default protocol is KKRT16 (OT extension, :mod:`tasks.psi_kkrt`), run bucket by bucket;
-R is the party with the smaller set:
-
 party R (receiver)                          party S (sender)
 hash own ids into buckets  ◀── sizes ──▶  hash own ids into buckets
 base-OT setup              ── hello ───▶
@@ -13,14 +10,7 @@ per bucket k:  OT-extension columns ── matrix_k ──▶
 the size (min_rows), then positions per bucket ───▶
 aligned rows                                         aligned rows   (same order on both sides)
 
-``protocol="ecdh"`` runs X25519 Diffie-Hellman PSI (:mod:`tasks.psi`: each side blinds its
-ids, then the peer's; equal ids meet as equal doubly-blinded points), with the same
-guarantees and the same intersection.
-
-``psi_align_party`` is one side: both parties run it with the same job id, each on its own
-table, and each executes only its own column of the diagram above, at its own organisation or
-in a local run. ``psi_align`` is that local run: both sides in this process
-(:mod:`flows.local_run`).
+More (the protocol, what each party learns, why): docs/protocols/psi.md.
 """
 
 from __future__ import annotations

@@ -5,13 +5,7 @@
     pipeline_party(job file, run)  ◀══▶ pipeline_party(job file, run, proposed_by=initiator)
                                          (terms agreed, policy checked, approval if manual)
 
-Started by ``privreg job start``, by this flow's deployment in the party's own Prefect, or by
-its schedule (``privreg job schedule``, or a cron in ``prefect.yaml``): each scheduled run
-proposes a fresh run name, the UTC time the run was scheduled for, so a Retry of the same
-flow run proposes the same name again and every party resumes from its checkpoints.
-
-Peers proposed to are the parties of the jobs this organisation takes part in; a refusal
-ends the run at every party that already started, with the refusing party's reason.
+More (the protocol, what each party learns, why): docs/federation.md.
 """
 
 from __future__ import annotations

@@ -7,19 +7,7 @@ private prior ─▶ mechanism ─▶ noisy labels
                                     ── noisy labels ────▶ train on own features, save model
 optional:  evaluate on true labels ◀── predictions ────── (hold-out rows only)
 
-With the digest, the labels party sends the release's public terms (parameters, hold-out
-split); the features party trains for them. ``label_dp_party`` is one column, run with the
-agreed job id at the party's own organisation or in a local run (``label_dp_regression``: both
-columns in this process, :mod:`flows.local_run`); the features party needs no release option:
-the terms arrive as a message. The release is stored before it is sent, so a re-run
-of either party re-sends identical bytes and charges nothing.
-
-A label-DP job file runs end to end with ``privreg run`` (``flows.pipeline``): each party
-loads its table (the labels party's initial budget applies only if its owner has none), the
-two align by PSI, then train.
-
-``preprocessing`` (default: standardise) is the features party's: fitted on its own training
-rows, applied to every row and saved with its model (see tasks/label_dp.py).
+More (the protocol, what each party learns, why): docs/protocols/label-dp.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """A local run: every party's side flow in one process, over the shared-folder transport.
 
-The embedded default (``privreg run``, ``make demo``, the Python entry points such as
-``psi_align``) runs the same side flows an organisation runs across the network, as Flower
-runs the same apps in simulation and deployment. Each side runs in its own thread, as its own
-party (:func:`federation.party_config.as_party`), under its own :class:`Federation` unless the side
-flow keeps one of its own (``pipeline_party``); its Prefect run is a child of the caller's run.
-
-Why threads, not processes: a side process would import Prefect and start its own temporary
-API (seconds of CPU and about 200 MB each); the sides' heavy arithmetic already runs in native
-code or in the Paillier pool's processes, and a side spends most of its time waiting for its
-peers' messages.
-
-A side that fails publishes its reason; its peers' waits end within a second, naming it, and
-the run raises the first failure that is not merely a peer's report of another.
+More (the protocol, what each party learns, why): docs/federation.md.
 """
 
 from __future__ import annotations

@@ -5,11 +5,7 @@
               ├─ pipeline_party: arbiter    vertical LR (the key holder)
               └─ ...                        each party of the job file and its sub-jobs
 
-Each side is the very flow an organisation runs at home (``privreg party pipeline``), run here
-as a child of this run over the shared-folder transport (:mod:`flows.local_run`): the same
-agreed terms, state records, failures that reach every side, checkpoints and job ids
-(``<job>-<stage>[-<run>]``). Retrying this run resumes every side from its checkpoints and
-charges nothing twice.
+More (the protocol, what each party learns, why): docs/federation.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Flow ``pipeline_party``: one organisation's side of a whole job file, run at that organisation.
 
-Every organisation holds the same job file and starts this flow on its own Prefect, as its own
-party (``privreg party pipeline`` or the served deployment ``pipeline_party/<party>``). Each
-runs only the stages whose roles name it, in the job's order, and meets the others only
-through messages:
-
     main job   load own table ─▶ PSI ─▶ vertical LR ─▶ WALR      guest, host (+ the arbiter)
     sub-jobs, in the job file's order:
       label DP       load ─▶ PSI ─▶ label_dp_party               labels (guest), features (host)
       horizontal LR  load ─▶ horizontal_lr_party | _coordinator  hospitals, the coordinator
       sparse LDA     load ─▶ sparse_lda_party | _coordinator     hospitals, the coordinator
 
-Job ids are agreed without a message: ``<job>-<stage>`` (``demo-psi``, ``demo-vertical``,
-``label_dp_demo-label_dp``), with ``-<run>`` appended for a scheduled re-run. The same ids
-resume or reuse what is stored (nothing charged twice); a new run suffix starts new jobs.
-
-Paths: every relative path of a job file (sources, databases, sub-job files) is read from the
-organisation's own folder, the folder of its ``party.toml``; a path that leaves that folder, a
-table whose descriptor names another party, or a peer missing from the configuration is
-refused before anything is loaded. The arbiter and the coordinator are the parties named
-``arbiter`` and ``coordinator``, as in the one-process flows.
+More (the protocol, what each party learns, why): docs/federation.md.
 """
 
 from __future__ import annotations

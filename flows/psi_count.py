@@ -7,9 +7,7 @@ answer shuffled ── H(b)^yx, sorted ───────▶
                 ◀─────── H(a)^xy, sorted ──  answer shuffled
 count                                        count          (the same number on both sides)
 
-``psi_count_party`` is one side, run at each organisation with an agreed job id; ``psi_count``
-runs both sides locally (:mod:`flows.local_run`). No table is written: each party stores the
-count only.
+More (the protocol, what each party learns, why): docs/protocols/psi.md.
 """
 
 from __future__ import annotations

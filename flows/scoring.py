@@ -8,10 +8,7 @@ score_vertical_party (a model split across parties: one side per party):
 score_vertical runs those sides locally (:mod:`flows.local_run`).
 score_local (a model one party holds whole): the party scores its own new rows.
 
-The model is the one promoted for the job (``privreg models promote``; the pipeline promotes
-what it trains), or the training job named explicitly: never the newest by date. Scores land
-in the scoring party's store as ``<table>_scored`` (id, score, probability or prediction, and
-``in_training``: "train", "held out" or empty for a row the model's training never saw).
+More (the protocol, what each party learns, why): docs/protocols/scoring.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """One process that serves every flow of ``prefect.yaml`` from this checkout: no pool, no worker.
 
-``make serve`` runs this against the server in ``PREFECT_API_URL`` (start one with ``make
-ui``). Deployments, parameters, tags and schedules are read from ``prefect.yaml``, so the two
-ways of running privreg never drift apart; only active schedules are served active.
-
-Served deployments are named ``<name>-served`` (``psi_align/demo-psi-served``). Under the
-worker deployments' own names they would overwrite them: the server keeps a deployment's
-fields that ``serve`` does not send (its storage path among them), so runs of either kind then
-crash looking for flow code at ``None``. With their own names both kinds live side by side on
-one server, and each runs where it was made: the served ones in this process, from this
-checkout; the deployed ones on a worker of the ``privreg-process`` pool. A schedule belongs
-to one of them only: where the server already has the worker deployment of an entry, its
-served twin is served with its schedules inactive, so a nightly job does not run twice.
+More (the protocol, what each party learns, why): docs/federation.md.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@
     guest ── [[Taylor loss]] ──▶ key holder ── loss ──▶ early stopping
     every party: unmask, step, checkpoint the round           (repeat per mini-batch)
 
-The key holder is an arbiter, or the guest itself with ``arbiter=False`` (seed 003's
-two-party mode; see the README for what each side learns then).
+More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
 """
 
 from __future__ import annotations

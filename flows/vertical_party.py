@@ -13,18 +13,7 @@
     epoch end: hold-out loss; the key holder's stop decision ──▶ every party
     end: hosts ── score shares ──▶ guest; the key holder deletes p, q
 
-Every party of a job runs this flow with the same ``job_id`` and options, each with its own
-table (none for the arbiter) and role; with ``arbiter=None`` the guest holds the key (the
-two-party mode). A party reaches only its own store and the messages addressed to it.
-
-A party's whole round (and its epoch's end) is one task run, its steps plain calls within
-it, and the party holds its database open through the rounds: a task run cost 0.1-0.3 s and
-a DuckDB opening 0.5 s here under load, and a round made about 20 of each across the parties.
-
-Resume: a restarted party continues after its own last checkpoint. Every message is durable
-and a re-sent one is byte-identical (randomised ones are stored and re-sent), so the peers,
-which wait for its messages up to their receive timeout, see the run an uninterrupted one
-would have: parties stay within one round of each other and none ever needs to roll back.
+More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
 """
 
 from __future__ import annotations

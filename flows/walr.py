@@ -10,29 +10,7 @@ decrypt s + r, add noise, store + charge
                 ◀─ scores of held-out rows ──  (with a hold-out, or evaluate=True: all rows)
 AUC, log-loss vs the class-prior baseline ──▶ summary
 
-With ``holdout_fraction`` > 0 both parties derive the same held-out rows from the row count
-(one fixed seed for WALR); the labels party leaves them out of [[y]], so the release is the
-sum over the training rows only (same sensitivity, same charge), and the features party fits
-on those.
-What each party learns from the evaluation: the labels party, the model's scores of the
-held-out rows (nothing of the training rows' features); the features party, only the
-aggregates the summary publishes. Without a hold-out, ``evaluate=True`` scores every row,
-in-sample, and the summary says so.
-
-The features party preprocesses its own columns (``preprocessing``; default: standardise,
-binary mode never scales) with statistics of its training rows, before the clipping; they
-are saved with its model (see tasks/walr.py).
-
-A re-run on unchanged tables, preprocessing and release parameters reuses the stored release
-and charges nothing; the labels party then only re-sends it.
-
-``walr_party`` is one column: both parties run it with the same agreed job id and options,
-each on its own table, at its own organisation or in a local run (``walr``: both columns in
-this process, :mod:`flows.local_run`); what it needs
-from the other (the features' shape, the release plan, ciphertexts, the release) arrives as
-messages. Before the set-up shown above, the features party sends its public facts (column
-count, mode, clip norm, salted fingerprint) and the labels party answers whether it makes a
-new release or re-sends a stored one.
+More (the protocol, what each party learns, why): docs/protocols/walr.md.
 """
 
 from __future__ import annotations

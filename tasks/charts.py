@@ -1,12 +1,6 @@
 """Training charts in the Prefect UI: one markdown artifact per run, ``<job>-<flow>-charts``.
 
-Both of Prefect 3.8.8's UIs show a markdown artifact's ``data:image/...`` images (the React UI
-allows that scheme for images only; the Vue UI renders images as they are), whereas inline
-``<svg>`` is stripped by the React UI's sanitizer and an image artifact takes a public URL, which
-a party's UI may not reach. So each chart is an SVG (``core.charts``) inside a markdown image.
-
-The curves are computed where the labels are (``held_out_roc``, ``held_out_calibration``, called
-inside the labels party's evaluation step); only their few operating points reach the flow.
+More (the protocol, what each party learns, why): docs/reporting.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """A party's feature matrix, read from its own store once per flow run.
 
-Every round of vertical LR needs the same clipped matrix in several of a party's steps
-(its encrypted share, its ``X^T [[d]]``, its update). Reading and validating a 300-column
-table from DuckDB at each step cost more than the cryptography on FATE's benchmark shape, and
-the cost grew with rows x rounds. The cache lives in the party's own process and holds only
-that party's data. It is scoped to one flow run: a table changed between runs is read afresh,
-and within a run the protocol already takes it as fixed (the aligned id order is checked once,
-at set-up). Outside a flow run nothing is cached.
+More (the protocol, what each party learns, why): docs/reporting.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Label-DP regression, one task per party step (the maths is in :mod:`core.label_dp`).
 
-Two parties hold the same aligned rows: a *labels* party (the protected regression labels)
-and a *features* party. The labels party pays for one release per table and parameters: a
-private prior, the mechanism built for it and one noisy label per row, stored and charged in
-one ledger transaction, so a retry or a re-run sends the same noisy labels and is not charged
-again. Those noisy labels are the only message about the labels that crosses; training on
-them is post-processing and costs no further privacy.
-
-The features party preprocesses its own columns (the job's ``preprocessing``; default:
-standardise): statistics fitted on its training rows only, applied to every row, saved with
-the model so scoring applies the same transform. Nothing about them leaves the party, and
-the label-DP guarantee, which is about labels, is unchanged.
+More (the protocol, what each party learns, why): docs/protocols/label-dp.md.
 """
 
 from __future__ import annotations

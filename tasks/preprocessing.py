@@ -1,21 +1,6 @@
 """Pooled preprocessing statistics for parties holding different rows, one party's step each.
 
-Horizontal parties must scale and impute with the same statistics, and no party's own are
-the pooled ones. Each party sums its training rows' observed count, sum and sum of squares
-per column (:func:`core.preprocessing.moments`), and the vectors are added by secure
-aggregation (``tasks.secure_sum``, the sessions the training rounds use): the coordinator
-sees only the totals. Medians and quartiles (``impute="median"``, ``scaling="robust"``) take
-a second sum: each party's counts per bin of a public grid (the pooled mean +- 8 pooled
-standard deviations, 1024 bins), from which the coordinator reads them. It sends every party
-the fitted statistics, which each checks against the job's spec and keeps.
-
-What the coordinator (and every party, which receives the result) learns, exactly and without
-noise, like the model itself: the pooled row count, and per column the pooled count of
-observed cells, mean and variance, and with medians or quartiles the pooled histogram on that
-grid. No party's own statistics or row count.
-
-Sums of squares of raw values can exceed the secure sum's fixed-point range (about 5e11 over
-all parties at 2^-24), so every moment is sent as two exact parts, ``v = hi * 2^32 + lo``.
+More (the protocol, what each party learns, why): docs/reporting.md.
 """
 
 from __future__ import annotations

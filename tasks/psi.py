@@ -1,10 +1,6 @@
 """PSI alignment, one task per party step. The maths is in :mod:`core.psi`.
 
-Each task opens only its own party's store and its own channel endpoint. The secret scalar
-and the private row order are kept in the party's artifacts for the length of the job, so a
-retried step replays with the same values; they are deleted once the alignment is stored. The
-scalar is sealed under the job's key file (:mod:`storage.secrets`), which is shredded then, so
-no copy of the database ever holds it in the clear.
+More (the protocol, what each party learns, why): docs/protocols/psi.md.
 """
 
 from __future__ import annotations

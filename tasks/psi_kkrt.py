@@ -1,21 +1,7 @@
 """KKRT16 PSI alignment (the default protocol), one task per party step and bucket; maths in
 :mod:`core.psi_ot.protocol`.
 
-Memory follows the bucket, not the table: the source table streams from DuckDB in pieces into
-the party's own digest table (``privreg_psi_ids_<job>``, a transaction per piece; the table's
-lineage fingerprint is taken in the same read), which is checked for duplicates (in memory
-only when the table came in one piece) and put in bucket order once the bucket count is
-known, both a slice of about :data:`SLICE_ROWS` rows at a time; each bucket is read back
-from it alone, the matched rows go to ``privreg_psi_matches_<job>``, and the aligned table is
-written by one ordered ``CREATE TABLE ... AS SELECT`` that DuckDB streams. A finished bucket
-is recorded in the same transaction as its rows, so a run that stops mid-way resumes at the
-first unfinished bucket.
-
-The party's 16-byte job key is the only secret kept for the whole job (every random value is
-derived from it, so a retried step resends the same bytes), sealed under the job's key file
-(:mod:`storage.secrets`), shredded once the aligned table is written. The receiver keeps a
-bucket's OPRF outputs between its matrix and its match in memory only (a resumed run
-recomputes them from the key).
+More (the protocol, what each party learns, why): docs/protocols/psi.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """What the Prefect UI shows: run names, per-round tables, progress, one summary per run, models.
 
-Artifact keys are readable and stable per job, flow and job id
-(``demo-vertical-1a2b3c4d-summary``, a derived job id by its first 8 hex digits). The job name
-comes from the job file a run was given, else the run's ``job:<name>`` tag (deployments and
-the pipeline set it), so the UI's Artifacts page shows one job id's history run over run, and
-a run of another job id never overwrites it. Summaries also go to the run's log, one line per
-stage, so a log reader sees the same figures.
+More (the protocol, what each party learns, why): docs/reporting.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Scoring steps: a stored model applied to a party's new rows, one party's step each.
 
-Vertical models are split by party: each host scores the aligned new rows with its own share
-and sends the guest only that score share ``X_h w_h`` (as FATE's predict job does); the guest
-adds its own share and the intercept. A model a party holds whole is applied where it lives.
-Which model: the one promoted for the job (``storage.models``), or a training job named
-explicitly; never the newest by date.
+More (the protocol, what each party learns, why): docs/protocols/scoring.md.
 """
 
 from __future__ import annotations

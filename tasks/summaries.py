@@ -1,8 +1,6 @@
 """Each flow's one summary: gathers its figures and hands them to ``reporting.publish_summary``.
 
-Quality figures that need labels are computed by the party holding them, on its own rows,
-and only aggregates (AUC, log-loss, MSE, row counts) leave it; each sits next to a plain
-baseline on the same rows (the training rows' label rate or mean, predicted for every row).
+More (the protocol, what each party learns, why): docs/reporting.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,6 @@
 """Vertical logistic regression, one task per party step (maths in :mod:`core.vertical_lr`).
 
-Parties: a *guest* (labels and some features), one or more *hosts* (other features of the
-same aligned rows) and a *key holder*: the arbiter, or the guest itself in two-party mode.
-Every step reads the state it starts from by explicit round index, so re-running a round
-after a fault recomputes it whole from the previous round's checkpoints.
-
-Precomputed obfuscators. Computing obfuscators is most of an epoch's work (the hosts'
-``[[Xh wh/4]]``, the guest's re-randomised ``[[d]]``), and it needs only the public key. So
-the key holder may create a job's key pair ahead of the run (:func:`prepare_key`, e.g. right
-after the previous scheduled run, or ``privreg paillier prepare-key``) and send ``n`` to the
-parties; each encrypting party then fills its own pool for that key in idle time
-(:func:`prepare_pool`, ``privreg paillier fill-pool``), and the run draws from the pool
-(:func:`_pool`) and computes any shortfall on demand. Without a pool nothing changes.
-
-Why this is sound:
-
-* a key still serves exactly one job: a prepared key is stored under that job's id, so only
-  that job's run uses it, the key holder decrypts only that job's messages, each at most once
-  per sender, kind and round (:func:`_decrypt_once`), and deletes p, q when the job ends.
-  No ciphertext of an earlier job can be submitted for decryption: it is under another n.
-  Creating the key early only lengthens the time p, q sit in the key holder's own store;
-* an obfuscator is as secret as the plaintext it hides, so a pool lives beside the party's
-  own database, in a 0700 folder, in a 0600 file (refused otherwise), filled by the party
-  itself with its own random base h, bound to n and the mode (another key's pool is refused),
-  each value claimed durably before use and wiped from the file (never handed out twice,
-  across processes and restarts), and the file is deleted when the party saves its model;
-* the protocol's plaintexts do not depend on which obfuscators hide them, so a run with a pool
-  computes bit for bit what a run without one computes.
+More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
 """
 
 from __future__ import annotations

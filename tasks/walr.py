@@ -1,47 +1,6 @@
 """WALR tasks, one per party step: thin wrappers over core.walr and the integer Paillier cipher.
 
-Two parties hold the same PSI-aligned rows: the *features party* (e.g. a publisher: the
-features) and the *labels party* (e.g. an advertiser: 0/1 labels). The only label-dependent
-value ever released is ``s = sum_i y_i z_i`` (``z_i`` = grid-encoded features and a 1 for the
-intercept) plus discrete Gaussian noise, computed once:
-
-0. features party: the id-order digest and its public facts (column count, mode, clip norm,
-   salted fingerprint); labels party: checks them, and tells whether it makes a new release;
-1. labels party: own Paillier key (never leaves its store), sends ``n`` and ``[[y]]``;
-2. features party: ``[[X^T y + r]]`` with a random mask ``r`` it keeps, re-randomised;
-3. labels party: decrypts ``s + r``, adds noise for (epsilon, delta), stores and charges the
-   release in one ledger transaction, sends ``s + r + noise`` back;
-4. features party: removes ``r`` and fits in the clear.
-
-With a hold-out (``holdout_fraction`` > 0) both parties derive the same held-out rows from
-the row count alone (``tasks.summaries.holdout_split``, one fixed seed for every WALR job, so
-an unchanged table and fraction give the same rows and reuse the stored release, whichever
-job asks): the labels party encrypts only the training rows' labels, so the released sum
-covers the training rows only (its sensitivity, and so the noise and the charge, are those
-of one row as before), and the features party fits on the training rows. It then scores the
-held-out rows and sends those scores only; the labels party compares them with its held-out
-labels and publishes AUC and log-loss next to the class-prior baseline. Without a hold-out
-the same evaluation is opt-in (``evaluate``) and in-sample, on every row.
-
-Preprocessing (the job's ``preprocessing``; default: standardise) is the features party's
-alone: it fits imputation and scaling statistics on its own training rows and applies them to
-every row before the clipping and grid encoding (binary mode imputes but never scales), so no
-statistic leaves it and the label-DP guarantee, which is about labels, is unchanged. The
-fitted statistics are saved with the model, so scoring applies the same transform; the spec
-joins the features' salted fingerprint, so another transform is another release.
-
-Every randomised message (``[[y]]``, the masked sums) is sent once per job and the release is
-stored before it is sent, so a re-run of either party re-sends identical bytes.
-
-What each side learns (semi-honest parties): the labels party sees ``s + r``, which the
-256-bit mask hides, so nothing about the features beyond N (its own row count), the number of
-feature columns and the public clip norm, i.e. the sensitivity; the features party sees
-semantically secure ciphertexts and the noisy sum, which is (epsilon, delta)-label-DP.
-Evaluation adds: the labels party learns the model's scores of the evaluated rows (a function
-of the features party's rows there, not covered by the DP guarantee, which is about labels);
-the features party learns nothing back but the published aggregates.
-A malicious features party could weight rows to enlarge one person's influence beyond the
-declared sensitivity; the labels party cannot check that, so this is a semi-honest protocol.
+More (the protocol, what each party learns, why): docs/protocols/walr.md.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from prefect import flow, get_run_logger
 
 from core.job_schema import PsiOptions
 from federation.workspace import derive_job_id
-from flows.local_run import LocalJob, LocalSide, run_locally
+from flows.local_run import run_pair
 from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from tasks import psi as steps
@@ -61,13 +61,10 @@ def psi_align(
     if a.party == b.party:
         raise ValueError(f"both tables belong to party {a.party!r}; PSI needs two parties")
     job_id = job_id or _local_job_id(a, b, options.min_rows, options.protocol)
-    sides = [
-        LocalSide(ref.party, lambda ref=ref, peer=peer: psi_align_party(
-            ref.to_dict(), peer.party, job_id, options))
-        for ref, peer in ((a, b), (b, a))
-    ]  # fmt: skip
-    done = run_locally(LocalJob(sides, workspace, job=job_id))
-    results = [done[a.party], done[b.party]]
+    results = run_pair(
+        a, b, lambda own, peer, _: psi_align_party(own.to_dict(), peer, job_id, options),
+        workspace, job_id,
+    )  # fmt: skip
     sizes = [r["set_sizes"][0] for r in results]
     psi_summary(job_id, [a, b], sizes, results[0]["intersection_size"], workspace)
     return {

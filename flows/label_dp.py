@@ -19,7 +19,7 @@ from prefect import flow
 from core.job_schema import LabelDPOptions
 from core.preprocessing import PreprocessingSpec
 from federation.workspace import channel_for, derive_job_id
-from flows.local_run import LocalJob, LocalSide, run_locally
+from flows.local_run import run_pair
 from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from tasks import label_dp as steps
@@ -125,15 +125,12 @@ def label_dp_regression(
             described["preprocessing"] = spec.to_dict()
         job_id = derive_job_id("label-dp", {"tables": tables, **described})
     options = options.model_copy(update={"label_range": list(job.label_range)})
-    sides = [
-        LocalSide(ref.party, _side(ref, role, peer.party, job_id, options, spec))
-        for ref, role, peer in (
-            (labels_ref, "labels", features_ref),
-            (features_ref, "features", labels_ref),
-        )
-    ]
-    done = run_locally(LocalJob(sides, workspace, job=job_id))
-    released, trained = done[labels_ref.party], done[features_ref.party]
+    released, trained = run_pair(
+        labels_ref, features_ref,
+        lambda own, peer, role: label_dp_party(
+            own.to_dict(), role, peer, job_id, options, spec.to_dict()),
+        workspace, job_id, ROLES,
+    )  # fmt: skip
     return {
         "job_id": job_id,
         "rows": released["rows"],
@@ -147,13 +144,6 @@ def label_dp_regression(
         "model_key": trained["model_key"],
         "database": trained["database"],
     }
-
-
-def _side(
-    ref: TableRef, role: str, peer: str, job_id: str, options: LabelDPOptions,
-    spec: PreprocessingSpec,
-) -> Any:  # fmt: skip
-    return lambda: label_dp_party(ref.to_dict(), role, peer, job_id, options, spec.to_dict())
 
 
 def _job(job_id: str, labels: TableRef, features_party: str, options: LabelDPOptions) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from federation.channel import FileTransport
 from federation.party_config import PartyConfig, as_party
 from federation.status import Federation, PeerFailedError
 from federation.workspace import workspace_root
+from storage.descriptor import TableRef
 from tasks.reporting import job_name
 
 
@@ -105,6 +107,25 @@ def run_locally(job: LocalJob) -> dict[str, Any]:
     if fatal:
         raise _root_cause(fatal)
     return results | dict(errors)  # a tolerated party's failure: a dropout the run survived
+
+
+def run_pair(
+    first: TableRef,
+    second: TableRef,
+    side: Callable[[TableRef, str, str], Any],
+    workspace: str | None,
+    job_id: str,
+    roles: tuple[str, str] = ("", ""),
+) -> tuple[Any, Any]:
+    """A two-party job run locally: ``side(own table, peer's name, role)`` for each of the
+    two tables' owners; returns their results in the tables' order."""
+    pairs = ((first, second, roles[0]), (second, first, roles[1]))
+    sides = [
+        LocalSide(own.party, functools.partial(side, own, peer.party, role))
+        for own, peer, role in pairs
+    ]
+    done = run_locally(LocalJob(sides, workspace, job=job_id))
+    return done[first.party], done[second.party]
 
 
 def _as_side(job: LocalJob, side: LocalSide, name: str | None) -> Any:

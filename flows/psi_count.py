@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from federation.workspace import derive_job_id
-from flows.local_run import LocalJob, LocalSide, run_locally
+from flows.local_run import run_pair
 from storage.descriptor import TableRef
 from tasks import psi_count as steps
 from tasks.loading import fingerprint
@@ -50,13 +50,10 @@ def psi_count(
             "min_rows": min_rows,
         },
     )
-    sides = [
-        LocalSide(ref.party, lambda ref=ref, peer=peer: psi_count_party(
-            ref.to_dict(), peer.party, job_id, min_rows))
-        for ref, peer in ((a, b), (b, a))
-    ]  # fmt: skip
-    done = run_locally(LocalJob(sides, workspace, job=job_id))
-    results = [done[a.party], done[b.party]]
+    results = run_pair(
+        a, b, lambda own, peer, _: psi_count_party(own.to_dict(), peer, job_id, min_rows),
+        workspace, job_id,
+    )  # fmt: skip
     return {
         "job_id": job_id,
         "intersection_size": results[0]["intersection_size"],

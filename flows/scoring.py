@@ -21,7 +21,7 @@ from prefect import flow
 from core.job_schema import PsiOptions, ScoreOptions
 from federation.workspace import channel_for, derive_job_id
 from flows.align import psi_align_party
-from flows.local_run import LocalJob, LocalSide, run_locally
+from flows.local_run import run_pair
 from storage.descriptor import TableRef
 from tasks import psi as psi_steps
 from tasks import scoring as steps
@@ -61,13 +61,12 @@ def score_vertical(
     job_id = derive_job_id("score", {"model": model_job_id, "tables": tables})
     parties = {"guest": guest_ref.party, "hosts": [h.party for h in host_refs], "job_id": job_id}
     options = ScoreOptions(model_job=job or job_name(), min_rows=min_rows)
-    sides = [
-        LocalSide(ref.party, lambda role=role, ref=ref: score_vertical_party(
-            ref.to_dict(), role, **parties, options=options, model_job_id=model_job_id))
-        for role, ref in (("guest", guest_ref), ("host", host_refs[0]))
-    ]  # fmt: skip
-    done = run_locally(LocalJob(sides, workspace, job=job_id))
-    result = done[guest_ref.party]
+    result, _ = run_pair(
+        guest_ref, host_refs[0],
+        lambda own, _, role: score_vertical_party(
+            own.to_dict(), role, **parties, options=options, model_job_id=model_job_id),
+        workspace, job_id, ("guest", "host"),
+    )  # fmt: skip
     scored = steps.ScoredRows(
         result["rows"], result["scores_table"], result["model_key"], result["auc"],
         result["in_training"],

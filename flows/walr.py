@@ -28,7 +28,7 @@ from core.job_schema import WalrOptions
 from core.paillier.keys import check_key_size
 from core.preprocessing import PreprocessingSpec
 from federation.workspace import channel_for, derive_job_id
-from flows.local_run import LocalJob, LocalSide, run_locally
+from flows.local_run import run_pair
 from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from tasks import walr as steps
@@ -263,15 +263,12 @@ def walr(
             **options.model_dump(include={"epsilon", "delta", "mode", "clip_norm"}),
         }  # fmt: skip
         job_id = derive_job_id("walr", described)
-    sides = [
-        LocalSide(ref.party, _side(ref, role, peer.party, job_id, options, spec))
-        for ref, role, peer in (
-            (labels_ref, "labels", features_ref),
-            (features_ref, "features", labels_ref),
-        )
-    ]
-    done = run_locally(LocalJob(sides, workspace, job=job_id))
-    labels_side, features_side = done[labels_ref.party], done[features_ref.party]
+    labels_side, features_side = run_pair(
+        labels_ref, features_ref,
+        lambda own, peer, role: walr_party(
+            own.to_dict(), role, peer, job_id, options, spec.to_dict()),
+        workspace, job_id, ROLES,
+    )  # fmt: skip
     facts = {k: v for k, v in features_side.items() if k not in ("role", "job_id", "rows")}
     return {
         **{k: v for k, v in labels_side.items() if k != "role"},
@@ -279,12 +276,6 @@ def walr(
         "epsilon": options.epsilon,
         "delta": options.delta,
     }
-
-
-def _side(
-    ref: TableRef, role: str, peer: str, job_id: str, options: WalrOptions, spec: PreprocessingSpec
-) -> Any:
-    return lambda: walr_party(ref.to_dict(), role, peer, job_id, options, spec.to_dict())
 
 
 ROLES = ("labels", "features")

@@ -52,7 +52,10 @@ def vertical_lr(
     from the tables' salted fingerprints and every option except ``epochs`` and ``tol`` (so a
     run with more epochs continues the same job); give the id a key and pools were prepared
     for ahead of the run (``privreg paillier``). ``randomizer`` picks the Paillier
-    obfuscators (core/paillier/randomness.py states each one's security).
+    obfuscators (core/paillier/randomness.py states each one's security). A loss that becomes
+    non-finite or rises far above the first round's stops the run with ``DivergenceError``; a
+    model no better than the class prior on held-out rows ends in the COMPLETED state named
+    "Below baseline" (its result is the same dictionary).
 
     Args:
         guest: Descriptor of the guest's aligned table (holds the labels and some features).
@@ -62,9 +65,6 @@ def vertical_lr(
         preprocessing: The job's preprocessing (scaling, imputation; default: standardise):
             each party fits it on its own columns, nothing leaves it.
 
-    A loss that becomes non-finite or rises far above the first round's stops the run with
-    ``DivergenceError``; a model no better than the class prior on held-out rows ends in the
-    COMPLETED state named "Below baseline" (its result is the same dictionary).
     """
     check_key_size(options.key_size)  # below 2048 bits: this process's opt-in (tests only)
     spec = PreprocessingSpec.from_dict(preprocessing)

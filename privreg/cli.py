@@ -26,6 +26,8 @@ privreg paillier fill-pool --job-id J --guest G --hosts H1,H2 --database OWN_DB 
                  (--count N | --rows R [--batch-size B] [--epochs E]) [--randomizer full]
                                           encrypting party: its obfuscators for that key
 privreg certs ... / privreg party ...     a party at its own organisation (privreg/party_cli.py)
+privreg demo [--dir privreg-demo] [--job SUB_JOB]
+                                          the bundled demo, written into a folder and run there
 
 Errors print one line and exit with status 1; add --debug for the traceback.
 """
@@ -44,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from core.model_format import ModelRecord
-from privreg import job_check, job_cli, party_cli
+from privreg import bundled, demo_cli, job_check, job_cli, party_cli
 from privreg.run_log import log_path, logs_to_file
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
@@ -330,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="privreg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {bundled.version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     formatter = argparse.ArgumentDefaultsHelpFormatter  # every option's help shows its default
     load = commands.add_parser(
@@ -444,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     paillier.add_argument("--epochs", type=int, default=1, help="with --rows")
     paillier.set_defaults(handler=_paillier)
     party_cli.register(commands)
+    demo_cli.register(commands)
     job_check.register_check(job_cli.register(commands))
     for _, sub in _subcommands(parser):  # every option's help shows its default
         sub.formatter_class = formatter

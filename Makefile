@@ -25,6 +25,12 @@ demo: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m flows.pipeline
 
+# sdist and wheel (the C kernel compiled, the demo's files as package data) into dist/;
+# `pip install dist/privreg-*.whl` then gives `privreg demo` without a checkout
+.PHONY: dist
+dist: $(STAMP)
+	$(BIN)/python -m build --outdir dist .
+
 demo-parties: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python demo/parties.py

@@ -29,6 +29,7 @@ SLOW_FIRST = (
     "test_horizontal_parties.py",
     "test_vertical_parties.py",
     "test_pipeline_parties.py",
+    "test_hospitals_job_start.py",
     "test_sparse_lda_parties.py",
     "test_walr_parties.py",
     "test_vertical_flow.py",
@@ -36,6 +37,7 @@ SLOW_FIRST = (
     "test_label_dp_flow.py",
     "test_horizontal_flow.py",
     "test_party_processes.py",
+    "test_wheel_install.py",
 )
 
 

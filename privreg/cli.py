@@ -43,15 +43,14 @@ import time
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from core.model_format import ModelRecord
 from privreg import bundled, demo_cli, job_check, job_cli, party_cli
 from privreg.run_log import log_path, logs_to_file
-from storage.descriptor import TableRef
-from storage.ledger import PrivacyLedger
-from storage.party_store import PartyStore
-from storage.policy import OwnerPolicy, PolicyError
+
+if TYPE_CHECKING:  # a command imports the stores it uses: `privreg --help` loads none of them
+    from core.model_format import ModelRecord
+    from storage.party_store import PartyStore
 
 
 def _domain(text: str | None) -> tuple[float, ...] | None:
@@ -59,6 +58,9 @@ def _domain(text: str | None) -> tuple[float, ...] | None:
 
 
 def _load(args: argparse.Namespace) -> None:
+    from storage.descriptor import TableRef
+    from storage.party_store import PartyStore
+
     ref = TableRef(
         database=args.database,
         table=args.table,
@@ -170,6 +172,8 @@ def _text_table(rows: list[dict[str, Any]]) -> str:
 
 def _existing_store(database: str) -> PartyStore:
     """A party's store that must exist already: a misspelt path is an error, not "(none)"."""
+    from storage.party_store import PartyStore
+
     if not Path(database).is_file():
         raise FileNotFoundError(f"database {database} does not exist")
     return PartyStore(database)
@@ -178,7 +182,8 @@ def _existing_store(database: str) -> PartyStore:
 def _budget(args: argparse.Namespace) -> None:
     """The owner's budgets: ``set`` is the only way a total changes, ``window`` the only way
     the owner's window rule does (a party's policy adds its own, see storage.ledger)."""
-    from storage.ledger import WindowRule
+    from storage.ledger import PrivacyLedger, WindowRule
+    from storage.policy import PolicyError
 
     store = _existing_store(args.database)
     ledger = PrivacyLedger(store)
@@ -225,6 +230,9 @@ def _print_windows(table: str, windows: list[dict[str, Any]]) -> None:
 
 def _policy(args: argparse.Namespace) -> None:
     """The owner's permissions: everything that gives up privacy is off until set here."""
+    from storage.ledger import PrivacyLedger
+    from storage.policy import OwnerPolicy, PolicyError
+
     store = _existing_store(args.database)
     policy = OwnerPolicy(store)
     if args.action == "set":
@@ -305,6 +313,8 @@ def _paillier(args: argparse.Namespace) -> None:
         bits = steps.prepare_key(job, args.key_size)
         print(f"job {args.job_id}: {bits}-bit key pair ready; n sent to the other parties")
         return
+    from storage.descriptor import TableRef
+
     ref = TableRef(args.database, "obfuscators", party=args.party or "")
     count = args.count
     if count is None:

@@ -571,7 +571,7 @@ def demo_mechanisms_table(splits: int, pool: ProcessPoolExecutor) -> None:
     honest = threshold - options.get("colluding_parties", 0)
     names = tuple(name for name, *_ in frames)
     flow_split = SparseLDAJob(
-        "bench", None, names, "debiased", 1.0, 1e-6, None, None, threshold,
+        "bench", names, "debiased", 1.0, 1e-6, None, None, threshold,
         holdout_fraction=options["holdout_fraction"],
     )  # fmt: skip
     releases = demo_releases(options)

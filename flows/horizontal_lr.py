@@ -40,12 +40,18 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Completed, State
 
-from core import secagg, test_switches
+from core import test_switches
 from core.job_schema import HorizontalOptions
 from core.outcomes import BELOW_BASELINE, check_loss, rising
 from core.preprocessing import PreprocessingSpec
 from federation.workspace import channel_for, derive_job_id
-from flows.hospitals import run_hospitals
+from flows.hospitals import (
+    agreed_threshold,
+    hospital_names,
+    hospital_tables,
+    own_table,
+    run_hospitals,
+)
 from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from tasks import horizontal_coordinator as coordinator_steps
@@ -78,26 +84,6 @@ __all__ = [
 ]
 
 
-def _party_names(parties: list[str]) -> list[str]:
-    names = list(parties)
-    if len(names) < 2 or len(set(names)) != len(names) or COORDINATOR in names:
-        raise ValueError(
-            f"need at least 2 distinct party names, none of them {COORDINATOR!r}; got {names}"
-        )
-    return names
-
-
-def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
-    refs = [TableRef.from_dict(p) for p in parties]
-    _party_names([r.party for r in refs])
-    if len({r.path.resolve() for r in refs}) != len(refs):
-        raise ValueError("every party needs its own database file")
-    for ref in refs:
-        if ref.label_column is None:
-            raise ValueError(f"party {ref.party!r}: the descriptor names no label_column")
-    return refs
-
-
 def _check_options(options: HorizontalOptions, names: list[str]) -> int:
     """What the schema cannot say alone: a hold-out below half, finite numbers, a safe
     threshold. Returns the threshold (default: a strict majority)."""
@@ -106,9 +92,7 @@ def _check_options(options: HorizontalOptions, names: list[str]) -> int:
     numbers = options.model_dump(include={"learning_rate", "l2", "stage_timeout"})
     if not all(math.isfinite(v) for v in numbers.values()):
         raise ValueError(f"options must be finite numbers, got {numbers}")
-    threshold = options.threshold or secagg.default_threshold(len(names))
-    secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
-    return threshold
+    return agreed_threshold(options.threshold, names)
 
 
 def _spec(preprocessing: dict[str, Any] | None) -> PreprocessingSpec:
@@ -154,7 +138,7 @@ def horizontal_lr(
             from one secure sum; see tasks/preprocessing.py for what the coordinator learns).
     """
     spec = _spec(preprocessing)
-    refs = _party_refs(parties)
+    refs = hospital_tables(parties)
     names = [ref.party for ref in refs]
     threshold = _check_options(options, names)
     digests = [party_steps.check_table(ref) for ref in refs]  # every table, before any side
@@ -279,7 +263,7 @@ def horizontal_lr_coordinator(
             statistics come from secure sums before the first round.
     """
     spec = _spec(preprocessing)
-    names = _party_names(parties)
+    names = hospital_names(parties)
     threshold = _check_options(options, names)
     endpoint = channel_for(job_id).endpoint(COORDINATOR)
     side = coordinator_steps.Coordinator(
@@ -371,14 +355,9 @@ def horizontal_lr_party(
         preprocessing: The job's preprocessing (the coordinator's call must ask for the same).
     """
     spec = _spec(preprocessing)
-    ref = TableRef.from_dict(own)
-    names = _party_names(parties)
+    names = hospital_names(parties)
+    ref = own_table(own, names)
     _check_options(options, names)
-    if ref.party not in names or ref.label_column is None:
-        raise ValueError(
-            f"party {ref.party!r}: its table must name a label_column and the party must be "
-            f"one of {names}"
-        )
     fault = test_switches.party_fault(job_id)  # tests only; None in production
     faults = Faults.of_job(job_id, names, party_steps.STAGES)  # tests only: fails or hangs
     endpoint = channel_for(job_id).endpoint(ref.party)

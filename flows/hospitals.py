@@ -10,11 +10,56 @@ missing hospital that follows it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from core import secagg
 from flows.local_run import LocalJob, LocalSide, run_locally
+from storage.descriptor import TableRef
 from tasks.secure_sum import COORDINATOR, REFUSALS
+
+
+def hospital_names(parties: Sequence[str]) -> list[str]:
+    """Two or more distinct hospitals, none of them named as the coordinator."""
+    names = list(parties)
+    if len(names) < 2 or len(set(names)) != len(names) or COORDINATOR in names:
+        raise ValueError(
+            f"need at least 2 distinct party names, none of them {COORDINATOR!r}; got {names}"
+        )
+    return names
+
+
+def hospital_tables(parties: list[dict[str, Any]]) -> list[TableRef]:
+    """Every hospital's table (a local run's): distinct hospitals, each with its own database
+    file and a label column."""
+    refs = [TableRef.from_dict(p) for p in parties]
+    hospital_names([r.party for r in refs])
+    if len({r.path.resolve() for r in refs}) != len(refs):
+        raise ValueError("every party needs its own database file")
+    for ref in refs:
+        if ref.label_column is None:
+            raise ValueError(f"party {ref.party!r}: the descriptor names no label_column")
+    return refs
+
+
+def own_table(own: dict[str, Any], names: list[str]) -> TableRef:
+    """A hospital's own table, if it names a label column and the hospital is one of the
+    job's."""
+    ref = TableRef.from_dict(own)
+    if ref.party not in names or ref.label_column is None:
+        raise ValueError(
+            f"party {ref.party!r}: its table must name a label_column and the party must be "
+            f"one of {names}"
+        )
+    return ref
+
+
+def agreed_threshold(threshold: int | None, names: list[str]) -> int:
+    """The fewest hospitals a sum may have (default: a strict majority); an unsafe one is
+    refused before any side does anything."""
+    threshold = threshold or secagg.default_threshold(len(names))
+    secagg.new_session("option-check", names, threshold, 1)
+    return threshold
 
 
 def run_hospitals(

@@ -60,20 +60,27 @@ from typing import Any
 import numpy as np
 from prefect import flow, get_run_logger
 
-from core import secagg, test_switches
+from core import test_switches
+from core.job_schema import SparseLDAOptions
 from core.preprocessing import PreprocessingSpec
 from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
-from core.sparse_lda.aggregation import DEFAULT_THRESHOLD_SCALE
-from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
-from federation.party_config import active_config
-from federation.workspace import derive_job_id
-from flows.hospitals import run_hospitals
+from federation.workspace import channel_for, derive_job_id
+from flows.hospitals import (
+    agreed_threshold,
+    hospital_names,
+    hospital_tables,
+    own_table,
+    run_hospitals,
+)
 from flows.jobs import read_job
+from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks import preprocessing as pre
 from tasks import secure_sum
 from tasks import sparse_lda as steps
+from tasks import sparse_lda_coordinator as coordinator_steps
+from tasks import sparse_lda_party as party_steps
 from tasks.charts import publish_training_charts
 from tasks.loading import load_table
 from tasks.reporting import (
@@ -84,7 +91,7 @@ from tasks.reporting import (
     publish_model_link,
     run_namer,
 )
-from tasks.secure_sum import COORDINATOR
+from tasks.secure_sum import COORDINATOR, coordinator_store
 from tasks.summaries import sparse_lda_summary
 
 __all__ = [
@@ -133,30 +140,9 @@ class SparseLDAFigures:
         return text
 
 
-def _party_refs(parties: list[dict[str, Any]]) -> list[TableRef]:
-    refs = [TableRef.from_dict(p) for p in parties]
-    if len(refs) < 2:
-        raise steps.SparseLDASetupError(f"sparse_lda needs at least 2 parties, got {len(refs)}")
-    names = [r.party for r in refs]
-    if len(set(names)) != len(names) or COORDINATOR in names:
-        raise steps.SparseLDASetupError(
-            f"party names must be unique and not {COORDINATOR!r}; got {names}"
-        )
-    if len({r.path.resolve() for r in refs}) != len(refs):
-        raise steps.SparseLDASetupError("every party needs its own database file")
-    for ref in refs:
-        if ref.label_column is None:
-            raise steps.SparseLDASetupError(f"party {ref.party!r}: the descriptor names no label")
-    return refs
-
-
-def _summary(
-    job: steps.SparseLDAJob,
-    model: dict[str, Any],
-    releases: dict[str, Any],
-    figures: SparseLDAFigures,
-) -> str:
-    """The UI's view: method, privacy, who contributed, the kept features, each ledger."""
+def _summary(job: steps.SparseLDAJob, model: dict[str, Any], figures: SparseLDAFigures) -> str:
+    """The UI's view: method, privacy, who contributed, the kept features (the ledgers are
+    the sites' own: each site's result, and the local run's summary)."""
     items = [
         ("method", job.method),
         ("private", "yes" if job.private else "NO (reference or test run)"),
@@ -172,16 +158,6 @@ def _summary(
             "-" if figures.holdout_error is None else f"{figures.holdout_error:.3f}",
         ),
     ]
-    ledger = [
-        {
-            "party": party,
-            "release": "reused, not charged again" if r["reused"] else "new, charged once",
-            "epsilon spent / total": f"{r['budget']['epsilon_spent']:g} / "
-            f"{r['budget']['epsilon_total']:g}",
-        }
-        for party, r in releases.items()
-        if r["budget"] is not None
-    ]
     kept = [
         {"feature": f, "weight": float(w)}
         for f, w in zip(model["features"], model["direction"], strict=True)
@@ -191,57 +167,23 @@ def _summary(
         [
             f"# Sparse LDA, job {job.job_id}",
             markdown_table([{"item": k, "value": v} for k, v in items]),
-            "## Privacy ledgers",
-            markdown_table(ledger),
             "## Kept features",
             markdown_table(kept),
         ]
     )
 
 
-#: The options every party of a job is given alike (the runner, site and coordinator flows).
-SHARED_OPTIONS = (
-    "epsilon",
-    "delta",
-    "direction_clip_norm",
-    "mean_clip_norm",
-    "method",
-    "privacy_unit",
-    "row_clip_norm",
-    "holdout_fraction",
-    "lambda_scale",
-    "precision_method",
-    "hard_threshold_scale",
-    "hard_threshold_noise_multiplier",
-    "colluding_parties",
-    "threshold",
-    "preprocessing",
-)
-
-
-def _shared(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: values[k] for k in SHARED_OPTIONS}
-
-
 def _job(
-    job_id: str,
-    workspace: str | None,
-    names: list[str],
-    *,
-    threshold: int | None,
-    hard_threshold_scale: float,
-    hard_threshold_noise_multiplier: float | None,
-    preprocessing: dict[str, Any] | None,
-    **options: Any,
+    job_id: str, names: list[str], options: SparseLDAOptions, preprocessing: dict[str, Any] | None
 ) -> tuple[steps.SparseLDAJob, ThresholdRule]:
     """The job every step agrees on and the model's hard-threshold rule; unusable options are
     refused here, before any party does anything."""
-    options["preprocessing"] = pre.pooled_spec(preprocessing, "sparse_lda").to_dict()
-    threshold = secagg.default_threshold(len(names)) if threshold is None else threshold
-    secagg.new_session("option-check", names, threshold, 1)  # refuses an unsafe threshold
-    job = steps.SparseLDAJob(job_id, workspace, tuple(names), threshold=threshold, **options)
+    spec = pre.pooled_spec(preprocessing, "sparse_lda").to_dict()
+    threshold = agreed_threshold(options.threshold, names)
+    job = steps.SparseLDAJob.of(job_id, names, options, threshold, spec)
     steps.check_job(job)
-    return _switched(job), ThresholdRule(hard_threshold_scale, hard_threshold_noise_multiplier)
+    rule = ThresholdRule(options.hard_threshold_scale, options.hard_threshold_noise_multiplier)
+    return _switched(job), rule
 
 
 def _switched(job: steps.SparseLDAJob) -> steps.SparseLDAJob:
@@ -262,26 +204,14 @@ def _switched(job: steps.SparseLDAJob) -> steps.SparseLDAJob:
 
 
 @flow(name="sparse_lda", flow_run_name=run_namer("sparse_lda"))
+@keyword_options(SparseLDAOptions)
 def sparse_lda(
     parties: list[dict[str, Any]],
-    epsilon: float,
-    delta: float,
-    direction_clip_norm: float | None = None,
-    mean_clip_norm: float | None = None,
-    method: str = "debiased",
-    privacy_unit: str = "row",
-    row_clip_norm: float | None = None,
-    holdout_fraction: float = 0.0,
-    lambda_scale: float = DEFAULT_DIRECTION_RADIUS_SCALE,
-    precision_method: str = "nodewise_lasso",
-    hard_threshold_scale: float = DEFAULT_THRESHOLD_SCALE,
-    hard_threshold_noise_multiplier: float | None = None,
-    colluding_parties: int = 0,
-    threshold: int | None = None,
     workspace: str | None = None,
     job_id: str | None = None,
     preprocessing: dict[str, Any] | None = None,
-    stage_timeout: float = 60.0,
+    *,
+    options: SparseLDAOptions,
 ) -> dict[str, Any]:
     """Fit a sparse LDA model across parties; each party's release is (epsilon, delta)-DP.
 
@@ -297,7 +227,8 @@ def sparse_lda(
     ``max(scale sqrt(log d / N), multiplier * noise sd)`` (``None``: ``sqrt(2 log d)``).
     ``threshold`` (default: a strict majority) is the fewest parties whose vectors the
     coordinator may unmask; noise shares are sized so that any such sum minus
-    ``colluding_parties`` colluders' shares still carries the calibrated sigma.
+    ``colluding_parties`` colluders' shares still carries the calibrated sigma. The options
+    are :class:`SparseLDAOptions`'s fields.
 
     Every site and the coordinator run their side flows (``sparse_lda_party``,
     ``sparse_lda_coordinator``) at once in this process, each as its own party
@@ -313,43 +244,24 @@ def sparse_lda(
 
     Args:
         parties: Descriptors of every party's table (same columns, a 0/1 label each).
-        epsilon: Epsilon charged once to every party's ledger.
-        delta: Delta charged once to every party's ledger.
-        direction_clip_norm: Bound on one party's direction vector (set without the data).
-        mean_clip_norm: Bound on one party's class means (set without the data).
-        method: "debiased", "naive", or "centralized_reference" (NOT private).
-        lambda_scale: Scale of the Dantzig radius lambda_scale * sqrt(log d / n).
-        precision_method: How each party estimates its precision matrix.
-        hard_threshold_scale: Scale of the final hard threshold.
-        hard_threshold_noise_multiplier: Noise multiple in the threshold (None: sqrt(2 log d)).
-        colluding_parties: Colluders whose noise shares the calibration discounts.
-        threshold: Fewest parties whose vectors may be unmasked (default: strict majority).
         workspace: Folder for the coordinator's store and the run's messages.
         job_id: Job to continue; default derived from the tables and options.
-        privacy_unit: "row" (one row at any party, the default) or "party" (a whole party).
-        row_clip_norm: Bound on one row's norm under the row unit (set without the data).
-        holdout_fraction: Share of each party's rows kept out of training for the error.
         preprocessing: The job's preprocessing (default: standardise with the pooled mean and
             variance of one secure sum; see the module docstring for what that reveals).
-        stage_timeout: Seconds a secure-sum stage waits before silent sites count as dropped.
     """
-    refs = _party_refs(parties)
+    refs = hospital_tables(parties)
     names = [ref.party for ref in refs]
-    options = _shared(locals())
-    job, _ = _job(job_id or "pending", workspace, names, **options)  # refuses bad options
-    digests = [steps.check_table(ref, job) for ref in refs]  # every table, before any side
+    job, _ = _job(job_id or "pending", names, options, preprocessing)  # refuses bad options
+    digests = [party_steps.check_table(ref, job) for ref in refs]  # every table, before any side
     if job_id is None:
         job_id = _derived_job_id(refs, digests, job)
-    job, _ = _job(job_id, workspace, names, **options)
+    job, _ = _job(job_id, names, options, preprocessing)
     for ref in refs:  # every owner's permission and budget, before any side starts
-        steps.check_budget(ref, job)
-    coordinator = functools.partial(
-        sparse_lda_coordinator, names, job_id, stage_timeout=stage_timeout, workspace=workspace,
-        **options,
-    )  # fmt: skip
+        party_steps.check_budget(ref, job)
+    agreed = (job_id, options, preprocessing)
+    coordinator = functools.partial(sparse_lda_coordinator, names, *agreed)
     sites = {
-        ref.party: functools.partial(sparse_lda_party, ref.to_dict(), names, job_id, **options)
-        for ref in refs
+        r.party: functools.partial(sparse_lda_party, r.to_dict(), names, *agreed) for r in refs
     }
     result, by_site = run_hospitals(job_id, workspace, coordinator, sites)
     # this run plays every owner: each site's release and held-out counts, one summary
@@ -390,27 +302,24 @@ def _figures(
 
 
 def _finish(
-    job: steps.SparseLDAJob,
-    model: dict[str, Any],
-    releases: dict[str, Any],
-    figures: SparseLDAFigures,
+    side: coordinator_steps.Coordinator, model: dict[str, Any], figures: SparseLDAFigures
 ) -> dict[str, Any]:
+    """The coordinator's summary and model link; its result (no site's release: ``{}``)."""
+    job = side.job
     short = job.job_id.removeprefix("sparse-lda-")
     publish_markdown(
         artifact_key("sparse-lda", short, "release"),
-        _summary(job, model, releases, figures),
+        _summary(job, model, figures),
         f"sparse LDA summary of job {job.job_id}",
     )
     publish_model_link(
-        artifact_key("sparse-lda", short, "model"),
-        secure_sum.coordinator_store(job.workspace).path,
-        steps.model_key(job.job_id),
+        artifact_key("sparse-lda", short, "model"), side.store.path, steps.model_key(job.job_id)
     )
     arrays = ("direction", "mean_positive", "mean_negative")
     return {
         **{k: v for k, v in model.items() if k not in arrays},
         **{k: model[k].tolist() for k in arrays},
-        "releases": releases,
+        "releases": {},
         "model_key": steps.model_key(job.job_id),
         "threshold": job.threshold,
         "job_id": job.job_id,
@@ -442,46 +351,14 @@ def summary_line(result: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Party mode: one flow per role, each run by its own organisation's process
-
-
-def _party_names(parties: list[str]) -> list[str]:
-    """Every process orders the sites alike (sorted): the secure sum numbers them by it."""
-    names = sorted(parties)
-    if len(names) < 2 or len(set(names)) != len(names) or COORDINATOR in names:
-        raise steps.SparseLDASetupError(
-            f"need at least 2 distinct party names, none of them {COORDINATOR!r}; got {parties}"
-        )
-    return names
-
-
-def _own_folder(workspace: str | None) -> str | None:
-    """The coordinator's store lives in its own folder (its party configuration's root)."""
-    config = active_config()
-    return workspace if workspace is not None or config is None else str(config.root)
+# The side flows: one per role, each run by its own organisation's process
 
 
 @flow(name="sparse_lda_coordinator", flow_run_name="sparse_lda {job_id}: coordinator")
 def sparse_lda_coordinator(
     parties: list[str],
     job_id: str,
-    epsilon: float,
-    delta: float,
-    direction_clip_norm: float | None = None,
-    mean_clip_norm: float | None = None,
-    method: str = "debiased",
-    privacy_unit: str = "row",
-    row_clip_norm: float | None = None,
-    holdout_fraction: float = 0.0,
-    lambda_scale: float = DEFAULT_DIRECTION_RADIUS_SCALE,
-    precision_method: str = "nodewise_lasso",
-    hard_threshold_scale: float = DEFAULT_THRESHOLD_SCALE,
-    hard_threshold_noise_multiplier: float | None = None,
-    colluding_parties: int = 0,
-    threshold: int | None = None,
-    stage_timeout: float = 60.0,
-    join_timeout: float = 600.0,
-    workspace: str | None = None,
+    options: SparseLDAOptions,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The coordinator's side: compare columns, pooled statistics, drive the secure sum, fit,
@@ -491,52 +368,36 @@ def sparse_lda_coordinator(
     the stage opens), whatever the reason, is dropped; the sum goes on while at least
     ``threshold`` remain and fails naming the missing sites otherwise. A re-run with the same
     ``job_id`` resumes: the call already sent stands, a stored sum or model is not redone.
-    The options are ``sparse_lda``'s and must be the sites' own (each site checks them).
 
     Args:
         parties: Names of the sites (as their certificates name them).
         job_id: Job name agreed with every site.
-        epsilon: Epsilon charged once to every site's ledger.
-        delta: Delta charged once to every site's ledger.
-        direction_clip_norm: Bound on one site's direction vector (party unit).
-        mean_clip_norm: Bound on one site's class means (party unit).
-        method: "debiased", "naive", or "centralized_reference" (NOT private).
-        privacy_unit: "row" (one row at any site, the default) or "party" (a whole site).
-        row_clip_norm: Bound on one row's norm under the row unit.
-        holdout_fraction: Share of each site's rows kept out of training for the error.
-        lambda_scale: Scale of the Dantzig radius lambda_scale * sqrt(log d / n).
-        precision_method: How the precision matrix is estimated.
-        hard_threshold_scale: Scale of the final hard threshold.
-        hard_threshold_noise_multiplier: Noise multiple in the threshold (None: sqrt(2 log d)).
-        colluding_parties: Colluders whose noise shares the calibration discounts.
-        threshold: Fewest sites whose vectors may be unmasked (default: strict majority).
-        stage_timeout: Seconds each secure-sum stage waits before silent sites are dropped.
-        join_timeout: Seconds to wait for the sites to announce their columns (start-up).
-        workspace: Folder of the coordinator's store (default: its party folder).
+        options: The job's options (every site passes the same and checks the call's).
         preprocessing: The job's preprocessing (every site passes the same); the pooled
             statistics come from one secure sum before any release.
     """
-    names = _party_names(parties)
-    job, rule = _job(job_id, _own_folder(workspace), names, **_shared(locals()))
-    features = steps.open_job(job, join_timeout)
-    # held through the job (it exists once the job is open): no opening of it per step
-    with secure_sum.coordinator_store(job.workspace).session():
+    names = sorted(hospital_names(parties))  # every process numbers the sites alike
+    job, rule = _job(job_id, names, options, preprocessing)
+    endpoint = channel_for(job_id).endpoint(COORDINATOR)
+    side = coordinator_steps.Coordinator(job, options, endpoint, coordinator_store())
+    features = coordinator_steps.open_job(side)
+    with side.store.session():  # held through the job (it exists once the job is open)
         pre.coordinator_statistics(
-            job_id, features, job.spec, names, job.threshold, job.workspace, stage_timeout
+            job_id, features, job.spec, names, job.threshold, None, options.stage_timeout
         )
-        if method == "centralized_reference":
+        if job.method == "centralized_reference":
             get_run_logger().warning("job %s: pooling every site's rows (NOT PRIVATE)", job_id)
-            model = steps.fit_pooled_reference(job)
+            model = coordinator_steps.fit_pooled_reference(side)
         else:
-            ctx = steps.call_sum(job, len(features), rule, stage_timeout)
-            if not steps.sum_done(ctx):  # a restarted coordinator goes straight to the model
+            ctx = coordinator_steps.call_sum(side, len(features), rule)
+            if not coordinator_steps.sum_done(side, ctx):  # a restarted one goes to the model
                 secure_sum.unmask_sum(ctx, secure_sum.drive_session(ctx))
-            model = steps.build_model(job, ctx, rule)  # and sends it to every site
+            model = coordinator_steps.build_model(side, ctx, rule)  # and sends it to every site
         dropped = [p for p in names if p not in model["contributors"]]
         scores = []
-        if holdout_fraction > 0:  # the figures: the held-out rows of the sites in the model
-            scores = steps.collect_scores(job, model["contributors"], stage_timeout)
-        return {**_finish(job, model, {}, _figures(job, model, scores)), "dropped": dropped}
+        if job.holdout_fraction > 0:  # the figures: the held-out rows of the sites in the model
+            scores = coordinator_steps.collect_scores(side, model["contributors"])
+        return {**_finish(side, model, _figures(job, model, scores)), "dropped": dropped}
 
 
 @flow(name="sparse_lda_party", flow_run_name="sparse_lda {job_id}: {own[party]}")
@@ -544,20 +405,7 @@ def sparse_lda_party(
     own: dict[str, Any],
     parties: list[str],
     job_id: str,
-    epsilon: float,
-    delta: float,
-    direction_clip_norm: float | None = None,
-    mean_clip_norm: float | None = None,
-    method: str = "debiased",
-    privacy_unit: str = "row",
-    row_clip_norm: float | None = None,
-    holdout_fraction: float = 0.0,
-    lambda_scale: float = DEFAULT_DIRECTION_RADIUS_SCALE,
-    precision_method: str = "nodewise_lasso",
-    hard_threshold_scale: float = DEFAULT_THRESHOLD_SCALE,
-    hard_threshold_noise_multiplier: float | None = None,
-    colluding_parties: int = 0,
-    threshold: int | None = None,
+    options: SparseLDAOptions,
     preprocessing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One site's side: check its table and budget, announce its columns, store (and charge,
@@ -572,56 +420,39 @@ def sparse_lda_party(
         own: Descriptor of this site's own table (with its 0/1 label column).
         parties: Names of every site of the job, this one included.
         job_id: Job name agreed with the coordinator and the other sites.
-        epsilon: Epsilon charged once to this site's ledger.
-        delta: Delta charged once to this site's ledger.
-        direction_clip_norm: Bound on this site's direction vector (party unit).
-        mean_clip_norm: Bound on this site's class means (party unit).
-        method: "debiased", "naive", or "centralized_reference" (NOT private).
-        privacy_unit: "row" (one row at any site, the default) or "party" (a whole site).
-        row_clip_norm: Bound on one row's norm under the row unit.
-        holdout_fraction: Share of this site's rows kept out of training for the error.
-        lambda_scale: Scale of the Dantzig radius lambda_scale * sqrt(log d / n).
-        precision_method: How the precision matrix is estimated.
-        hard_threshold_scale: Scale of the final hard threshold (agreed, checked).
-        hard_threshold_noise_multiplier: Noise multiple in the threshold (agreed, checked).
-        colluding_parties: Colluders whose noise shares the calibration discounts.
-        threshold: Fewest sites whose vectors may be unmasked (default: strict majority).
+        options: The job's options (the coordinator's call must state the same).
         preprocessing: The job's preprocessing (the coordinator's call must ask for the same).
     """
-    ref = TableRef.from_dict(own)
-    names = _party_names(parties)
-    if ref.party not in names or ref.label_column is None:
-        raise steps.SparseLDASetupError(
-            f"party {ref.party!r}: its table must name a label_column and the party must be "
-            f"one of {names}"
-        )
-    job, rule = _job(job_id, None, names, **_shared(locals()))
+    names = sorted(hospital_names(parties))  # every process numbers the sites alike
+    ref = own_table(own, names)
+    job, rule = _job(job_id, names, options, preprocessing)
+    site = party_steps.Site(ref, job, channel_for(job_id).endpoint(ref.party))
     fault = test_switches.party_fault(job_id)  # tests only (PRIVREG_TEST_PARTY_FAULT)
     faults = secure_sum.Faults.of_job(job_id, names)  # tests only: a step that fails or hangs
     with PartyStore.of(ref).session():  # held through the job: no opening of it per step
-        steps.check_table(ref, job)
-        steps.join_job(ref, job)  # budget check (a stored release is not charged again)
-        features = steps.agreed_features(job, ref.party)
+        party_steps.check_table(ref, job)
+        party_steps.join_job(site)  # budget check (a stored release is not charged again)
+        features = party_steps.agreed_features(site.endpoint)
         pre.party_statistics(ref, job_id, features, job.spec, names, job.holdout_rows)
         release, ctx = None, None
-        if method == "centralized_reference":
-            steps.send_rows_not_private(ref, job)
+        if job.method == "centralized_reference":
+            party_steps.send_rows_not_private(site, features)
         else:
-            release = steps.release_contribution(ref, job)
-            ctx = steps.await_sum_call(ref, job, rule)
-            if not steps.model_out(ref, job):  # the sum is still open: take part in it
+            release = party_steps.release_contribution(site, features)
+            ctx = party_steps.await_sum_call(site, rule, len(features))
+            if not party_steps.model_out(site.endpoint):  # the sum is open: take part in it
                 secure_sum.contribute(
                     ref,
                     ctx,
-                    lambda: secure_sum.mask_stored_input(ref, ctx, steps.input_key(job.job_id)),
-                    lambda: steps.model_out(ref, job),
+                    lambda: secure_sum.mask_stored_input(ref, ctx, steps.input_key(job_id)),
+                    lambda: party_steps.model_out(site.endpoint),
                     fault,
                     faults,
                 )
-        model = steps.keep_model(ref, job, ctx)
+        model = party_steps.keep_model(site, ctx)
         score = None
-        if holdout_fraction > 0 and ref.party in model["contributors"]:  # for the figures
-            score = steps.score_holdout(ref, job)
+        if job.holdout_fraction > 0 and ref.party in model["contributors"]:  # for the figures
+            score = party_steps.score_holdout(site)
             roc = {f"{ref.party}'s {score['rows']} held-out rows": score.pop("roc")}
             publish_training_charts(flow_short(), job_id, [], roc)  # its own chart
     arrays = ("direction", "mean_positive", "mean_negative")
@@ -682,7 +513,7 @@ def _naive_reference_errors(
     refs = [TableRef.from_dict(d) for d in descriptors]
     parties_names = tuple(r.party for r in refs)
     split = steps.SparseLDAJob(  # the job's split and its pooled statistics, kept by each party
-        result["job_id"], None, parties_names, "naive", 1.0, 0.5, None, None, len(refs),
+        result["job_id"], parties_names, "naive", 1.0, 0.5, None, None, len(refs),
         holdout_fraction=options["holdout_fraction"], preprocessing=options["preprocessing"],
     )  # fmt: skip
     columns = list(result["features"])

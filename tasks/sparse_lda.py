@@ -1,6 +1,8 @@
-"""Sparse LDA across parties (Tian, Jayaraman, Gu & Evans 2016), one task per party step.
+"""Sparse LDA across parties (Tian, Jayaraman, Gu & Evans 2016): what both sides share.
 
-The maths is in :mod:`core.sparse_lda`; the sum is :mod:`tasks.secure_sum`. Each party fits
+The maths is in :mod:`core.sparse_lda`; the sum is :mod:`tasks.secure_sum`; a site's steps are
+:mod:`tasks.sparse_lda_party`, the coordinator's :mod:`tasks.sparse_lda_coordinator`; here are
+the job both agree on, the release's calibration and key, and reading a site's rows. Each party fits
 its sparse discriminant on its own rows, debiases it, and stores *one* release in its own
 store: ``clip(direction) | clip(mu1) | clip(mu2)`` on the grid ``g = 2^-24`` plus its share of
 discrete Gaussian noise, then its row count. The secure sum masks that stored vector, so no
@@ -39,24 +41,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
-import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from prefect import get_run_logger, task
 
 from core.holdout import seeded_holdout_rows
+from core.job_schema import SparseLDAOptions
 from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing, PreprocessingSpec
 from core.preprocessing import fit_local as fit_own_statistics
-from core.secagg.errors import InsufficientSurvivorsError, ProtocolViolationError
 from core.sparse_lda import (
     MAX_FEATURES,
-    NO_THRESHOLD,
-    ColumnMismatchError,
-    DegenerateDataError,
     DimensionLimitError,
     LinearDiscriminant,
     LocalFitSettings,
@@ -67,41 +63,30 @@ from core.sparse_lda import (
     PrivacyUnit,
     ThresholdRule,
     calibrate,
-    check_columns_usable,
     check_contribution,
-    degenerate_columns,
-    fit_centralized,
     fit_local,
-    model_from_average,
-    model_from_statistics,
-    require_both_classes,
     statistics_norm_bound,
     statistics_vector,
 )
 from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
 from core.sparse_lda.privacy import add_noise_share, party_level_blocks, release_dimension
-from federation.channel import PartyEndpoint
-from federation.workspace import channel_for
 from storage import models
-from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
-from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
-from storage.policy import OwnerPolicy
-from tasks import secure_sum
-from tasks.charts import held_out_roc
-from tasks.loading import fingerprint
-from tasks.policy import PARTY_STEP
 from tasks.preprocessing import needs_statistics, stored_fitted
-from tasks.reporting import job_name, provenance
-from tasks.secure_sum import COORDINATOR, SumContext, coordinator_store
+from tasks.reporting import job_name
+from tasks.secure_sum import SumContext
 from tasks.summaries import model_matrix
 
 PROTOCOL = "sparse_lda"
 RELEASE_VERSION = "sparse-lda/v2"
 MECHANISM = "sparse-lda discrete Gaussian shares (zCDP calibration)"
-METHODS = ("debiased", "naive", "centralized_reference")
-UNITS = tuple(unit.value for unit in PrivacyUnit)
+#: The options that shape a site's release (:class:`SparseLDAJob`'s fields); the others set
+#: the model's hard threshold (the call states it) and the waits.
+RELEASE_OPTIONS = {
+    "epsilon", "delta", "direction_clip_norm", "mean_clip_norm", "method", "privacy_unit",
+    "row_clip_norm", "holdout_fraction", "lambda_scale", "precision_method", "colluding_parties",
+}  # fmt: skip
 
 
 class SparseLDASetupError(ValueError):
@@ -113,7 +98,6 @@ class SparseLDAJob:
     """Everything a step needs besides its own table: public, small, a task parameter."""
 
     job_id: str
-    workspace: str | None
     parties: tuple[str, ...]
     method: str
     epsilon: float
@@ -143,9 +127,6 @@ class SparseLDAJob:
     def private(self) -> bool:
         """Whether the output is a DP release (false for the pooled reference and tests)."""
         return self.method != "centralized_reference" and not self.noise_disabled_for_testing
-
-    def endpoint(self, party: str) -> PartyEndpoint:
-        return channel_for(self.job_id, self.workspace).endpoint(party)
 
     def fit_settings(self) -> LocalFitSettings:
         return LocalFitSettings(
@@ -180,35 +161,33 @@ class SparseLDAJob:
         return np.setdiff1d(np.arange(rows), self.holdout_rows(rows))
 
     def release_parameters(self) -> dict[str, Any]:
-        """Everything that shapes a party's release (not the workspace)."""
-        values = asdict(self)
-        values.pop("workspace")
-        values["parties"] = list(self.parties)
-        return values
+        """Everything that shapes a party's release."""
+        return {**asdict(self), "parties": list(self.parties)}
+
+    @classmethod
+    def of(
+        cls,
+        job_id: str,
+        parties: list[str],
+        options: SparseLDAOptions,
+        threshold: int,
+        preprocessing: dict[str, Any],
+    ) -> SparseLDAJob:
+        """The job of these options: every site's and the coordinator's alike."""
+        released = options.model_dump(include=RELEASE_OPTIONS)
+        return cls(
+            job_id, tuple(parties), threshold=threshold, preprocessing=preprocessing, **released
+        )
 
 
 def check_job(job: SparseLDAJob) -> None:
-    """Refuse unusable public parameters before any party does anything."""
-    if job.method not in METHODS:
-        raise SparseLDASetupError(f"method must be one of {', '.join(METHODS)}; got {job.method!r}")
-    try:
-        PrecisionMethod(job.precision_method)
-    except ValueError:
-        choices = ", ".join(m.value for m in PrecisionMethod)
-        raise SparseLDASetupError(
-            f"precision_method must be one of {choices}; got {job.precision_method!r}"
-        ) from None
-    if job.privacy_unit not in UNITS:
-        raise SparseLDASetupError(
-            f"privacy_unit must be one of {', '.join(UNITS)}; got {job.privacy_unit!r}"
-        )
+    """Refuse what the options' schema cannot say alone, before any party does anything: a
+    naive average of row-level releases, settings the core refuses, too many colluders."""
     if job.row_unit and job.method == "naive":
         raise SparseLDASetupError(
             "method 'naive' averages local fits, which only the party-level release protects; "
             "use privacy_unit='party'"
         )
-    if not 0.0 <= job.holdout_fraction < 1.0:
-        raise SparseLDASetupError(f"holdout_fraction must be in [0, 1); got {job.holdout_fraction}")
     job.fit_settings()
     job.privacy()
     if job.private and not 0 <= job.colluding_parties < job.threshold:
@@ -226,11 +205,6 @@ def check_job(job: SparseLDAJob) -> None:
 def noise_calibration(job: SparseLDAJob, n_features: int) -> NoiseCalibration:
     """The core's calibration, for the ``t - c`` shares every unmaskable sum holds."""
     return calibrate(job.privacy(), n_features, job.threshold - job.colluding_parties)
-
-
-def noise_share(calibration: NoiseCalibration, size: int) -> np.ndarray:
-    """One party's noise share alone (exact discrete Gaussian on the grid, CSPRNG)."""
-    return add_noise_share(np.zeros(size), calibration)
 
 
 def contribution_vector(
@@ -272,16 +246,9 @@ def sum_context(
     """The one secure-sum session of a run: ``direction | mu1 | mu2 | rows`` per party."""
     dimension = release_dimension(job.privacy(), n_features) + 1
     return SumContext(
-        PROTOCOL,
-        job.job_id,
-        0,
-        session_id,
-        job.parties,
-        job.threshold,
-        dimension,
-        job.workspace,
+        PROTOCOL, job.job_id, 0, session_id, job.parties, job.threshold, dimension,
         stage_timeout=stage_timeout,
-    )
+    )  # fmt: skip
 
 
 def release_key(table_fingerprint: str, job: SparseLDAJob) -> str:
@@ -404,240 +371,25 @@ def _check_width(ref: TableRef) -> None:
         )
 
 
-def agreed_features(job: SparseLDAJob, party: str) -> list[str]:
-    """The column order the coordinator agreed (its message to ``party``)."""
-    return list(job.endpoint(party).receive(COORDINATOR, "schema_agreed"))
-
-
-# ---------------------------------------------------------------------------------------------
-# Party steps
-
-
-def check_owner_allows(ref: TableRef, job: SparseLDAJob) -> None:
-    """Options that give up privacy run only where the table's owner allowed them."""
-    policy = OwnerPolicy(PartyStore.of(ref))
-    if job.method == "centralized_reference":
-        what = "sending its raw rows to the coordinator (method='centralized_reference')"
-        policy.require(ref.party, ref.table, "allow_raw_export", what)
-    elif job.noise_disabled_for_testing:
-        what = "a release without noise (test switch PRIVREG_TEST_NOISELESS)"
-        policy.require(ref.party, ref.table, "allow_noiseless_release", what)
-
-
-@task(name="sparse-lda-check-table", task_run_name="{ref.party}: check {ref.table}", **PARTY_STEP)
-def check_table(ref: TableRef, job: SparseLDAJob) -> str:
-    """Validate the own table before anything is computed or sent; return its salted digest.
-
-    Refuses labels other than 0/1, more features than the LP solver's limit, non-finite
-    values, missing cells unless the job imputes them (every affected column named with its
-    count and ``preprocessing.impute``), training rows whose columns are all constant within
-    classes and, for the party unit's local fit, a missing class (fewer than two training
-    rows of label 0 or 1), naming party and column. The row unit sums any site's rows, so a
-    site with one class takes part (a class missing at every site is refused from the
-    released counts). Nothing is charged yet.
-    """
-    data = read_party(ref, job=job, scaled=False)  # before the pooled statistics exist
-    if not job.row_unit:
-        require_both_classes(data)
-    flat = degenerate_columns(data)
-    if len(flat) == data.n_features:
-        raise DegenerateDataError(
-            f"party {ref.party!r}: every column is constant within each class (first: column "
-            f"{flat[0]!r}); nothing to fit"
-        )
-    return fingerprint.fn(ref)
-
-
-def check_budget(ref: TableRef, job: SparseLDAJob) -> tuple[bool, dict[str, Any] | None]:
-    """Whether the owner allows the job and its budget pays for the release: (reused, budget
-    status). A stored release of the same job is reused, so it needs no budget left."""
-    check_owner_allows(ref, job)
-    if not job.private:
-        return False, None
-    ledger = PrivacyLedger(PartyStore.of(ref))
-    if ledger.stored_release(release_key(fingerprint.fn(ref), job)) is not None:
-        return True, ledger.status(ref.table).as_dict()
-    return False, ledger.require_affordable(ref.table, job.epsilon, job.delta).as_dict()
-
-
-@task(name="sparse-lda-join", task_run_name="{ref.party}: check budget, send columns", **PARTY_STEP)
-def join_job(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
-    """Refuse a release the budget cannot pay for, then send the coordinator the feature
-    column names (no rows, no row count). A stored release of the same job is not charged."""
-    reused, budget = check_budget(ref, job)
-    data = read_party(ref, job=job, scaled=False)  # before the pooled statistics exist
-    schema: dict[str, Any] = {"feature_columns": list(data.columns)}
-    if not job.row_unit:  # local fits leave these at zero; the coordinator refuses all-flat ones
-        # constant within a class at any scale (missing cells: the party's own fill)
-        schema["degenerate_columns"] = list(degenerate_columns(data))
-    job.endpoint(ref.party).send(COORDINATOR, "schema", schema)
-    return {"reused": reused, "budget": budget}
-
-
-def _build_release(
-    job: SparseLDAJob, ref: TableRef, features: list[str], calibration: NoiseCalibration | None
-) -> dict[str, Any]:
-    data = read_party(ref, features, job)
-    release: dict[str, Any] = {
-        "vector": contribution_vector(data, job, calibration),
-        "rows": data.n_rows,
-        "method": job.method,
-        "features": features,
-    }
-    if calibration is not None:
-        release["noise"] = asdict(calibration)
-    return release
-
-
-@task(
-    name="sparse-lda-release",
-    task_run_name="{ref.party}: fit, clip, add noise share, store",
-    **PARTY_STEP,
-)
-def release_contribution(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
-    """Fit on own rows and store (and charge, once) the noisy vector the secure sum masks.
-
-    Over budget is refused before anything is computed. A stored release (a retry, a re-run)
-    is reused as it is: nothing is recomputed or charged. Returns only public values.
-    """
-    check_owner_allows(ref, job)
-    store = PartyStore.of(ref)
-    features = agreed_features(job, ref.party)
-    key, reused, budget = None, False, None
-    if job.private:
-        calibration = noise_calibration(job, len(features))
-        key = release_key(fingerprint.fn(ref), job)
-        ledger = PrivacyLedger(store)
-        release = ledger.stored_release(key)
-        reused = release is not None
-        if release is None:
-            ledger.require_affordable(ref.table, job.epsilon, job.delta)  # before computing
-            release = ledger.charge_and_store(
-                key,
-                ref.table,
-                job.epsilon,
-                job.delta,
-                MECHANISM,
-                job.job_id,
-                _build_release(job, ref, features, calibration),
-            )
-        budget = ledger.status(ref.table).as_dict()
-    else:
-        release = _build_release(job, ref, features, None)
-        get_run_logger().warning(
-            "%s: noise disabled for testing: the secure sum carries its exact vector (NOT "
-            "differentially private, nothing charged)",
-            ref.party,
-        )
-    vector = np.append(np.asarray(release["vector"], dtype=np.float64), float(release["rows"]))
-    ArtifactStore(store).put(input_key(job.job_id), vector, "secure-sum-input")
-    return {"release_key": key, "reused": reused, "budget": budget}
-
-
-@task(
-    name="sparse-lda-send-rows-not-private",
-    task_run_name="{ref.party}: send rows to coordinator (NOT PRIVATE reference)",
-    **PARTY_STEP,
-)
-def send_rows_not_private(ref: TableRef, job: SparseLDAJob) -> None:
-    """``centralized_reference`` only: the party's rows go to the coordinator in the clear.
-
-    This is what the protocol exists to avoid; it gives the accuracy pooled data could reach.
-    """
-    if job.method != "centralized_reference":
-        raise SparseLDASetupError(f"refusing to send rows for method {job.method!r}")
-    check_owner_allows(ref, job)
-    data = read_party(ref, agreed_features(job, ref.party), job)
-    payload = {"features": data.features, "labels": data.labels.astype(np.int64)}
-    job.endpoint(ref.party).send(COORDINATOR, "rows_not_private", payload)
-
-
-def _model_rows(
-    ref: TableRef, job: SparseLDAJob, model: dict[str, Any]
-) -> tuple[list[object], list[object]]:
-    """The ids of this party's rows the model trained on and held out, saved with its copy so
-    scoring's ``in_training`` column is filled; none when its release is not in the model (a
-    dropped party's rows were never seen)."""
-    if ref.party not in model.get("contributors", []):
-        return [], []
-    ids = PartyStore.of(ref).read_table(ref, allow_missing=True)[ref.id_column].to_numpy(object)
-    return ids[job.train_rows(len(ids))].tolist(), ids[job.holdout_rows(len(ids))].tolist()
-
-
-@task(name="sparse-lda-keep-model", task_run_name="{ref.party}: keep model", **PARTY_STEP)
-def keep_model(ref: TableRef, job: SparseLDAJob, ctx: SumContext | None = None) -> dict[str, Any]:
-    """Store the coordinator's model in the own store; drop the secure-sum session's secrets."""
-    store = PartyStore.of(ref)
-    model = job.endpoint(ref.party).receive(COORDINATOR, "model")
-    if model["job_id"] != job.job_id:
-        raise SparseLDASetupError(f"{ref.party}: the model message belongs to another job")
-    record = replace(ModelRecord.from_dict(model), party=ref.party, **provenance(ref))
-    models.ModelStore(store).save(model_key(job.job_id), record, *_model_rows(ref, job, model))
-    model = record.to_dict()
-    if ctx is not None:
-        secure_sum.forget_session(store, ctx, ref.party)
-    return model
-
-
-# ---------------------------------------------------------------------------------------------
-# Coordinator steps
-
-
-@task(name="sparse-lda-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
-def open_job(job: SparseLDAJob, timeout: float) -> list[str]:
-    """Refuse parties whose feature columns differ; send everyone the agreed order.
-
-    The parties' columns are awaited until one deadline, ``timeout`` from now: those that
-    have not announced them by then are missing from the start (the secure sum drops them),
-    and fewer than the threshold fails naming the missing parties.
-    """
-    endpoint = job.endpoint(COORDINATOR)
-    found = secure_sum.collect(endpoint, "schema", job.parties, 0, time.monotonic() + timeout)
-    messages = {p: found[p] for p in job.parties if p in found}
-    missing = [p for p in job.parties if p not in messages]
-    if len(messages) < job.threshold:
-        raise InsufficientSurvivorsError(
-            f"job {job.job_id}: only {sorted(messages)} announced their columns within "
-            f"{timeout:g} s, fewer than the threshold {job.threshold}; missing: {missing}"
-        )
-    if missing:
-        get_run_logger().warning("job %s: %s did not announce columns", job.job_id, missing)
-    schemas = {p: message["feature_columns"] for p, message in messages.items()}
-    announced = list(schemas)
-    first = announced[0]
-    expected = list(schemas[first])
-    for party in announced[1:]:
-        columns = schemas[party]
-        missing = [c for c in expected if c not in columns]
-        extra = [c for c in columns if c not in expected]
-        if missing or extra:
-            raise ColumnMismatchError(
-                f"party {party!r}: feature columns differ from party {first!r}'s: missing "
-                f"{missing}, extra {extra}; every party needs the same columns"
-            )
-    flat = {p: m["degenerate_columns"] for p, m in messages.items() if "degenerate_columns" in m}
-    check_columns_usable(flat, expected)
-    ArtifactStore(coordinator_store(job.workspace)).put(_schema_key(job.job_id), expected, "schema")
-    for party in job.parties:
-        endpoint.send(party, "schema_agreed", expected)
-    return expected
-
-
-def _model_record(
-    job: SparseLDAJob, features: list[str], model: LinearDiscriminant, **extra: Any
+def model_record(
+    job: SparseLDAJob,
+    features: list[str],
+    model: LinearDiscriminant,
+    preprocessing: dict[str, Any] | None,
+    **extra: Any,
 ) -> dict[str, Any]:
     """The saved model in the common format: the score ``x @ direction + intercept`` is the
-    discriminant's ``(x - (mu1 + mu2)/2) @ direction``, positive for label 1."""
+    discriminant's ``(x - (mu1 + mu2)/2) @ direction``, positive for label 1. With
+    ``preprocessing`` (the job's pooled statistics) scoring applies them."""
     direction = np.asarray(model.direction, dtype=np.float64)
     midpoint = (np.asarray(model.mean_positive) + np.asarray(model.mean_negative)) / 2.0
-    fitted = stored_fitted(str(coordinator_store(job.workspace).path), job.job_id)
     record = ModelRecord.linear(
         PROTOCOL,
         job.job_id,
         features,
         direction,
         -float(midpoint @ direction),
-        preprocessing=None if fitted is None else fitted.to_dict(),  # scoring applies them
+        preprocessing=preprocessing,
         link="discriminant",
         job=job_name(),
         rows={"train": int(extra.get("total_rows", 0))},
@@ -657,109 +409,6 @@ def _model_record(
     return record.to_dict()
 
 
-def _publish_model(job: SparseLDAJob, record: dict[str, Any]) -> None:
-    store = coordinator_store(job.workspace)
-    ArtifactStore(store).put(model_key(job.job_id), record, "model")
-    endpoint = job.endpoint(COORDINATOR)
-    for party in job.parties:
-        endpoint.send(party, "model", record)
-
-
-@task(
-    name="sparse-lda-average", task_run_name="coordinator: average, threshold, store", **PARTY_STEP
-)
-def build_model(job: SparseLDAJob, ctx: SumContext, rule: ThresholdRule) -> dict[str, Any]:
-    """Average the securely summed vectors, hard-threshold the direction, store and broadcast.
-
-    The coordinator sees only the (noisy) sum and how many vectors it holds; the threshold's
-    noise term uses public values only, so thresholding is post-processing. A model already
-    stored for the job (a restarted coordinator, a re-run) is the job's model: it is sent
-    again as it is (the channel would refuse another one under the same key anyway).
-    """
-    stored = ArtifactStore(coordinator_store(job.workspace)).get(model_key(job.job_id))
-    if stored is not None:
-        _publish_model(job, stored)
-        return stored
-    total, senders = secure_sum.stored_sum(ctx)
-    features = ArtifactStore(coordinator_store(job.workspace)).get(_schema_key(job.job_id))
-    contributors, total_rows = len(senders), round(float(total[-1]))
-    calibration = noise_calibration(job, len(features)) if job.private else None
-    if job.row_unit:
-        sum_std = calibration.sum_std(contributors) if calibration else 0.0
-        noise_std = sum_std / total_rows  # per entry of the pooled covariance
-        rule = NO_THRESHOLD  # the pooled L1 fit is sparse by itself
-        model = model_from_statistics(
-            total[:-1], len(features), total_rows, sum_std, job.privacy(), job.fit_settings()
-        )
-    else:
-        noise_std = calibration.average_std(contributors) if calibration else 0.0
-        if job.method != "debiased":
-            rule = NO_THRESHOLD  # the naive baseline averages the biased fits as they are
-        model = model_from_average(total[:-1] / contributors, rule, total_rows, noise_std)
-    record = _model_record(
-        job,
-        features,
-        model,
-        contributors=senders,
-        total_rows=total_rows,
-        hard_threshold=rule.threshold(len(features), total_rows, noise_std),
-        noise_std_of_average=noise_std,
-    )
-    _publish_model(job, record)
-    get_run_logger().info(
-        "job %s: %s model from %d parties, %d of %d features kept",
-        job.job_id,
-        job.method,
-        contributors,
-        len(record["support"]),
-        len(features),
-    )
-    return record
-
-
-@task(
-    name="sparse-lda-pooled-reference",
-    task_run_name="coordinator: fit pooled rows (NOT PRIVATE reference)",
-    **PARTY_STEP,
-)
-def fit_pooled_reference(job: SparseLDAJob) -> dict[str, Any]:
-    """``centralized_reference``: one fit on every party's rows, which the coordinator holds."""
-    endpoint = job.endpoint(COORDINATOR)
-    features = ArtifactStore(coordinator_store(job.workspace)).get(_schema_key(job.job_id))
-    parties = []
-    for party in job.parties:
-        rows = endpoint.receive(party, "rows_not_private")
-        parties.append(PartyData(party, rows["features"], rows["labels"], tuple(features)))
-    model = fit_centralized(parties, job.fit_settings())
-    record = _model_record(
-        job,
-        features,
-        model,
-        contributors=list(job.parties),
-        total_rows=sum(p.n_rows for p in parties),
-        hard_threshold=0.0,
-        noise_std_of_average=0.0,
-    )
-    _publish_model(job, record)
-    return record
-
-
-@task(name="sparse-lda-score", task_run_name="{ref.party}: score held-out rows", **PARTY_STEP)
-def score_holdout(ref: TableRef, job: SparseLDAJob) -> dict[str, Any]:
-    """Misclassified held-out rows under the kept model, and how many are label 1 (for the
-    majority-class baseline): three counts, no rows, leave (to the coordinator, too)."""
-    model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
-    features, labels = read_holdout(ref, list(model["features"]), job)
-    wrong = int(np.count_nonzero(discriminant(model).predict(features) != labels))
-    positives = int(np.count_nonzero(labels == 1))
-    score = {"rows": int(labels.size), "errors": wrong, "positives": positives}
-    job.endpoint(ref.party).send(COORDINATOR, "holdout_score", score)
-    # the ROC of its held-out rows stays with this party (its own chart), never sent to the
-    # coordinator
-    roc = held_out_roc(labels.astype(float), discriminant(model).decision_scores(features))
-    return {**score, "roc": roc}
-
-
 def discriminant(model: dict[str, Any]) -> LinearDiscriminant:
     """The saved model as the core's decision rule (predict, error_rate, decision_scores)."""
     return LinearDiscriminant(
@@ -769,85 +418,7 @@ def discriminant(model: dict[str, Any]) -> LinearDiscriminant:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Party mode: each site and the coordinator its own process; what a step needs is a message
-
-
-def _call(job: SparseLDAJob, rule: ThresholdRule) -> dict[str, Any]:
+def call_terms(job: SparseLDAJob, rule: ThresholdRule) -> dict[str, Any]:
     """What every site must agree on before it contributes: the job's release parameters
     (method, privacy, threshold, colluders, parties...) and the model's hard threshold."""
     return {"job": job.release_parameters(), "rule": [rule.scale, rule.noise_multiplier]}
-
-
-@task(name="sparse-lda-call-sum", task_run_name="coordinator: call the secure sum", **PARTY_STEP)
-def call_sum(
-    job: SparseLDAJob, n_features: int, rule: ThresholdRule, stage_timeout: float
-) -> SumContext:
-    """Send every site the secure sum's call (a fresh session id and the job's parameters).
-
-    A coordinator restarted after sending it re-sends the call it sent (same session), so its
-    own session records and the sites' stay valid; a call is never changed once sent.
-    """
-    endpoint = job.endpoint(COORDINATOR)
-    call = endpoint.sent(job.parties[0], "sum_call")
-    if call is None:
-        session = f"{job.job_id}/{secrets.token_hex(8)}"
-        call = {"session_id": session, "stage_timeout": stage_timeout, **_call(job, rule)}
-    for party in job.parties:
-        endpoint.send(party, "sum_call", call)
-    return sum_context(job, n_features, call["session_id"], float(call["stage_timeout"]))
-
-
-@task(
-    name="sparse-lda-await-sum",
-    task_run_name="{ref.party}: await the secure sum's call",
-    cache_policy=PARTY_STEP["cache_policy"],
-)
-def await_sum_call(ref: TableRef, job: SparseLDAJob, rule: ThresholdRule) -> SumContext:
-    """The coordinator's call as this site's session context, if it names this site's job.
-
-    A coordinator asking for other parameters (a lower threshold or more colluders would
-    unmask sums with fewer noise shares than the calibration counts on; another method or
-    privacy unit, other peers) is refused, naming what differs.
-    """
-    endpoint = job.endpoint(ref.party)
-    call = endpoint.receive(COORDINATOR, "sum_call")
-    agreed = _call(job, rule)
-    asked = {**call["job"], "hard_threshold": call["rule"]}
-    own = {**agreed["job"], "hard_threshold": agreed["rule"]}
-    differ = [f"{k} {asked.get(k)!r} (agreed: {v!r})" for k, v in own.items() if asked.get(k) != v]
-    if differ:
-        raise ProtocolViolationError(
-            f"{ref.party}: the coordinator's call for job {job.job_id} asks for "
-            f"{'; '.join(differ)}; refusing to contribute"
-        )
-    n_features = len(agreed_features(job, ref.party))
-    return sum_context(job, n_features, call["session_id"], float(call["stage_timeout"]))
-
-
-def model_out(ref: TableRef, job: SparseLDAJob) -> bool:
-    """Whether the coordinator has sent this site the job's model (the sum is over)."""
-    endpoint = job.endpoint(ref.party)
-    return bool(secure_sum.collect(endpoint, "model", [COORDINATOR], 0, 0))
-
-
-def sum_done(ctx: SumContext) -> bool:
-    """Whether the coordinator already holds this session's sum (a restarted coordinator
-    then goes straight to the model)."""
-    stored = ArtifactStore(coordinator_store(ctx.workspace)).get(ctx.sum_key)
-    return stored is not None and stored["session_id"] == ctx.session_id
-
-
-@task(name="sparse-lda-scores", task_run_name="coordinator: collect held-out counts", **PARTY_STEP)
-def collect_scores(
-    job: SparseLDAJob, contributors: list[str], timeout: float
-) -> list[dict[str, int]]:
-    """The contributors' held-out counts that arrive within ``timeout`` (a site gone since
-    the sum is missing from the figures, and named in the log)."""
-    endpoint = job.endpoint(COORDINATOR)
-    found = secure_sum.collect(
-        endpoint, "holdout_score", contributors, 0, time.monotonic() + timeout
-    )
-    if missing := [p for p in contributors if p not in found]:
-        get_run_logger().warning("job %s: no held-out counts from %s", job.job_id, missing)
-    return [found[p] for p in contributors if p in found]

@@ -19,7 +19,8 @@ from storage.descriptor import TableRef
 from storage.models import ModelStore, NoPromotedModelError, model_key
 from storage.party_store import PartyStore
 from tasks.horizontal_lr import model_record
-from tasks.sparse_lda import SparseLDAJob, _model_record
+from tasks.sparse_lda import SparseLDAJob
+from tasks.sparse_lda import model_record as sparse_lda_record
 
 FEATURES = ["age", "bmi", "glucose"]
 COEFFICIENTS = np.array([0.75, -1.5, 0.25])
@@ -31,9 +32,9 @@ def _horizontal() -> ModelRecord:
 
 
 def _sparse_lda() -> ModelRecord:
-    job = SparseLDAJob("sparse-lda-job", None, ("a", "b"), "debiased", 1.0, 1e-6, None, None, 2)
+    job = SparseLDAJob("sparse-lda-job", ("a", "b"), "debiased", 1.0, 1e-6, None, None, 2)
     rule = LinearDiscriminant(COEFFICIENTS, np.array([1.0, 0.0, 2.0]), np.array([-1.0, 0.5, 0.0]))
-    return ModelRecord.from_dict(_model_record(job, FEATURES, rule, total_rows=90))
+    return ModelRecord.from_dict(sparse_lda_record(job, FEATURES, rule, None, total_rows=90))
 
 
 def _walr() -> ModelRecord:

@@ -29,8 +29,9 @@ from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy, PolicyError
 from storage.secrets import SealedArtifacts
 from tasks import psi as psi_steps
-from tasks import sparse_lda
 from tasks.loading import load_table
+from tasks.sparse_lda import SparseLDAJob
+from tasks.sparse_lda_party import Site, join_job, send_rows_not_private
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,21 +130,24 @@ def test_budget_cli_refuses_unknown_tables_and_shows_a_table(tmp_path: Path, cap
 # ---- item 4: options that give up privacy need the owner's permission ------------------------
 def test_raw_rows_and_noiseless_releases_need_the_owners_policy(tmp_path: Path) -> None:
     _, ref = owner(tmp_path)
-    base = dict(job_id="lda", workspace=str(tmp_path), parties=("clinic",), epsilon=1.0,
-                delta=1e-6, direction_clip_norm=1.0, mean_clip_norm=1.0, threshold=1)  # fmt: skip
-    pooled = sparse_lda.SparseLDAJob(method="centralized_reference", **base)
-    exact = sparse_lda.SparseLDAJob(method="debiased", noise_disabled_for_testing=True, **base)
-    for step in (sparse_lda.join_job, sparse_lda.send_rows_not_private):
-        with pytest.raises(PolicyError, match=r"clinic refuses sending its raw rows .*'patients'"):
-            step.fn(ref, pooled)
+    base = dict(job_id="lda", parties=("clinic",), epsilon=1.0, delta=1e-6,
+                direction_clip_norm=1.0, mean_clip_norm=1.0, threshold=1)  # fmt: skip
+    endpoint = channel_for("lda", str(tmp_path)).endpoint(ref.party)
+    pooled = Site(ref, SparseLDAJob(method="centralized_reference", **base), endpoint)
+    exact = Site(ref, SparseLDAJob(method="debiased", noise_disabled_for_testing=True, **base),
+                 endpoint)  # fmt: skip
+    with pytest.raises(PolicyError, match=r"clinic refuses sending its raw rows .*'patients'"):
+        join_job.fn(pooled)
+    with pytest.raises(PolicyError, match=r"clinic refuses sending its raw rows .*'patients'"):
+        send_rows_not_private.fn(pooled, ["x"])
     with pytest.raises(PolicyError, match=r"clinic refuses a release without noise"):
-        sparse_lda.join_job.fn(ref, exact)
-    assert channel_for("lda", str(tmp_path)).log() == []  # nothing was sent
+        join_job.fn(exact)
+    assert endpoint.channel.log() == []  # nothing was sent
     assert cli(["policy", "set", "--database", ref.database, "--table", "patients",
                 "--allow-raw-export"]) == 0  # fmt: skip
-    sparse_lda.join_job.fn(ref, pooled)  # now allowed: the schema goes to the coordinator
+    join_job.fn(pooled)  # now allowed: the schema goes to the coordinator
     with pytest.raises(PolicyError, match=r"without noise"):  # the other permission is still off
-        sparse_lda.join_job.fn(ref, exact)
+        join_job.fn(exact)
 
 
 # ---- item 5: concurrent charges ----------------------------------------------------------------

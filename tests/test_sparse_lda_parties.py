@@ -25,19 +25,23 @@ import pandas as pd
 import pytest
 from test_vertical_parties import found_in, own_messages_only, table_values
 
+from core.job_schema import SparseLDAOptions
 from core.secagg.errors import ProtocolViolationError
 from core.sparse_lda import ThresholdRule
 from core.test_switches import FAULTS_VARIABLE, NOISELESS_VARIABLE, PARTY_FAULT_VARIABLE
 from demo.orgs import make_orgs, start
 from federation.party_config import PartyConfig
 from federation.transport_grpc import serve
+from federation.workspace import channel_for
 from flows.sparse_lda import sparse_lda
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from tasks import sparse_lda as steps
-from tasks.secure_sum import COORDINATOR
+from tasks.secure_sum import COORDINATOR, coordinator_store
+from tasks.sparse_lda_coordinator import Coordinator, call_sum
+from tasks.sparse_lda_party import Site, await_sum_call
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,10 +232,15 @@ def test_a_site_refuses_a_call_for_fewer_noise_shares(tmp_path: Path) -> None:
     """A coordinator calling the sum with a lower threshold would unmask sums holding fewer
     noise shares than every site's calibration counts on: the site refuses, naming it."""
     agreed = steps.SparseLDAJob(
-        "slda-call", str(tmp_path), tuple(HOSPITALS), "debiased", 1.0, 1e-6, None, None, 3,
+        "slda-call", tuple(HOSPITALS), "debiased", 1.0, 1e-6, None, None, 3,
         privacy_unit="row", row_clip_norm=3.0,
     )  # fmt: skip
-    steps.call_sum.fn(replace(agreed, threshold=2), 30, ThresholdRule(), 5.0)
-    site = TableRef(database=str(tmp_path / "hospital_a.duckdb"), table="patients")
+    channel = channel_for("slda-call", str(tmp_path))
+    options = SparseLDAOptions(epsilon=1.0, delta=1e-6, stage_timeout=5.0)
+    lower = Coordinator(replace(agreed, threshold=2), options, channel.endpoint(COORDINATOR),
+                        coordinator_store(str(tmp_path)))  # fmt: skip
+    call_sum.fn(lower, 30, ThresholdRule())
+    ref = TableRef(database=str(tmp_path / "hospital_a.duckdb"), table="patients")
+    site = Site(ref, agreed, channel.endpoint(ref.party))
     with pytest.raises(ProtocolViolationError, match=r"hospital_a: .* threshold 2 \(agreed: 3\)"):
-        steps.await_sum_call.fn(site, agreed, ThresholdRule())
+        await_sum_call.fn(site, ThresholdRule(), 30)

@@ -1,7 +1,8 @@
-"""The README's job-file reference, generated from ``core.job_schema`` so it cannot drift.
+"""The docs' job-file reference, generated from ``core.job_schema`` so it cannot drift.
 
-``privreg job schema --markdown`` prints it; ``tests/test_job_schema.py`` checks that the
-README's section between the markers equals this text.
+``privreg job schema --markdown`` prints it; ``python -m flows.job_reference`` writes it into
+``docs/reference/job-file.md`` between the markers (the page's opening above them is written
+by hand); ``tests/test_job_schema.py`` checks that the page's section equals this text.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from core import job_schema as schema
 
 BEGIN = "<!-- job-file-reference:begin (generated: privreg job schema --markdown) -->"
 END = "<!-- job-file-reference:end -->"
+PAGE = "docs/reference/job-file.md"
+"""The docs page that holds the reference, relative to the repository."""
 
 SECTIONS: tuple[tuple[str, type[BaseModel]], ...] = (
     ("Main job (`privreg run jobs/demo.json`)", schema.MainJob),
@@ -53,7 +56,7 @@ def markdown() -> str:
         "is recognised by its stage key.",
     ]
     for title, model in SECTIONS:
-        lines += ["", f"**{title}.** {_first_line(model.__doc__)}", ""]
+        lines += ["", f"## {title}", "", _first_line(model.__doc__), ""]
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             kind = _type_text(field.annotation, field.metadata)
@@ -117,19 +120,19 @@ def _range(metadata: list[Any]) -> str:
     return f" ({', '.join(b for b in (low, high) if b)})" if low or high else ""
 
 
-def readme_section(readme: str) -> str:
-    """The text between the README's markers (what ``markdown()`` must equal)."""
-    return readme.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+def section(page: str) -> str:
+    """The text between the page's markers (what ``markdown()`` must equal)."""
+    return page.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
 
 
-def with_section(readme: str) -> str:
-    """``readme`` with the text between its markers replaced by ``markdown()``."""
-    head, rest = readme.split(BEGIN, 1)
+def with_section(page: str) -> str:
+    """``page`` with the text between its markers replaced by ``markdown()``."""
+    head, rest = page.split(BEGIN, 1)
     return f"{head}{BEGIN}\n{markdown()}{END}{rest.split(END, 1)[1]}"
 
 
-if __name__ == "__main__":  # python -m flows.job_reference: rewrite the README's section
+if __name__ == "__main__":  # python -m flows.job_reference: rewrite the page's section
     from pathlib import Path
 
-    readme = Path(__file__).resolve().parents[1] / "README.md"
-    readme.write_text(with_section(readme.read_text()))
+    page = Path(__file__).resolve().parents[1] / PAGE
+    page.write_text(with_section(page.read_text()))

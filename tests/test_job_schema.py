@@ -19,7 +19,7 @@ from prefect import Flow
 from pydantic import BaseModel
 
 from core import job_schema as schema
-from flows.job_reference import BEGIN, markdown, readme_section
+from flows.job_reference import BEGIN, PAGE, markdown, section
 from flows.jobs import load_job, read_job
 from privreg.cli import build_parser, main
 from storage.descriptor import TableRef
@@ -145,12 +145,12 @@ def test_job_check_prints_every_default(tmp_path: Path, capsys: pytest.CaptureFi
     assert printed["parties"]["host"]["table"]["label_column"] is None
 
 
-def test_the_readme_reference_is_generated_from_the_schema(
+def test_the_docs_reference_is_generated_from_the_schema(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert BEGIN in readme, "README lacks the job-file reference markers"
-    assert readme_section(readme) == markdown(), "regenerate: privreg job schema --markdown"
+    page = (ROOT / PAGE).read_text()
+    assert BEGIN in page, f"{PAGE} lacks the job-file reference markers"
+    assert section(page) == markdown(), "regenerate: python -m flows.job_reference"
     assert main(["job", "schema", "--markdown"]) == 0
     assert capsys.readouterr().out == markdown()
 

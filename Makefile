@@ -25,6 +25,12 @@ demo: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m flows.pipeline
 
+# The docs site (MkDocs, Material, mkdocstrings) into site/; --strict: a broken link, a missing
+# anchor or an API reference to an object that moved fails the build
+.PHONY: docs
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 # sdist and wheel (the C kernel compiled, the demo's files as package data) into dist/;
 # `pip install dist/privreg-*.whl` then gives `privreg demo` without a checkout
 .PHONY: dist

@@ -23,6 +23,7 @@ from federation.channel import PartyEndpoint
 from storage.artifacts import ArtifactStore
 from storage.party_store import PartyStore
 from tasks import secure_rounds, secure_sum
+from tasks import secure_rounds_coordinator as rounds_coordinator
 from tasks.horizontal_lr import (
     PROTOCOL,
     RoundCall,
@@ -123,7 +124,7 @@ def admit_keys(side: Coordinator, round_: int, parties: list[str]) -> list[str]:
     no keys of until one deadline; returns the parties in the session."""
     store, job, timeout = side.store, side.job, side.options.stage_timeout
     with store.session():
-        state = secure_rounds.coordinator_admit(store, job, {})
+        state = rounds_coordinator.coordinator_admit(store, job, {})
     wanted = [p for p in parties if p not in state.keys]
     if wanted:
         deadline = time.monotonic() + timeout
@@ -137,7 +138,7 @@ def admit_keys(side: Coordinator, round_: int, parties: list[str]) -> list[str]:
                 timeout,
             )
         with store.session():
-            state = secure_rounds.coordinator_admit(store, job, found)
+            state = rounds_coordinator.coordinator_admit(store, job, found)
     return list(state.active)
 
 
@@ -164,7 +165,7 @@ def _call_round(side: Coordinator, round_: int, stop: bool = False) -> RoundCall
     parties = list(side.parties)
     already = endpoint.sent(parties[0], "round", round=round_)
     if already is None:
-        state = secure_rounds.coordinator_view(store, job)
+        state = rounds_coordinator.coordinator_view(store, job)
         out = [p for p in parties if p not in state.active]
         if out and round_ > 0:
             back = secure_sum.collect(endpoint, secure_rounds.REJOIN, out, round_ - 1, 0, None)
@@ -176,7 +177,7 @@ def _call_round(side: Coordinator, round_: int, stop: bool = False) -> RoundCall
                     round_,
                 )
                 with store.session():
-                    state = secure_rounds.coordinator_admit(store, job, back)
+                    state = rounds_coordinator.coordinator_admit(store, job, back)
         out = [p for p in parties if p not in state.active]
         call = RoundCall(
             stop,
@@ -185,7 +186,7 @@ def _call_round(side: Coordinator, round_: int, stop: bool = False) -> RoundCall
             side.options.stage_timeout,
             (*training(side.options), side.options.tol),
             tuple(out),
-            secure_rounds.call_keys(state),
+            rounds_coordinator.call_keys(state),
         )
         already = call.to_message()
     endpoint.send_many(parties, "round", already, round=round_)
@@ -237,7 +238,7 @@ def _await_stage(
 def _collect(side: Coordinator, round_: int, answered: list[str]) -> list[str]:
     inputs = secure_sum.collect(side.endpoint, secure_rounds.MASKED, answered, round_, 0)
     with side.store.session():
-        senders, _ = secure_rounds.coordinator_collect(
+        senders, _ = rounds_coordinator.coordinator_collect(
             side.store, side.job, side.endpoint, round_, inputs
         )
     return senders
@@ -273,7 +274,7 @@ def _commit_round(
         "revealers": saved.get("revealers"),
         "change": saved["change"],
     }
-    secure_rounds.coordinator_relay_answers(
+    rounds_coordinator.coordinator_relay_answers(
         endpoint, round_, message["survivors"], message["revealers"] or []
     )
     endpoint.send_many(list(job.parties), "model", message, round=round_)
@@ -290,7 +291,7 @@ def _unmask_and_update(
     responses = secure_sum.collect(side.endpoint, secure_rounds.RESPONSE, answered, round_, 0)
     previous = cps.load(round_ - 1) if round_ > 0 else None
     with store.transaction() as con:
-        summed = secure_rounds.coordinator_unmask(store, job, round_, responses, con)
+        summed = rounds_coordinator.coordinator_unmask(store, job, round_, responses, con)
         mean = unpack_weighted(summed.total)
         if previous is None:
             before, history = hlr.init_model(n_features(job)), []
@@ -315,7 +316,7 @@ def _unmask_and_update(
         }
         also = [cps.item(round_, saved)]
         secure_rounds.save_record(store, job, COORDINATOR, summed.record, con, also=also)
-    secure_rounds.remember(store, job, summed.record)
+    rounds_coordinator.remember(store, job, summed.record)
     run_logger().info(
         "round %d: loss %.6f from %d parties", round_, entry["loss"], len(summed.senders)
     )
@@ -340,7 +341,7 @@ def resend_model(side: Coordinator, round_: int) -> dict[str, Any]:
 def stop_parties(side: Coordinator, round_: int) -> None:
     """After the last round: the stop, then shred the coordinator's secrets."""
     _call_round(side, round_, stop=True)
-    secure_rounds.forget_job(side.store, side.job)
+    rounds_coordinator.forget(side.store, side.job)
 
 
 @task(name="hlr-coordinator-model", task_run_name="coordinator: store model", **PARTY_STEP)

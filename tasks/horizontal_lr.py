@@ -66,7 +66,7 @@ class RoundCall:
     stage_timeout: float
     training: tuple[int, float, float, float]  # :func:`training`, then the coordinator's tol
     # dropped in an earlier round and not yet back with new keys: not waited for in this
-    # round; each asks to rejoin (:func:`tasks.secure_rounds.party_rejoin`)
+    # round; each asks to rejoin (:func:`tasks.secure_rounds_party.party_rejoin`)
     out: tuple[str, ...] = ()
     protocol: dict[str, Any] | None = None  # active parties and their keys (secure_rounds)
 

@@ -45,6 +45,7 @@ from storage.artifacts import Artifact, ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks import secure_rounds, secure_sum
+from tasks import secure_rounds_party as rounds_party
 from tasks.horizontal_lr import (
     PROTOCOL,
     RoundCall,
@@ -180,8 +181,8 @@ def join_rounds(side: Hospital, round_: int) -> None:
     """Once per job: this party's key pair; the public key to the coordinator, sent with the
     first round it joins (``round_``). Its terms (parties, threshold, stage timeout) come from
     its own options and are held: a coordinator's call that states others is refused
-    (:func:`tasks.secure_rounds.party_state`)."""
-    secure_rounds.party_join(side.store, side.agreed(), side.endpoint, round_, agreed=True)
+    (:func:`tasks.rounds_party.party_state`)."""
+    rounds_party.party_join(side.store, side.agreed(), side.endpoint, round_, agreed=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,8 +258,8 @@ def _mask(
                 )
             return [Artifact(point_key, round_, "secagg-point")]  # stored with the mask
 
-        start = secure_rounds.round_start(job, round_, call.protocol, side.party)
-        record = secure_rounds.party_mask(
+        start = rounds_party.round_start(job, round_, call.protocol, side.party)
+        record = rounds_party.party_mask(
             store, job, side.endpoint, start, update.packed(), one_round_per_model
         )
     return weights, record
@@ -274,9 +275,9 @@ def _answer(
 ) -> dict[str, Any]:
     """Answer the coordinator's unmask request of the round (once); returns the party's new
     record (what its masking stored, moved on), stored with the round's checkpoint
-    (:func:`tasks.secure_rounds.party_answer` says why)."""
+    (:func:`tasks.rounds_party.party_answer` says why)."""
     request = side.endpoint.receive(COORDINATOR, secure_rounds.REQUEST, round=round_)
-    return secure_rounds.party_answer(side.store, job, side.endpoint, round_, request, record)
+    return rounds_party.party_answer(side.store, job, side.endpoint, round_, request, record)
 
 
 def verified_model(
@@ -294,7 +295,7 @@ def verified_model(
     the coordinator says it unmasked; together with the one-model-one-round rule of
     :func:`_mask`, the coordinator cannot have two rounds summed at the same model (whose
     difference, with one party claimed dropped, is that party's update). ``own_sum`` is the
-    round's sum as this party unmasked it itself (:func:`tasks.secure_rounds.party_sum`; None
+    round's sum as this party unmasked it itself (:func:`tasks.rounds_party.party_sum`; None
     if it did not help unmask): the mean update must be exactly that sum's, so the
     coordinator cannot make one up.
     """
@@ -340,7 +341,7 @@ def _finish(
             record = secure_rounds.load_record(store, job, side.party)
     else:
         before, record = known
-    own_sum = secure_rounds.party_sum(
+    own_sum = rounds_party.party_sum(
         job, side.endpoint, record, call.protocol, round_, message.get("revealers"),
         job.stage_timeout,
     )  # fmt: skip
@@ -389,17 +390,17 @@ def _party_round(
     model_out = _model_out(endpoint, round_)
     if side.party in call.out:
         with side.store.session():
-            secure_rounds.party_rejoin(side.store, job, endpoint, round_)
+            rounds_party.party_rejoin(side.store, job, endpoint, round_)
     elif not model_out and not _stage_fault(side.party, job, round_, "mask_input", fault, faults):
         before, record = _mask(side, job, round_, call)
         wait = job.stage_timeout
-        secure_rounds.prefetch(endpoint, secure_rounds.MASKED_RELAY, round_, wait)
+        rounds_party.prefetch(endpoint, secure_rounds.MASKED_RELAY, round_, wait)
         if secure_sum.await_coordinator(
             endpoint, secure_rounds.REQUEST, round_, lambda: _model_out(endpoint, round_)
         ):
             if not _stage_fault(side.party, job, round_, "reveal_shares", fault, faults):
                 record = _answer(side, job, round_, record)  # stored with the checkpoint below
-                secure_rounds.prefetch(endpoint, secure_rounds.RESPONSE_RELAY, round_, wait)
+                rounds_party.prefetch(endpoint, secure_rounds.RESPONSE_RELAY, round_, wait)
             _finish(side, job, round_, call, (before, record))
             return True
     _finish(side, job, round_, call)

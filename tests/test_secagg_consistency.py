@@ -18,6 +18,8 @@ from core.secagg.simulation import run_round, start_job
 from federation.workspace import channel_for
 from storage.party_store import PartyStore
 from tasks import secure_rounds
+from tasks import secure_rounds_coordinator as rounds_coordinator
+from tasks import secure_rounds_party as rounds_party
 from tasks.horizontal_coordinator import Coordinator, _call_round
 from tasks.secure_sum import COORDINATOR, collect, coordinator_store
 
@@ -152,10 +154,10 @@ def test_a_call_that_changes_the_agreed_terms_is_refused(change: dict, named: st
     agreed = secure_rounds.RoundsJob("horizontal", "terms", ("a", "b", "c", "d"), 3, 4)
     agreed = dataclasses.replace(agreed, stage_timeout=30.0)
     record = agreed_record(agreed, "a")
-    assert secure_rounds.party_state(record, agreed).party == "a"
+    assert rounds_party.party_state(record, agreed).party == "a"
     called = dataclasses.replace(agreed, **change)
     with pytest.raises(ProtocolViolationError, match="the coordinator's call for job terms") as e:
-        secure_rounds.party_state(record, called)
+        rounds_party.party_state(record, called)
     assert named in str(e.value) and "refused" in str(e.value)
 
 
@@ -178,15 +180,17 @@ def test_a_forged_view_in_the_relay_is_refused_naming_the_coordinator(
     stores = {p: PartyStore(tmp_path / f"{p}.duckdb") for p in parties}
     stores[COORDINATOR] = side.store
     for party in parties:
-        secure_rounds.party_join(stores[party], job, ends[party], 0, agreed=True)
+        rounds_party.party_join(stores[party], job, ends[party], 0, agreed=True)
     keys = collect(coordinator, secure_rounds.JOB_KEYS, list(parties), 0, 5.0)
-    secure_rounds.coordinator_admit(stores[COORDINATOR], job, keys)
+    rounds_coordinator.coordinator_admit(stores[COORDINATOR], job, keys)
     call = _call_round(side, 0)
     for party in parties:
-        start = secure_rounds.round_start(job, 0, call.protocol, party)
-        secure_rounds.party_mask(stores[party], job, ends[party], start, np.arange(5.0))
+        start = rounds_party.round_start(job, 0, call.protocol, party)
+        rounds_party.party_mask(stores[party], job, ends[party], start, np.arange(5.0))
     masked = collect(coordinator, secure_rounds.MASKED, list(parties), 0, 5.0)
-    secure_rounds.coordinator_collect(stores[COORDINATOR], job, coordinator, 0, masked, views=False)
+    rounds_coordinator.coordinator_collect(
+        stores[COORDINATOR], job, coordinator, 0, masked, views=False
+    )
     real_write = Channel._write_each
 
     def forge(self: Channel, r: int, sender: str, kind: str, payloads: dict[str, Any]) -> Any:
@@ -201,10 +205,10 @@ def test_a_forged_view_in_the_relay_is_refused_naming_the_coordinator(
     requests = {}
     for party in parties:
         requests[party] = ends[party].receive(COORDINATOR, secure_rounds.REQUEST, round=0)
-        secure_rounds.party_view(stores[party], job, ends[party], 0, requests[party])
-    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, coordinator, 0)
+        rounds_party.party_view(stores[party], job, ends[party], 0, requests[party])
+    rounds_coordinator.coordinator_relay_views(stores[COORDINATOR], job, coordinator, 0)
     with pytest.raises(ProtocolViolationError, match="relay of the survivor views") as refused:
-        secure_rounds.party_answer(
+        rounds_party.party_answer(
             stores["hospital_a"], job, ends["hospital_a"], 0, requests["hospital_a"]
         )
     assert "from hospital_b to coordinator" in str(refused.value)

@@ -22,6 +22,8 @@ from federation.workspace import channel_for
 from storage import codec
 from storage.party_store import PartyStore
 from tasks import secure_rounds
+from tasks import secure_rounds_coordinator as rounds_coordinator
+from tasks import secure_rounds_party as rounds_party
 from tasks.horizontal_coordinator import Coordinator, _call_round
 from tasks.secure_sum import COORDINATOR, collect, coordinator_store
 
@@ -56,9 +58,9 @@ def start_job(tmp_path: Path, n: int, job_id: str = "relay-job") -> Job:
     stores = {p: PartyStore(tmp_path / f"{p}.duckdb") for p in parties}
     stores[COORDINATOR] = side.store
     for party in parties:
-        secure_rounds.party_join(stores[party], side.job, ends[party], 0)
+        rounds_party.party_join(stores[party], side.job, ends[party], 0)
     keys = collect(ends[COORDINATOR], secure_rounds.JOB_KEYS, list(parties), 0, 5.0)
-    secure_rounds.coordinator_admit(stores[COORDINATOR], side.job, keys)
+    rounds_coordinator.coordinator_admit(stores[COORDINATOR], side.job, keys)
     vectors = {p: np.arange(5.0) * (i + 1) for i, p in enumerate(parties)}
     return Job(side, stores, vectors, ends)
 
@@ -69,31 +71,33 @@ def run_round(setup: Job, round_: int) -> dict[str, np.ndarray | None]:
     call = _call_round(setup.side, round_)
     records = {}
     for party in setup.parties:
-        start = secure_rounds.round_start(job, round_, call.protocol, party)
+        start = rounds_party.round_start(job, round_, call.protocol, party)
         vector = setup.vectors[party] + round_
-        secure_rounds.party_mask(stores[party], job, ends[party], start, vector)
+        rounds_party.party_mask(stores[party], job, ends[party], start, vector)
     coordinator = ends[COORDINATOR]
     masked = collect(coordinator, secure_rounds.MASKED, list(setup.parties), round_, 5.0)
-    senders, _ = secure_rounds.coordinator_collect(
+    senders, _ = rounds_coordinator.coordinator_collect(
         stores[COORDINATOR], job, coordinator, round_, masked, views=False
     )
     requests = {}
     for party in senders:  # the consistency round: each signs its view, all are relayed
         requests[party] = ends[party].receive(COORDINATOR, secure_rounds.REQUEST, round=round_)
-        secure_rounds.party_view(stores[party], job, ends[party], round_, requests[party])
-    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, coordinator, round_)
+        rounds_party.party_view(stores[party], job, ends[party], round_, requests[party])
+    rounds_coordinator.coordinator_relay_views(stores[COORDINATOR], job, coordinator, round_)
     for party in senders:
-        records[party] = secure_rounds.party_answer(
+        records[party] = rounds_party.party_answer(
             stores[party], job, ends[party], round_, requests[party]
         )
     answers = collect(coordinator, secure_rounds.RESPONSE, senders, round_, time.monotonic() + 5)
     with stores[COORDINATOR].transaction() as con:
-        summed = secure_rounds.coordinator_unmask(stores[COORDINATOR], job, round_, answers, con)
-    secure_rounds.coordinator_relay_answers(coordinator, round_, senders, summed.responders)
+        summed = rounds_coordinator.coordinator_unmask(
+            stores[COORDINATOR], job, round_, answers, con
+        )
+    rounds_coordinator.coordinator_relay_answers(coordinator, round_, senders, summed.responders)
     expected = sum(setup.vectors[p] + round_ for p in senders)
     np.testing.assert_allclose(summed.total, expected)
     return {
-        party: secure_rounds.party_sum(
+        party: rounds_party.party_sum(
             job, ends[party], records[party], call.protocol, round_, summed.responders, 5.0
         )
         for party in senders

@@ -16,6 +16,8 @@ from core.job_schema import HorizontalOptions
 from federation.workspace import channel_for
 from storage.party_store import PartyStore
 from tasks import secure_rounds
+from tasks import secure_rounds_coordinator as rounds_coordinator
+from tasks import secure_rounds_party as rounds_party
 from tasks.horizontal_coordinator import Coordinator, _call_round
 from tasks.horizontal_lr import RoundCall
 from tasks.secure_sum import COORDINATOR, collect, coordinator_store
@@ -81,40 +83,40 @@ def test_a_dropped_hospital_rekeys_asks_to_rejoin_and_is_called_again(tmp_path: 
     stores = {p: PartyStore(tmp_path / f"{p}.duckdb") for p in parties}
     stores[COORDINATOR] = side.store
     for party in parties:
-        secure_rounds.party_join(stores[party], job, ends[party], 0)
+        rounds_party.party_join(stores[party], job, ends[party], 0)
     keys = collect(coordinator, secure_rounds.JOB_KEYS, list(parties), 0, time.monotonic() + 5)
-    secure_rounds.coordinator_admit(stores[COORDINATOR], job, keys)
+    rounds_coordinator.coordinator_admit(stores[COORDINATOR], job, keys)
 
     call = _call_round(side, 0)
     assert call.out == () and call.protocol is not None
     assert RoundCall.from_message(call.to_message()) == call
     vectors = {p: np.arange(5.0) * (i + 1) for i, p in enumerate(parties)}
     for party in ("hospital_a", "hospital_c"):  # b stays silent
-        start = secure_rounds.round_start(job, 0, call.protocol, party)
-        secure_rounds.party_mask(stores[party], job, ends[party], start, vectors[party])
+        start = rounds_party.round_start(job, 0, call.protocol, party)
+        rounds_party.party_mask(stores[party], job, ends[party], start, vectors[party])
     masked = collect(coordinator, secure_rounds.MASKED, list(parties), 0, time.monotonic() + 0.2)
-    senders, dropped = secure_rounds.coordinator_collect(
+    senders, dropped = rounds_coordinator.coordinator_collect(
         stores[COORDINATOR], job, coordinator, 0, masked, views=False
     )
     assert (senders, dropped) == (["hospital_a", "hospital_c"], ["hospital_b"])
     requests = {}
     for party in senders:  # each signs its view of the survivor set, then all are relayed
         requests[party] = ends[party].receive(COORDINATOR, secure_rounds.REQUEST, round=0)
-        secure_rounds.party_view(stores[party], job, ends[party], 0, requests[party])
-    secure_rounds.coordinator_relay_views(stores[COORDINATOR], job, coordinator, 0)
+        rounds_party.party_view(stores[party], job, ends[party], 0, requests[party])
+    rounds_coordinator.coordinator_relay_views(stores[COORDINATOR], job, coordinator, 0)
     for party in senders:
-        secure_rounds.party_answer(stores[party], job, ends[party], 0, requests[party])
+        rounds_party.party_answer(stores[party], job, ends[party], 0, requests[party])
     answers = collect(coordinator, secure_rounds.RESPONSE, senders, 0, time.monotonic() + 5)
     with stores[COORDINATOR].transaction() as con:
-        summed = secure_rounds.coordinator_unmask(stores[COORDINATOR], job, 0, answers, con)
+        summed = rounds_coordinator.coordinator_unmask(stores[COORDINATOR], job, 0, answers, con)
         secure_rounds.save_record(stores[COORDINATOR], job, COORDINATOR, summed.record, con)
     np.testing.assert_allclose(summed.total, vectors["hospital_a"] + vectors["hospital_c"])
 
     # dropped stays dropped: round 1 leaves b out; b re-keys once, asking back each call
     first = _call_round(side, 1)
     assert first.out == ("hospital_b",) and "hospital_b" not in first.protocol["keys"]
-    secure_rounds.party_rejoin(stores["hospital_b"], job, ends["hospital_b"], 1)
-    secure_rounds.party_rejoin(stores["hospital_b"], job, ends["hospital_b"], 1)  # same keys
+    rounds_party.party_rejoin(stores["hospital_b"], job, ends["hospital_b"], 1)
+    rounds_party.party_rejoin(stores["hospital_b"], job, ends["hospital_b"], 1)  # same keys
     back = coordinator.receive("hospital_b", secure_rounds.REJOIN, round=1)
     assert back["keys"][0] == 1  # epoch 1: fresh keys, the old ones gone
     second = _call_round(side, 2)

@@ -5,29 +5,10 @@ hospital:     job key ──▶ coordinator admits                (once per job,
 then per round r:
 coordinator:  call (active parties, their keys) ─▶ add masked ─▶ unmask sum, update, commit
 hospital:                   mask update ─▶ answer unmask ─▶ check and save model
-(the masking is ``core.secagg.multiround``: keys agreed once per job, masks per round,
-wired by ``tasks.secure_rounds``)
-Every arrow crosses the channel; the coordinator sees only the row-weighted mean update, the
-mean loss and the total row count. Each stage waits up to ``stage_timeout`` seconds: a
-hospital that has not answered by then, whatever the reason, has dropped out, and the round
-goes on while at least ``threshold`` remain. A hospital that dropped is left out of the next
-call, re-keys and asks to rejoin, and is called again from the round after. Each hospital
-checks that the model it is sent is the update of the previous one by the round's mean
-update, which it unmasks itself too, and never contributes twice at one model. A re-run of
-the same job resumes after the coordinator's last commit (a hospital that had not saved it
-catches up from its result).
 
-The protocol is written once, as one flow per role: ``horizontal_lr_party`` is one hospital's
-column of the diagram and ``horizontal_lr_coordinator`` the coordinator's, each round one task
-run per side. Across organisations each runs in its own process over the network channel;
-``horizontal_lr`` runs them all in this process, each side in its own thread as its own party
-over the shared folder (:mod:`flows.hospitals`), with the same job id and options.
-
-Hold-out (``holdout_fraction``): each hospital keeps that share of its own rows out of every
-update (split seeded by the job id) and, at the end, scores them with the final model; only
-aggregates leave it (AUC, log-loss, its class-prior baseline, the row count). Each hospital's
-summary gives its own figures; ``horizontal_lr``, which plays every owner, adds one with every
-hospital's and their row-weighted pooled log-loss. The coordinator learns none of them.
+``horizontal_lr_party`` is a hospital's column, ``horizontal_lr_coordinator`` the
+coordinator's; ``horizontal_lr`` runs them all in this process (:mod:`flows.hospitals`).
+More (the protocol, what each party learns, why): docs/protocols/horizontal-lr.md.
 """
 
 from __future__ import annotations

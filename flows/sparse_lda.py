@@ -8,46 +8,10 @@ party:  row unit: clip rows, sum class sums / counts / second moments; party uni
 coordinator: fit on the noisy moments (row) or average and hard-threshold (party), store
         the model ──▶ every party keeps a copy ──▶ (hold-out) each scores its held-out rows
 
-What crosses the channel: column names, the agreed order, secure-aggregation messages (public
-keys, encrypted shares, masked vectors, unmask shares) and the final model. No party's vector
-and no noiseless sum ever crosses or reaches the flow. ``method="naive"`` averages the
-un-debiased fits the same way; ``method="centralized_reference"`` sends every party's rows to
-the coordinator in the clear (a reference, NOT private, never charged).
-
-The protocol is written once, as one flow per role: ``sparse_lda_party`` is one site's column
-of the diagram and ``sparse_lda_coordinator`` the coordinator's; every party is given the same
-job id and options and they meet only through messages. Across organisations each runs in its
-own process over the network channel; ``sparse_lda`` runs them all at once in this process,
-each side in its own thread as its own party over the shared folder (:mod:`flows.hospitals`).
-The coordinator calls the secure sum (a fresh session id and the job's parameters, which
-every site checks against its own before it contributes) and drives it with the one driver
-(``tasks.secure_sum.drive_session``): a site that does not answer a stage by its deadline, for
-any reason, is dropped, and below the threshold the sum fails naming the missing sites. A
-restarted site reuses its stored release (charged once) and re-sends its session steps from
-its own records; a restarted coordinator re-sends its call and does not redo a stored sum or
-model.
-
-Scaling (on by default, ``preprocessing``): before any release, one secure-aggregation round
-of each party's training rows' column moments (``tasks.preprocessing``, the round horizontal
-LR uses) gives the pooled mean and variance; every party standardises its rows with them
-before it clips, fits or sums, and the model carries them, so scoring applies the same
-transform. What the coordinator (and every party, which receives the result) learns from that
-round, exactly and without noise: the pooled row count and, per column, the pooled count of
-observed cells, mean and variance; no party's own. These statistics are not covered by the DP
-guarantee, which stays on the discriminant's release (its noise and budget are unchanged).
-Imputation (``preprocessing.impute``: mean, median or constant) uses the same round and the
-same fitted record: each party fills its missing cells with the pooled fill before it scales,
-and the model carries the fill into scoring. A median (or ``scaling="robust"``) adds a second
-secure sum of per-bin counts on a public grid (the pooled mean +- 8 pooled standard
-deviations, 1024 bins), so the coordinator also learns that pooled histogram per column;
-missing counts are the row count minus the observed ones. Before the round, a party's own
-checks (classes, flat columns) fill its missing cells from its own rows; those statistics
-stay with it (the party unit sends only the names of its flat columns, as without gaps).
-Without ``impute``, a missing cell is refused at its party, naming every affected column
-with its count and the option to set.
-
-``sparse_lda_job`` runs a job file end to end: load each party's table, set each party's
-budget from the job file, then run the flow (``python -m flows.sparse_lda <job file>``).
+``sparse_lda_party`` is a site's column, ``sparse_lda_coordinator`` the coordinator's;
+``sparse_lda`` runs them all in this process (:mod:`flows.hospitals`), and ``sparse_lda_job``
+a job file end to end (``python -m flows.sparse_lda <job file>``).
+More (the protocol, what each party learns, why): docs/protocols/sparse-lda.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """A hospital's steps of horizontal logistic regression (:mod:`tasks.horizontal_lr` holds what
-it shares with the coordinator).
+it shares with the coordinator): check its table, announce its columns, join with its own
+terms, then per round mask its update, answer the unmasking, and check and save the model.
 
-The hospital checks its own table, announces its columns, joins the rounds with its own terms,
-then per round masks its update, answers the unmasking and checks and saves the model. Its
-rounds are one task run per group of rounds, and its flow holds its database open through
-them: a round's fixed cost is then its messages and a few commits, not Prefect's or DuckDB's
-openings.
-
-Across rounds (a coordinator unmasking one party by broadcasting the same model twice, then
-claiming that party dropped): each party checks that the model it is sent is exactly the
-previous model moved by the mean update sent along, and, if it helped unmask the round, that
-this mean is the one of the sum it unmasked itself from its peers' messages, which the
-coordinator relays with their senders' proofs (:func:`verified_model`); and it contributes
-at one model in one round only (:func:`_mask`). What is left for an honest-but-curious
-coordinator: two consecutive sums with senders S and S - {C} differ by C's weighted update plus
-``sum over S - {C} of n_j (g_j(w_r) - g_j(w_r+1))``, at most ``N L |w_r+1 - w_r|`` with
-``L <= max |(x, 1)|^2 / 4 + l2`` in gradient mode: not C's update while the model moves, an
-approximation of it near convergence (and C's row count exactly). Only per-round noise would
-hide that.
+More (why a party checks each model and contributes at one model once): the "across rounds"
+part of docs/protocols/horizontal-lr.md.
 """
 
 from __future__ import annotations

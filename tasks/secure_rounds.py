@@ -27,23 +27,9 @@ relay``
 ``rejoin``                  left-out party -> coordinator         with its new keys (re-key)
 =========================  ====================================  ===========================
 
-The view exchange is Bonawitz et al.'s ConsistencyCheck (CCS 2017, round 3;
-:mod:`core.secagg.multiround`, point 4): each sender signs the survivor and dropped sets its
-request states (the channel signs every message with its sender's certificate) and the
-coordinator relays every view with its proof; a sender answers only once at least the
-quorum of views it holds, each checked as its signer's, equal its own. On the shared folder
-of a local run the folder is trusted (no proofs): each relayed view must equal the original
-there. The terms a hospital agreed (parties, threshold, stage timeout) are stored when it
-joins, from its own options, and a call that states others is refused, naming the
-coordinator (:func:`tasks.secure_rounds_party.party_state`).
-
-The relays let every party that answered unmask the round's sum itself and check the
-coordinator's announcement (:func:`tasks.secure_rounds_party.party_sum`). A relay is one
-message carrying every sender's original message with that sender's proof
-(:meth:`PartyEndpoint.relay`): a party checks each entry as its sender's, so the
-coordinator can drop, alter, swap or replay none unnoticed, as when each party sent its
-peers a copy. Why through the coordinator: with n parties a copy to each peer cost every
-party 2(n - 1) fetches a round (~3 ms of CPU each); a relay costs it two.
+The view exchange (Bonawitz et al.'s ConsistencyCheck) and the relays that let every party
+check the announced sum: docs/protocols/horizontal-lr.md. A party's steps are
+:mod:`tasks.secure_rounds_party`, the coordinator's :mod:`tasks.secure_rounds_coordinator`.
 """
 
 from __future__ import annotations

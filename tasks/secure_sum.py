@@ -4,9 +4,10 @@ Why a module of its own: several protocols need "the sum of the parties' vectors
 sum". A party's vector is read from *its own* store (an artifact its own earlier task wrote),
 so it never passes through the flow or the orchestrator; only key advertisements, encrypted
 shares and masked vectors cross the channel. The coordinator, a logical party with its own
-store, keeps the decoded sum there. Protocols that compute their vector inside the masking
-step (horizontal LR) call the plain step functions (``party_*`` / ``coordinator_*``) from
-their own tasks instead.
+store, keeps the decoded sum there. (Training rounds sum through :mod:`tasks.secure_rounds`,
+keys agreed once per job.) The waits every coordinator-led protocol shares are here too:
+:func:`collect`, a stage's :func:`survivors`, the start's :func:`announced` columns and a
+party's :func:`await_coordinator`.
 
 Every step stores its new state and its outgoing message in the stepping party's artifacts
 *before* sending, and a retry re-sends what was stored instead of computing again, so one

@@ -1,40 +1,12 @@
 """Sparse LDA across parties (Tian, Jayaraman, Gu & Evans 2016): what both sides share.
 
-The maths is in :mod:`core.sparse_lda`; the sum is :mod:`tasks.secure_sum`; a site's steps are
-:mod:`tasks.sparse_lda_party`, the coordinator's :mod:`tasks.sparse_lda_coordinator`; here are
-the job both agree on, the release's calibration and key, and reading a site's rows. Each party fits
-its sparse discriminant on its own rows, debiases it, and stores *one* release in its own
-store: ``clip(direction) | clip(mu1) | clip(mu2)`` on the grid ``g = 2^-24`` plus its share of
-discrete Gaussian noise, then its row count. The secure sum masks that stored vector, so no
-one (not the coordinator, not the flow) ever sees a party's vector, and no one sees the
-noiseless sum. The coordinator averages, hard-thresholds and stores the model.
+The maths is in :mod:`core.sparse_lda`, the sum in :mod:`tasks.secure_sum`; a site's steps
+are :mod:`tasks.sparse_lda_party`, the coordinator's :mod:`tasks.sparse_lda_coordinator`.
+Here: the job every side agrees on, the release's calibration and key (a release is stored
+and charged once under a key naming the salted table digest and every parameter that shapes
+it), reading a site's rows, and the saved model's format.
 
-Privacy unit (``privacy_unit``):
-
-* ``row`` (default): each party releases its clipped sufficient statistics (class sums,
-  class counts, second moments; :mod:`core.sparse_lda.moments_release`) and the coordinator
-  fits the sparse discriminant on their noisy sum. (epsilon, delta)-DP for one row (one
-  patient) of one party; the noise on the model falls as the total row count grows.
-* ``party``: each party releases ``clip(direction) | clip(mu1) | clip(mu2)`` of its local
-  debiased fit (``method="naive"``: the un-debiased fit); the guarantee covers everything one
-  party holds, so the noise does not fall with rows.
-
-* Sensitivity and calibration: :func:`core.sparse_lda.privacy.calibrate`, the only place the
-  noise is calibrated (proven discrete-Gaussian zCDP bound); this module only says how many
-  honest shares a released sum holds.
-* Shares: each party adds ``sigma / sqrt(t - c)``, t the secure-sum threshold and c
-  ``colluding_parties``. The coordinator unmasks only sums of at least t senders, so every
-  released sum carries at least ``t - c`` shares no colluder knows: variance >= sigma^2.
-  (A sum of discrete Gaussians is not exactly one; at sigma / g ~ 10^7 the gap is negligible.)
-* Not protected: the total row count (summed exactly, treated as public as in the core),
-  the feature names, which parties took part, which columns a party reports constant
-  (party unit only), and the held-out error and label counts (rows kept out of the
-  release, scored with the released model).
-* Checked before the sum: every party checks its own vector (finite; within its norm bound)
-  and refuses to send it otherwise, naming itself; a broken vector is never averaged in.
-* Ledger: the release is stored and charged in one transaction under a key derived from the
-  salted table fingerprint and every parameter that shapes it (the job id included, as it
-  fixes the other parties), so a retry or re-run reuses it and is charged nothing.
+More (the privacy units, the noise shares, what is not protected): docs/protocols/sparse-lda.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Canonical form of row ids, shared by validation and private set intersection.
 
-The rule (documented in the README): an id is compared as text.
+The rule (documented in docs/data.md, "How ids are matched"): an id is compared as text.
 
 * integers (Python or numpy) become their decimal text: ``7`` -> ``"7"``;
 * floats are accepted only when integral (CSV readers sometimes produce ``7.0``) and become

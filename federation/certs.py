@@ -3,7 +3,7 @@
 Each party's certificate names the party in its subject common name and as a DNS subject
 alternative name: the channel takes a sender's identity from there, never from a message.
 An organisation that has its own PKI issues the same kind of certificate instead (see the
-README); nothing else in privreg depends on this module.
+docs/operator.md); nothing else in privreg depends on this module.
 """
 
 from __future__ import annotations

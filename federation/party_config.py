@@ -20,7 +20,7 @@ lab = "sha256:3f1c..."
 [policy]                       # optional: unattended jobs (federation.standing_policy)
 accept_from = ["lab"]
 
-[limits]                         # optional: per-peer limits at the endpoint (see README)
+[limits]                         # optional: per-peer limits at the endpoint (see docs/operator.md)
 fetches_per_peer = 4
 proposals_per_peer = 2           # sides one peer's proposals may run here at once
 proposals_total = 4              # sides all proposals may run here at once

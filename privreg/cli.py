@@ -8,7 +8,7 @@ privreg run JOB_FILE [--run R] [--log-dir var/logs]
                                           go to the log; --run R starts a new run of the job
 privreg job check JOB_FILE                validate a job file and its sub-jobs; print it with
                                           every default filled in
-privreg job schema --markdown             the job-file reference (README, "Job files")
+privreg job schema --markdown             the job-file reference (docs/reference/job-file.md)
 privreg budget set --database D --table T --epsilon E [--delta X]
 privreg budget show --database D [--table T] [--json]
 privreg budget window --database D --table T (--epsilon E [--per-consumer C] [--hours H] | --off)

@@ -1,8 +1,8 @@
 """``privreg job check FILE`` and ``privreg job schema``: a job file as privreg reads it.
 
 ``check`` validates a job file and the sub-job files it names (``core/job_schema.py``) and
-prints it with every default filled in; ``schema --markdown`` prints the job-file reference the
-README carries.
+prints it with every default filled in; ``schema --markdown`` prints the job-file reference
+(docs/reference/job-file.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ small file per job to destroy instead of every copy of every value. The limit: o
 a file in place does not reach blocks a copy-on-write or journaling file system, or an SSD's
 wear levelling, keeps elsewhere, and a backup taken *during* the job holds the key too. The
 key is 32 bytes in one file, which makes it as small a target as such media allow; the
-README's threat model says what remains.
+The threat model (docs/threat-model.md) says what remains.
 """
 
 from __future__ import annotations

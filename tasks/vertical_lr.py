@@ -223,8 +223,8 @@ def check_batches(schedule: Schedule, host_features: dict[str, int]) -> None:
     With ``k + m`` rows the labels consistent with one gradient form an ``m``-dimensional
     affine space, and a host that knows they are 0/1 can enumerate the ``2^m`` assignments
     of ``m`` free labels; ``m >= 64`` puts that beyond reach. It does not stop lattice
-    attacks on the same equations when batches are only a few times ``k``; the README's
-    threat model says so, and larger batches are the remedy.
+    attacks on the same equations when batches are only a few times ``k``; docs/threat-model.md
+    says so, and larger batches are the remedy.
     """
     train = len(schedule.train_rows)
     last = train - (schedule.batches_per_epoch - 1) * schedule.batch_size
@@ -262,7 +262,7 @@ def _decrypt_once(
 
     What this cannot stop without proofs of well-formedness: a host may still send any
     ``k`` ciphertexts of its choice (e.g. ``k`` entries of ``[[d]]``) in place of its
-    gradient. See the README's threat model.
+    gradient. See docs/threat-model.md.
     """
     if not isinstance(ciphertexts, list) or len(ciphertexts) != length:
         got = len(ciphertexts) if isinstance(ciphertexts, list) else type(ciphertexts).__name__

@@ -490,7 +490,7 @@ def _decrypt_once(job: WalrJob, ref: TableRef, message: Any) -> list[int]:
     one is refused (the first is recorded before decryption). Non-units are refused, so the
     key cannot be recovered. Without proofs of well-formedness the labels party still cannot
     tell *which* ciphertexts it decrypts; the noise it adds and charges is what protects the
-    labels then (see the README's threat model).
+    labels then (see docs/threat-model.md).
     """
     sender = job.features_party
     sums = message.get("sums") if isinstance(message, dict) else None

@@ -1,5 +1,5 @@
 """Job files are validated in full before anything is loaded: typos are refused by name with the
-closest valid key, the schema follows the flows' signatures, and the README's reference is the
+closest valid key, the flows take the schema's models, and the docs' job-file reference is the
 schema's own text."""
 
 from __future__ import annotations

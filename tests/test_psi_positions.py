@@ -1,7 +1,7 @@
 """The KKRT16 sender checks what it can of the positions a receiver announces: in range,
 strictly ascending (so unique), int64, on its real items (no dummy), and no more than the
 receiver holds ids per bucket. (That each is a real match cannot be checked in plain KKRT16;
-the README's threat model says what a malicious receiver can make the sender align.)"""
+docs/threat-model.md says what a malicious receiver can make the sender align.)"""
 
 from __future__ import annotations
 

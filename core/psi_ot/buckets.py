@@ -26,9 +26,9 @@ from core.psi_ot.primitives import prg
 
 #: Target ids per bucket (of the larger set). Buckets are also the pipeline's stages: while S
 #: evaluates bucket k, R extends bucket k + 1, so both parties work at once; 2^17 gives 8
-#: stages at a million ids for about 3% of padding and a few hundred MiB per party (measured in
-#: the README). ``PRIVREG_PSI_BUCKET_IDS`` changes it (both parties must run the same: the
-#: size messages carry it); the tests lower it to run many buckets on small sets.
+#: stages at a million ids for about 3% of padding and a few hundred MiB per party (measured:
+#: docs/protocols/psi.md). ``PRIVREG_PSI_BUCKET_IDS`` changes it (both parties must run the
+#: same: the size messages carry it); the tests lower it to run many buckets on small sets.
 BUCKET_IDS = max(int(os.environ.get("PRIVREG_PSI_BUCKET_IDS", 1 << 17)), 16)
 _FAILURE_BITS = 40
 

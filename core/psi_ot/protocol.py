@@ -511,7 +511,7 @@ def sender_rows(
     What S cannot check (plain KKRT16 has no proof of R's outputs): that each position is a
     real match. A malicious R can name any of S's real items of the bucket instead, without
     knowing their ids (S's order ``pi`` is secret), and can leave real matches out; see the
-    README's threat model."""
+    threat model (docs/threat-model.md)."""
     positions = np.asarray(_field(positions_message, "positions", "positions", peer))
     size = plan.own_padded
     if positions.dtype != np.int64 or positions.ndim != 1:

@@ -10,7 +10,7 @@ total row count.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,8 +50,8 @@ class Coordinator:
     name, the transport), its own store, the job's hospitals and threshold, the options it
     trains with and, once the columns and statistics are agreed, the model's width."""
 
-    endpoint: PartyEndpoint
-    store: PartyStore
+    endpoint: PartyEndpoint = field(compare=False, repr=False)
+    store: PartyStore = field(compare=False, repr=False)
     parties: tuple[str, ...]
     threshold: int
     options: HorizontalOptions

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -63,7 +63,7 @@ class Hospital:
     sent)."""
 
     ref: TableRef
-    endpoint: PartyEndpoint
+    endpoint: PartyEndpoint = field(compare=False, repr=False)
     parties: tuple[str, ...]
     features: tuple[str, ...]
     width: int  # the model's columns (missing indicators too): :func:`model_width`

@@ -211,7 +211,7 @@ def sparse_lda(
         workspace: Folder for the coordinator's store and the run's messages.
         job_id: Job to continue; default derived from the tables and options.
         preprocessing: The job's preprocessing (default: standardise with the pooled mean and
-            variance of one secure sum; see the module docstring for what that reveals).
+            variance of one secure sum; docs/data.md says what that reveals).
     """
     refs = hospital_tables(parties)
     names = [ref.party for ref in refs]

@@ -3,6 +3,8 @@
 * :mod:`core.dp.samplers`: exact discrete Laplace / Gaussian samplers (CSPRNG, no floats).
 * :mod:`core.dp.gaussian`: sigma for the continuous Gaussian mechanism (analytic, classic).
 * :mod:`core.dp.discrete_privacy`: exact and proven (epsilon, delta) for the discrete Gaussian.
+* :mod:`core.dp.accounting`: a table's releases as events, composed with dp-accounting's PLDs
+  (imported on its own: it loads dp-accounting).
 """
 
 from core.dp.discrete_privacy import (

@@ -133,8 +133,8 @@ def _summary(
             "value": f"{budget['epsilon_spent']:g} / {budget['epsilon_left']:g}",
         },
         {
-            "quantity": f"budget of {budget['protected_table']}: delta spent / left",
-            "value": f"{budget['delta_spent']:g} / {budget['delta_left']:g}",
+            "quantity": f"budget of {budget['protected_table']}: the owner's delta",
+            "value": f"{budget['delta_total']:g} (epsilon is composed at it)",
         },
     ]
     if model is not None:

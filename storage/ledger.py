@@ -1,6 +1,15 @@
 """The privacy-budget ledger of a protected table, kept in its owner's DuckDB.
 
-Composition is basic: the epsilons and deltas of all releases charged to a table add up.
+Each release is booked with its privacy *event* (:mod:`core.dp.accounting`: Gaussian,
+discrete Gaussian, Laplace, randomized response, pure or approximate DP; a JSON dict in the
+spend's ``event`` column) beside the (epsilon, delta) it was calibrated for. A table's spend is
+the composition of all its events, read as epsilon at the owner's delta (the budget's
+``delta_total``, a target that is not used up): dp-accounting's PLD composition, or the basic
+sum of the calibrated pairs where that is smaller. A check or a charge refuses a release when
+the composition with it would exceed the owner's epsilon, and refuses it too when an event
+cannot be accounted (fail closed). A ledger from before events were booked is migrated when
+opened: each old spend becomes the approximate-DP event of its own (epsilon, delta).
+
 A release from an aligned copy is charged to the copy's source table (see
 :mod:`storage.policy`), so copies share one budget. Budgets are the data owner's: only
 :meth:`PrivacyLedger.set_budget` (the CLI) changes one; a load may at most fill in an absent
@@ -11,7 +20,10 @@ charged again.
 
 Besides the total, a table may have *window rules*: the most all releases (and, optionally,
 the most one consumer: the peer or job that receives a release) may spend in a window that
-refreshes (a UTC day by default). They are rows of the owner's ledger, read and enforced in the
+refreshes (a UTC day by default). Windows keep basic sums of the calibrated epsilons, not the
+composition: a window is a rate limit read per release and per consumer, a sum gives each
+consumer its own share (a composed figure has none), and over one day's few releases
+composing would gain little. They are rows of the owner's ledger, read and enforced in the
 charge's own serialised transaction, so overlapping runs cannot both pass a check and both
 charge. The owner sets one with ``privreg budget window``; a party service's ``[policy]
 max_epsilon_per_day`` (its party.toml) is written into the ledger as the rule ``set_by =
@@ -21,6 +33,7 @@ the policy no longer has it). A ledger that cannot be read refuses the release (
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +43,15 @@ from typing import Any
 
 import duckdb
 
+from core.dp.accounting import (
+    AccountingError,
+    ApproximateDP,
+    Charge,
+    Event,
+    composed_epsilon,
+    event_from_dict,
+    runs_left,
+)
 from storage.artifacts import ArtifactStore
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy, PolicyError, require_own_table
@@ -49,7 +71,8 @@ _SCHEMA = [
         mechanism VARCHAR NOT NULL,
         job_id VARCHAR NOT NULL,
         created_at TIMESTAMP NOT NULL,
-        consumer VARCHAR)""",
+        consumer VARCHAR,
+        event VARCHAR)""",
     """CREATE TABLE IF NOT EXISTS privreg_window (
         protected_table VARCHAR NOT NULL,
         set_by VARCHAR NOT NULL,
@@ -69,19 +92,17 @@ class BudgetError(RuntimeError):
 
 @dataclass(frozen=True)
 class BudgetStatus:
+    """A table's budget and its composed spend: ``epsilon_spent`` is the epsilon of all its
+    releases composed, at the owner's delta ``delta_total`` (which is a target, not used up)."""
+
     protected_table: str
     epsilon_total: float
     delta_total: float
     epsilon_spent: float
-    delta_spent: float
 
     @property
     def epsilon_left(self) -> float:
         return max(self.epsilon_total - self.epsilon_spent, 0.0)
-
-    @property
-    def delta_left(self) -> float:
-        return max(self.delta_total - self.delta_spent, 0.0)
 
     def as_dict(self) -> dict[str, float | str]:
         return {
@@ -90,9 +111,19 @@ class BudgetStatus:
             "epsilon_spent": self.epsilon_spent,
             "epsilon_left": self.epsilon_left,
             "delta_total": self.delta_total,
-            "delta_spent": self.delta_spent,
-            "delta_left": self.delta_left,
         }
+
+
+def event_json(event: Event) -> str:
+    """An event as the ledger stores it (sorted keys: one event, one string)."""
+    return json.dumps(event.as_dict(), sort_keys=True)
+
+
+def _charge(event: str | None, epsilon: float, delta: float) -> Charge:
+    """A spend row as the accountant reads it; a row without an event is the approximate-DP
+    event of its (epsilon, delta)."""
+    parsed = ApproximateDP(epsilon, delta) if event is None else event_from_dict(json.loads(event))
+    return Charge(parsed, float(epsilon), float(delta))
 
 
 @dataclass(frozen=True)
@@ -215,6 +246,15 @@ class PrivacyLedger:
         ).fetchall()
         if ("consumer",) not in columns:  # a ledger from before consumers were booked
             con.execute("ALTER TABLE privreg_spend ADD COLUMN consumer VARCHAR")
+        if ("event",) not in columns:  # a ledger from before events were booked
+            con.execute("ALTER TABLE privreg_spend ADD COLUMN event VARCHAR")
+        for key, epsilon, delta in con.execute(
+            "SELECT release_key, epsilon, delta FROM privreg_spend WHERE event IS NULL"
+        ).fetchall():
+            con.execute(
+                "UPDATE privreg_spend SET event = ? WHERE release_key = ?",
+                [event_json(ApproximateDP(epsilon, delta)), key],
+            )
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -358,12 +398,66 @@ class PrivacyLedger:
                 f"[--delta D] (a party service may instead name it in its party.toml, "
                 f"[budgets.{protected_table}]); a job file never grants a budget"
             )
-        spent = con.execute(
-            "SELECT coalesce(sum(epsilon), 0), coalesce(sum(delta), 0) FROM privreg_spend "
-            "WHERE protected_table = ?",
-            [protected_table],
-        ).fetchone()
-        return BudgetStatus(protected_table, budget[0], budget[1], spent[0], spent[1])
+        charges = self._charges(protected_table, con)
+        spent = self._composed(protected_table, charges, budget[1])
+        return BudgetStatus(protected_table, budget[0], budget[1], spent)
+
+    def _charges(self, table: str, con: duckdb.DuckDBPyConnection) -> list[Charge]:
+        """Every spend of ``table`` (a source table) as the accountant reads it."""
+        rows = con.execute(
+            "SELECT event, epsilon, delta FROM privreg_spend WHERE protected_table = ? "
+            "ORDER BY created_at, release_key",
+            [table],
+        ).fetchall()
+        try:
+            return [_charge(*row) for row in rows]
+        except (AccountingError, ValueError) as error:
+            raise BudgetError(
+                f"a spend of table {table!r} in {self.store.path.name} holds an event that "
+                f"cannot be accounted ({error}); releases are refused"
+            ) from error
+
+    def _composed(self, table: str, charges: list[Charge], delta: float) -> float:
+        """The composed epsilon of ``charges`` at ``delta``; refuses (fail closed) when the
+        accountant cannot compute it."""
+        try:
+            return composed_epsilon(charges, delta)
+        except AccountingError as error:
+            raise BudgetError(
+                f"the spends of table {table!r} cannot be composed ({error}); releases are refused"
+            ) from error
+
+    def plan(self, protected_table: str) -> list[dict[str, Any]]:
+        """For each job that spent from the table (latest first): its latest event and how
+        many more releases of it fit in the budget, by the test a charge applies."""
+        with self._transaction() as con:
+            status = self.status(protected_table, con)
+            table = status.protected_table
+            charges = self._charges(table, con)
+            rows = con.execute(
+                "SELECT job_id, event, epsilon, delta, created_at FROM privreg_spend "
+                "WHERE protected_table = ? ORDER BY created_at DESC, release_key DESC",
+                [table],
+            ).fetchall()
+        plans: dict[str, dict[str, Any]] = {}
+        for job_id, event, epsilon, delta, created_at in rows:
+            if job_id in plans:
+                continue
+            run = _charge(event, epsilon, delta)
+            try:
+                left = runs_left(charges, run, status.epsilon_total, status.delta_total)
+            except AccountingError as error:
+                raise BudgetError(f"table {table!r}: {error}") from error
+            plans[job_id] = {
+                "job_id": job_id,
+                "last_run": created_at,
+                "event": run.event.as_dict(),
+                "mechanism": run.event.describe(),
+                "epsilon": run.epsilon,
+                "delta": run.delta,
+                "runs_left": left,
+            }
+        return list(plans.values())
 
     def budgets(self) -> list[str]:
         """The protected tables that have a budget in this database."""
@@ -375,6 +469,7 @@ class PrivacyLedger:
         return [row[0] for row in rows]
 
     def spends(self, protected_table: str | None = None) -> list[dict[str, Any]]:
+        """Every spend row (oldest first), its event as stored (a JSON string)."""
         with self.store.connect() as con:
             self._ensure(con)
             query = "SELECT * FROM privreg_spend"
@@ -397,24 +492,33 @@ class PrivacyLedger:
         delta: float,
         con: duckdb.DuckDBPyConnection | None = None,
         consumer: str | None = None,
+        event: Event | None = None,
     ) -> BudgetStatus:
         """Refuse, before any computation, a release the budget or a window cannot pay for
-        (a window's per-consumer cap only when ``consumer`` is named)."""
+        (a window's per-consumer cap only when ``consumer`` is named).
+
+        ``event`` is the release's privacy event; without one it is the approximate-DP event
+        of (``epsilon``, ``delta``). The budget test composes it with every earlier spend."""
         if con is None:
             with self._transaction() as own:
-                return self.require_affordable(protected_table, epsilon, delta, own, consumer)
+                return self.require_affordable(
+                    protected_table, epsilon, delta, own, consumer, event
+                )
         status = self.status(protected_table, con)
         source = status.protected_table
         copy = "" if source == protected_table else f" (a copy of {source!r})"
-        if (
-            status.epsilon_spent + epsilon > status.epsilon_total + _TOLERANCE
-            or status.delta_spent + delta > status.delta_total + _TOLERANCE
-        ):
+        try:
+            charge = Charge(event or ApproximateDP(epsilon, delta), float(epsilon), float(delta))
+        except AccountingError as error:
+            raise BudgetError(f"table {protected_table!r}{copy}: {error}") from error
+        after = self._composed(source, [*self._charges(source, con), charge], status.delta_total)
+        if after > status.epsilon_total + _TOLERANCE:
             raise BudgetError(
-                f"table {protected_table!r}{copy}: a release of (epsilon={epsilon:g}, "
-                f"delta={delta:g}) exceeds the budget: spent ({status.epsilon_spent:g}, "
-                f"{status.delta_spent:g}) of ({status.epsilon_total:g}, {status.delta_total:g}), "
-                f"left ({status.epsilon_left:g}, {status.delta_left:g})"
+                f"table {protected_table!r}{copy}: a release of {charge.event.describe()} "
+                f"(calibrated for epsilon={epsilon:g}, delta={delta:g}) exceeds the budget: "
+                f"composed with the earlier releases it makes epsilon {after:.6g} at the "
+                f"owner's delta {status.delta_total:g}, over the total {status.epsilon_total:g} "
+                f"(spent {status.epsilon_spent:.6g}, left {status.epsilon_left:.6g})"
             )
         self._refresh_policy_rule(source, con)
         for window in self.windows(source, con):
@@ -432,9 +536,12 @@ class PrivacyLedger:
         job_id: str,
         release: Any,
         consumer: str | None = None,
+        event: Event | None = None,
     ) -> Any:
         """Store ``release`` and charge its cost in one transaction.
 
+        ``event`` is the release's privacy event (default: the approximate-DP event of
+        ``epsilon`` and ``delta``), booked with it and composed into the table's spend.
         If a release is already stored under the key (a retry, or a re-run on the same data
         and parameters), nothing is charged and the stored release is returned instead.
         Charges on one database are serialised (check, then insert, under one lock), so
@@ -447,12 +554,14 @@ class PrivacyLedger:
             existing = self.artifacts.get(f"release/{release_key}", con=con)
             if existing is not None:
                 return existing
-            status = self.require_affordable(protected_table, epsilon, delta, con, consumer)
+            event = event or ApproximateDP(epsilon, delta)
+            status = self.require_affordable(protected_table, epsilon, delta, con, consumer, event)
             con.execute(
                 "INSERT INTO privreg_spend (release_key, protected_table, epsilon, delta, "
-                "mechanism, job_id, created_at, consumer) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "mechanism, job_id, created_at, consumer, event) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [release_key, status.protected_table, float(epsilon), float(delta), mechanism,
-                 job_id, self.clock(), consumer],
+                 job_id, self.clock(), consumer, event_json(event)],
             )  # fmt: skip
             self.artifacts.put(f"release/{release_key}", release, "release", con=con)
         return release

@@ -373,14 +373,14 @@ class Quality:
 
 @dataclass(frozen=True)
 class BudgetLine:
-    """Privacy spent and left on one protected table (its owner's ledger)."""
+    """Privacy spent and left on one protected table (its owner's ledger): the epsilon of
+    all its releases composed, at the owner's delta (a target, not used up)."""
 
     party: str
     table: str
     epsilon_spent: float
     epsilon_left: float
-    delta_spent: float
-    delta_left: float
+    delta: float
 
     @classmethod
     def from_status(cls, party: str, status: dict[str, Any]) -> BudgetLine:
@@ -389,8 +389,7 @@ class BudgetLine:
             str(status["protected_table"]),
             float(status["epsilon_spent"]),
             float(status["epsilon_left"]),
-            float(status.get("delta_spent", 0.0)),
-            float(status.get("delta_left", 0.0)),
+            float(status.get("delta_total", 0.0)),
         )
 
 
@@ -476,7 +475,7 @@ def _stage_lines(summary: RunSummary, job: str, flow: str) -> list[str]:
     for b in summary.budgets:
         lines.append(
             f"privacy of {b.party}.{b.table}: epsilon spent {b.epsilon_spent:g}, left "
-            f"{b.epsilon_left:g}; delta spent {b.delta_spent:g}, left {b.delta_left:g}"
+            f"{b.epsilon_left:g}, at the owner's delta {b.delta:g}"
         )
     if summary.bytes_sent:
         lines.append(
@@ -539,8 +538,7 @@ def summary_markdown(summary: RunSummary, job: str, flow: str) -> str:
                         "protected table": b.table,
                         "epsilon spent": b.epsilon_spent,
                         "epsilon left": b.epsilon_left,
-                        "delta spent": b.delta_spent,
-                        "delta left": b.delta_left,
+                        "at the owner's delta": b.delta,
                     }
                     for b in summary.budgets
                 ]

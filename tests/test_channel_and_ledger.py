@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.dp.accounting import ApproximateDP, Charge, composed_epsilon
 from federation.channel import Channel, ChannelError
 from storage import codec
 from storage.artifacts import ArtifactStore
@@ -91,10 +92,14 @@ def test_ledger_charges_once_and_refuses_overspend(tmp_path: Path) -> None:
     again = ledger.charge_and_store("rel-a", "labels", 1.5, 1e-6, "gaussian", "job", [9.0])
     assert first == again == [1.0, 2.0]  # a retry reuses the stored release
     status = ledger.status("labels")
-    assert (status.epsilon_spent, status.delta_spent) == (1.5, 1e-6)
+    first_charge = Charge(ApproximateDP(1.5, 1e-6), 1.5, 1e-6)  # no event given: its pair
+    assert status.epsilon_spent == composed_epsilon([first_charge], 1e-5) <= 1.5
+    assert status.delta_total == 1e-5  # the owner's delta, at which the spend is read
     with pytest.raises(BudgetError, match="exceeds the budget"):
         ledger.charge_and_store("rel-b", "labels", 0.6, 0.0, "gaussian", "job", [3.0])
     assert ledger.stored_release("rel-b") is None
     assert len(ledger.spends("labels")) == 1
     ledger.charge_and_store("rel-c", "labels", 0.5, 0.0, "gaussian", "job", [3.0])
-    assert ledger.status("labels").epsilon_left == pytest.approx(0.0)
+    both = [first_charge, Charge(ApproximateDP(0.5, 0.0), 0.5, 0.0)]
+    assert ledger.status("labels").epsilon_left == pytest.approx(2.0 - composed_epsilon(both, 1e-5))
+    assert ledger.status("labels").epsilon_left == pytest.approx(0.0, abs=1e-4)

@@ -371,7 +371,7 @@ def test_every_deployment_runs_on_a_process_worker(
             assert "## Quality" in data and "baseline" in data, name
     for name in ("walr", "label-dp", "sparse-lda"):
         data = _latest_like(server, f"demo-{name}-%-summary")["data"]
-        assert "epsilon spent" in data and "delta left" in data, name
+        assert "epsilon spent" in data and "at the owner's delta" in data, name
     assert "| AUC |" in retried["data"] and "| log-loss |" in retried["data"]
     # scoring used the models the pipeline promoted, and says which rows they trained on
     scored = _latest_like(server, "demo-score-vertical-%-summary")["data"]

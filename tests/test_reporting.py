@@ -43,7 +43,7 @@ def test_the_summary_holds_every_figure() -> None:
         "walr-0123456789abcdef",
         {"lab": 470, "clinic": 470},
         quality=[Quality("AUC", 0.91, 0.5, True, "held-out rows")],
-        budgets=[BudgetLine("clinic", "patients", 1.0, 3.0, 1e-7, 9e-5)],
+        budgets=[BudgetLine("clinic", "patients", 1.0, 3.0, 1e-5)],
         bytes_sent={"lab": 1234, "clinic": 567},
         rounds=1,
         seconds=2.5,
@@ -54,7 +54,7 @@ def test_the_summary_holds_every_figure() -> None:
         "| flow | walr |",
         "| lab | 470 | 1.2 KiB |",
         "| AUC | 0.91 | 0.5 | held-out rows | higher |",
-        "| clinic | patients | 1.0 | 3.0 | 1e-07 | 9e-05 |",
+        "| clinic | patients | 1.0 | 3.0 | 1e-05 |",
         "| rounds | 1 |",
         "| wall time (s) | 2.5 |",
     ):

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from prefect import get_run_logger, task
 
+from core.dp.accounting import Composed, Event, PureDP
 from core.holdout import seeded_holdout_rows
 from core.ids import id_order_digest
 from core.label_dp import (
@@ -233,6 +234,14 @@ def build_release(labels: np.ndarray, job: LabelDPJob) -> dict[str, Any]:
     }
 
 
+def release_event(prior_epsilon: float, label_epsilon: float) -> Event:
+    """The release's event for the ledger: every mechanism here (RR-on-Bins, Laplace,
+    exponential, staircase, and the private prior) is pure epsilon-DP, so each part counts as
+    the worst-case PLD of its epsilon, prior and channel composed."""
+    parts = tuple(PureDP(e) for e in (prior_epsilon, label_epsilon) if e > 0)
+    return parts[0] if len(parts) == 1 else Composed(parts)
+
+
 # ---- labels party ---------------------------------------------------------------------------
 @task(
     name="label-dp-check-labels", task_run_name="{ref.party}: check labels and budget", **PARTY_STEP
@@ -241,14 +250,14 @@ def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Validate the labels, refuse a release the budget cannot pay for, then send the features
     party a digest of the id order (the only message before the release)."""
     frame, labels = _read_labels(job, ref)
-    job.split(len(labels))
+    event = release_event(*job.split(len(labels)))
     key = release_key(fingerprint.fn(ref), job)
     ledger = PrivacyLedger(PartyStore.of(ref))
     reused = ledger.stored_release(key) is not None
     if reused:
         status = ledger.status(ref.table)
     else:
-        status = ledger.require_affordable(ref.table, job.epsilon, 0.0)
+        status = ledger.require_affordable(ref.table, job.epsilon, 0.0, event=event)
     digest = id_order_digest(job.job_id, frame[ref.id_column])
     endpoint = job.endpoint(ref.party)
     endpoint.send(job.features_party, "id_order_digest", digest)
@@ -276,10 +285,13 @@ def release_noisy_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     release = ledger.stored_release(key)
     reused = release is not None
     if release is None:
-        ledger.require_affordable(ref.table, job.epsilon, 0.0)  # before computing anything
+        event = release_event(*job.split(len(labels)))
+        ledger.require_affordable(ref.table, job.epsilon, 0.0, event=event)  # before computing
+        built = build_release(labels, job)
+        event = release_event(built["summary"]["prior_epsilon"], built["summary"]["label_epsilon"])
         release = ledger.charge_and_store(
-            key, ref.table, job.epsilon, 0.0, job.mechanism, job.job_id, build_release(labels, job),
-            consumer=job.features_party,
+            key, ref.table, job.epsilon, 0.0, job.mechanism, job.job_id, built,
+            consumer=job.features_party, event=event,
         )  # fmt: skip
     job.endpoint(ref.party).send(job.features_party, "noisy_labels", release["noisy_labels"])
     get_run_logger().info(

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from prefect import get_run_logger, task
 
+from core.dp.accounting import DiscreteGaussian
 from core.model_format import ModelRecord
 from core.secagg.errors import ProtocolViolationError
 from core.sparse_lda import (
@@ -171,7 +172,12 @@ def release_contribution(site: Site, features: list[str]) -> dict[str, Any]:
         release = ledger.stored_release(key)
         reused = release is not None
         if release is None:
-            ledger.require_affordable(ref.table, job.epsilon, job.delta)  # before computing
+            # the sum's noise: discrete Gaussian shares on the grid, counted as one discrete
+            # Gaussian of sigma (the least any unmaskable sum carries) on a fine grid; the
+            # budget is checked before anything is computed
+            g = calibration.granularity
+            event = DiscreteGaussian(calibration.sensitivity / g, calibration.sigma / g, "vector")
+            ledger.require_affordable(ref.table, job.epsilon, job.delta, event=event)
             release = ledger.charge_and_store(
                 key,
                 ref.table,
@@ -180,6 +186,7 @@ def release_contribution(site: Site, features: list[str]) -> dict[str, Any]:
                 MECHANISM,
                 job.job_id,
                 _build_release(job, ref, features, calibration),
+                event=event,
             )
         budget = ledger.status(ref.table).as_dict()
     else:

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import secrets
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,6 +18,7 @@ import pandas as pd
 from phe import paillier
 from prefect import get_run_logger, task
 
+from core.dp.accounting import DiscreteGaussian, Event
 from core.dp.errors import PrivacyParameterError
 from core.dp.gaussian import analytic_gaussian_sigma, classic_gaussian_sigma
 from core.ids import id_order_digest
@@ -32,6 +34,7 @@ from core.paillier.keys import (
 )
 from core.preprocessing import FittedPreprocessing, PreprocessingSpec, fit_local
 from core.walr import (
+    PrivacyWarning,
     WalrFeatures,
     WalrFit,
     default_granularity,
@@ -260,6 +263,21 @@ def _budget_table(job: WalrJob, ref: TableRef) -> str:
     return own
 
 
+def _release_event(job: WalrJob, rows: int) -> Event | None:
+    """The release's event for the ledger, from public facts: discrete Gaussian noise in grid
+    steps; one label moves a binary sum by 0 or 1 step per coordinate (exact accounting), a
+    clipped one by an integer vector (its fine grid counts as continuous). None (the nominal
+    pair) without noise or before the columns are agreed (the release then refuses)."""
+    if not job.noise or job.columns is None:
+        return None
+    shape = public_shape(job.mode, len(job.split(rows)[0]), job.columns, job.clip_norm)
+    with warnings.catch_warnings():  # walr_sigma's delta >= 1/N warning comes with the release
+        warnings.simplefilter("ignore", PrivacyWarning)
+        steps = walr_sigma(job.epsilon, job.delta, shape) / shape.granularity
+    shift = "unit" if shape.mode == "binary" else "vector"
+    return DiscreteGaussian(shape.sensitivity / shape.granularity, steps, shift)
+
+
 def _check_noise_allowed(job: WalrJob, ref: TableRef) -> None:
     if not job.noise:
         what = "a release without noise (noise=False)"
@@ -282,7 +300,8 @@ def check_labels_and_budget(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     ledger = PrivacyLedger(PartyStore.of(ref))
     reused = ledger.stored_release(job.release_key) is not None
     if not reused:
-        ledger.require_affordable(table, job.epsilon, job.delta)
+        event = _release_event(job, labels.size)
+        ledger.require_affordable(table, job.epsilon, job.delta, event=event)
     return {"rows": int(labels.size), "reused": reused}
 
 
@@ -529,10 +548,11 @@ def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
         return
     table = _budget_table(job, ref)
     _check_noise_allowed(job, ref)
-    ledger.require_affordable(table, job.epsilon, job.delta)  # before decrypting anything
+    _, labels = _labels(ref)
+    event = _release_event(job, labels.size)
+    ledger.require_affordable(table, job.epsilon, job.delta, event=event)  # before decrypting
     message = job.endpoint(ref.party).receive(job.features_party, "walr_masked_sums")
     masked = _decrypt_once(job, ref, message)
-    _, labels = _labels(ref)
     training = len(job.split(labels.size)[0])
     shape = public_shape(job.mode, training, len(masked) - 1, job.clip_norm)
     sigma = walr_sigma(job.epsilon, job.delta, shape)
@@ -563,6 +583,7 @@ def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
         job.job_id,
         release,
         consumer=job.features_party,
+        event=event,
     )
 
 

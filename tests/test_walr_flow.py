@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from prefect.exceptions import ParameterTypeError
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
 
+from core.dp.accounting import ApproximateDP, Charge, composed_epsilon, event_from_dict
 from core.paillier.errors import KeySizeError
 from core.test_switches import NOISELESS_VARIABLE, SMALL_KEYS_VARIABLE
 from core.walr import (
@@ -180,9 +182,12 @@ def test_rerun_reuses_the_release_and_only_ciphertexts_carry_labels(workspace: P
     assert second["noisy_sum"] == first["noisy_sum"] == third["noisy_sum"]
     assert second["coefficients"] == first["coefficients"] != third["coefficients"]
     ledger = PrivacyLedger(PartyStore.of(labels))
-    assert len(ledger.spends("conversions")) == 1
-    assert ledger.status("conversions").epsilon_spent == pytest.approx(1.0)
-    assert third["budget"]["epsilon_left"] == pytest.approx(0.0)
+    [spend] = ledger.spends("conversions")  # charged once
+    event = event_from_dict(json.loads(spend["event"]))  # the discrete Gaussian release
+    one = composed_epsilon([Charge(event, 1.0, spend["delta"])], 1e-4)
+    assert event.mechanism == "discrete_gaussian" and one <= 1.0
+    assert ledger.status("conversions").epsilon_spent == pytest.approx(one)
+    assert third["budget"]["epsilon_left"] == pytest.approx(1.0 - one)
 
 
 def test_over_budget_is_refused_before_any_message(workspace: Path) -> None:
@@ -261,7 +266,9 @@ def test_held_out_rows_stay_out_of_the_release_and_are_scored_for_the_summary(
     prepared = prepare_clipped_features(X, CLIP)
     exact = label_weighted_sum(prepare_clipped_features(X[train], CLIP), y[train])
     np.testing.assert_array_equal(result["noisy_sum"], exact)
-    assert result["epsilon"] == 1.0 and result["budget"]["epsilon_spent"] == pytest.approx(1.0)
+    nominal = ApproximateDP(1.0, result["delta"])  # a release without noise: only its pair
+    charged = composed_epsilon([Charge(nominal, 1.0, result["delta"])], 1e-3)
+    assert result["epsilon"] == 1.0 and result["budget"]["epsilon_spent"] == pytest.approx(charged)
     channel = channel_for(result["job_id"], str(workspace))
     sent = {r.kind: codec.loads(channel.read_raw(r)) for r in channel.log()}
     assert len(sent["walr_encrypted_labels"]) == 240 and len(sent["predictions"]) == 60

@@ -181,7 +181,9 @@ def _existing_store(database: str) -> PartyStore:
 
 def _budget(args: argparse.Namespace) -> None:
     """The owner's budgets: ``set`` is the only way a total changes, ``window`` the only way
-    the owner's window rule does (a party's policy adds its own, see storage.ledger)."""
+    the owner's window rule does (a party's policy adds its own, see storage.ledger). ``show``
+    gives each table's events, their composed epsilon at the owner's delta, what is left and,
+    per job, how many more runs of its latest release fit."""
     from storage.ledger import PrivacyLedger, WindowRule
     from storage.policy import PolicyError
 
@@ -199,20 +201,54 @@ def _budget(args: argparse.Namespace) -> None:
     tables = [ledger.budget_table(args.table)] if args.table else ledger.budgets()
     statuses = [ledger.status(table).as_dict() for table in tables]
     windows = {t: [w.as_dict() for w in ledger.windows(t)] for t in tables}
+    spends = {t: [_with_event(s) for s in ledger.spends(t)] for t in tables}
+    plans = {t: ledger.plan(t) for t in tables}
     if args.json:
-        spends = {t: ledger.spends(t) for t in tables}
         print(json.dumps([{**s, "windows": windows[s["protected_table"]],
-                           "spends": spends[s["protected_table"]]} for s in statuses],
+                           "spends": spends[s["protected_table"]],
+                           "jobs": plans[s["protected_table"]]} for s in statuses],
                          default=str, indent=2))  # fmt: skip
         return
     print(_text_table(statuses))
-    for table in tables:
+    for status in statuses:
+        table = str(status["protected_table"])
         _print_windows(table, windows[table])
-        spends = ledger.spends(table)
-        if spends:
-            keys = ("created_at", "epsilon", "delta", "mechanism", "job_id", "consumer")
-            print(f"\nspends of {table}:")
-            print(_text_table([{k: s.get(k) for k in keys} for s in spends]))
+        _print_events(table, status["delta_total"], spends[table])
+        _print_plan(table, plans[table])
+
+
+def _with_event(spend: dict[str, Any]) -> dict[str, Any]:
+    """A spend row with its event as a dict (the ledger stores it as JSON text)."""
+    event = spend.get("event")
+    return {**spend, "event": json.loads(event) if isinstance(event, str) else event}
+
+
+def _print_events(table: str, delta: float, spends: list[dict[str, Any]]) -> None:
+    """Each release charged to ``table``: its event, job and time."""
+    from core.dp.accounting import event_from_dict
+
+    if not spends:
+        return
+    print(f"\nevents of {table} (composed into epsilon_spent at the owner's delta {delta:g}):")
+    keys = ("created_at", "job_id", "mechanism", "epsilon", "delta", "consumer")
+    rows = [
+        {**{k: s.get(k) for k in keys}, "event": event_from_dict(s["event"]).describe()}
+        for s in spends
+    ]
+    print(_text_table(rows))
+
+
+def _print_plan(table: str, plans: list[dict[str, Any]]) -> None:
+    """Per job that spent from ``table``: how many more runs of its latest event fit."""
+    from core.dp.accounting import MAX_RUNS
+
+    if not plans:
+        return
+    print(f"\nruns left on {table}:")
+    for plan in plans:
+        runs, count = plan["runs_left"], "run" if plan["runs_left"] == 1 else "runs"
+        more = f"{runs}+" if runs >= MAX_RUNS else str(runs)
+        print(f"  {plan['job_id']}: {more} more {count} of {plan['mechanism']}")
 
 
 def _print_windows(table: str, windows: list[dict[str, Any]]) -> None:

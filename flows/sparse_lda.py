@@ -232,7 +232,7 @@ def sparse_lda(
     answered = {p: r for p, r in by_site.items() if isinstance(r, dict)}
     releases = {p: r["release"] for p, r in answered.items() if r["release"] is not None}
     scores = [r["holdout"] for r in answered.values() if r["holdout"] is not None]
-    summary = sparse_lda_summary(job, refs, result, releases, scores)
+    summary = sparse_lda_summary(job, refs, result, releases, scores, workspace)
     if not scores:  # the sites chart their own held-out rows; else the in-sample ones
         publish_training_charts("sparse-lda", job_id, [], summary["curves"])
     return {**result, "releases": releases}

@@ -168,7 +168,8 @@ def _walr(args: argparse.Namespace) -> None:
     own, options = _own_table(config, args.table), options_from(args, _model("WalrOptions"))
     from flows.walr import walr_party
 
-    print(json.dumps(walr_party(own, args.role, args.peer, args.job, options)))
+    result = walr_party(own, args.role, args.peer, args.job, options, _preprocessing(args))
+    print(json.dumps(result))
 
 
 def _label_dp(args: argparse.Namespace) -> None:
@@ -176,10 +177,33 @@ def _label_dp(args: argparse.Namespace) -> None:
     own, options = _own_table(config, args.table), options_from(args, _model("LabelDPOptions"))
     from flows.label_dp import label_dp_party
 
-    print(json.dumps(label_dp_party(own, args.role, args.peer, args.job, options)))
+    result = label_dp_party(own, args.role, args.peer, args.job, options, _preprocessing(args))
+    print(json.dumps(result))
 
 
 CONFIG_HELP = "this party's party.toml"
+
+
+def _preprocessing(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The job's ``--preprocessing`` (JSON or a file), validated as a job file's is; every
+    party passes the same (each applies it to its own columns)."""
+    if not args.preprocessing:
+        return None
+    from pydantic import ValidationError
+
+    from core.job_schema import Preprocessing
+
+    try:
+        return Preprocessing.model_validate(json_value(args.preprocessing)).model_dump()
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise SystemExit(f"--preprocessing refused: {problems}") from None
+
+
+PREPROCESSING_HELP = (
+    "the job's preprocessing as JSON or a JSON file (scaling, impute, fill_value, "
+    "missing_indicator, missing_values, categorical); every party passes the same"
+)
 
 
 def _model(name: str) -> Any:
@@ -199,6 +223,7 @@ def _two_party_parser(
     parser.add_argument("--table", required=True, help="own table descriptor (JSON or file)")
     if roles:
         parser.add_argument("--role", required=True, choices=roles, help="this party's side")
+        parser.add_argument("--preprocessing", help=PREPROCESSING_HELP)
     parser.add_argument("--peer", required=True, help="the other party's name")
     parser.add_argument("--job", required=True, help="the job id both parties agreed on")
     defer_option_flags(parser, model)
@@ -217,12 +242,14 @@ def _hospitals_side(args: argparse.Namespace, model: str, party_flow: str) -> No
     if config.party == sides.COORDINATOR:
         if args.table:
             raise SystemExit("the coordinator holds no table; leave out --table")
-        result = getattr(flows, f"{party_flow}_coordinator")(parties, args.job, options)
+        coordinator = getattr(flows, f"{party_flow}_coordinator")
+        result = coordinator(parties, args.job, options, _preprocessing(args))
     else:
         if not args.table:
             raise SystemExit(f"party {config.party!r} needs --table (its own table descriptor)")
         own = _own_table(config, args.table)
-        result = getattr(flows, f"{party_flow}_party")(own, parties, args.job, options)
+        side = getattr(flows, f"{party_flow}_party")
+        result = side(own, parties, args.job, options, _preprocessing(args))
     print(json.dumps(result, default=float))
 
 
@@ -238,7 +265,8 @@ def _vertical(args: argparse.Namespace) -> None:
 
     hosts = [h for h in args.hosts.split(",") if h]
     result = vertical_lr_party(
-        args.role, args.job, args.guest, hosts, options, own=own, arbiter=args.arbiter
+        args.role, args.job, args.guest, hosts, options, own=own, arbiter=args.arbiter,
+        preprocessing=_preprocessing(args),
     )
     print(json.dumps({k: v for k, v in result.items() if k != "history"}))
 
@@ -300,6 +328,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         hospitals.add_argument("--job", required=True, help="the job id every party agreed on")
         hospitals.add_argument("--parties", required=True, help="the hospitals, comma-separated")
         hospitals.add_argument("--table", help="own table descriptor (JSON or file; hospitals)")
+        hospitals.add_argument("--preprocessing", help=PREPROCESSING_HELP)
         defer_option_flags(hospitals, model)
         hospitals.set_defaults(
             handler=as_side(
@@ -317,6 +346,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     vertical.add_argument("--table", help="own table descriptor (JSON or file; not the arbiter)")
     vertical.add_argument("--arbiter", default="arbiter", help="the arbiter's party name")
     vertical.add_argument("--no-arbiter", action="store_true", help="two-party mode")
+    vertical.add_argument("--preprocessing", help=PREPROCESSING_HELP)
     defer_option_flags(vertical, "VerticalOptions", skip=("arbiter",))
     vertical.set_defaults(handler=as_side(_vertical, sides.vertical))
     pipeline = actions.add_parser("pipeline", help="this party's stages of a whole job file")

@@ -519,9 +519,11 @@ def sparse_lda_summary(
     model: dict[str, Any],
     releases: dict[str, Any],
     holdout: list[dict[str, int]] | None = None,
+    workspace: str | None = None,
 ) -> dict[str, Any]:
     """In-sample error at each party and, with a hold-out, the error on every party's held-out
-    rows (from each party's counts) next to predicting the held-out rows' majority class."""
+    rows (from each party's counts) next to predicting the held-out rows' majority class;
+    ``workspace``: the local run's shared folder, whose log holds every party's bytes."""
     errors = {ref.party: lda_error_own_rows(ref, model) for ref in refs}
     quality = [
         Quality(
@@ -557,7 +559,7 @@ def sparse_lda_summary(
             {party: e["rows"] for party, e in errors.items()},
             quality=quality,
             budgets=budgets,
-            bytes_sent=bytes_sent([job.job_id], None),
+            bytes_sent=bytes_sent([job.job_id], workspace),
             rounds=1,
             details=[("method", job.method), ("features kept", kept)],
         )

@@ -55,8 +55,8 @@ OPTIONS = {
     "method": "debiased",
     "threshold": 3,
     "holdout_fraction": 0.2,
-    "preprocessing": {"impute": "median"},  # every table has gaps: the pooled median fills them
 }
+PREPROCESSING = {"impute": "median"}  # every table has gaps: the pooled median fills them
 MODEL = ("features", "direction", "mean_positive", "mean_negative", "support", "contributors")
 
 
@@ -92,7 +92,8 @@ def local_run(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setenv(
         FAULTS_VARIABLE, json.dumps({"slda-one": {"*:mask_input": {KILLED: "raise"}}})
     )
-    return sparse_lda(refs, workspace=str(folder), job_id="slda-one", stage_timeout=10, **OPTIONS)
+    return sparse_lda(refs, workspace=str(folder), job_id="slda-one", stage_timeout=10,
+                      preprocessing=PREPROCESSING, **OPTIONS)
 
 
 class Parties:
@@ -111,7 +112,7 @@ class Parties:
 
     def run(self, party: str, options: dict[str, Any], fault: str | None = None) -> None:
         args = ["--job", self.job, "--parties", ",".join(HOSPITALS)]
-        args += ["--options", json.dumps(options)]
+        args += ["--options", json.dumps(options), "--preprocessing", json.dumps(PREPROCESSING)]
         if party in self.refs:
             args += ["--table", json.dumps(self.refs[party].to_dict())]
         env = {**self.api, **({PARTY_FAULT_VARIABLE: f"{self.job}:{fault}"} if fault else {})}

@@ -135,6 +135,18 @@ def test_the_walr_calibration_reads_back_as_its_own_epsilon_and_rdp_is_looser() 
     assert rdp_epsilon([ApproximateDP(1.0, 1e-6)], OWNER_DELTA) is None  # no RDP form
 
 
+@pytest.mark.parametrize(("sigma", "shift"), [(1024.0, 300), (2048.0, 5000)])
+def test_a_fine_grid_vector_shift_is_counted_above_the_exact_discrete_figure(
+    sigma: float, shift: int
+) -> None:
+    """Where dp-accounting has the exact discrete PLD (one coordinate), the vector rule's
+    continuous Gaussian with one more step of sensitivity is above it."""
+    exact = pld_lib.from_discrete_gaussian_mechanism(sigma, shift, use_connect_dots=True)
+    for delta in (1e-6, 1e-3):
+        counted = pld_epsilon([DiscreteGaussian(float(shift), sigma, "vector")], delta)
+        assert counted > exact.get_epsilon_for_delta(delta)
+
+
 def test_events_are_small_json_dicts_and_unknown_ones_are_refused() -> None:
     events = [walr_like_event(), Gaussian(1.0, 3.0), Laplace(1.0, 2.0), DiscreteLaplace(2, 4.0),
               RandomizedResponse(1.0, 3), ApproximateDP(1.0, 1e-6),

@@ -251,9 +251,10 @@ class PrivacyLedger:
         for key, epsilon, delta in con.execute(
             "SELECT release_key, epsilon, delta FROM privreg_spend WHERE event IS NULL"
         ).fetchall():
-            con.execute(
+            old = {"mechanism": ApproximateDP.mechanism, "epsilon": epsilon, "delta": delta}
+            con.execute(  # unchecked here: a row the accountant refuses refuses releases later
                 "UPDATE privreg_spend SET event = ? WHERE release_key = ?",
-                [event_json(ApproximateDP(epsilon, delta)), key],
+                [json.dumps(old, sort_keys=True), key],
             )
 
     @contextmanager

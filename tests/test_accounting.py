@@ -252,3 +252,16 @@ def test_an_old_ledger_migrates_its_rows_as_approximate_dp_events(tmp_path: Path
     with duckdb.connect(str(store.path)) as con:
         missing = con.execute("SELECT count(*) FROM privreg_spend WHERE event IS NULL").fetchone()
     assert missing == (0,)
+
+
+def test_a_spend_the_accountant_cannot_read_refuses_every_release(tmp_path: Path) -> None:
+    store = owner_store(tmp_path, 5.0)
+    ledger = PrivacyLedger(store)
+    ledger.charge_and_store("r0", "patients", 0.5, 0.0, "test", "job", [0])
+    with duckdb.connect(str(store.path)) as con:
+        con.execute("UPDATE privreg_spend SET event = ?", [json.dumps({"mechanism": "subsampled"})])
+    with pytest.raises(BudgetError, match="cannot be accounted"):
+        ledger.require_affordable("patients", 0.1, 0.0)
+    with pytest.raises(BudgetError, match="cannot be accounted"):
+        ledger.charge_and_store("r1", "patients", 0.1, 0.0, "test", "job", [1])
+    assert ledger.stored_release("r1") is None

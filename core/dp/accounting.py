@@ -432,14 +432,15 @@ def _tally(events: Iterable[Event] | Mapping[Event, int]) -> _Tally:
     return _Tally(gaussian, ordered)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _single_pld(event: Event) -> PrivacyLossDistribution:
     return event.pld()
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=16)
 def _compose_plds(tally: _Tally) -> PrivacyLossDistribution:
-    """The composed PLD (cached: a ledger asks for the same spends again and again)."""
+    """The composed PLD (cached: a ledger asks for the same spends again and again; a few
+    only, as one can hold millions of probabilities)."""
     plds = [_single_pld(event).self_compose(count) for event, count in tally.counts]
     if tally.gaussian > 0:
         plds.append(Gaussian(1.0, 1.0 / math.sqrt(tally.gaussian)).pld())

@@ -253,7 +253,7 @@ def horizontal_lr_coordinator(
     opened = coordinator_steps.open_job(side)
     start, features = opened["last_round"] + 1, opened["features"]
     pre.coordinator_statistics(
-        job_id, features, spec, names, threshold, None, options.stage_timeout
+        job_id, features, spec, names, threshold, options.stage_timeout
     )
     side = replace(side, width=coordinator_steps.coordinator_width(side, features))
     rounds, tol = options.rounds, options.tol

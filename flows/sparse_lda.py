@@ -347,7 +347,7 @@ def sparse_lda_coordinator(
     features = coordinator_steps.open_job(side)
     with side.store.session():  # held through the job (it exists once the job is open)
         pre.coordinator_statistics(
-            job_id, features, job.spec, names, job.threshold, None, options.stage_timeout
+            job_id, features, job.spec, names, job.threshold, options.stage_timeout
         )
         if job.method == "centralized_reference":
             get_run_logger().warning("job %s: pooling every site's rows (NOT PRIVATE)", job_id)

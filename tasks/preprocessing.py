@@ -131,7 +131,6 @@ def fit_and_send(
     histogram_sum: np.ndarray | None,
     edges: np.ndarray | None,
     parties: Sequence[str],
-    workspace: str | None,
 ) -> dict[str, Any]:
     """Fit the pooled statistics, keep them in the coordinator's store, send every party."""
     total = narrow(np.asarray(moments_sum, dtype=float))
@@ -145,16 +144,14 @@ def fit_and_send(
             f"column(s): {listed}. Set preprocessing.impute (mean, median or constant) in the "
             "job to fill them"
         )
-    ArtifactStore(coordinator_store(workspace)).put(
-        _key(job_id, "fitted"), fitted.to_dict(), "statistics"
-    )
-    return send_fitted(job_id, parties, workspace)
+    ArtifactStore(coordinator_store()).put(_key(job_id, "fitted"), fitted.to_dict(), "statistics")
+    return send_fitted(job_id, parties)
 
 
-def send_fitted(job_id: str, parties: Sequence[str], workspace: str | None) -> dict[str, Any]:
+def send_fitted(job_id: str, parties: Sequence[str]) -> dict[str, Any]:
     """(Re-)send the stored statistics (a resumed coordinator sends the same bytes)."""
-    fitted = ArtifactStore(coordinator_store(workspace)).get(_key(job_id, "fitted"))
-    endpoint = channel_for(channel_job(job_id), workspace).endpoint(COORDINATOR)
+    fitted = ArtifactStore(coordinator_store()).get(_key(job_id, "fitted"))
+    endpoint = channel_for(channel_job(job_id)).endpoint(COORDINATOR)
     for party in parties:
         endpoint.send(party, PROTOCOL, fitted)
     return fitted
@@ -172,12 +169,10 @@ def keep_fitted(
     job_id: str,
     features: list[str],
     spec: pp.PreprocessingSpec,
-    workspace: str | None = None,
 ) -> dict[str, Any]:
     """Receive the coordinator's statistics, refuse them unless they are for this job's spec
     and columns, and keep them for training and scoring."""
-    endpoint = channel_for(channel_job(job_id), workspace).endpoint(ref.party)
-    data = endpoint.receive(COORDINATOR, PROTOCOL)
+    data = channel_for(channel_job(job_id)).endpoint(ref.party).receive(COORDINATOR, PROTOCOL)
     fitted = pp.FittedPreprocessing.from_dict(data)
     if fitted.spec != spec or fitted.input_names != list(features):
         raise PreprocessingRefusalError(
@@ -195,13 +190,12 @@ def sessions(
     spec: pp.PreprocessingSpec,
     parties: Sequence[str],
     threshold: int,
-    workspace: str | None,
     stage_timeout: float,
     session_ids: Sequence[str | None] = (None, None),
 ) -> tuple[SumContext, SumContext | None]:
     """The secure-sum sessions of a job's statistics (the second only for quartiles), fresh
     or with the ids the coordinator announced; their dimensions need no data."""
-    columns, options = len(features), {"workspace": workspace, "stage_timeout": stage_timeout}
+    columns, options = len(features), {"stage_timeout": stage_timeout}
     moments = 2 * (3 * columns + 1)
     first = _context(job_id, 0, session_ids[0], parties, threshold, moments, **options)
     if not pp.needs_quartiles(spec):
@@ -232,19 +226,18 @@ def coordinator_statistics(
     spec: pp.PreprocessingSpec,
     parties: Sequence[str],
     threshold: int,
-    workspace: str | None,
     stage_timeout: float,
 ) -> dict[str, Any] | None:
     """The coordinator's side: announce the sessions (once; a restart re-sends the same call),
     drive them, send the grid between them, fit and send the statistics."""
     if not needs_statistics(spec):
         return None
-    if ArtifactStore(coordinator_store(workspace)).get(_key(job_id, "fitted")) is not None:
-        return send_fitted(job_id, parties, workspace)
-    endpoint = channel_for(channel_job(job_id), workspace).endpoint(COORDINATOR)
+    if ArtifactStore(coordinator_store()).get(_key(job_id, "fitted")) is not None:
+        return send_fitted(job_id, parties)
+    endpoint = channel_for(channel_job(job_id)).endpoint(COORDINATOR)
     call = endpoint.sent(parties[0], CALL)
     if call is None:
-        first, second = sessions(job_id, features, spec, parties, threshold, workspace, 0.0)
+        first, second = sessions(job_id, features, spec, parties, threshold, 0.0)
         ids = [first.session_id, None if second is None else second.session_id]
         call = {
             "sessions": ids,
@@ -256,7 +249,7 @@ def coordinator_statistics(
     for party in parties:
         endpoint.send(party, CALL, call)
     first, second = sessions(
-        job_id, features, spec, parties, threshold, workspace, stage_timeout, call["sessions"]
+        job_id, features, spec, parties, threshold, stage_timeout, call["sessions"]
     )
     secure_sum.unmask_sum(first, secure_sum.drive_session(first))
     moments_sum, _ = secure_sum.stored_sum(first)
@@ -267,9 +260,7 @@ def coordinator_statistics(
             endpoint.send(party, EDGES, edges)
         secure_sum.unmask_sum(second, secure_sum.drive_session(second))
         histogram_sum, _ = secure_sum.stored_sum(second)
-    return fit_and_send(
-        job_id, features, spec, moments_sum, histogram_sum, edges, parties, workspace
-    )
+    return fit_and_send(job_id, features, spec, moments_sum, histogram_sum, edges, parties)
 
 
 def party_statistics(
@@ -297,9 +288,7 @@ def party_statistics(
             f"{list(features)}"
         )
     threshold, timeout = int(call["threshold"]), float(call["stage_timeout"])
-    first, second = sessions(
-        job_id, features, spec, parties, threshold, None, timeout, call["sessions"]
-    )
+    first, second = sessions(job_id, features, spec, parties, threshold, timeout, call["sessions"])
 
     def over(kind: str) -> bool:  # the coordinator went on without this party
         return bool(secure_sum.collect(endpoint, kind, [COORDINATOR], 0, 0))

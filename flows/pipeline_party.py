@@ -6,12 +6,13 @@
       horizontal LR  load ─▶ horizontal_lr_party | _coordinator  hospitals, the coordinator
       sparse LDA     load ─▶ sparse_lda_party | _coordinator     hospitals, the coordinator
 
-More (the protocol, what each party learns, why): docs/federation.md.
+More: docs/federation.md (how the parties run a job, and why).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import time
@@ -137,9 +138,14 @@ class PartyJob:
             return spec
         return spec.with_party(self.spec["parties"][key].get("preprocessing"))
 
+    @functools.cached_property
+    def model(self) -> Any:
+        """The job file as its validated model (core/job_schema.py), defaults filled: once."""
+        return KINDS[self.kind].model_validate(self.spec)
+
     def options(self, stage: str) -> Any:
-        """The stage's validated options (its model in core/job_schema.py, defaults filled)."""
-        return getattr(KINDS[self.kind].model_validate(self.spec), stage)
+        """The stage's validated options."""
+        return getattr(self.model, stage)
 
     def stages(self) -> tuple[str, ...]:
         """The stages whose message job ids this job uses (see :meth:`job_id`)."""

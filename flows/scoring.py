@@ -54,13 +54,14 @@ def score_vertical(
     host_refs = [TableRef.from_dict(h) for h in hosts]
     if len(host_refs) != 1:
         raise steps.ScoringError("score_vertical aligns the guest with exactly one host")
+    job = job or job_name()
     if model_job_id is None:
-        key = steps.promoted_model(guest_ref, job or job_name(), "vertical")
+        key = steps.promoted_model(guest_ref, job, "vertical")
         model_job_id = key.split("/")[2]
     tables = [f"{r.party}.{r.table}.{fingerprint(r)}" for r in (guest_ref, *host_refs)]
     job_id = derive_job_id("score", {"model": model_job_id, "tables": tables})
     parties = {"guest": guest_ref.party, "hosts": [h.party for h in host_refs], "job_id": job_id}
-    options = ScoreOptions(model_job=job or job_name(), min_rows=min_rows)
+    options = ScoreOptions(model_job=job, min_rows=min_rows)
     result, _ = run_pair(
         guest_ref, host_refs[0],
         lambda own, _, role: score_vertical_party(

@@ -77,15 +77,20 @@ def options_from(
     values = json_value(args.options) if getattr(args, "options", None) else {}
     flags = {k: v for k, v in vars(args).items() if k in model.model_fields and k not in skip}
     values.update(flags)
+    return validated(model, values, model.__name__)
+
+
+def validated(model: type[BaseModel], values: Any, what: str) -> Any:
+    """``values`` as ``model``, or a ``SystemExit`` naming ``what`` and each refused field."""
     from pydantic import ValidationError
 
     try:
         return model.model_validate(values)
     except ValidationError as error:
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or model.__name__}: {e['msg']}" for e in error.errors()
+            f"{'.'.join(map(str, e['loc'])) or what}: {e['msg']}" for e in error.errors()
         )
-        raise SystemExit(f"{model.__name__} refused: {problems}") from None
+        raise SystemExit(f"{what} refused: {problems}") from None
 
 
 def json_value(text: str) -> Any:

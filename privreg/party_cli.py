@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from privreg import party_sides as sides
-from privreg.option_flags import defer_option_flags, json_value, options_from
+from privreg.option_flags import defer_option_flags, json_value, options_from, validated
 from privreg.party_sides import as_side
 
 
@@ -189,15 +189,10 @@ def _preprocessing(args: argparse.Namespace) -> dict[str, Any] | None:
     party passes the same (each applies it to its own columns)."""
     if not args.preprocessing:
         return None
-    from pydantic import ValidationError
-
     from core.job_schema import Preprocessing
 
-    try:
-        return Preprocessing.model_validate(json_value(args.preprocessing)).model_dump()
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise SystemExit(f"--preprocessing refused: {problems}") from None
+    given = json_value(args.preprocessing)
+    return validated(Preprocessing, given, "--preprocessing").model_dump()
 
 
 PREPROCESSING_HELP = (

@@ -144,6 +144,16 @@ def coordinator_collect(
     return senders, list(state.dropped)
 
 
+def _unmasking(state: Any, job: RoundsJob, round_: int) -> Any:
+    """``state``, if it has round ``round_``'s unmask requests out; else refused, naming it."""
+    if not (state.round == round_ and state.stage == "unmasking"):
+        raise ProtocolViolationError(
+            f"coordinator: round {round_} of job {job.job_id} has no unmask requests out "
+            f"(at round {state.round}, {state.stage})"
+        )
+    return state
+
+
 def coordinator_relay_views(
     store: PartyStore, job: RoundsJob, endpoint: PartyEndpoint, round_: int
 ) -> list[str]:
@@ -152,12 +162,7 @@ def coordinator_relay_views(
     (:func:`core.secagg.multiround.collect_views`), and relay all of them, with their
     proofs, to every sender. Fewer than the quorum fail the round here, naming the missing;
     nothing was revealed. A re-send is a no-op. Returns who signed."""
-    state = coordinator_view(store, job)
-    if not (state.round == round_ and state.stage == "unmasking"):
-        raise ProtocolViolationError(
-            f"coordinator: round {round_} of job {job.job_id} has no unmask requests out "
-            f"(at round {state.round}, {state.stage})"
-        )
+    state = _unmasking(coordinator_view(store, job), job, round_)
     senders = list(state.senders)
     deadline = time.monotonic() + job.stage_timeout
     found = collect(endpoint, VIEW, senders, round_, deadline)
@@ -183,12 +188,7 @@ def coordinator_unmask(
     which commits the round). The caller stores ``record``, the new state, in that same
     transaction (:func:`save_record`, with the round's checkpoint in one statement)."""
     record = load_record(store, job, COORDINATOR, con)
-    state = coordinator_state(record, job)
-    if not (state.round == round_ and state.stage == "unmasking"):
-        raise ProtocolViolationError(
-            f"coordinator: round {round_} of job {job.job_id} is not being unmasked "
-            f"(at round {state.round}, {state.stage})"
-        )
+    state = _unmasking(coordinator_state(record, job), job, round_)
     senders = list(state.senders)
     answers = [wire.response_from_plain(m, p) for p, m in responses.items()]
     state, result = mr.unmask(state, answers)

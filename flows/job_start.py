@@ -5,7 +5,7 @@
     pipeline_party(job file, run)  ◀══▶ pipeline_party(job file, run, proposed_by=initiator)
                                          (terms agreed, policy checked, approval if manual)
 
-More (the protocol, what each party learns, why): docs/federation.md.
+More: docs/federation.md (how the parties run a job, and why).
 """
 
 from __future__ import annotations

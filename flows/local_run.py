@@ -1,6 +1,6 @@
 """A local run: every party's side flow in one process, over the shared-folder transport.
 
-More (the protocol, what each party learns, why): docs/federation.md.
+More: docs/federation.md (how the parties run a job, and why).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
               ├─ pipeline_party: arbiter    vertical LR (the key holder)
               └─ ...                        each party of the job file and its sub-jobs
 
-More (the protocol, what each party learns, why): docs/federation.md.
+More: docs/federation.md (how the parties run a job, and why).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One process that serves every flow of ``prefect.yaml`` from this checkout: no pool, no worker.
 
-More (the protocol, what each party learns, why): docs/federation.md.
+More: docs/federation.md (how the parties run a job, and why).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Training charts in the Prefect UI: one markdown artifact per run, ``<job>-<flow>-charts``.
 
-More (the protocol, what each party learns, why): docs/reporting.md.
+More: docs/reporting.md (what a run publishes, and why).
 """
 
 from __future__ import annotations

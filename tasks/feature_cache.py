@@ -1,6 +1,6 @@
 """A party's feature matrix, read from its own store once per flow run.
 
-More (the protocol, what each party learns, why): docs/reporting.md.
+More: docs/protocols/vertical-lr.md (the feature cache, and why).
 """
 
 from __future__ import annotations

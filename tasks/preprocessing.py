@@ -1,6 +1,6 @@
 """Pooled preprocessing statistics for parties holding different rows, one party's step each.
 
-More (the protocol, what each party learns, why): docs/reporting.md.
+More: docs/data.md (preprocessing, and the pooled statistics).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the Prefect UI shows: run names, per-round tables, progress, one summary per run, models.
 
-More (the protocol, what each party learns, why): docs/reporting.md.
+More: docs/reporting.md (what a run publishes, and why).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Each flow's one summary: gathers its figures and hands them to ``reporting.publish_summary``.
 
-More (the protocol, what each party learns, why): docs/reporting.md.
+More: docs/reporting.md (what a run publishes, and why).
 """
 
 from __future__ import annotations

@@ -143,9 +143,41 @@ class PeerView:
             if self.status.reason:
                 state += f" ({self.status.reason})"
         if self.down_since is not None:
-            state = f"DOWN since {_clock(self.down_since)}; last: {state}"
+            state = f"down since {_clock(self.down_since)}; last: {state}"
         heard = "never" if self.heard is None else f"{now - self.heard:.0f} s ago"
         return f"{self.party:<16} {state}  [heard {heard}]"
+
+
+    def judge_silence(self, now: float, down_after: float = DOWN_AFTER) -> None:
+        """Mark the peer down as its own peers would: a live record not heard from for more
+        than ``down_after`` seconds (``privreg job status`` reads it once, without a
+        :class:`Federation`, and must say "down" when the peers do)."""
+        live = self.status is not None and self.status.state in LIVE
+        if live and self.heard is not None and silent_too_long(self.heard, now, down_after):
+            self.down_since = self.heard
+        else:
+            self.down_since = None
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        """The view for scripts (``privreg job status --json``): times as Unix seconds."""
+        status = self.status
+        return {
+            "party": self.party,
+            "state": status.state if status else "not started",
+            "detail": status.detail if status else "",
+            "reason": status.reason if status else "",
+            "heard": self.heard,
+            "heard_seconds_ago": None if self.heard is None else round(now - self.heard, 1),
+            "down": self.down_since is not None,
+            "down_since": self.down_since,
+            "error": self.error,
+        }
+
+
+def silent_too_long(heard: float, now: float, down_after: float = DOWN_AFTER) -> bool:
+    """The one rule for "down": nothing new heard from a party for more than ``down_after``
+    seconds (a live side rewrites its record every :data:`INTERVAL`)."""
+    return now - heard > down_after
 
 
 def _clock(seconds: float) -> str:
@@ -353,7 +385,9 @@ class Federation:
             return
         silent_since = view.heard if view.heard is not None else self.started
         earlier_attempt = status.state in ENDED_BADLY  # failed before we started: may restart
-        if (status.state in LIVE or earlier_attempt) and now - silent_since > self.down_after:
+        if (status.state in LIVE or earlier_attempt) and silent_too_long(
+            silent_since, now, self.down_after
+        ):
             if view.down_since is None:
                 view.down_since = silent_since
                 self.log.warning(

@@ -6,7 +6,9 @@ privreg job resume FILE --config party.toml --run RUN
                                               the same run again: every side resumes
 privreg job schedule FILE --config party.toml --cron "0 2 * * *"
                                               a recurring run (serves until stopped)
-privreg job status JOB --config party.toml     every party's state and when it was last heard
+privreg job status JOB --config party.toml [--watch] [--json]
+                                              every party's state and when it was last heard;
+                                              a party silent as long as its peers allow: down
 privreg job approve JOB --config party.toml    a person's yes to a proposed run (manual policy)
 privreg job decline JOB --config party.toml --reason TEXT
 privreg job abort JOB --config party.toml --reason TEXT
@@ -20,6 +22,8 @@ by their own files (``horizontal_demo``).
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,33 +39,69 @@ def _transport(config_path: str) -> tuple[Any, Any]:
 
 
 def _status(args: argparse.Namespace) -> None:
+    """Every party's state once, or (``--watch``) every ``--every`` seconds until no side is
+    live or Ctrl-C; ``--json`` prints the same as JSON (one object per look)."""
+    config, transport = _transport(args.config)
+    while True:
+        now = time.time()
+        views = _views(config, transport, args.job)
+        if args.json:
+            shown = json.dumps({"job": args.job, "as_seen_by": config.party, "at": now,
+                                "parties": [view.as_dict(now) for view in views]})  # fmt: skip
+        else:
+            lines = [f"job {args.job} as {config.party} sees it ({time.strftime('%H:%M:%S')}):"]
+            shown = "\n".join([*lines, *(view.line(now) for view in views)])
+        if args.watch and not args.json and sys.stdout.isatty():
+            shown = _CLEAR + shown  # in place: the terminal shows the latest only
+        print(shown, flush=True)
+        if not args.watch or not _running(views):
+            return
+        try:
+            time.sleep(args.every)
+        except KeyboardInterrupt:
+            return
+
+
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
+
+
+def _views(config: Any, transport: Any, job: str) -> list[Any]:
+    """This party's view of every party of ``job`` (itself first), each judged down by the
+    rule its peers use: a live record not rewritten for ``federation.status.DOWN_AFTER``."""
     from federation.channel import ChannelError
     from federation.status import PartyStatus, PeerView
 
-    config, transport = _transport(args.config)
-    own = transport.store().read_status(args.job, config.party)
+    own = transport.store().read_status(job, config.party)
     if own is None:
         raise SystemExit(
-            f"privreg: party {config.party} has no state for job {args.job} "
+            f"privreg: party {config.party} has no state for job {job} "
             f"(no side of it ever ran under {config.root})"
         )
     mine = PartyStatus.from_bytes(own)
-    now = time.time()
-    print(f"job {args.job} as {config.party} sees it ({time.strftime('%H:%M:%S')}):")
-    heard = PeerView(config.party, mine, heard=mine.heartbeat)
-    print(heard.line(now))
+    views = [PeerView(config.party, mine, heard=mine.heartbeat)]
     for peer in mine.parties:
         if peer == config.party:
             continue
         view = PeerView(peer)
         try:
-            data = transport.peer_status(args.job, peer)
+            data = transport.peer_status(job, peer)
             if data is not None:
                 view.status = PartyStatus.from_bytes(data)
                 view.heard = view.status.heartbeat  # the peer's clock: skew shows here
         except ChannelError as error:
             view.error = f"unreachable: {error}"
-        print(view.line(now))
+        views.append(view)
+    now = time.time()
+    for view in views:
+        view.judge_silence(now)
+    return views
+
+
+def _running(views: list[Any]) -> bool:
+    """Whether the run goes on: some party's side is live (a down one may still restart)."""
+    from federation.status import LIVE
+
+    return any(view.status is not None and view.status.state in LIVE for view in views)
 
 
 def _as_party(config_path: str) -> Any:
@@ -152,8 +192,17 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
         parser.set_defaults(handler=handler)
         return parser
 
-    action("status", "every party's state of a job run and when it was last heard from",
-           _status, "run")  # fmt: skip
+    status = action(
+        "status", "every party's state of a job run and when it was last heard from; a party "
+        "whose heartbeat stopped shows as down", _status, "run",
+    )  # fmt: skip
+    status.add_argument(
+        "--watch", action="store_true", help="refresh in place until the run ends (or Ctrl-C)"
+    )
+    status.add_argument("--every", type=float, default=2.0, help="--watch: seconds between looks")
+    status.add_argument(
+        "--json", action="store_true", help="print JSON for scripts (one object per look)"
+    )
     start = action("start", "propose a job run to every peer and run this side", _start, "file")
     start.add_argument("--run", default="", help="the run's name (default: the UTC time)")
     resume = action("resume", "start the same run again: every side resumes", _start, "file")

@@ -35,6 +35,7 @@ from federation.status import Proposal, ProposalRefusedError
 from storage.party_store import owner_only_umask, private_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
+REAP_EVERY = 0.5  # seconds between looks for ended sides
 
 
 class PartyService:
@@ -46,6 +47,8 @@ class PartyService:
         self.folder = self.config_path.parent
         self._sides: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # run -> proposer, side
         self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._reaper: threading.Thread | None = None
 
     def __call__(self, caller: str, proposal: Proposal) -> str:
         party, policy = self.config.party, self.config.policy
@@ -69,12 +72,25 @@ class PartyService:
             self._check_limits(caller, name)
             log = self.config.root / "runs" / name / "pipeline.log"
             self._sides[name] = (caller, self._start(proposal, caller, log))
+            self._start_reaper()
         return f"{party} started its side of {name} (log {log})"
 
     def _reap(self) -> None:
-        """Forget sides that ended (reaped: no zombie stays behind)."""
+        """Forget sides that ended (``poll`` reaps them: no zombie stays behind)."""
         for done in [n for n, (_, side) in self._sides.items() if side.poll() is not None]:
             del self._sides[done]
+
+    def _start_reaper(self) -> None:
+        """Reap ended sides every :data:`REAP_EVERY` seconds, not only at the next proposal:
+        an ended side left unreaped is a ``<defunct>`` process that ``ps`` shows as alive."""
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reap_loop, name="reaper", daemon=True)
+            self._reaper.start()
+
+    def _reap_loop(self) -> None:
+        while not self._closed.wait(REAP_EVERY):
+            with self._lock:
+                self._reap()
 
     def _check_limits(self, caller: str, name: str) -> None:
         """Refuse a side beyond ``limits.proposals_per_peer`` (from ``caller``) or
@@ -114,6 +130,7 @@ class PartyService:
 
     def stop(self) -> None:
         """End every side this service started (each tells its peers it was interrupted)."""
+        self._closed.set()
         with self._lock:
             for _, side in self._sides.values():
                 if side.poll() is None:

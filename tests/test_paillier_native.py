@@ -340,7 +340,8 @@ def test_transpose_dot_equals_the_plaintext_product() -> None:
 
 
 @needs_kernel
-def test_bad_input_is_refused_with_value_error() -> None:
+def test_bad_input_is_refused_with_value_error(kernel_path: str) -> None:
+    # On every path: contexts, tables and powers are built on the current path's product.
     kernel = native._kernel
     m = int(MODULI["p^2 (CRT)"])
     width = native._width(m)

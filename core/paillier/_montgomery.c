@@ -93,8 +93,8 @@ static void aligned_free(void *p)
 /* IFMA accumulators live in zmm registers: at most this many (8 lanes each, 8320 bits) */
 #define IFMA_MAX_NW 20
 /*
- * Largest accumulator (in registers) at which the bucket method's chains run two products in
- * flight. Measured per product on a two-core Xeon with IFMA (a chain of 20,000, medians): two
+ * Largest accumulator (in registers) at which the kernel runs two products in flight
+ * (mont_mul2: the bucket method's chains, fixed-base lookups, CRT decryption's powers). Measured per product on a two-core Xeon with IFMA (a chain of 20,000, medians): two
  * interleaved products took 0.63 of two single ones' time at 512-1536 bits, 0.74 at 2048,
  * 0.84 at 2560 and 0.92 at 3072 bits (nw = 8), but 1.03 at 3584 and 4096 bits, where one
  * product alone keeps the multipliers busy and two spill registers.
@@ -593,12 +593,16 @@ static void mont_sqr(limb *r, const limb *a, const mont_ctx *c)
     mont_sqr64(r, a, c);
 }
 
-/* two independent products modulo the same m: interleaved on the IFMA path */
+/*
+ * Two independent products modulo the same m: interleaved on the IFMA path where that is
+ * faster (c->interleave), else one after the other. Callers pass disjoint results and inputs
+ * (r is written before a2 and b2 are read in the second case).
+ */
 static void mont_mul2(limb *r, const limb *a, const limb *b, limb *r2, const limb *a2,
                       const limb *b2, const mont_ctx *c)
 {
 #if HAVE_VECTOR
-    if (c->path == PATH_IFMA) {
+    if (c->interleave) {
         c->ifma2(r, a, b, r2, a2, b2, c);
         return;
     }
@@ -1435,7 +1439,10 @@ static PyObject *mul_chain(PyObject *self, PyObject *args)
     to_mont(b, c);
     memcpy(a2, a, sizeof(limb) * (size_t)c->w);
     for (Py_ssize_t k = 0; k < count; k++) {
-        if (pair) /* a second, identical chain beside the first: the interleaved product */
+        if (pair && c->path == PATH_IFMA) /* a second, identical chain beside the first:
+                                              * the interleaved product, at every size */
+            c->ifma2(a, a, square ? a : b, a2, a2, square ? a2 : b, c);
+        else if (pair)
             mont_mul2(a, a, square ? a : b, a2, a2, square ? a2 : b, c);
         else if (square)
             mont_sqr(a, a, c);

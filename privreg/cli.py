@@ -35,9 +35,8 @@ Errors print one line and exit with status 1; add --debug for the traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
-import logging
-import re
 import sys
 import time
 import traceback
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from privreg import bundled, demo_cli, job_check, job_cli, party_cli
-from privreg.run_log import log_path, logs_to_file
+from privreg.run_log import RunFailedError, flow_command, log_path, one_line
 
 if TYPE_CHECKING:  # a command imports the stores it uses: `privreg --help` loads none of them
     from core.model_format import ModelRecord
@@ -82,42 +81,13 @@ def _load(args: argparse.Namespace) -> None:
     print(json.dumps(ref.to_dict()))
 
 
-#: A party's line for a stage it finished: ``clinic demo/psi (guest, 5.3 s): 470 shared rows``.
-_STAGE_LINE = re.compile(r"\S+ \S+/\S+ \([^,()]+, [0-9.]+ s\): ")
-
-
-class _ProgressPrinter(logging.Handler):
-    """``privreg run``'s progress: each party's stage as it finishes, round x of y, elapsed."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.started = time.monotonic()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if _STAGE_LINE.match(message):  # a party's stage done (flows.pipeline_party)
-            text = message
-        elif message.startswith("progress: "):
-            text = f"{getattr(record, 'flow_run_name', '')}: {message.removeprefix('progress: ')}"
-        else:
-            return
-        print(f"[{time.monotonic() - self.started:7.1f} s] {text}", file=sys.stderr, flush=True)
-
-
-class RunFailedError(RuntimeError):
-    """A run failed; the message is its one-line reason, ``log`` the file with the details."""
-
-    def __init__(self, message: str, log: Path) -> None:
-        super().__init__(message)
-        self.log = log
-
-
 def _run(args: argparse.Namespace) -> None:
     """Validate the job file (and its sub-jobs) in full, then run it with Prefect's log lines
     in a file: the terminal shows progress and, on an error, one line and where the log is."""
     from core.job_schema import job_kind
-    from flows.jobs import load_job, load_job_tree, read_job
 
+    jobs = job_check.job_files()  # a refused file: refused before Prefect is loaded
+    load_job, load_job_tree, read_job = jobs.load_job, jobs.load_job_tree, jobs.read_job
     path = Path(args.job_file)
     if not path.is_file():
         raise FileNotFoundError(f"job file {args.job_file} does not exist")
@@ -128,19 +98,10 @@ def _run(args: argparse.Namespace) -> None:
         print(_sub_job_line(path, kind), file=sys.stderr)
     name = load_job(path).job or path.stem
     log = log_path(args.log_dir, name)
-    printer = _ProgressPrinter()
-    logger = logging.getLogger("prefect.flow_runs")
-    with logs_to_file(log):
-        logger.addHandler(printer)
-        try:
-            from flows.pipeline import pipeline  # Prefect only for a command that runs a flow
+    with flow_command(log, f"privreg run {args.job_file}") as printer:
+        from flows.pipeline import pipeline  # Prefect only for a command that runs a flow
 
-            pipeline(args.job_file, workspace=args.workspace, run=args.run)
-        except Exception as error:
-            logging.getLogger("privreg").exception("privreg run %s failed", args.job_file)
-            raise RunFailedError(_one_line(error), log) from error
-        finally:
-            logger.removeHandler(printer)
+        pipeline(args.job_file, workspace=args.workspace, run=args.run)
     print(f"finished in {time.monotonic() - printer.started:.1f} s (log: {log})", file=sys.stderr)
 
 
@@ -372,6 +333,19 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(1, f"{self.prog}: error: {message}\n")
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A mistyped choice (a subcommand, an action) is refused with the closest one."""
+        try:
+            super()._check_value(action, value)  # type: ignore[misc]
+        except argparse.ArgumentError as error:
+            choices = [str(choice) for choice in action.choices or ()]
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            if not close:
+                raise
+            raise argparse.ArgumentError(
+                action, f"{error.message}; did you mean {close[0]!r}?"
+            ) from None
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
@@ -544,19 +518,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if schema is not None and isinstance(error, schema.JobFileError):
             print(f"privreg: error: {error}", file=sys.stderr)
         else:
-            print(f"privreg: error: {_one_line(error)}", file=sys.stderr)
+            print(f"privreg: error: {one_line(error)}", file=sys.stderr)
         if isinstance(error, RunFailedError):
             print(f"privreg: full log: {error.log}", file=sys.stderr)
         return 1
     return 0
-
-
-def _one_line(error: BaseException) -> str:
-    """The error's message on one line (KeyError's repr quotes dropped), with its kind when the
-    message alone would not say what went wrong."""
-    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-    text = " ".join(str(text).split())
-    return text or type(error).__name__
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from privreg.run_log import flow_command, log_path
+
 
 def _transport(config_path: str) -> tuple[Any, Any]:
     """This party's configuration and network transport (imported late: a fast ``--help``)."""
@@ -120,36 +122,49 @@ def _relative_job_file(args: argparse.Namespace) -> str:
 
 def _start(args: argparse.Namespace) -> None:
     config = _as_party(args.config)
-    from flows.job_start import start_job
+    job_file = _relative_job_file(args)
+    log = _log(config, job_file)
+    with flow_command(log, f"privreg job {args.job_command} {job_file}"):
+        from flows.job_start import start_job  # Prefect only for a command that runs a flow
 
-    result = start_job(_relative_job_file(args), args.run)
+        result = start_job(job_file, args.run)
     for stage in result.stages:
         print(stage.line(config.party), flush=True)
+    print(f"log: {log}", file=sys.stderr)
+
+
+def _log(config: Any, job_file: str) -> Path:
+    """A new file for Prefect's lines of one command, under the party's own folder."""
+    return log_path(Path(config.root) / "logs", Path(job_file).stem)
 
 
 def _schedule(args: argparse.Namespace) -> None:
     config = _as_party(args.config)
-    from flows.job_start import start_job
-
     job_file = _relative_job_file(args)
     name = f"{config.party}-{Path(job_file).stem}"
-    print(f"{config.party}: proposing {job_file} on cron {args.cron!r} (deployment {name})")
-    start_job.serve(name=name, cron=args.cron, parameters={"job_file": job_file})
+    log = _log(config, job_file)
+    print(f"{config.party}: proposing {job_file} on cron {args.cron!r} (deployment {name}; "
+          f"log {log})", flush=True)  # fmt: skip
+    with flow_command(log, f"privreg job schedule {job_file}"):
+        from flows.job_start import start_job
+
+        start_job.serve(name=name, cron=args.cron, parameters={"job_file": job_file})
 
 
 def _answer(args: argparse.Namespace) -> None:
-    from prefect.flow_runs import resume_flow_run
-
+    config, transport = _transport(args.config)
     from federation.status import beside_status
 
-    config, transport = _transport(args.config)
     where = beside_status(transport, args.job, config.party, "flow_run")
     if not where.exists():
         raise SystemExit(f"privreg: no run of job {args.job} awaits approval at {config.party}")
     approve = args.job_command == "approve"
     flow_run_id = where.read_text().split()[0]
-    _wait_until_paused(flow_run_id, args.job)
-    resume_flow_run(flow_run_id, run_input={"approve": approve, "reason": args.reason})
+    with flow_command(_log(config, args.job), f"privreg job {args.job_command} {args.job}"):
+        from prefect.flow_runs import resume_flow_run
+
+        _wait_until_paused(flow_run_id, args.job)
+        resume_flow_run(flow_run_id, run_input={"approve": approve, "reason": args.reason})
     print(f"job {args.job}: {'approved' if approve else 'declined'} at {config.party}")
 
 

@@ -1,18 +1,27 @@
 """Everyday operation of ``privreg``: a status that tells the truth (a silent party is down by
-its peers' rule, ``--json``, ``--watch``), ended sides reaped, and commands that only look do
-not load Prefect."""
+its peers' rule, ``--json``, ``--watch``), ended sides reaped, commands that only look do not
+load Prefect, a bad Prefect database is one line and the log's path, and a mistyped command
+gets a suggestion. (Start-up times are measured by ``benchmarks/bench_cli.py``.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sqlite3
+import subprocess
+import sys
 import time
 import types
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from test_cli import _error_line
+from test_cli_run import _job
+from test_endpoint_hardening import pki  # noqa: F401 (the module's certificates)
 
+from federation import certs
 from federation.channel import FileTransport
 from federation.party_config import PartyConfig
 from federation.standing_policy import StandingPolicy
@@ -20,6 +29,11 @@ from federation.status import DOWN_AFTER, PartyStatus, Proposal
 from privreg import job_cli
 from privreg.cli import main
 from privreg.party_service import PartyService
+from privreg.run_log import PrefectDatabaseError, check_prefect_database
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PARTIES = ("ads", "arbiter", "bank")
 
@@ -110,3 +124,110 @@ def test_sides_the_service_started_are_reaped_when_they_end(tmp_path: Path) -> N
         assert not service._sides  # forgotten as well: the limits count live sides only
     finally:
         service.stop()
+
+
+#: Runs each command (a JSON list of argv lists) in this fresh process; prints, per command,
+#: its exit status and the Prefect and ``flows`` modules it left loaded.
+_LOOK = """
+import json, sys
+from privreg.cli import main
+seen = []
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("prefect", "flows"))
+    seen.append({"argv": argv, "code": code, "loaded": loaded})
+print(json.dumps(seen))
+"""
+
+
+def _looking_commands(folder: Path, issued: dict[str, certs.Issued]) -> list[list[str]]:
+    """``job status``, ``budget show``, ``models list`` and ``job check`` on real files."""
+    ref = TableRef(str(folder / "bank.duckdb"), "customers")
+    PartyStore.of(ref).import_frame(pd.DataFrame({"id": [1, 2], "x": [0.5, 1.5]}), ref)
+    assert main(["budget", "set", "--database", ref.database, "--table", "customers",
+                 "--epsilon", "2"]) == 0  # fmt: skip
+    config = folder / "party.toml"
+    config.write_text(
+        f'party = "bank"\nroot = "home"\n[tls]\nca = "{issued["ca"].cert}"\n'
+        f'cert = "{issued["bank"].cert}"\nkey = "{issued["bank"].key}"\n'
+    )
+    record = PartyStatus("bank", "credit", "done", ("bank",), heartbeat=time.time(), seq=1)
+    FileTransport(folder / "home").publish_status("credit", "bank", record.to_bytes())
+    return [
+        ["job", "status", "credit", "--config", str(config), "--json"],
+        ["budget", "show", "--database", ref.database],
+        ["models", "list", "--database", ref.database],
+        ["job", "check", str(ROOT / "jobs" / "demo.json")],
+    ]
+
+
+def test_commands_that_only_look_do_not_load_prefect(
+    tmp_path: Path, pki: dict[str, certs.Issued]  # noqa: F811
+) -> None:
+    commands = _looking_commands(tmp_path, pki)
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOK, json.dumps(commands)], cwd=ROOT, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [s["code"] for s in seen] == [0] * len(commands), done.stderr
+    assert [s["loaded"] for s in seen] == [[]] * len(commands), seen
+    assert "valid: " in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_prefect_database_that_cannot_be_made_is_one_line_and_the_log(tmp_path: Path) -> None:
+    """Not two minutes of a temporary server's start-up tracebacks: one line, the log's path,
+    and the reason with its traceback in that log."""
+    (tmp_path / "a-file").write_text("")
+    job = _job("demo.json", tmp_path, {"vertical": None, "walr": None, "subjobs": None})
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "a-file" / "prefect")  # under a file: cannot be made
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, "-m", "privreg.cli", "run", str(job), "--log-dir", str(logs)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    (log,) = logs.glob("demo-*.log")
+    lines = done.stderr.strip().splitlines()
+    assert lines == [lines[0], f"privreg: full log: {log}"], done.stderr
+    assert lines[0].startswith("privreg: error: the Prefect database ")
+    assert "PREFECT_HOME" in lines[0]
+    assert "PrefectDatabaseError" in log.read_text() and done.stdout == ""
+
+
+def test_a_locked_prefect_database_is_refused_naming_it(tmp_path: Path) -> None:
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        temporary_settings,
+    )
+
+    database = tmp_path / "prefect.db"
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")  # a writer that does not let go
+    url = f"sqlite+aiosqlite:///{database}"
+    with temporary_settings({PREFECT_API_URL: None, PREFECT_SERVER_DATABASE_CONNECTION_URL: url}):
+        with pytest.raises(PrefectDatabaseError, match=f"{database} is locked by another"):
+            check_prefect_database(patience=0.2)
+        holder.rollback()
+        check_prefect_database(patience=0.2)  # let go: accepted
+    holder.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "typo", "meant"),
+    [(["modles", "list"], "modles", "models"), (["job", "stauts", "x"], "stauts", "status"),
+     (["budget", "shwo", "--database", "x"], "shwo", "show")],
+)  # fmt: skip
+def test_a_mistyped_command_gets_the_closest_one(
+    capsys: pytest.CaptureFixture[str], argv: list[str], typo: str, meant: str
+) -> None:
+    line = _error_line(capsys, argv)
+    assert f"invalid choice: {typo!r}" in line and line.endswith(f"did you mean {meant!r}?")
+
+
+def test_a_choice_nothing_like_any_gets_no_guess(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "did you mean" not in _error_line(capsys, ["xyzzy"])

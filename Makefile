@@ -84,8 +84,10 @@ ui-check: $(STAMP)
 BENCH_VERTICAL_ARGS ?=
 BENCH_NETWORK_ARGS ?=
 
+# CLI start-up per command (wall and CPU, median of 5), then a job's failures across processes
 bench-federation: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_federation.py
 
 bench-network: $(STAMP)

@@ -680,7 +680,23 @@ static void to_radix(limb *dst, const limb *src, const mont_ctx *c)
 {
     const int radix = c->radix;
     const limb mask = (((limb)1) << radix) - 1;
-    for (Py_ssize_t k = 0; k < c->nl; k++) {
+    Py_ssize_t k = 0;
+#if HAVE_VECTOR
+    /* x86-64 words are little-endian: limb k is the 8 bytes from bit k * radix's byte,
+     * shifted by at most 7 bits (radix <= 56), while those bytes lie inside src. One load per
+     * limb instead of one or two word loads and a data-dependent branch: this runs once per
+     * fixed-base table lookup, beside a single product. */
+    const unsigned char *bytes = (const unsigned char *)src;
+    for (; k < c->nl; k++) {
+        const Py_ssize_t bit = k * radix;
+        if ((bit >> 3) + 8 > 8 * c->s)
+            break;
+        limb v;
+        memcpy(&v, bytes + (bit >> 3), sizeof v);
+        dst[k] = (v >> (bit & 7)) & mask;
+    }
+#endif
+    for (; k < c->nl; k++) { /* the last limbs (or every limb elsewhere): word by word */
         const Py_ssize_t bit = k * radix, word = bit >> 6;
         const int offset = (int)(bit & 63);
         limb v = src[word] >> offset;

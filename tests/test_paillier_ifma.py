@@ -2,7 +2,8 @@
 (1024-, 2048- and 4096-bit moduli: n^2 of 512- to 2048-bit keys, p^2 of 1024- to 4096-bit
 keys): known answers, edge residues and unreduced inputs against gmpy2 and Python's own
 integers, the interleaved bucket method (two products in flight up to 3072 bits) against the
-one-chain results, CRT decryption, and the run-time dispatch forced through the environment.
+one-chain results, CRT decryption, the run-time dispatch forced through the environment,
+and which product a process pool's workers run.
 A path the CPU lacks is skipped with the reason (``kernel_path`` in test_paillier_native)."""
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import pytest
 from gmpy2 import mpz
 from test_paillier_native import ROOT, kernel_path  # noqa: F401  (the fixture)
 
-from core.paillier import multiexp, native
+from core.paillier import kernels, multiexp, native
 from core.paillier.decryption import CrtDecryptor
+from core.paillier.parallel import ProcessBackend
 
 SIZES = (1024, 2048, 4096)
 
@@ -185,3 +187,18 @@ def test_ifma_is_refused_where_the_cpu_lacks_it() -> None:
         pytest.skip("this CPU has IFMA (the forced-path tests run it)")
     refused = _path_in_subprocess(**{native.PATH_VARIABLE: "ifma"})
     assert refused.returncode != 0 and "not available on this CPU" in refused.stderr
+
+
+def test_workers_report_the_product_they_run() -> None:
+    # Workers pick their product at import, from the CPU or the environment's forced path.
+    expected = "gmpy2"
+    if native.AVAILABLE:
+        expected = os.environ.get(native.PATH_VARIABLE) or native.supported_paths()[0]
+    previous = native.set_path("portable") if native.AVAILABLE else None
+    try:
+        assert kernels.montgomery_path() == ("portable" if native.AVAILABLE else "gmpy2")
+        with ProcessBackend(max_workers=2) as backend:
+            assert backend.run(kernels.montgomery_path, [(), ()]) == [expected, expected]
+    finally:
+        if previous is not None:
+            native.set_path(previous)

@@ -513,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         # a short block (the file, each key, a suggestion); the schema's module is loaded only
-        # by commands that read a job file, and importing it loads Prefect (flows/__init__.py)
+        # by commands that read a job file (its import costs half a second)
         schema = sys.modules.get("core.job_schema")
         if schema is not None and isinstance(error, schema.JobFileError):
             print(f"privreg: error: {error}", file=sys.stderr)

@@ -42,26 +42,31 @@ def _transport(config_path: str) -> tuple[Any, Any]:
 
 def _status(args: argparse.Namespace) -> None:
     """Every party's state once, or (``--watch``) every ``--every`` seconds until no side is
-    live or Ctrl-C; ``--json`` prints the same as JSON (one object per look)."""
+    live; Ctrl-C ends a watch quietly. ``--json``: the same as JSON, one object per look."""
     config, transport = _transport(args.config)
-    while True:
-        now = time.time()
-        views = _views(config, transport, args.job)
-        if args.json:
-            shown = json.dumps({"job": args.job, "as_seen_by": config.party, "at": now,
-                                "parties": [view.as_dict(now) for view in views]})  # fmt: skip
-        else:
-            lines = [f"job {args.job} as {config.party} sees it ({time.strftime('%H:%M:%S')}):"]
-            shown = "\n".join([*lines, *(view.line(now) for view in views)])
-        if args.watch and not args.json and sys.stdout.isatty():
-            shown = _CLEAR + shown  # in place: the terminal shows the latest only
-        print(shown, flush=True)
-        if not args.watch or not _running(views):
-            return
-        try:
+    try:
+        while True:
+            views = _views(config, transport, args.job)
+            print(_shown(args, config.party, views), flush=True)
+            if not args.watch or not _running(views):
+                return
             time.sleep(args.every)
-        except KeyboardInterrupt:
-            return
+    except KeyboardInterrupt:
+        if not args.watch:
+            raise
+
+
+def _shown(args: argparse.Namespace, party: str, views: list[Any]) -> str:
+    """One look at every party: lines for a person, or one JSON object for a script."""
+    now = time.time()
+    if args.json:
+        return json.dumps({"job": args.job, "as_seen_by": party, "at": now,
+                           "parties": [view.as_dict(now) for view in views]})  # fmt: skip
+    lines = [f"job {args.job} as {party} sees it ({time.strftime('%H:%M:%S')}):"]
+    shown = "\n".join([*lines, *(view.line(now) for view in views)])
+    if args.watch and sys.stdout.isatty():
+        return _CLEAR + shown  # in place: the terminal shows the latest look only
+    return shown
 
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -89,6 +90,23 @@ def test_an_ended_side_is_not_down_and_watch_ends_with_the_run(
     assert len(looks) == 1
     assert not any(p["down"] for p in json.loads(looks[0])["parties"])
 
+
+
+def test_watch_looks_again_while_a_side_is_live_and_ends_with_the_run(
+    shared: FileTransport, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for party in PARTIES:
+        _publish(shared, party, "running", time.time())
+    ending = threading.Timer(
+        0.8, lambda: [_publish(shared, p, "done", time.time()) for p in PARTIES]
+    )
+    ending.start()
+    looks = [json.loads(line) for line in _status(capsys, "--watch", "--every", "0.2",
+                                                   "--json").splitlines()]  # fmt: skip
+    ending.join()
+    assert len(looks) >= 3  # looked again while the sides ran, then stopped on its own
+    assert [p["state"] for p in looks[0]["parties"]] == ["running"] * 3
+    assert [p["state"] for p in looks[-1]["parties"]] == ["done"] * 3
 
 def _gone(pid: int, within: float = 20.0) -> bool:
     """Whether process ``pid`` ended and was reaped (no /proc entry, not even a zombie)."""

@@ -30,6 +30,7 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from prefect.states import Crashed
 
+from core.job_checks import entry_problems
 from core.job_schema import KINDS, job_kind
 from core.job_terms import differences, digest, job_terms
 from core.lifetime import alive
@@ -60,6 +61,8 @@ from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.models import model_key
 from storage.party_store import PartyStore
+from storage.sources import source_shape
+from storage.validation import DataValidationError
 from tasks.loading import load_table
 from tasks.scoring import promote_model
 from tasks.secure_sum import COORDINATOR
@@ -181,6 +184,23 @@ class PartyJob:
             )
         return mine
 
+    def check_sources(self) -> None:
+        """Refuse the job if one of this party's source files lacks a column its entry names,
+        or its size breaks a rule that needs no alignment (core/job_checks.py), naming party,
+        file and column: before PSI, not minutes into the job."""
+        problems = []
+        for key, (source, ref, _) in self.own().items():
+            try:
+                shape = source_shape(source, ref.table)
+            except (DataValidationError, ValueError) as error:
+                problems.append(f"party {self.party} ({key}): {error}")
+                continue
+            problems += entry_problems(self.model, key, shape, source)
+        if problems:
+            raise PipelineRefusalError(
+                f"{self.party} refuses job {self.name}: " + "; ".join(problems)
+            )
+
     def inside(self, value: str, what: str) -> Path:
         """``value`` read from this organisation's folder; refused if it leaves the folder
         (a local run's operator holds every party's files: nothing is refused there)."""
@@ -259,6 +279,7 @@ def pipeline_party(
         agree(jobs, sides)
         for job in jobs:
             check_policy(job)
+            job.check_sources()
         if proposed_by and config.policy.approval == "manual":
             await_approval(jobs, sides, proposed_by)
         for job in jobs:

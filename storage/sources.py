@@ -20,6 +20,7 @@ from typing import BinaryIO
 
 import pandas as pd
 
+from core.job_checks import SourceShape
 from storage.validation import DataValidationError
 
 CSV_SUFFIXES = (".csv", ".csv.gz")
@@ -29,21 +30,52 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 def read_source(source: str | Path, table: str) -> pd.DataFrame:
     """The rows of ``source`` for ``table``; a file that cannot be read raises
     :class:`DataValidationError` naming the file (no column, no row)."""
-    path = Path(source)
+    path = _readable(Path(source), table)
     name = path.name.lower()
-    if not name.endswith(CSV_SUFFIXES + PARQUET_SUFFIXES):
-        raise ValueError(f"{path.name}: only .csv, .csv.gz and .parquet files are imported")
-    if not path.is_file():
-        problem = "is a folder, not a file" if path.is_dir() else "no such file; check the path"
-        raise _file_error(table, path, problem)
-    if path.stat().st_size == 0:
-        raise _file_error(table, path, "the file is empty (0 bytes); export the data again")
     frame = (
         _read_parquet(path, table) if name.endswith(PARQUET_SUFFIXES) else _read_csv(path, table)
     )
     if len(frame) == 0:
         raise _file_error(table, path, "the file has a header but no rows; export the data again")
     return frame
+
+
+def source_shape(source: str | Path, table: str) -> SourceShape:
+    """The header and row count of ``source``, read without loading its values (what
+    ``core.job_checks`` needs); a file that cannot be read is refused as by :func:`read_source`."""
+    path = _readable(Path(source), table)
+    if path.name.lower().endswith(PARQUET_SUFFIXES):
+        try:
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(path).metadata
+        except (ValueError, OSError) as error:
+            raise _file_error(table, path, f"not a readable Parquet file ({error})") from None
+        return SourceShape(tuple(meta.schema.names), meta.num_rows)
+    try:
+        with _open(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text:
+            reader = csv.reader(text)
+            header = next(reader, [])
+            rows = sum(1 for record in reader if record)
+    except UnicodeDecodeError:
+        raise _not_utf8(path, table) from None
+    except (gzip.BadGzipFile, EOFError, zlib.error, csv.Error) as error:
+        raise _file_error(table, path, f"not readable as CSV ({error})") from None
+    if not header:
+        raise _file_error(table, path, "the file is empty (no header line); export the data again")
+    return SourceShape(tuple(header), rows)
+
+
+def _readable(path: Path, table: str) -> Path:
+    """``path`` if it names a non-empty file of a kind privreg imports, else the refusal."""
+    if not path.name.lower().endswith(CSV_SUFFIXES + PARQUET_SUFFIXES):
+        raise ValueError(f"{path.name}: only .csv, .csv.gz and .parquet files are imported")
+    if not path.is_file():
+        problem = "is a folder, not a file" if path.is_dir() else "no such file; check the path"
+        raise _file_error(table, path, problem)
+    if path.stat().st_size == 0:
+        raise _file_error(table, path, "the file is empty (0 bytes); export the data again")
+    return path
 
 
 def _file_error(table: str, path: Path, problem: str) -> DataValidationError:

@@ -18,6 +18,7 @@ from prefect import get_run_logger, task
 
 from core.charts import exact_auc
 from core.ids import id_order_digest
+from core.job_checks import LABEL_LEAK_MARGIN
 from core.model_format import ModelRecord
 from core.paillier import cipher
 from core.paillier.errors import PaillierError
@@ -55,7 +56,6 @@ from tasks.summaries import log_loss
 
 PROTOCOL = "vertical"
 # Rows a mini-batch must have beyond a host's feature count; see check_batches.
-LABEL_LEAK_MARGIN = 64
 KEEP_SENT_ROUNDS = 3  # sent messages kept for re-sending, as many as round checkpoints
 
 

@@ -24,9 +24,10 @@
  * fixed size per instantiation, q computed in scalar from lane 0, two independent products
  * interleaved where one product's dependency chain bounds the loop) are this file's own.
  * Every loop of the kernel runs on the context's product: fixed-base tables, the fused
- * bucket-method X^T [[d]] (two products in flight on IFMA up to 3072 bits: weighted_product),
- * the fixed-base lookups (two values at a time on IFMA) and CRT decryption's fixed-exponent
- * powers (two bases in lockstep).
+ * bucket-method X^T [[d]] (weighted_product), the fixed-base lookups (two values at a time
+ * on IFMA) and CRT decryption's fixed-exponent powers (two bases in lockstep). Two products
+ * are interleaved on IFMA up to 3072-bit moduli (IFMA_PAIR_MAX_NW); above, one product
+ * alone keeps the multipliers busy.
  *
  * Interface (see core/paillier/native.py): numbers travel as little-endian byte strings of
  * exactly 8 * limbs bytes (limbs = 64-bit words of the modulus); exponents and digits as
@@ -120,10 +121,12 @@ static void *table_block(size_t size)
 #define IFMA_MAX_NW 20
 /*
  * Largest accumulator (in registers) at which the kernel runs two products in flight
- * (mont_mul2: the bucket method's chains, fixed-base lookups, CRT decryption's powers). Measured per product on a two-core Xeon with IFMA (a chain of 20,000, medians): two
+ * (mont_mul2: the bucket method's chains, fixed-base lookups, CRT decryption's powers).
+ * Measured per product on a two-core Xeon with IFMA (a chain of 20,000, medians): two
  * interleaved products took 0.63 of two single ones' time at 512-1536 bits, 0.74 at 2048,
  * 0.84 at 2560 and 0.92 at 3072 bits (nw = 8), but 1.03 at 3584 and 4096 bits, where one
- * product alone keeps the multipliers busy and two spill registers.
+ * product alone keeps the multipliers busy (about one 512-bit multiply-add per cycle) and
+ * two spill registers.
  */
 #define IFMA_PAIR_MAX_NW 8
 
@@ -621,8 +624,8 @@ static void mont_sqr(limb *r, const limb *a, const mont_ctx *c)
 
 /*
  * Two independent products modulo the same m: interleaved on the IFMA path where that is
- * faster (c->interleave), else one after the other. Callers pass disjoint results and inputs
- * (r is written before a2 and b2 are read in the second case).
+ * faster (c->interleave), else one after the other. r must not alias a2 or b2 (one after the
+ * other, r is written before they are read).
  */
 static void mont_mul2(limb *r, const limb *a, const limb *b, limb *r2, const limb *a2,
                       const limb *b2, const mont_ctx *c)

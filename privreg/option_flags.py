@@ -8,6 +8,7 @@ flags overriding it, and the model validating the result as it validates a job f
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import typing
 from pathlib import Path
@@ -22,9 +23,18 @@ def defer_option_flags(
 ) -> None:
     """:func:`add_option_flags` of ``core.job_schema``'s ``model``, added only when this
     command is the one parsed: importing the models costs half a second that ``privreg
-    --help`` and every other command need not pay."""
-    parser.__class__ = _WithDeferredFlags
+    --help`` and every other command need not pay. The parser keeps its own class's ways
+    (``privreg``'s one-line usage errors)."""
+    parser.__class__ = _deferring(type(parser))
     parser._deferred = (model, skip)  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _deferring(base: type[argparse.ArgumentParser]) -> type[argparse.ArgumentParser]:
+    """``base`` with :class:`_WithDeferredFlags`' parsing (one class per base)."""
+    if issubclass(base, _WithDeferredFlags):
+        return base
+    return type(f"Deferring{base.__name__}", (_WithDeferredFlags, base), {})
 
 
 class _WithDeferredFlags(argparse.ArgumentParser):

@@ -238,7 +238,9 @@ def test_a_locked_prefect_database_is_refused_naming_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "typo", "meant"),
     [(["modles", "list"], "modles", "models"), (["job", "stauts", "x"], "stauts", "status"),
-     (["budget", "shwo", "--database", "x"], "shwo", "show")],
+     (["budget", "shwo", "--database", "x"], "shwo", "show"),
+     (["party", "psi", "--config", "x", "--table", "t", "--peer", "p", "--job", "j",
+       "--protocol", "kkr"], "kkr", "kkrt")],  # a stage's flags, added when parsed
 )  # fmt: skip
 def test_a_mistyped_command_gets_the_closest_one(
     capsys: pytest.CaptureFixture[str], argv: list[str], typo: str, meant: str
@@ -249,3 +251,8 @@ def test_a_mistyped_command_gets_the_closest_one(
 
 def test_a_choice_nothing_like_any_gets_no_guess(capsys: pytest.CaptureFixture[str]) -> None:
     assert "did you mean" not in _error_line(capsys, ["xyzzy"])
+
+
+def test_a_party_commands_usage_error_is_one_line_too(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _error_line(capsys, ["party", "walr", "--config", "x"])
+    assert line.startswith("privreg party walr: error: the following arguments are required")

@@ -492,6 +492,8 @@ def _usage_error(args: argparse.Namespace) -> str | None:
             return f"--epsilon must be > 0 (got {args.epsilon:g})"
         if not 0 <= args.delta < 1:
             return f"--delta must be in [0, 1) (got {args.delta:g})"
+    if args.command == "job" and args.job_command == "status" and not args.every > 0:
+        return f"--every must be > 0 seconds (got {args.every:g})"
     if args.command == "policy" and args.action == "set" and not args.table:
         return "policy set needs --table"
     if args.command == "models" and args.action == "export" and not (args.key and args.out):

@@ -58,6 +58,11 @@ def _status(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
     return capsys.readouterr().out
 
 
+def test_watch_needs_a_positive_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _error_line(capsys, ["job", "status", "x", "--config", "c", "--watch", "--every", "0"])
+    assert line == "privreg: error: --every must be > 0 seconds (got 0)"
+
+
 def test_a_party_silent_past_its_peers_down_time_is_shown_down(
     shared: FileTransport, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -18,10 +18,12 @@ import gmpy2
 import numpy as np
 import pytest
 from gmpy2 import mpz
+from test_paillier_layer import naive_products
 from test_paillier_native import ROOT, kernel_path  # noqa: F401  (the fixture)
 
 from core.paillier import kernels, multiexp, native
 from core.paillier.decryption import CrtDecryptor
+from core.paillier.errors import PaillierError
 from core.paillier.parallel import ProcessBackend
 
 SIZES = (1024, 2048, 4096)
@@ -143,6 +145,27 @@ def test_bucket_method_with_split_chains_equals_gmpy2(bits: int, kernel_path: st
     ]
     assert got == expected
     assert expected[2] == gmpy2.powmod(multiexp._product(bases, m), 3, m)
+
+
+@pytest.mark.parametrize("bits", [2048, 4096])
+def test_signed_columns_equal_the_plaintext_products(bits: int, kernel_path: str) -> None:  # noqa: F811
+    # Negative exponents go through a bias: the kernel also returns the product of the bases
+    # (one more column), whose inverse takes the bias out again.
+    p = gmpy2.next_prime(mpz(secrets.randbits(bits // 2)) | (mpz(1) << (bits // 2 - 1)))
+    m = p * p
+    rng = np.random.default_rng(bits)
+    rows = 40
+    bases = [mpz(secrets.randbelow(int(m) - 2) + 2) for _ in range(rows)]
+    exponents = np.column_stack(
+        [
+            rng.integers(-(2**18), 2**18, rows),
+            rng.integers(0, 2**18, rows),  # no bias: the kernel's columns alone
+            rng.integers(-(2**40), -(2**30), rows),  # all negative
+        ]
+    ).astype(np.int64)
+    assert multiexp.multiexp_columns(bases, exponents, m) == naive_products(bases, exponents, m)
+    with pytest.raises(PaillierError, match="not invertible"):
+        multiexp.multiexp_columns([p * 5, *bases[1:]], exponents, m)
 
 
 def test_crt_decryption_at_a_2048_bit_key_equals_the_formula(kernel_path: str) -> None:  # noqa: F811

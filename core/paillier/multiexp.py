@@ -213,16 +213,27 @@ def _dense_columns(bases: Sequence[mpz], exponents: np.ndarray, modulus: mpz) ->
     shifted = exponents + biases  # >= 0 and < 2^62
     rows = len(bases)
     windows = [dense_window(rows, max(int(high).bit_length(), 1)) for high in shifted.max(axis=0)]
+    product = None
     if native.preferred(modulus):
+        # With biases, the product of the bases comes from the kernel as one more column (of
+        # ones, window 1): it holds the bases in Montgomery form already, so that is one
+        # product per row, against a gmpy2 product and division per row (measured: 30,000
+        # bases at 4096 bits, 0.135 s CPU in gmpy2, about a third of the signed columns' cost
+        # beyond the unsigned ones' in a chunk of four columns).
+        if biases.any():
+            shifted = np.column_stack([shifted, np.ones(rows, dtype=np.int64)])
+            windows = [*windows, 1]
         results = native.dense_multiexp(
             bases, np.ascontiguousarray(shifted), np.array(windows, dtype=np.int64), modulus
         )
+        if biases.any():
+            product = results.pop()
     else:
         results = [
             _dense_column(bases, shifted[:, j], window, modulus) for j, window in enumerate(windows)
         ]
     if biases.any():
-        inverse = _invert(_product(bases, modulus), modulus)
+        inverse = _invert(product if product is not None else _product(bases, modulus), modulus)
         results = [
             r if b == 0 else r * gmpy2.powmod(inverse, int(b), modulus) % modulus
             for r, b in zip(results, biases.tolist(), strict=True)

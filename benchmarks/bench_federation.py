@@ -39,11 +39,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.horizontal_rounds import HOSPITALS, _tables
+from core.job_files import read_job
 from core.lifetime import descendants
 from core.test_switches import PARTY_FAULT_VARIABLE
 from demo.orgs import Org, make_orgs, serve_all, start
 from demo.parties import SMALL_KEYS, prepare, small_main_job
-from flows.jobs import read_job
 
 ROOT = Path(__file__).resolve().parents[1]
 PATIENCE = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300", **SMALL_KEYS}

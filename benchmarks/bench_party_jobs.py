@@ -46,8 +46,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.process_cpu import ProcessCpu
+from core.job_files import read_job
 from demo.orgs import Org, make_orgs, serve_all, start
-from flows.jobs import read_job
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore

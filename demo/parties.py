@@ -28,10 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.job_files import read_job
 from core.job_schema import job_kind
 from core.paillier.keys import SMALL_KEYS_VARIABLE
 from demo.orgs import CLI, Org, env_of, make_orgs, serve_all, start
-from flows.jobs import read_job
 from flows.pipeline_party import organisations, participants
 from storage.descriptor import TableRef
 

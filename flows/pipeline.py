@@ -16,9 +16,9 @@ from typing import Any
 
 from prefect import flow
 
+from core.job_files import load_job_tree, read_job
 from core.job_schema import job_kind
 from federation.workspace import channel_for, derive_job_id
-from flows.jobs import load_job_tree, read_job
 from flows.local_run import LocalJob, LocalSide, run_locally
 from flows.pipeline_party import PipelineResult, organisations, pipeline_party
 from tasks.reporting import RunSummary, bytes_sent, publish_summary, run_namer

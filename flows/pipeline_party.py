@@ -31,6 +31,7 @@ from prefect.runtime import flow_run
 from prefect.states import Crashed
 
 from core.job_checks import entry_problems
+from core.job_files import read_job
 from core.job_schema import KINDS, job_kind
 from core.job_terms import differences, digest, job_terms
 from core.lifetime import alive
@@ -50,7 +51,6 @@ from federation.status import (
 from federation.workspace import channel_for
 from flows.align import psi_align_party
 from flows.horizontal_lr import horizontal_lr_coordinator, horizontal_lr_party
-from flows.jobs import read_job
 from flows.label_dp import label_dp_party
 from flows.scoring import score_vertical_party
 from flows.sparse_lda import sparse_lda_coordinator, sparse_lda_party

@@ -25,6 +25,7 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from core import test_switches
+from core.job_files import read_job
 from core.job_schema import SparseLDAOptions
 from core.preprocessing import PreprocessingSpec
 from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
@@ -36,7 +37,6 @@ from flows.hospitals import (
     own_table,
     run_hospitals,
 )
-from flows.jobs import read_job
 from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore

@@ -84,10 +84,9 @@ def _load(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace) -> None:
     """Validate the job file (and its sub-jobs) in full, then run it with Prefect's log lines
     in a file: the terminal shows progress and, on an error, one line and where the log is."""
+    from core.job_files import load_job, load_job_tree, read_job  # refused before Prefect
     from core.job_schema import job_kind
 
-    jobs = job_check.job_files()  # a refused file: refused before Prefect is loaded
-    load_job, load_job_tree, read_job = jobs.load_job, jobs.load_job_tree, jobs.read_job
     path = Path(args.job_file)
     if not path.is_file():
         raise FileNotFoundError(f"job file {args.job_file} does not exist")

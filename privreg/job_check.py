@@ -8,40 +8,13 @@ prints it with every default filled in; ``schema --markdown`` prints the job-fil
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
-from types import ModuleType
-
-
-def job_files() -> ModuleType:
-    """``flows.jobs`` (read and validate job files) without importing the ``flows`` package:
-    the package's ``__init__`` sets Prefect up (a second of CPU and Prefect's warnings), which
-    a command that only reads job files has no use for. The module itself needs only
-    ``core.job_schema``; once ``flows`` is imported, its own ``flows.jobs`` is used."""
-    if (loaded := sys.modules.get("flows.jobs")) is not None:
-        return loaded
-    if (alone := sys.modules.get(_ALONE)) is not None:
-        return alone
-    package = importlib.util.find_spec("flows")  # finds the folder, runs nothing
-    if package is None or not package.submodule_search_locations:
-        raise ModuleNotFoundError("privreg's flows package is not installed")
-    folder = package.submodule_search_locations[0]
-    spec = importlib.util.spec_from_file_location(_ALONE, f"{folder}/jobs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[_ALONE] = module
-    return module
-
-
-_ALONE = "privreg._flows_jobs"  # flows/jobs.py loaded on its own (see job_files)
 
 
 def check(args: argparse.Namespace) -> None:
     """Print the validated job (JSON, defaults filled in); a bad file raises its short error."""
-    jobs = job_files()
-    load_job, load_job_tree = jobs.load_job, jobs.load_job_tree
+    from core.job_files import load_job, load_job_tree  # no Prefect: answers at once
 
     job = load_job(args.job_file)
     checked = [args.job_file]

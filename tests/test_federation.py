@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from core.job_files import read_job
 from core.job_terms import differences, digest, job_terms
 from core.lifetime import descendants
 from demo.orgs import Org, env_of, serve_all, start
@@ -28,7 +29,6 @@ from demo.parties import SMALL_KEYS, prepare, small_main_job
 from federation import watchers
 from federation.channel import Channel, FileTransport, MessageTimeoutError, TermsBindingError
 from federation.status import Federation, PeerFailedError, request_abort
-from flows.jobs import read_job
 from storage import codec
 
 ROOT = Path(__file__).resolve().parents[1]

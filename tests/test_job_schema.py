@@ -19,8 +19,8 @@ from prefect import Flow
 from pydantic import BaseModel
 
 from core import job_schema as schema
+from core.job_files import load_job, read_job
 from flows.job_reference import BEGIN, PAGE, markdown, section
-from flows.jobs import load_job, read_job
 from privreg.cli import build_parser, main
 from storage.descriptor import TableRef
 

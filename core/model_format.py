@@ -172,6 +172,16 @@ class ModelRecord:
             raise ModelFormatError(f"model JSON is not readable: {error}") from None
 
     # ---- scoring -------------------------------------------------------------------------------
+    def input_columns(self) -> list[str]:
+        """The table columns scoring reads: the stored preprocessing's inputs (it derives the
+        features from them: indicators, one-hot columns), else the features themselves; so a
+        table can be checked before anything is scored."""
+        if self.preprocessing is None:
+            return list(self.features)
+        from core.preprocessing import FittedPreprocessing  # pandas: only for such a model
+
+        return FittedPreprocessing.from_dict(self.preprocessing).input_names
+
     def share_scores(self, X: np.ndarray) -> np.ndarray:
         """``X @ coefficients`` (plus the intercept when this record holds it): the whole
         score of a whole model, or this party's share of a split one."""

@@ -19,6 +19,8 @@ privreg models list --database D         every flow's saved models in a party's 
 privreg models show --database D --key K  one model: coefficients by feature, intercept
 privreg models export --database D --key K --out FILE.json   the model in the common format
 privreg models promote --database D --key K [--job J]  the model scoring uses for job J
+privreg score --database D --table T [--source FILE] (--model K | --job J [--flow F])
+                                          new rows scored with a saved model into <table>_scored
 privreg paillier prepare-key --job-id J --guest G --hosts H1,H2 --database ARBITER_DB
                  [--key-holder arbiter] [--key-size 2048]
                                           key holder: a vertical job's key pair, ahead of the run
@@ -44,7 +46,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privreg import bundled, demo_cli, job_check, job_cli, party_cli
+from privreg import bundled, demo_cli, job_check, job_cli, party_cli, score_cli
 from privreg.run_log import RunFailedError, flow_command, log_path, one_line
 
 if TYPE_CHECKING:  # a command imports the stores it uses: `privreg --help` loads none of them
@@ -465,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     paillier.add_argument("--holdout-fraction", type=float, default=0.1, help="with --rows")
     paillier.add_argument("--epochs", type=int, default=1, help="with --rows")
     paillier.set_defaults(handler=_paillier)
+    score_cli.register(commands)
     party_cli.register(commands)
     demo_cli.register(commands)
     job_check.register_check(job_cli.register(commands))

@@ -74,7 +74,7 @@ def _matrix(ref: TableRef, model: ModelRecord) -> tuple[pd.DataFrame, np.ndarray
         None if model.preprocessing is None else FittedPreprocessing.from_dict(model.preprocessing)
     )
     frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None)
-    raw = list(model.features) if fitted is None else fitted.input_names
+    raw = model.input_columns()
     missing = [f for f in raw if f not in frame.columns]
     if missing:
         raise ScoringError(

@@ -263,14 +263,22 @@ def _canvas(frame: Frame, title: str, x_label: str, y_label: str, body: list[str
     return "\n".join(parts)
 
 
-def loss_chart(losses: Sequence[float], title: str = "Training loss per round") -> str:
-    """Line chart of the loss of rounds 1..n (a single round is drawn as a dot)."""
+def loss_chart(
+    losses: Sequence[float],
+    title: str = "Training loss per round",
+    rounds: Sequence[int] | None = None,
+) -> str:
+    """Line chart of the loss per round, the rounds numbered from 0 as the rounds table and the
+    log lines number them (``rounds``: each loss's round, default 0..n-1; a single round is
+    drawn as a dot)."""
     values = [float(v) for v in losses]
     if not values or not all(math.isfinite(v) for v in values):
         raise ValueError("loss_chart: needs at least one finite loss")
-    rounds = list(range(1, len(values) + 1))
+    rounds = list(range(len(values))) if rounds is None else [int(r) for r in rounds]
+    if len(rounds) != len(values):
+        raise ValueError(f"loss_chart: {len(values)} losses but {len(rounds)} rounds")
     y_ticks = nice_ticks(min(values), max(values))
-    frame = Frame(1, max(len(values), 2), y_ticks[0], y_ticks[-1])
+    frame = Frame(rounds[0], max(rounds[-1], rounds[0] + 1), y_ticks[0], y_ticks[-1])
     body = [_polyline(frame, rounds, values, stroke=_LINE, stroke_width="2")]
     if len(values) <= 40:
         body += [

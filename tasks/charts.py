@@ -71,13 +71,15 @@ def publish_training_charts(
     """Publish the loss per round and each held-out curve (``{which rows: points}``, from
     :func:`held_out_roc` or :func:`held_out_calibration`) as one markdown artifact; returns
     its key, or None when there is nothing to draw. Called from a flow's run."""
-    finite = [float(v) for v in losses if v is not None]
+    known = [(r, float(v)) for r, v in enumerate(losses) if v is not None]  # round r: losses[r]
     drawn = {scope: points for scope, points in (curves or {}).items() if points}
-    if not finite and not drawn:
+    if not known and not drawn:
         return None
     parts = [f"### {flow}: training charts of job `{job_id}`"]
-    if finite:
-        parts.append(markdown_image(loss_chart(finite), "training loss per round"))
+    if known:
+        rounds, values = zip(*known, strict=True)
+        chart = loss_chart(values, rounds=rounds)
+        parts.append(markdown_image(chart, "training loss per round (rounds from 0)"))
     parts += [_chart(scope, points) for scope, points in drawn.items()]
     key = artifact_key(flow, job_id, "charts")
     publish_markdown(key, "\n\n".join(parts), f"{flow} charts of job {job_id}")

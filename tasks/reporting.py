@@ -314,7 +314,8 @@ class Progress:
         self._shown = now
         if self.id is not None:
             update_progress_artifact(self.id, progress=min(100.0, 100.0 * done / self.total))
-        get_run_logger().info("progress: round %d of %d", done, self.total)
+        # a count of rounds done, not a round number (rounds are numbered from 0)
+        get_run_logger().info("progress: %d of %d rounds done", done, self.total)
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:

@@ -54,14 +54,36 @@ def test_the_loss_chart_puts_every_round_at_its_coordinates() -> None:
     svg = loss_chart(losses)
     [line] = _polylines(svg)
     ticks = nice_ticks(min(losses), max(losses))
-    frame = Frame(1, len(losses), ticks[0], ticks[-1])
-    expected = [(frame.x(r), frame.y(v)) for r, v in enumerate(losses, start=1)]
+    frame = Frame(0, len(losses) - 1, ticks[0], ticks[-1])
+    expected = [(frame.x(r), frame.y(v)) for r, v in enumerate(losses)]
     np.testing.assert_allclose(line, expected, atol=0.01)
     assert line[0][0] == pytest.approx(frame.left) and line[-1][0] == pytest.approx(464)
     assert all(np.diff([y for _, y in line]) > 0)  # the loss falls: SVG y grows downwards
     assert svg.count("<circle") == len(losses)
     with pytest.raises(ValueError, match="finite"):
         loss_chart([0.7, float("nan")])
+
+
+def _x_labels(svg: str) -> list[str]:
+    """The round axis's tick labels (the texts under the plot, centred on a tick)."""
+    root = ET.fromstring(svg)
+    bottom = Frame(0, 1, 0, 1).height - Frame(0, 1, 0, 1).bottom + 14
+    texts = root.iter(f"{SVG}text")
+    return [t.text for t in texts if t.get("y") == str(bottom) and t.get("text-anchor") == "middle"]
+
+
+def test_rounds_are_numbered_from_0_as_in_the_rounds_table_and_the_log() -> None:
+    """The rounds table and the log lines say round 0 for the first round: so does the chart,
+    and a round without a loss keeps the next rounds' numbers."""
+    assert _x_labels(loss_chart([0.69, 0.6, 0.5, 0.45, 0.44]))[:2] == ["0", "1"]
+    assert _x_labels(loss_chart([0.69, 0.5, 0.45], rounds=[0, 2, 3]))[0] == "0"
+    [line] = _polylines(loss_chart([0.69, 0.5, 0.45], rounds=[0, 2, 3]))
+    frame = Frame(0, 3, 0.4, 0.7)
+    assert [round(x, 1) for x, _ in line] == [round(frame.x(r), 1) for r in (0, 2, 3)]
+    single = loss_chart([0.69])  # one round: a dot at round 0
+    assert _x_labels(single)[0] == "0" and single.count("<circle") == 1
+    with pytest.raises(ValueError, match="2 losses but 1 rounds"):
+        loss_chart([0.7, 0.6], rounds=[0])
 
 
 def test_the_frame_maps_the_data_range_onto_the_plot_area() -> None:

@@ -113,7 +113,7 @@ def test_a_party_flow_is_named_by_its_agreed_job_id_and_its_own_table() -> None:
 
 
 def test_progress_is_shown_at_most_once_a_second_and_always_at_the_end(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import logging
 
@@ -125,10 +125,14 @@ def test_progress_is_shown_at_most_once_a_second_and_always_at_the_end(
     monkeypatch.setattr(reporting, "get_run_logger", lambda: logging.getLogger("test"))
     clock = iter([0.0, 0.3, 0.6, 1.2, 1.3, 1.4])  # seconds at each update
     monkeypatch.setattr(reporting.time, "monotonic", lambda: next(clock))
+    caplog.set_level(logging.INFO, logger="test")
     bar = reporting.Progress(6, "rounds")
     for done in range(1, 7):
         bar.update(done)
     assert shown == [100 / 6, 400 / 6, 100.0]  # the first, the one a second later, the end
+    # a count of rounds done, never read as a round number (rounds are numbered from 0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "test"]
+    assert lines == [f"progress: {n} of 6 rounds done" for n in (1, 4, 6)]
 
 
 @pytest.mark.usefixtures("prefect_server")

@@ -88,11 +88,23 @@ static void aligned_free(void *p)
 #endif
 }
 
+/* ask for the cache lines of ``words`` limbs from p (a read soon, kept in every level) */
+static inline void prefetch_words(const limb *p, Py_ssize_t words)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    for (Py_ssize_t k = 0; k < words; k += 8)
+        __builtin_prefetch(p + k, 0, 3);
+#else
+    (void)p;
+    (void)words;
+#endif
+}
+
 /*
- * A fixed-base table's block (tens to hundreds of MB, read at random, not zeroed: the build
- * writes every entry). Where the kernel offers transparent huge pages on request, the block
- * asks for them: with 4 KB pages nearly every lookup of a large table also missed the TLB.
- * Freed with aligned_free.
+ * A block read at random, not zeroed (its user writes every word): a fixed-base table (tens
+ * to hundreds of MB) or the bucket method's bases (tens of MB at 30,000-100,000 rows). Where
+ * the kernel offers transparent huge pages on request, the block asks for them: with 4 KB
+ * pages nearly every lookup also missed the TLB. Freed with aligned_free.
  */
 static void *table_block(size_t size)
 {
@@ -932,6 +944,8 @@ static void mul_or_pair(limb *r, const limb *a, const limb *b, deferred_mul *d,
  * product. Every product is fully reduced, so the total is the same residue bit for bit as
  * the one-chain order's (Montgomery products of residues below m are unique).
  */
+#define BASE_AHEAD 4
+
 static int weighted_product(limb *total, const limb *bases, const uint32_t *digits,
                             Py_ssize_t rows, int window, uint32_t *counts, uint32_t *order,
                             limb *running, const mont_ctx *c)
@@ -961,6 +975,15 @@ static int weighted_product(limb *total, const limb *bases, const uint32_t *digi
     limb term[MAX_WORDS] ALIGNED, partial[MAX_WORDS] ALIGNED;
     deferred_mul pending = {NULL, NULL, NULL};
 #define BASE(k) (bases + (Py_ssize_t)order[(k)] * s)
+/* the bases are visited in digit order, at random in memory: each is requested a few
+ * products ahead, or its first read stalls the product (many MB of bases miss the caches) */
+#define PREFETCH_BASE(k)                                                                   \
+    do {                                                                                   \
+        if ((k) < nonzero)                                                                 \
+            prefetch_words(BASE(k), s);                                                    \
+    } while (0)
+    for (Py_ssize_t k = 0; k < BASE_AHEAD; k++)
+        PREFETCH_BASE(k);
     memcpy(running, BASE(0), sizeof(limb) * (size_t)s);
     index = 1;
     Py_ssize_t v = digits[order[0]];
@@ -968,14 +991,21 @@ static int weighted_product(limb *total, const limb *bases, const uint32_t *digi
         Py_ssize_t end = counts[v];
         if (interleave && end - index >= 3) {
             memcpy(partial, BASE(index), sizeof(limb) * (size_t)s);
-            for (index++; index + 1 < end; index += 2)
+            for (index++; index + 1 < end; index += 2) {
+                PREFETCH_BASE(index + BASE_AHEAD);
+                PREFETCH_BASE(index + BASE_AHEAD + 1);
                 mont_mul2(running, running, BASE(index), partial, partial, BASE(index + 1), c);
-            if (index < end)
+            }
+            if (index < end) {
+                PREFETCH_BASE(index + BASE_AHEAD);
                 mul_or_pair(running, running, BASE(index++), &pending, c);
+            }
             mul_or_pair(running, running, partial, &pending, c);
         } else
-            for (; index < end; index++)
+            for (; index < end; index++) {
+                PREFETCH_BASE(index + BASE_AHEAD);
                 mul_or_pair(running, running, BASE(index), &pending, c);
+            }
         if (pending.r) { /* a run without products (only the first can be): do it alone */
             mont_mul(pending.r, pending.a, pending.b, c);
             pending.r = NULL;
@@ -994,6 +1024,7 @@ static int weighted_product(limb *total, const limb *bases, const uint32_t *digi
         started = 1;
         v = next;
     }
+#undef PREFETCH_BASE
 #undef BASE
     if (pending.r)
         mont_mul(pending.r, pending.a, pending.b, c);
@@ -1049,7 +1080,7 @@ static PyObject *dense_multiexp(PyObject *self, PyObject *args)
                          k / (cols ? cols : 1), k % (cols ? cols : 1), (long long)E[k]);
             goto done;
         }
-    bases = aligned_block(sizeof(limb) * (size_t)(rows * ws));
+    bases = table_block(sizeof(limb) * (size_t)(rows * ws)); /* every residue is written */
     totals = aligned_block(sizeof(limb) * (size_t)((cols ? cols : 1) * ws));
     product = aligned_block(sizeof(limb) * (size_t)ws);
     running = aligned_block(sizeof(limb) * (size_t)ws);

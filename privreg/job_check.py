@@ -10,20 +10,59 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
 
 def check(args: argparse.Namespace) -> None:
-    """Print the validated job (JSON, defaults filled in); a bad file raises its short error."""
-    from core.job_files import load_job, load_job_tree  # no Prefect: answers at once
+    """Print the validated job (JSON, defaults filled in), then open the sources it names
+    where they are (header and row count) and refuse what they lack; a bad file raises its
+    short error, every source problem is one line naming party, file and column."""
+    from core.job_files import load_job, load_job_tree, read_job  # no Prefect: answers at once
+    from core.job_schema import JobFileError, job_kind
 
     job = load_job(args.job_file)
     checked = [args.job_file]
+    tree = {job_kind(read_job(args.job_file)): job}
     if getattr(job, "subjobs", None) is not None:
         tree = load_job_tree(args.job_file)
         checked += [f"{kind} {path}" for kind, path in job.subjobs.model_dump().items() if path]
         assert len(tree) == len(checked)
     print(json.dumps(job.model_dump(mode="json"), indent=2))
-    print(f"valid: {', '.join(checked)}", file=sys.stderr)
+    problems = [p for model in tree.values() for p in source_problems(model, args.config)]
+    if problems:  # one line each, under the file's name
+        raise JobFileError("\n".join([f"{args.job_file}: its sources do not fit it", *problems]))
+    print(f"valid: {', '.join(checked)}; sources checked", file=sys.stderr)
+
+
+def source_problems(job: Any, config_path: str | None) -> list[str]:
+    """The checks every side runs after the terms are agreed (core/job_checks.py), on the
+    entries whose sources are here: with ``--config`` this party's own (paths read from its
+    folder), without it every entry (paths read from the working folder, as ``privreg run``
+    reads them)."""
+    from core.job_checks import entry_problems
+    from storage.sources import source_shape
+    from storage.validation import DataValidationError
+
+    party, folder = None, Path.cwd()
+    if config_path is not None:
+        from federation.party_config import PartyConfig
+
+        party, folder = PartyConfig.load(config_path).party, Path(config_path).resolve().parent
+    entries = job.parties if isinstance(job.parties, dict) else vars(job.parties)
+    problems = []
+    for key, entry in entries.items():
+        owner = entry.table.party or Path(entry.table.database).stem
+        if party is not None and owner != party:
+            continue
+        source = folder / entry.source
+        try:
+            shape = source_shape(source, entry.table.table)
+        except (DataValidationError, ValueError) as error:
+            problems.append(f"party {owner} ({key}): {error}")
+            continue
+        problems += entry_problems(job, key, shape, entry.source)
+    return problems
 
 
 def schema(args: argparse.Namespace) -> None:
@@ -38,10 +77,17 @@ def register_check(actions: argparse._SubParsersAction) -> None:
     formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = actions.add_parser(
         "check",
-        help="validate a job file and its sub-jobs; print it with every default filled in",
+        help="validate a job file and its sub-jobs, open the sources they name (header and row "
+        "count) and refuse what does not fit; print the job with every default filled in",
         formatter_class=formatter,
     )
     parser.add_argument("job_file", help="the job file (JSON)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="this party's party.toml: check only its own sources, read from its folder "
+        "(default: every party's, read from the working folder)",
+    )
     parser.set_defaults(handler=check)
     parser = actions.add_parser(
         "schema", help="print the job-file reference", formatter_class=formatter

@@ -3,7 +3,8 @@
 privreg job start FILE --config party.toml [--run RUN]
                                               propose a run to every peer, run this side
 privreg job resume FILE --config party.toml --run RUN
-                                              the same run again: every side resumes
+                                              restart this party's side of a run (at any
+                                              party): every side resumes from its checkpoints
 privreg job schedule FILE --config party.toml --cron "0 2 * * *"
                                               a recurring run (serves until stopped)
 privreg job status JOB --config party.toml [--watch] [--json]
@@ -132,7 +133,7 @@ def _start(args: argparse.Namespace) -> None:
     with flow_command(log, f"privreg job {args.job_command} {job_file}"):
         from flows.job_start import start_job  # Prefect only for a command that runs a flow
 
-        result = start_job(job_file, args.run)
+        result = start_job(job_file, args.run, restart=args.job_command == "resume")
     for stage in result.stages:
         print(stage.line(config.party), flush=True)
     print(f"log: {log}", file=sys.stderr)
@@ -225,7 +226,9 @@ def register(commands: argparse._SubParsersAction) -> argparse._SubParsersAction
     )
     start = action("start", "propose a job run to every peer and run this side", _start, "file")
     start.add_argument("--run", default="", help="the run's name (default: the UTC time)")
-    resume = action("resume", "start the same run again: every side resumes", _start, "file")
+    resume = action(
+        "resume", "restart this party's side of a run: every side resumes", _start, "file"
+    )
     resume.add_argument("--run", required=True, help="the run to resume")
     schedule = action("schedule", "propose a fresh run on a cron schedule", _schedule, "file")
     schedule.add_argument("--cron", required=True, help='e.g. "0 2 * * *" (02:00 every day)')

@@ -4,7 +4,9 @@ A peer proposes a run (``privreg job start``, its schedule, its deployment): the
 path, read from this party's own folder (each organisation holds its own copy; the parties'
 terms are compared when the run starts), and the run's name. The service
 
-1. refuses a peer its standing policy does not name (``[policy] accept_from``), a run name
+1. refuses a peer its standing policy does not name (``[policy] accept_from``), unless the
+   proposal restarts a run this party already took part in with that peer (its own record of
+   the run names both: ``privreg job resume`` at a party whose side went down), a run name
    that is not a plain name (``federation.channel.check_name``: no ``/``, no ``..``; checked
    before any path is built), a job file that is missing or outside its folder, and a side
    beyond its limits (``[limits] proposals_per_peer``, ``proposals_total``: sides started by
@@ -29,9 +31,9 @@ import sys
 import threading
 from pathlib import Path
 
-from federation.channel import check_name
+from federation.channel import MessageFolder, check_name
 from federation.party_config import PartyConfig
-from federation.status import Proposal, ProposalRefusedError
+from federation.status import Proposal, ProposalRefusedError, status_parties
 from storage.party_store import owner_only_umask, private_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,18 +54,20 @@ class PartyService:
 
     def __call__(self, caller: str, proposal: Proposal) -> str:
         party, policy = self.config.party, self.config.policy
-        if not policy.accepts_proposals_from(caller):
-            raise ProposalRefusedError(
+        run = _plain(party, proposal.run, "run name") if proposal.run else ""
+        job_file = (self.folder / proposal.job_file).resolve()
+        held = job_file.is_relative_to(self.folder) and job_file.is_file()
+        name = _job_name(job_file) + (f"-{run}" if run else "") if held else ""
+        restart = held and self._took_part(_plain(party, name, "job run"), caller)
+        if not policy.accepts_proposals_from(caller) and not restart:
+            raise ProposalRefusedError(  # the same words whatever the folder holds
                 f"{party} takes no proposals from {caller} (policy.accept_from is "
                 f"{list(policy.accept_from)} in its party.toml)"
             )
-        run = _plain(party, proposal.run, "run name") if proposal.run else ""
-        job_file = (self.folder / proposal.job_file).resolve()
-        if not job_file.is_relative_to(self.folder) or not job_file.is_file():
+        if not held:
             raise ProposalRefusedError(
                 f"{party} holds no job file {proposal.job_file!r} in its folder"
             )
-        name = _plain(party, _job_name(job_file) + (f"-{run}" if run else ""), "job run")
         with self._lock:
             self._reap()
             running = self._sides.get(name)
@@ -74,6 +78,13 @@ class PartyService:
             self._sides[name] = (caller, self._start(proposal, caller, log))
             self._start_reaper()
         return f"{party} started its side of {name} (log {log})"
+
+    def _took_part(self, name: str, caller: str) -> bool:
+        """Whether this party already took part in run ``name`` with ``caller`` (its own
+        record of the run names both): a restart of that run, which this party agreed to
+        when it started, is not a new proposal for the standing policy to judge."""
+        data = MessageFolder(self.config.root).read_status(name, self.config.party)
+        return data is not None and caller in status_parties(data)
 
     def _reap(self) -> None:
         """Forget sides that ended (``poll`` reaps them: no zombie stays behind)."""

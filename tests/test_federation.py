@@ -10,7 +10,9 @@ that fails at set-up ends its peers' sides within seconds, each naming the guest
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -517,39 +519,60 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_killed_side_leaves_nothing_running_is_marked_crashed_and_resumes(
-    orgs: dict[str, Org],
+def test_a_killed_proposed_side_resumes_at_its_party_and_trains_the_uninterrupted_model(
+    orgs: dict[str, Org], tmp_path: Path
 ) -> None:
-    """kill -9 of the lab's side while its Paillier pool works: every process it started is
-    gone within 10 s, its peers wait for it, its restart marks the lost run Crashed in its
-    Prefect and the job completes."""
+    """The clinic proposes; kill -9 of the lab's side (started by its service) while its
+    Paillier pool works: every process it started is gone within 10 s and its peers wait.
+    ``privreg job resume`` at the lab (whose peers' policies take no proposals from it)
+    restarts that side, the lost run is marked Crashed in its Prefect, the job completes at
+    every party, and the model equals a run on the same aligned rows that was never killed."""
+    from helpers import vertical_slices
     from prefect.client.orchestration import get_client
 
-    args = ["--job-file", "jobs/demo.json", "--run", "killed"]
-    sides = {
-        p: start(o, "pipeline", args, _api(), stderr=subprocess.DEVNULL) for p, o in orgs.items()
-    }
-    lab = sides["lab"]
+    from flows.vertical_lr import vertical_lr
+
+    clinic = _job_start(orgs["clinic"], "killed")
+    resumed = None
     try:
+        pid_file = orgs["lab"].folder / "home/runs/demo-killed/status/lab.flow_run"
         deadline = time.monotonic() + 240
-        while len(family := descendants(lab.pid)) < 2:  # the pool: forkserver and workers
-            assert lab.poll() is None and time.monotonic() < deadline, "no pool started"
+        family: set[int] = set()
+        while len(family) < 2:  # the side's Paillier pool: forkserver and workers
+            assert clinic.poll() is None and time.monotonic() < deadline, "no pool started"
+            if pid_file.exists():
+                family = descendants(int(pid_file.read_text().split()[1]))
             time.sleep(0.2)
-        lost = (orgs["lab"].folder / "home/runs/demo-killed/status/lab.flow_run").read_text()
-        lost = lost.split()[0]  # the run's id (then its process id)
-        lab.kill()
-        lab.wait()
+        lost, pid = pid_file.read_text().split()
+        os.kill(int(pid), signal.SIGKILL)
+        family.add(int(pid))
         deadline = time.monotonic() + 10
-        while alive := [pid for pid in family if _alive(pid)]:
+        while alive := [p for p in family if _alive(p)]:
             assert time.monotonic() < deadline, f"left running after 10 s: {alive}"
             time.sleep(0.2)
-        assert sides["clinic"].poll() is None and sides["arbiter"].poll() is None  # waiting
-        sides["lab"] = start(orgs["lab"], "pipeline", args, _api(), stderr=subprocess.DEVNULL)
-        for party, side in sides.items():
-            assert side.wait(timeout=300) == 0, party
+        assert clinic.poll() is None  # waiting for the lab within the restart grace
+        resumed = _privreg(orgs["lab"], "job", "resume", "jobs/demo.json", "--run", "killed",
+                           timeout=300)  # fmt: skip
+        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+        out, _ = clinic.communicate(timeout=300)
     finally:
-        for side in sides.values():
-            if side.poll() is None:
-                side.kill()
+        if clinic.poll() is None:
+            clinic.kill()
+    assert clinic.returncode == 0, out[-3000:]
+    for party in ("clinic", "lab", "arbiter"):
+        _await_state(orgs[party], "demo-killed", ("done",), 60)
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(lost).state.type.value == "CRASHED"
+    # the same aligned rows, copied, trained in one uninterrupted local run
+    job = read_job(orgs["clinic"].folder / "jobs/demo.json")
+    killed, copies = [], []
+    for role, org in (("guest", orgs["clinic"]), ("host", orgs["lab"])):
+        table = job["parties"][role]["table"]
+        table = {**table, "table": f"{table['table']}_aligned"}
+        killed.append({**table, "database": str(org.folder / table["database"])})
+        copies.append({**table, "database": str(tmp_path / Path(table["database"]).name)})
+        shutil.copy(killed[-1]["database"], copies[-1]["database"])
+    reference = vertical_lr(copies[0], copies[1:], workspace=str(tmp_path), **job["vertical"])
+    assert vertical_slices("demo-vertical-killed", *killed) == vertical_slices(
+        reference["job_id"], *copies
+    )

@@ -98,3 +98,36 @@ def test_a_local_run_refuses_a_batch_too_small_before_any_table_is_loaded(
                 row[0] for row in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()
             }
         assert not any(name.endswith("_aligned") for name in tables), tables
+
+
+def test_job_check_opens_the_sources_and_names_each_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from privreg.cli import main
+
+    spec = json.loads(json.dumps(DEMO))
+    spec.pop("subjobs")
+    spec["parties"]["guest"]["source"] = "clinic.csv"
+    spec["parties"]["host"]["source"] = "lab.csv"
+    (tmp_path / "job.json").write_text(json.dumps(spec))
+    pd.DataFrame({"patient_id": range(150), "age": range(150)}).to_csv(
+        tmp_path / "clinic.csv", index=False
+    )  # no diagnosis column; lab.csv missing
+    monkeypatch.chdir(tmp_path)
+    assert main(["job", "check", "job.json"]) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors == [
+        "privreg: error: job.json: its sources do not fit it",
+        "party clinic (guest), file clinic.csv: no label column 'diagnosis' (its columns: "
+        "patient_id, age)",
+        f"party lab (host): table 'measurements': file {tmp_path / 'lab.csv'}: no such file; "
+        "check the path",
+    ]
+    pd.DataFrame({"patient_id": range(150), "x": range(150)}).to_csv(
+        tmp_path / "lab.csv", index=False
+    )
+    (tmp_path / "party.toml").write_text(
+        'party = "lab"\nroot = "home"\n[tls]\nca = "ca.pem"\ncert = "lab.pem"\nkey = "lab.key"\n'
+    )
+    assert main(["job", "check", "job.json", "--config", "party.toml"]) == 0  # its own only
+    assert capsys.readouterr().err.strip().endswith("sources checked")

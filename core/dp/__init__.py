@@ -7,27 +7,25 @@
   (imported on its own: it loads dp-accounting).
 """
 
-from core.dp.discrete_privacy import (
-    binary_shift_delta,
-    binary_shift_sigma,
-    discrete_gaussian_delta,
-    zcdp_delta,
-    zcdp_sigma,
-)
-from core.dp.errors import PrivacyParameterError
-from core.dp.gaussian import (
-    analytic_gaussian_delta,
-    analytic_gaussian_sigma,
-    classic_gaussian_sigma,
-    validate_epsilon_delta,
-)
-from core.dp.samplers import (
-    gaussian_on_grid,
-    laplace_on_grid,
-    sample_discrete_gaussian,
-    sample_discrete_laplace,
-    to_exact_fraction,
-)
+from core.lazy import lazy_exports
+
+_WHERE = {  # name -> the module that defines it, imported on first use
+    "analytic_gaussian_delta": "core.dp.gaussian",
+    "analytic_gaussian_sigma": "core.dp.gaussian",
+    "binary_shift_delta": "core.dp.discrete_privacy",
+    "binary_shift_sigma": "core.dp.discrete_privacy",
+    "classic_gaussian_sigma": "core.dp.gaussian",
+    "discrete_gaussian_delta": "core.dp.discrete_privacy",
+    "gaussian_on_grid": "core.dp.samplers",
+    "laplace_on_grid": "core.dp.samplers",
+    "PrivacyParameterError": "core.dp.errors",
+    "sample_discrete_gaussian": "core.dp.samplers",
+    "sample_discrete_laplace": "core.dp.samplers",
+    "to_exact_fraction": "core.dp.samplers",
+    "validate_epsilon_delta": "core.dp.gaussian",
+    "zcdp_delta": "core.dp.discrete_privacy",
+    "zcdp_sigma": "core.dp.discrete_privacy",
+}
 
 __all__ = [
     "PrivacyParameterError",
@@ -46,3 +44,6 @@ __all__ = [
     "zcdp_delta",
     "zcdp_sigma",
 ]
+
+
+__getattr__ = lazy_exports(__name__, _WHERE)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from scipy.special import xlogy
 
 from core.label_dp.errors import UnknownLossError
 
@@ -36,5 +35,7 @@ def pointwise_loss(loss: LossName, predicted: np.ndarray, label: np.ndarray) -> 
         return np.abs(predicted - label)
     if loss == "poisson":
         with np.errstate(divide="ignore", invalid="ignore"):
+            from scipy.special import xlogy  # SciPy only where a loss is computed
+
             return predicted - label + xlogy(label, label) - xlogy(label, predicted)
     raise UnknownLossError(f"loss must be one of {', '.join(LOSS_NAMES)}; got {loss!r}")

@@ -128,10 +128,10 @@ class StandingPolicy:
 
     def window_rule(self) -> WindowRule | None:
         """The ledger's window rule this policy asks for (None: it sets no window cap)."""
+        if self.max_epsilon_per_day is None and self.max_epsilon_per_consumer is None:
+            return None  # before the ledger's import: `job status` reads a policy, not a ledger
         from storage.ledger import WindowRule  # the ledger enforces it; the policy only names it
 
-        if self.max_epsilon_per_day is None and self.max_epsilon_per_consumer is None:
-            return None
         seconds = self.budget_window_hours * 3600
         return WindowRule(self.max_epsilon_per_day, self.max_epsilon_per_consumer, seconds)
 

@@ -11,7 +11,7 @@ promote`` or the job's pipeline sets.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import duckdb
@@ -82,7 +82,10 @@ class ModelStore:
         con: duckdb.DuckDBPyConnection | None = None,
     ) -> None:
         """Store ``record`` under ``key`` with the ids it trained on and held out, replacing
-        a previous save of the same key; joins the caller's transaction when given one."""
+        a previous save of the same key; joins the caller's transaction when given one. A
+        record that does not count its rows gets the ids' counts, so its export says them."""
+        if not record.rows and (len(train_ids) or len(held_out_ids)):
+            record = replace(record, rows={"train": len(train_ids), "held_out": len(held_out_ids)})
         if con is None:
             with self.store.transaction() as own:
                 self.save(key, record, train_ids, held_out_ids, own)

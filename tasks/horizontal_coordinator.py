@@ -357,6 +357,8 @@ def coordinator_model(side: Coordinator) -> dict[str, Any]:
         raise RoundStateError(f"coordinator: no agreed schema for job {job_id}")
     features = trained_columns(fitted, schema["feature_columns"])
     model = model_record(job_id, features, saved["weights"], last + 1, fitted and fitted.to_dict())
+    if fitted is not None:  # the pooled training rows, summed in the clear for preprocessing
+        model["rows"] = {"train": fitted.rows}
     artifacts.put(model_key(job_id), model, "model")
     cps.prune(keep_last=2)
     return {**model, "weights": model_weights(model).tolist(), "history": saved["history"]}

@@ -132,3 +132,23 @@ def test_every_flow_s_exported_model_scores_as_the_promoted_one(
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(WHOLE) and all("promoted for demo" in line for line in lines)
     assert "now scores job demo" in listed
+
+
+def test_a_saved_model_counts_the_rows_it_trained_on_and_held_out(workspace: Path) -> None:
+    """A horizontal hospital's copy is saved with its ids but built without counts: its
+    export says them (they were empty), beside the digest of the table it trained on."""
+    ref = TableRef(str(workspace / "hospital.duckdb"), "intake", party="hospital")
+    PartyStore.of(ref).import_frame(_frame(), ref)
+    record = ModelRecord.from_dict(
+        model_record("h-job", FEATURES, np.array([*COEFFICIENTS, -0.5]), 3,
+                     origin={"job": "h", "fingerprints": {"hospital.intake": "ab12"}})
+    )  # fmt: skip
+    assert record.rows == {}
+    models = ModelStore(PartyStore.of(ref))
+    models.save(model_key("horizontal", "h-job"), record, range(20), range(20, 25))
+    exported = json.loads(models.load(model_key("horizontal", "h-job")).to_json())
+    assert exported["rows"] == {"train": 20, "held_out": 5}
+    assert exported["fingerprints"] == {"hospital.intake": "ab12"}
+    counted = ModelRecord.linear("walr", "w", FEATURES, COEFFICIENTS, 0.0, rows={"train": 7})
+    models.save(model_key("walr", "w"), counted, range(20))  # a record's own counts stand
+    assert models.load(model_key("walr", "w")).rows == {"train": 7}

@@ -452,6 +452,24 @@ def kib(count: int) -> float:
     return round(count / 1024, 1)
 
 
+#: Each quality figure in plain words: a short name for log lines and what it says, for a
+#: reader without the papers (the metric's own name follows in brackets).
+PLAIN_METRICS = {
+    "AUC": ("ranking", "how often a positive row scores above a negative one (0.5: chance)"),
+    "log-loss": ("probability error", "how far the predicted probabilities are from the labels"),
+    "MSE": ("squared error", "the average squared gap between prediction and true value"),
+    "misclassification": ("wrong class", "the share of rows put in the wrong class"),
+}
+
+
+def plain_metric(metric: str) -> tuple[str, str]:
+    """``metric`` (which may name a party or say pooled) as (a short name, what it says)."""
+    for term, words in PLAIN_METRICS.items():
+        if term in metric:
+            return words
+    return metric, ""
+
+
 def _number(value: Any) -> str:
     if value is None:
         return "-"
@@ -469,14 +487,16 @@ def _stage_lines(summary: RunSummary, job: str, flow: str) -> list[str]:
         lines.append(
             "quality: "
             + "; ".join(
-                f"{q.metric} {_number(q.model)} (baseline {_number(q.baseline)}, {q.rows})"
+                f"{plain_metric(q.metric)[0]} ({q.metric} {_number(q.model)}, baseline "
+                f"{_number(q.baseline)}, {q.rows})"
                 for q in summary.quality
             )
         )
     for b in summary.budgets:
         lines.append(
-            f"privacy of {b.party}.{b.table}: epsilon spent {b.epsilon_spent:g}, left "
-            f"{b.epsilon_left:g}, at the owner's delta {b.delta:g}"
+            f"privacy of {b.party}.{b.table}: used so far (epsilon spent {b.epsilon_spent:g}), "
+            f"still to spend (epsilon left {b.epsilon_left:g}), chance the guarantee fails "
+            f"(the owner's delta {b.delta:g})"
         )
     if summary.bytes_sent:
         lines.append(
@@ -515,7 +535,7 @@ def summary_markdown(summary: RunSummary, job: str, flow: str) -> str:
     ]
     if summary.quality:
         parts += [
-            "## Quality",
+            "## Quality",  # the table right under it (tests/helpers.py reads it back)
             markdown_table(
                 [
                     {
@@ -524,6 +544,7 @@ def summary_markdown(summary: RunSummary, job: str, flow: str) -> str:
                         "baseline": q.baseline,
                         "rows": q.rows,
                         "better is": "higher" if q.higher_is_better else "lower",
+                        "what it says": plain_metric(q.metric)[1],
                     }
                     for q in summary.quality
                 ]
@@ -532,14 +553,17 @@ def summary_markdown(summary: RunSummary, job: str, flow: str) -> str:
     if summary.budgets:
         parts += [
             "## Privacy budget",
+            "How much the released figures may reveal about any one row of a protected table "
+            "(epsilon: lower is more private). Its owner sets a total; every release spends "
+            "from it, and nothing is released once it is spent.",
             markdown_table(
                 [
                     {
                         "party": b.party,
                         "protected table": b.table,
-                        "epsilon spent": b.epsilon_spent,
-                        "epsilon left": b.epsilon_left,
-                        "at the owner's delta": b.delta,
+                        "privacy used so far (epsilon spent)": b.epsilon_spent,
+                        "privacy still to spend (epsilon left)": b.epsilon_left,
+                        "chance the guarantee fails (at the owner's delta)": b.delta,
                     }
                     for b in summary.budgets
                 ]

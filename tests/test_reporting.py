@@ -61,6 +61,35 @@ def test_the_summary_holds_every_figure() -> None:
         assert figure in text, figure
 
 
+def test_a_summary_says_each_figure_in_plain_words_first_its_parameter_in_brackets() -> None:
+    summary = RunSummary(
+        "sparse-lda-0123456789abcdef",
+        {"hospital_a": 240},
+        quality=[Quality("log-loss at hospital_a", 0.3, 0.69, False, "48 held-out rows"),
+                 Quality("held-out misclassification", 0.1, 0.4, False, "48 held-out rows")],
+        budgets=[BudgetLine("hospital_a", "patients", 1.0, 3.0, 1e-5)],
+    )  # fmt: skip
+    text = summary_markdown(summary, "demo", "sparse-lda")
+    budget = text.split("## Privacy budget", 1)[1]
+    assert "lower is more private" in budget.split("|", 1)[0]  # a sentence before the table
+    assert (
+        "| party | protected table | privacy used so far (epsilon spent) | privacy still to "
+        "spend (epsilon left) | chance the guarantee fails (at the owner's delta) |"
+    ) in budget
+    assert "| lower | how far the predicted probabilities are from the labels |" in text
+    assert "| lower | the share of rows put in the wrong class |" in text
+    lines = reporting._stage_lines(summary, "demo", "sparse-lda")
+    assert lines[1] == (
+        "quality: probability error (log-loss at hospital_a 0.3, baseline 0.69, 48 held-out "
+        "rows); wrong class (held-out misclassification 0.1, baseline 0.4, 48 held-out rows)"
+    )
+    assert lines[2] == (
+        "privacy of hospital_a.patients: used so far (epsilon spent 1), still to spend "
+        "(epsilon left 3), chance the guarantee fails (the owner's delta 1e-05)"
+    )
+    assert reporting.plain_metric("AUC at hospital_b")[0] == "ranking"
+
+
 def test_model_tables_read_the_common_format_and_bytes_carry_a_unit() -> None:
     guest = ModelRecord.linear("vertical", "v", ["age"], [-1.0], 0.5, party="c", share=True)
     assert model_table(guest.to_dict()) == ([{"feature": "age", "coefficient": -1.0}], 0.5)

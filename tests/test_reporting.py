@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -188,3 +190,39 @@ def test_a_run_outside_a_deployment_names_its_job_without_asking_the_api_each_ti
 
     assert walr_party("Q3 Conversions") == ["q3-conversions"] * 5
     assert fetched == []  # the run's context says it has no deployment
+
+
+def test_a_party_s_rounds_table_counts_its_own_traffic_per_round_in_party_mode(
+    tmp_path: Path,
+) -> None:
+    """A party at its own organisation (mTLS transport, its own folder) reads its bytes per
+    round from what its folder holds: real figures, not the 0 KiB of a channel it cannot see."""
+    from types import SimpleNamespace
+
+    from federation import certs
+    from federation.party_config import PartyConfig, as_party
+    from federation.workspace import channel_for
+    from storage.artifacts import ArtifactStore
+    from storage.party_store import PartyStore
+    from tasks.summaries import vertical_round_history
+
+    ca = certs.create_ca(tmp_path / "ca")
+    own = certs.issue(ca, "clinic", tmp_path / "clinic")
+    config = PartyConfig("clinic", tmp_path / "clinic", "127.0.0.1:0", ca.cert, own.cert,
+                         own.key, peers={"lab": "localhost:1"})  # fmt: skip
+    database = tmp_path / "clinic.duckdb"
+    artifacts = ArtifactStore(PartyStore(database))
+    for round_, loss in enumerate([0.69, 0.5]):
+        artifacts.put(f"vertical/job-1/loss/{round_:07d}", loss, "metric")
+    with as_party(config):
+        endpoint = channel_for("job-1").endpoint("clinic")
+        assert type(endpoint.channel.transport).__name__ == "GrpcTransport"
+        for round_, size in enumerate([1000, 3000]):
+            endpoint.send("lab", "u", np.arange(float(size)), round=round_)
+        table = vertical_round_history(
+            SimpleNamespace(job_id="job-1", key_holder_database=database)
+        )
+    assert [row["round"] for row in table] == [0, 1]
+    sent = [row["KiB sent"] for row in table]
+    assert sent[0] == pytest.approx(8 * 1000 / 1024, abs=0.2)  # the array and its envelope
+    assert sent[1] == pytest.approx(8 * 3000 / 1024, abs=0.2)

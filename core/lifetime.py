@@ -73,6 +73,21 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def watched_command(module_argv: list[str], pid: int | None = None) -> list[str]:
+    """``python -m MODULE ARGS...`` (``module_argv``: MODULE, ARGS...) as a helper that exits
+    when process ``pid`` (default: this one) ends: ``python -m core.lifetime PID -m ...``."""
+    owner = os.getpid() if pid is None else pid
+    return [sys.executable, "-m", "core.lifetime", str(owner), "-m", *module_argv]
+
+
+def installation_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this installation first on ``PYTHONPATH``, so a child started with
+    :func:`watched_command` imports ``core.lifetime`` (and privreg) from here."""
+    root = str(Path(__file__).resolve().parents[1])
+    paths = [p for p in (root, env.get("PYTHONPATH", "")) if p]
+    return {**env, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists (a zombie counts as alive until reaped)."""
     try:

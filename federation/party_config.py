@@ -27,6 +27,10 @@ proposals_total = 4              # sides all proposals may run here at once
 message_bytes = 2147483648       # the cap of kinds the kind table does not list
 [limits.kinds]
 residual = 536870912             # one kind's cap
+
+[prefect]                        # optional: the organisation's Prefect (privreg.org_prefect)
+port = 4200                      # the port of the server ``party serve`` starts (default: free)
+# api_url = "http://prefect.internal:4200/api"   # or: a server that runs already
 ```
 
 Relative paths are read from the file's folder. A process runs as this party when
@@ -64,6 +68,30 @@ class PartyConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class PrefectSettings:
+    """``[prefect]``: where the organisation's one Prefect server is. ``api_url`` names a
+    server that runs already; otherwise ``privreg party serve`` starts one on ``port`` (0:
+    any free loopback port). ``PREFECT_API_URL`` in the service's environment wins over both."""
+
+    api_url: str = ""
+    port: int = 0
+
+    @classmethod
+    def from_table(cls, raw: dict[str, Any]) -> PrefectSettings:
+        if unknown := sorted(set(raw) - {"api_url", "port"}):
+            raise ValueError(f"unknown prefect keys {unknown}; known: ['api_url', 'port']")
+        api_url, port = raw.get("api_url", ""), raw.get("port", 0)
+        if not isinstance(api_url, str) or (api_url and "://" not in api_url):
+            raise ValueError(f"prefect.api_url must be a URL (http://host:4200/api): {api_url!r}")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
+            raise ValueError(f"prefect.port must be a port number, not {port!r}")
+        if api_url and port:
+            raise ValueError("prefect.api_url and prefect.port exclude each other: a server "
+                             "that runs already, or the port of the one the service starts")
+        return cls(api_url=api_url.rstrip("/"), port=port)
+
+
+@dataclass(frozen=True)
 class PartyConfig:
     party: str
     root: Path
@@ -77,6 +105,7 @@ class PartyConfig:
     policy: StandingPolicy = field(default_factory=StandingPolicy)
     limits: EndpointLimits = field(default_factory=EndpointLimits)
     caps: MessageCaps = field(default_factory=MessageCaps)
+    prefect: PrefectSettings = field(default_factory=PrefectSettings)
     folder: Path | None = None  # the organisation's folder (its job files' paths start there)
     local: bool = False  # a side of a local run: shared-folder transport, no certificates
 
@@ -134,6 +163,7 @@ class PartyConfig:
                 pins=_pins(raw.get("pins", {})),
                 policy=StandingPolicy.from_table(raw.get("policy", {})),
                 folder=here.resolve(),
+                prefect=PrefectSettings.from_table(raw.get("prefect", {})),
                 **_limits(raw.get("limits", {})),
             )
         except KeyError as error:

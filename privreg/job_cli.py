@@ -126,10 +126,20 @@ def _relative_job_file(args: argparse.Namespace) -> str:
     return str(job_file.relative_to(folder))
 
 
+def _org_prefect(config: Any) -> str | None:
+    """Use the organisation's Prefect server (the one ``privreg party serve`` hosts, or
+    ``PREFECT_API_URL``) when it answers: the run lands beside the sides its service started,
+    in the UI that stays up. Called before Prefect is imported (its settings are read then)."""
+    from privreg.org_prefect import use_org_prefect
+
+    return use_org_prefect(config)
+
+
 def _start(args: argparse.Namespace) -> None:
     config = _as_party(args.config)
     job_file = _relative_job_file(args)
     log = _log(config, job_file)
+    _org_prefect(config)
     with flow_command(log, f"privreg job {args.job_command} {job_file}"):
         from flows.job_start import start_job  # Prefect only for a command that runs a flow
 
@@ -149,6 +159,11 @@ def _schedule(args: argparse.Namespace) -> None:
     job_file = _relative_job_file(args)
     name = f"{config.party}-{Path(job_file).stem}"
     log = _log(config, job_file)
+    if _org_prefect(config) is None:  # a temporary server ends with this command
+        raise SystemExit(
+            f"privreg: job schedule needs a Prefect server that stays up: start `privreg party "
+            f"serve --config {args.config}` (it hosts the organisation's) or set PREFECT_API_URL"
+        )
     print(f"{config.party}: proposing {job_file} on cron {args.cron!r} (deployment {name}; "
           f"log {log})", flush=True)  # fmt: skip
     with flow_command(log, f"privreg job schedule {job_file}"):
@@ -166,6 +181,7 @@ def _answer(args: argparse.Namespace) -> None:
         raise SystemExit(f"privreg: no run of job {args.job} awaits approval at {config.party}")
     approve = args.job_command == "approve"
     flow_run_id = where.read_text().split()[0]
+    _org_prefect(config)  # where the service's side paused
     with flow_command(_log(config, args.job), f"privreg job {args.job_command} {args.job}"):
         from prefect.flow_runs import resume_flow_run
 

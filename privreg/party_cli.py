@@ -69,12 +69,15 @@ def _interrupted(signum: int, _frame: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> None:
     """The endpoint checks itself first (one line and exit 1 for the first check that fails),
-    then prints what it serves as; refused callers and renewals are logged on stderr."""
+    then prints what it serves as (the first line, which scripts wait for), then hosts the
+    organisation's Prefect server (``privreg.org_prefect``: it waits for it, saying since when,
+    and prints its UI's URL); refused callers and renewals are logged on stderr."""
     import logging
     import sys
 
     from federation.identity import EXPIRY_WARNING_DAYS, IdentityError, check_own
     from federation.transport_grpc import serve
+    from privreg.org_prefect import OrgPrefect
     from privreg.party_service import PartyService
 
     config = _as_party(args.config)
@@ -85,8 +88,13 @@ def _serve(args: argparse.Namespace) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logging.getLogger("privreg.endpoint").addHandler(handler)
-    service = PartyService(config, Path(args.config))  # proposals start this party's sides
-    server, port = serve(config, on_proposal=service)
+    prefect = OrgPrefect.for_party(config)  # the organisation's server: given, or started
+    try:
+        service = PartyService(config, Path(args.config), prefect)  # proposals start sides
+        server, port = serve(config, on_proposal=service)
+    except BaseException:
+        prefect.stop()
+        raise
     host = config.listen.rsplit(":", 1)[0]
     print(f"party {config.party} serving its messages on {host}:{port}; {own.summary()}")
     if own.days_left() < EXPIRY_WARNING_DAYS:
@@ -97,6 +105,11 @@ def _serve(args: argparse.Namespace) -> None:
         )
     sys.stdout.flush()
     try:
+        try:
+            prefect.wait_ready(lambda line: print(line, flush=True))
+        except KeyboardInterrupt:  # SIGTERM or Ctrl-C while it starts: a quiet stop
+            raise SystemExit(f"party {config.party} stopped before its Prefect answered") from None
+        os.environ["PREFECT_API_URL"] = prefect.api_url  # --flows serves on it too
         if args.flows:
             _serve_flows(config.party)
         else:
@@ -107,10 +120,11 @@ def _serve(args: argparse.Namespace) -> None:
     finally:
         service.stop()
         server.stop(grace=2).wait()
+        prefect.stop()  # after the sides that report to it
 
 
 def _serve_flows(party: str) -> None:
-    """Serve this party's role-split flows from this process, on the party's own Prefect.
+    """Serve this party's role-split flows from this process, on the organisation's Prefect.
 
     Runs are started from that Prefect (UI, API or ``prefect deployment run``); they execute
     code this party installed, in a child of this process, as this party (its configuration

@@ -13,7 +13,9 @@ terms are compared when the run starts), and the run's name. The service
    proposals and still running), in one line the proposer prints;
 2. otherwise starts this party's side, ``privreg party pipeline --job-file F --run R
    --proposed-by PEER``, as its own process under a lifetime watch (it dies with the service),
-   logging to ``<root>/runs/<job>-<run>/pipeline.log``. That side checks the job against the
+   logging to ``<root>/runs/<job>-<run>/pipeline.log``, with the organisation's Prefect server
+   in its ``PREFECT_API_URL`` (``privreg.org_prefect``: the side reports there as a flow run
+   instead of starting a temporary server of its own). That side checks the job against the
    rest of the policy (flows, epsilon, rows, key size, manual approval) before anything is
    loaded, and a refusal there reaches every party through the job's state.
 
@@ -27,25 +29,28 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
+from core.lifetime import installation_env, watched_command
 from federation.channel import MessageFolder, check_name
 from federation.party_config import PartyConfig
 from federation.status import Proposal, ProposalRefusedError, status_parties
+from privreg.org_prefect import OrgPrefect, OrgPrefectError
 from storage.party_store import owner_only_umask, private_dirs
 
-ROOT = Path(__file__).resolve().parents[1]
 REAP_EVERY = 0.5  # seconds between looks for ended sides
 
 
 class PartyService:
     """The endpoint's ``on_proposal``: decide, then start this party's side of the run."""
 
-    def __init__(self, config: PartyConfig, config_path: Path) -> None:
+    def __init__(
+        self, config: PartyConfig, config_path: Path, prefect: OrgPrefect | None = None
+    ) -> None:
         owner_only_umask()  # before the service creates anything
         self.config, self.config_path = config, config_path.resolve()
+        self.prefect = prefect  # the organisation's server (None: each side starts its own)
         self.folder = self.config_path.parent
         self._sides: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # run -> proposer, side
         self._lock = threading.Lock()
@@ -68,6 +73,7 @@ class PartyService:
             raise ProposalRefusedError(
                 f"{party} holds no job file {proposal.job_file!r} in its folder"
             )
+        env = self._prefect_env()  # before the lock: it may wait for the server's start
         with self._lock:
             self._reap()
             running = self._sides.get(name)
@@ -75,9 +81,18 @@ class PartyService:
                 return f"{party} is already running its side of {name}"
             self._check_limits(caller, name)
             log = self.config.root / "runs" / name / "pipeline.log"
-            self._sides[name] = (caller, self._start(proposal, caller, log))
+            self._sides[name] = (caller, self._start(proposal, caller, log, env))
             self._start_reaper()
         return f"{party} started its side of {name} (log {log})"
+
+    def _prefect_env(self) -> dict[str, str]:
+        """The organisation's Prefect for a side's environment (none: the side's own)."""
+        if self.prefect is None:
+            return {}
+        try:
+            return self.prefect.side_environment()
+        except OrgPrefectError as error:
+            raise ProposalRefusedError(str(error)) from None
 
     def _took_part(self, name: str, caller: str) -> bool:
         """Whether this party already took part in run ``name`` with ``caller`` (its own
@@ -120,16 +135,15 @@ class PartyService:
                     f"is limits.{limit} = {value}; propose it again when one ends"
                 )
 
-    def _start(self, proposal: Proposal, caller: str, log: Path) -> subprocess.Popen[bytes]:
-        command = [
-            sys.executable, "-m", "core.lifetime", str(os.getpid()),
-            "-m", "privreg.cli", "party", "pipeline", "--config", str(self.config_path),
+    def _start(
+        self, proposal: Proposal, caller: str, log: Path, prefect_env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        command = watched_command([
+            "privreg.cli", "party", "pipeline", "--config", str(self.config_path),
             "--job-file", proposal.job_file, "--proposed-by", caller,
             *(["--run", proposal.run] if proposal.run else []),
-        ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
-        )}  # fmt: skip
+        ])  # fmt: skip
+        env = installation_env({**os.environ, **prefect_env})
         private_dirs(log.parent)
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:

@@ -124,12 +124,16 @@ def _check_columns(ref: TableRef, models: ModelStore, key: str) -> None:
         raise ValueError(f"{store.path.name} has no table {ref.table!r} (--source loads one)")
     with store.connect() as con:
         found = [d[0] for d in con.execute(f'SELECT * FROM "{ref.table}" LIMIT 0').description]
-    wanted = [ref.id_column, *([ref.label_column] if ref.label_column else [])]
-    missing = [c for c in (*wanted, *model.input_columns()) if c not in found]
+    named = {ref.id_column: "--id-column", ref.label_column: "--label-column"}
+    for column, option in named.items():
+        if column and column not in found:
+            raise ValueError(f"table {ref.table!r} has no column {column!r} ({option})")
+    inputs = model.input_columns()
+    missing = [c for c in inputs if c not in found]
     if missing:
         raise ValueError(
-            f"table {ref.table!r} lacks the column{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(missing)} (model {key} reads {', '.join(model.input_columns())})"
+            f"table {ref.table!r} lacks the model's column{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)} (model {key} reads {len(inputs)} columns)"
         )
 
 

@@ -3,6 +3,8 @@ model, and a wrong model, a missing column or a vertical share is one line namin
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -23,6 +25,7 @@ ensure_logging_setup()  # Prefect's console handler on the real stderr, not on a
 FEATURES = ["age", "bmi", "glucose"]
 JOB = "horizontal-0123456789abcdef"
 KEY = model_key("horizontal", JOB)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _hospital(folder: Path) -> tuple[TableRef, pd.DataFrame]:
@@ -99,8 +102,23 @@ def test_a_wrong_model_or_table_is_one_line_naming_it(
     with duckdb.connect(ref.database) as con:
         con.execute("CREATE TABLE thin AS SELECT id, age, bmi FROM intake")
     line = _error_line(capsys, [*base, "--model", KEY, "--table", "thin"])
-    assert line.startswith("privreg: error: table 'thin' lacks the column glucose (model ")
+    assert line == (
+        f"privreg: error: table 'thin' lacks the model's column glucose (model {KEY} reads 3 "
+        "columns)"
+    )
+    line = _error_line(capsys, [*base, "--model", KEY, "--label-column", "outcome"])
+    assert line == "privreg: error: table 'intake' has no column 'outcome' (--label-column)"
     share = model_key("vertical", "v-job", "hospital")
     line = _error_line(capsys, [*base, "--model", share])
     assert f"{share} is one party's share of a vertical model" in line
     assert "score_vertical job file" in line and "privreg job start JOB_FILE" in line
+
+    # each refusal came before Prefect: a fresh process loads none of it
+    look = (
+        "import sys; from privreg.cli import main; "
+        f"main({[*base, '--model', 'models/walr/nope']!r}); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('prefect', 'flows')))"
+    )
+    done = subprocess.run([sys.executable, "-c", look], capture_output=True, text=True,
+                          cwd=ROOT, check=True)  # fmt: skip
+    assert done.stdout.strip() == "[]" and "no model" in done.stderr

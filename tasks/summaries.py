@@ -561,8 +561,26 @@ def sparse_lda_summary(
             budgets=budgets,
             bytes_sent=bytes_sent([job.job_id], workspace),
             rounds=1,
-            details=[("method", job.method), ("features kept", kept)],
+            details=[sparse_lda_fit(job), ("features the model uses (support)", kept)],
         )
     ) | {"curves": {f"{party}'s rows (in-sample)": e["roc"] for party, e in errors.items()}}
 
 
+#: A party-unit sparse LDA's ``method`` in plain words.
+_SPARSE_LDA_METHODS = {
+    "debiased": "each party's own fit, debiased, then averaged",
+    "naive": "each party's own fit averaged as it is",
+    "centralized_reference": "one fit on rows pooled at the coordinator (not private)",
+}
+
+
+def sparse_lda_fit(job: Any) -> tuple[str, str]:
+    """How a sparse LDA model was fitted, as a summary line: plain words, the parameter in
+    brackets (``method`` means something only when a release protects a whole party)."""
+    if job.row_unit:
+        return (
+            "how the model was fitted (privacy unit row)",
+            "one fit on noisy statistics summed over every party's rows",
+        )
+    label = f"how the model was fitted (method {job.method})"
+    return label, _SPARSE_LDA_METHODS.get(job.method, job.method)

@@ -226,3 +226,19 @@ def test_a_party_s_rounds_table_counts_its_own_traffic_per_round_in_party_mode(
     sent = [row["KiB sent"] for row in table]
     assert sent[0] == pytest.approx(8 * 1000 / 1024, abs=0.2)  # the array and its envelope
     assert sent[1] == pytest.approx(8 * 3000 / 1024, abs=0.2)
+
+
+def test_a_sparse_lda_summary_says_how_the_model_was_fitted_in_plain_words() -> None:
+    from types import SimpleNamespace
+
+    from tasks.summaries import sparse_lda_fit
+
+    party = SimpleNamespace(row_unit=False, method="debiased")
+    assert sparse_lda_fit(party) == (
+        "how the model was fitted (method debiased)",
+        "each party's own fit, debiased, then averaged",
+    )
+    reference = SimpleNamespace(row_unit=False, method="centralized_reference")
+    assert "(not private)" in sparse_lda_fit(reference)[1]
+    row = SimpleNamespace(row_unit=True, method="debiased")  # method: party unit only
+    assert sparse_lda_fit(row)[0] == "how the model was fitted (privacy unit row)"

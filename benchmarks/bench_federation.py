@@ -22,12 +22,21 @@ Horizontal LR (``jobs/horizontal_demo.json``: three hospitals and a coordinator,
   masks in round 2 and stays gone. The median round (one round's start to the next's) of
   rounds 3-9 of that run against the same rounds of an undisturbed run (target: within 1.5x);
   round 2 itself waits out the stage deadline (5 s here) and is shown apart.
+
+A proposed side's start, with and without the organisation's Prefect server (``--sections
+prefect``): the lab's service (in this process, as ``privreg party serve`` runs it) takes the
+clinic's proposal of the small main job, once for one side and once for two at once; measured
+are the seconds from the proposal to each side's first flow-run log line ("Beginning flow
+run"), the processes the sides run and all the processes under the service at that moment,
+and their resident memory. Without the server each side starts a temporary Prefect of its
+own; with it, the server's own start (once per organisation) is shown apart.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -42,8 +51,12 @@ from benchmarks.horizontal_rounds import HOSPITALS, _tables
 from core.job_files import read_job
 from core.lifetime import descendants
 from core.test_switches import PARTY_FAULT_VARIABLE
-from demo.orgs import Org, make_orgs, serve_all, start
-from demo.parties import SMALL_KEYS, prepare, small_main_job
+from demo.orgs import Org, env_of, make_orgs, serve_all, start
+from demo.parties import SMALL_KEYS, accept_proposals, prepare, small_main_job
+from federation.party_config import PartyConfig
+from federation.status import Proposal
+from privreg.org_prefect import OrgPrefect
+from privreg.party_service import PartyService
 
 ROOT = Path(__file__).resolve().parents[1]
 PATIENCE = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300", **SMALL_KEYS}
@@ -170,7 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--sections", default="main,horizontal,dropped", help="comma-separated, of these three"
+        "--sections", default="main,horizontal,dropped,prefect", help="comma-separated, of these"
     )
     parser.add_argument("--keep", action="store_true", help="keep the folders and logs")
     args = parser.parse_args()
@@ -185,6 +198,8 @@ def main() -> None:
             horizontal_job(root, logs, args.repeats)
         if "dropped" in sections:
             dropped_job(root, args.repeats)
+        if "prefect" in sections:
+            prefect_start(root)
     finally:
         if args.keep:
             print(f"folders and logs kept in {root}")
@@ -281,6 +296,86 @@ def dropped_job(root: Path, repeats: int) -> None:
     print(f"{'a round, hospital_c gone since round 2 (3-8)':<48} {dropped:8.2f}")
     print(f"{'ratio':<48} {dropped / normal:8.2f}  < 1.5")
     print(f"{'round 2 itself (waits the 5 s stage deadline)':<48} {median_of(gone, [2]):8.2f}")
+
+
+FIRST_FLOW_LINE = "Beginning flow run"
+
+
+def _rss_mb(pids: set[int]) -> float:
+    """Resident memory of ``pids`` (Linux /proc), MB."""
+    total = 0
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines()
+                       if line.startswith("VmRSS:")), 0)  # fmt: skip
+    return total / 1024
+
+
+def proposed_sides(
+    service: PartyService, org: Org, runs: list[str]
+) -> tuple[float, int, int, float]:
+    """Propose ``runs`` at once; when every side has logged its first flow-run line: the
+    seconds until the last did, the sides' processes, the service's, and their RSS (MB)."""
+    began = time.monotonic()
+    for run in runs:
+        service("clinic", Proposal("jobs/demo.json", run))
+    logs = [org.folder / "home" / "runs" / f"demo-{run}" / "pipeline.log" for run in runs]
+    while not all(log.exists() and FIRST_FLOW_LINE in log.read_text() for log in logs):
+        if time.monotonic() - began > 300:
+            raise TimeoutError(f"no flow-run line within 300 s: {logs}")
+        time.sleep(0.1)
+    seconds = time.monotonic() - began
+    sides = {side.pid for _, side in service._sides.values()}
+    side_family = sides.union(*(descendants(pid) for pid in sides))
+    everything = descendants(os.getpid())
+    return seconds, len(side_family), len(everything), _rss_mb(everything)
+
+
+def prefect_start(root: Path) -> None:
+    """A proposed side's start, with and without the organisation's Prefect server."""
+    small_main_job(root / "psource")
+    orgs = prepare(root / "porgs", source=root / "psource", receive_timeout=60)
+    accept_proposals(orgs)
+    lab = orgs["lab"]
+    config = PartyConfig.load(lab.config)
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env_of(lab, SMALL_KEYS))  # what `party serve` would run the sides with
+    rows = []
+    try:
+        for org_server in (False, True):
+            prefect, up = None, 0.0
+            if org_server:
+                prefect = OrgPrefect.for_party(config)
+                prefect.wait_ready(say=lambda _line: None)
+                up = time.time() - prefect.since
+            try:
+                for count in (1, 2):
+                    service = PartyService(config, lab.config, prefect)
+                    runs = [f"p{int(org_server)}-{count}-{i}" for i in range(count)]
+                    try:
+                        rows.append((org_server, count, *proposed_sides(service, lab, runs)))
+                    finally:
+                        service.stop()
+            finally:
+                if prefect is not None:
+                    prefect.stop()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    print("\na proposed side's start (the lab's service, the clinic's proposal of the small "
+          "main job)")  # fmt: skip
+    if up:
+        print(f"the organisation's Prefect server itself: up in {up:.1f} s (fresh database), "
+              "once per service start")  # fmt: skip
+    print(f"{'Prefect':<28} {'sides':>5} {'s to first flow line':>21} {'side procs':>10} "
+          f"{'all procs':>9} {'RSS MB':>7}")  # fmt: skip
+    for org_server, count, seconds, side_procs, procs, rss in rows:
+        where = "organisation's server" if org_server else "temporary per side"
+        print(f"{where:<28} {count:>5} {seconds:>21.1f} {side_procs:>10} {procs:>9} {rss:>7.0f}")
 
 
 def stop(servers: list[subprocess.Popen]) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,7 @@ from privreg.cli import main
 from privreg.org_prefect import ENV, OrgPrefect, OrgPrefectError, url_file, use_org_prefect
 from privreg.party_service import PartyService
 
+ROOT = Path(__file__).resolve().parents[1]
 PARTY_TOML = """party = "lab"
 root = "home"
 {extra}
@@ -87,6 +90,7 @@ def test_the_service_hosts_the_server_its_sides_report_to_and_stops_it(
         assert use_org_prefect(config) == org.api_url  # a job command at this party
         assert os.environ[ENV] == org.api_url
         monkeypatch.delenv(ENV)
+        _a_schedule_is_served_there(config_path, env)
     finally:
         service.stop()
         family = {org.process.pid, *descendants(org.process.pid)} if org.process else set()
@@ -96,6 +100,27 @@ def test_the_service_hosts_the_server_its_sides_report_to_and_stops_it(
                 "the server and every process under it gone")  # fmt: skip
     assert not url_file(config.root).exists()
     assert use_org_prefect(config) is None and ENV not in os.environ
+
+
+def _a_schedule_is_served_there(config_path: Path, env: dict[str, str]) -> None:
+    """``privreg job schedule`` run without PREFECT_API_URL serves its cron deployment on the
+    organisation's server (a temporary one refuses schedules)."""
+    child = {k: v for k, v in os.environ.items() if k != ENV and not k.startswith("PRIVREG_")}
+    child["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), child.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", "privreg.cli", "job", "schedule", "jobs/demo.json",
+               "--config", "party.toml", "--cron", "0 2 * * *"]  # fmt: skip
+    schedule = subprocess.Popen(command, cwd=config_path.parent, env=child,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        body = {"deployments": {"name": {"any_": ["lab-demo"]}}}
+        _wait_until(lambda: bool(api(env, "/deployments/filter", body)) or
+                    schedule.poll() is not None, 90, "the deployment lab-demo")  # fmt: skip
+        assert schedule.poll() is None, "job schedule ended"
+        [deployment] = api(env, "/deployments/filter", body)
+        assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 2 * * *"]
+    finally:
+        schedule.terminate()
+        schedule.wait(timeout=30)
 
 
 def test_a_stale_url_file_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

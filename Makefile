@@ -152,3 +152,31 @@ bench: bench-psi bench-paillier bench-vertical bench-walr bench-labeldp bench-ho
 
 clean:
 	rm -rf var
+
+# PostgreSQL for the organisation's Prefect server (the production option; SQLite stays the
+# embedded default): a cluster in PG_DATA listening on 127.0.0.1:PG_PORT only (no Unix socket),
+# role and database "prefect", its password generated into PG_DATA.password (0600). Prints the
+# setting under which `privreg party serve` starts its server on it. Needs PostgreSQL's initdb,
+# pg_ctl, psql and createdb (PG_BIN: found beside pg_ctl) and a normal user (PostgreSQL refuses
+# root). Running it again starts the same cluster; stop it with `$(PG_BIN)pg_ctl -D PG_DATA stop`.
+PG_DATA ?= $(CURDIR)/var/postgres
+PG_PORT ?= 5433
+PG_BIN  ?= $(dir $(realpath $(shell command -v pg_ctl)))
+
+.PHONY: prefect-postgres
+prefect-postgres:
+	@test -x "$(PG_BIN)initdb" || { echo "prefect-postgres: no initdb (set PG_BIN to PostgreSQL's bin folder)"; exit 1; }
+	@if [ ! -f "$(PG_DATA)/PG_VERSION" ]; then \
+	  mkdir -p "$(dir $(PG_DATA))" && (umask 077; od -An -tx1 -N18 /dev/urandom | tr -d ' \n' > "$(PG_DATA).password") && \
+	  "$(PG_BIN)initdb" --pgdata "$(PG_DATA)" --username prefect --pwfile "$(PG_DATA).password" \
+	    --auth-local scram-sha-256 --auth-host scram-sha-256 --encoding UTF8 >/dev/null || exit 1; \
+	fi
+	@"$(PG_BIN)pg_ctl" --pgdata "$(PG_DATA)" status >/dev/null 2>&1 || \
+	  "$(PG_BIN)pg_ctl" --pgdata "$(PG_DATA)" --wait --log "$(PG_DATA).log" \
+	    -o "-c listen_addresses=127.0.0.1 -c port=$(PG_PORT) -c unix_socket_directories=''" start
+	@export PGPASSWORD="$$(cat "$(PG_DATA).password")"; \
+	  "$(PG_BIN)psql" -h 127.0.0.1 -p $(PG_PORT) -U prefect -d postgres -tAc \
+	    "SELECT 1 FROM pg_database WHERE datname = 'prefect'" | grep -q 1 || \
+	  "$(PG_BIN)createdb" -h 127.0.0.1 -p $(PG_PORT) -U prefect prefect
+	@echo "PostgreSQL for Prefect on 127.0.0.1:$(PG_PORT) (data $(PG_DATA), log $(PG_DATA).log). Start the service with:"
+	@echo "  export PREFECT_SERVER_DATABASE_CONNECTION_URL=\"postgresql+asyncpg://prefect:\$$(cat $(PG_DATA).password)@127.0.0.1:$(PG_PORT)/prefect\""

@@ -1,0 +1,71 @@
+"""The WAN harness (benchmarks/wan.py): its relay delays, its tbf caps, its cleanup is whole.
+
+Needs root and ``ip netns``; skipped with the reason elsewhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import wan
+
+pytestmark = pytest.mark.skipif(bool(wan.available()), reason=str(wan.available()))
+
+ECHO = """
+import socket
+server = socket.create_server(({host!r}, {port}))
+print("listening", flush=True)
+while True:
+    conn, _ = server.accept()
+    while data := conn.recv(65536):
+        conn.sendall(data[-1:])
+    conn.close()
+"""
+
+PROBE = """
+import socket, time
+conn = socket.create_connection(({host!r}, {port}))
+rtts = []
+for _ in range(5):
+    started = time.monotonic()
+    conn.sendall(b"x")
+    conn.recv(1)
+    rtts.append(time.monotonic() - started)
+print(min(rtts))
+payload, sent = b"y" * 65536, 0
+started = time.monotonic()
+while sent < {size}:
+    conn.sendall(payload)
+    sent += len(payload)
+conn.shutdown(socket.SHUT_WR)
+while conn.recv(65536):
+    pass
+print(sent * 8 / (time.monotonic() - started) / 1e6)
+"""
+
+
+def probe(setting: wan.Setting, size: int) -> tuple[float, float, dict[str, dict[str, int]]]:
+    """Min RTT (s) and throughput (Mbit/s) from a to b's echo server through the relay."""
+    with wan.Wan(["a", "b"], setting) as net:
+        echo = ECHO.format(host=net.address["b"], port=wan.ENDPOINT_PORT)
+        server = net.popen("b", [sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True)
+        assert server.stdout and server.stdout.readline().strip() == "listening"
+        host, port = net.peer_address("a", "b").split(":")
+        code = PROBE.format(host=host, port=int(port), size=size)
+        client = net.popen("a", [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        out, _ = client.communicate(timeout=60)
+        rtt, mbit = (float(line) for line in out.split())
+        return rtt, mbit, net.wire()
+
+
+def test_relay_delays_tbf_caps_and_cleanup_is_whole() -> None:
+    rtt, mbit, wire = probe(wan.Setting("test", 40, 60), size=4_000_000)
+    assert rtt >= 0.060  # twice the one-way delay, at least
+    assert rtt < 0.060 + 0.05
+    assert 40 * 0.6 < mbit < 40 * 1.15  # tbf at 40 Mbit/s (the delay's tail costs a little)
+    assert wire["a"]["sent"] >= 4_000_000 and wire["b"]["received"] == wire["a"]["sent"]
+    assert wire["a"]["turns"] >= 5
+    assert wan.harness_namespaces(f"{wan.PREFIX}{os.getpid()}-") == []  # this process's

@@ -5,7 +5,6 @@ More: docs/federation.md (how the parties run a job, and why).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import threading
@@ -14,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect import tags
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
@@ -135,7 +133,7 @@ def _as_side(job: LocalJob, side: LocalSide, name: str | None) -> Any:
         FileTransport(job.root), job.job, side.party, tuple(s.party for s in job.sides),
         tolerated=tuple(p for p in job.tolerated if p != side.party),
     )  # fmt: skip
-    with federation.taking_part(), tags(f"job:{name}") if name else contextlib.nullcontext():
+    with federation.taking_part():  # no run tags: see flows/pipeline_party.py's stages
         return side.run()
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-from prefect import flow, get_run_logger, tags
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.flow_runs import pause_flow_run
@@ -284,7 +284,10 @@ def pipeline_party(
             await_approval(jobs, sides, proposed_by)
         for job in jobs:
             side = sides.get(job.name)
-            with tags(f"job:{job.name}"), _bound_to_terms(job, side):
+            # no Prefect tags on the stages: a tagged task run first asks the server for its
+            # tags' concurrency slots (one more call per step), through a client service per
+            # tag set that was seen to wait forever for both sides of a local run
+            with _bound_to_terms(job, side):
                 if side is not None:
                     side.set_state("running")
                 results.extend(STAGES[job.kind](job))

@@ -113,7 +113,7 @@ LANES = [
 
 
 #: The served deployments run (all are registered): see the served test's docstring.
-SERVED_RUNS = ["demo-pipeline", "demo-score-horizontal"]
+SERVED_RUNS = ["demo-psi", "demo-score-horizontal"]
 
 
 def _relocated(value: object, parties: Path) -> object:
@@ -388,9 +388,10 @@ def test_served_deployments_run_beside_the_deployed_ones(
     run from this checkout, and leave the worker's deployments as they were.
 
     Every served deployment is built by the same code from its prefect.yaml entry, whose flow
-    and parameters the worker test above runs; two of them run here: the pipeline
-    (every stage, on the worker test's data: releases reused, no budget spent twice) and a
-    party's local scoring step, the one deployment that runs without a workspace."""
+    and parameters the worker test above runs (the pipeline too, and its retry: releases
+    reused, no budget spent twice); two of them run here: PSI (two parties' sides, on the
+    worker test's data) and a party's local scoring step, the one deployment that runs
+    without a workspace."""
     server = deployed
     before = {d["name"]: d for d in api(server, "/deployments/filter")}
     assert "demo-psi" in before  # deployed by the module's `deployed` fixture

@@ -5,6 +5,7 @@ More: docs/federation.md (how the parties run a job, and why).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import threading
@@ -21,7 +22,7 @@ from federation.party_config import PartyConfig, as_party
 from federation.status import Federation, PeerFailedError
 from federation.workspace import workspace_root
 from storage.descriptor import TableRef
-from tasks.reporting import job_name
+from tasks.reporting import job_name, job_named
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def _as_side(job: LocalJob, side: LocalSide, name: str | None) -> Any:
         FileTransport(job.root), job.job, side.party, tuple(s.party for s in job.sides),
         tolerated=tuple(p for p in job.tolerated if p != side.party),
     )  # fmt: skip
-    with federation.taking_part():  # no run tags: see flows/pipeline_party.py's stages
+    with federation.taking_part(), job_named(name) if name else contextlib.nullcontext():
         return side.run()
 
 

@@ -64,6 +64,7 @@ from storage.party_store import PartyStore
 from storage.sources import source_shape
 from storage.validation import DataValidationError
 from tasks.loading import load_table
+from tasks.reporting import job_named
 from tasks.scoring import promote_model
 from tasks.secure_sum import COORDINATOR
 
@@ -284,10 +285,7 @@ def pipeline_party(
             await_approval(jobs, sides, proposed_by)
         for job in jobs:
             side = sides.get(job.name)
-            # no Prefect tags on the stages: a tagged task run first asks the server for its
-            # tags' concurrency slots (one more call per step), through a client service per
-            # tag set that was seen to wait forever for both sides of a local run
-            with _bound_to_terms(job, side):
+            with job_named(job.name), _bound_to_terms(job, side):  # named, not tagged
                 if side is not None:
                     side.set_state("running")
                 results.extend(STAGES[job.kind](job))

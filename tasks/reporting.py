@@ -5,11 +5,13 @@ More: docs/reporting.md (what a run publishes, and why).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,19 @@ _TABLE_PARAMETERS = (
     "hosts",
 )
 _JOB_TAG = "job:"
+_JOB = contextvars.ContextVar[str | None]("privreg_job", default=None)
+
+
+@contextlib.contextmanager
+def job_named(name: str) -> Iterator[None]:
+    """Runs started inside (a job's sides and stages) report under job ``name``: what a
+    ``job:<name>`` tag said, without tagging their task runs (a tagged step asks the server
+    for its tags' concurrency slots first)."""
+    token = _JOB.set(name)
+    try:
+        yield
+    finally:
+        _JOB.reset(token)
 _DERIVED_ID = re.compile(r"^([a-z-]+-)?([0-9a-f]{16,})$")
 
 
@@ -93,11 +108,14 @@ def _job_in_file(path: str) -> str:
 
 def job_name() -> str:
     """The readable job a run belongs to: the job its job file names (the job actually run,
-    whatever the deployment's tag says), else its ``job:<name>`` tag, else its deployment's
+    whatever the deployment's tag says), else the job it runs in (:func:`job_named`) or its
+    ``job:<name>`` tag (a deployment's), else its deployment's
     name, else (a party's flow) its agreed job id, else its first table's name."""
     parameters = runtime_flow_run.parameters or {}
     if parameters.get("job_file"):
         return _slug(_job_in_file(str(parameters["job_file"])))
+    if (named := _JOB.get()) is not None:
+        return _slug(named)
     for tag in [*TagsContext.get().current_tags, *(runtime_flow_run.tags or [])]:
         if tag.startswith(_JOB_TAG):
             return _slug(tag.removeprefix(_JOB_TAG))

@@ -192,6 +192,29 @@ def test_a_run_outside_a_deployment_names_its_job_without_asking_the_api_each_ti
     assert fetched == []  # the run's context says it has no deployment
 
 
+@pytest.mark.usefixtures("prefect_server")
+def test_a_stage_reports_under_its_job_and_its_steps_carry_no_tags() -> None:
+    """A job's stages are named for the job (``job_named``), not tagged: a tagged task run
+    asks the server for its tags' concurrency slots before it starts."""
+    from prefect import flow, task
+    from prefect.context import TaskRunContext
+
+    from tasks.reporting import job_name, job_named
+
+    @task
+    def step() -> list[str]:
+        run = TaskRunContext.get().task_run
+        return list(run.tags)
+
+    @flow(name="walr_party")
+    def walr_party(job_id: str) -> tuple[str, list[str]]:
+        return job_name(), step()
+
+    with job_named("Nightly Credit"):
+        assert walr_party("demo-walr") == ("nightly-credit", [])
+    assert walr_party("demo-walr")[0] == "demo-walr"  # outside a job: its agreed id
+
+
 def test_a_party_s_rounds_table_counts_its_own_traffic_per_round_in_party_mode(
     tmp_path: Path,
 ) -> None:

@@ -11,7 +11,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint \
-        peer-flower peer-spu peer-openmined bench-party-jobs
+        peer-flower peer-spu peer-openmined bench-party-jobs bench-wan
 
 install: $(STAMP)
 
@@ -104,6 +104,13 @@ bench-vertical: $(STAMP)
 bench-party-jobs: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python benchmarks/bench_party_jobs.py
+
+# PSI and vertical LR with every organisation in its own network namespace, at LAN, WAN and
+# far WAN (tbf and a delaying relay, benchmarks/wan.py); needs root (~15 min)
+BENCH_WAN_ARGS ?= --repeats 3 --psi-size 100000 --psi-large 1000000
+bench-wan: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python benchmarks/bench_wan.py $(BENCH_WAN_ARGS)
 
 bench-paillier: $(STAMP)
 	$(BIN)/python -m pip install --quiet "sf-heu==0.5.2b0" || echo "sf-heu unavailable: comparing with the anchor numbers"

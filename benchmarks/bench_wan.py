@@ -1,0 +1,263 @@
+"""PSI and vertical LR between organisations on their own hosts, at LAN, WAN and far WAN.
+
+Usage: python benchmarks/bench_wan.py [--repeats 3] [--psi-size 100000] [--only psi|vertical]
+
+Needs root: every organisation runs in its own network namespace with its own address, its
+link shaped by ``tc tbf`` and delayed by the harness's relay (:mod:`benchmarks.wan`, where the
+construction and its limits are described). The party commands are the real ones (``privreg
+party serve``, ``privreg party psi``, ``privreg party vertical``), over mutual TLS, reporting to
+one Prefect API started here and forwarded into each namespace (unshaped, uncounted).
+
+Per run: seconds of the job from Prefect's flow runs (the last party's flow start to the last
+party's end: process start-up and imports excluded); bytes each party sent and received on
+the wire (TLS and HTTP/2 included, from the relay's counters); round trips (a reply after a
+request on a connection, counted by the relay, summed over every party's connections; HTTP/2
+control frames such as window updates can add some); the share of the job's seconds in which
+the relay held or was writing some byte, an upper bound on the time spent waiting on the
+network. Medians over ``--repeats`` runs, each on fresh namespaces and folders.
+
+* PSI (KKRT16): the demo's clinic and lab tables (520 and 519 patients), and two synthetic id
+  sets of ``--psi-size`` each, half of them shared;
+* vertical LR: the demo job's options on the demo's aligned rows (clinic guest, lab host,
+  arbiter; 2048-bit keys; 4 epochs of one batch, so 4 rounds), per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import wan
+from benchmarks.bench_party_jobs import flow_runs, vertical_options, vertical_tables
+from demo.orgs import Org
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = (wan.LAN, wan.WAN, wan.FAR_WAN)
+
+
+def run_parties(
+    net: wan.Wan, orgs: dict[str, Org], command: str, args: dict[str, list[str]], api: str
+) -> dict[str, Any]:
+    """Every party's endpoint, then ``privreg party <command>`` in each namespace; each
+    party's result once all have ended."""
+    extra = {"PREFECT_API_URL": api}
+    servers = wan.serve_all(net, orgs, extra)
+    if net.relay:  # the job's traffic only, not the endpoints' start
+        net.relay.reset()
+    runs = {}
+    for party, party_args in args.items():
+        with (orgs[party].folder / "stderr.log").open("a") as log:
+            runs[party] = wan.start(net, orgs[party], command, party_args, extra, stderr=log)
+    results = {}
+    for party, process in runs.items():
+        out, _ = process.communicate(timeout=1800)
+        if process.returncode:
+            tail = (orgs[party].folder / "stderr.log").read_text()[-3000:]
+            raise RuntimeError(f"{party} failed (exit {process.returncode}):\n{tail}")
+        results[party] = json.loads(out.strip().splitlines()[-1])
+    for server in servers:
+        server.terminate()
+    return results
+
+
+def measure(net: wan.Wan, flow_prefix: str, rounds: int) -> dict[str, Any]:
+    """The job's seconds from its flow runs, and the relay's counters."""
+    spans = flow_runs(flow_prefix)
+    start, end = max(s for s, _ in spans.values()), max(e for _, e in spans.values())
+    seconds = end - start
+    wire = net.wire()
+    assert net.relay
+    return {
+        "seconds": seconds,
+        "wire": {p: w["sent"] + w["received"] for p, w in wire.items()},
+        "most sent": max(w["sent"] for w in wire.values()),
+        "round trips": sum(w["turns"] for w in wire.values()) / rounds,
+        "network share": min(net.relay.busy_seconds / seconds, 1.0),
+    }
+
+
+# ---- PSI -----------------------------------------------------------------------------------
+def demo_psi_tables(root: Path) -> dict[str, TableRef]:
+    """The demo's clinic and lab tables (ids only matter), each in its owner's database."""
+    refs = {}
+    for party, csv in (("clinic", "clinic_guest.csv"), ("lab", "lab_host.csv")):
+        ref = TableRef(str(root / party / f"{party}.duckdb"), "ids", "patient_id", party=party)
+        frame = pd.read_csv(ROOT / "demo" / csv)[["patient_id"]]
+        PartyStore.of(ref).import_frame(frame, ref)
+        refs[party] = ref
+    return refs
+
+
+def synthetic_psi_tables(root: Path, size: int) -> dict[str, TableRef]:
+    """Two sets of ``size`` ids, half shared, generated inside each party's DuckDB."""
+    import duckdb
+
+    refs = {}
+    for party in ("clinic", "lab"):
+        ref = TableRef(str(root / party / f"{party}.duckdb"), "ids", party=party)
+        with duckdb.connect(ref.database) as con:
+            con.execute(
+                f"CREATE TABLE ids AS SELECT CASE WHEN i < {size // 2} "
+                f"THEN 'user-' || lpad(i::VARCHAR, 9, '0') "
+                f"ELSE '{party}-only-' || lpad(i::VARCHAR, 9, '0') END AS id "
+                f"FROM range({size}) t(i)"
+            )
+        refs[party] = ref
+    return refs
+
+
+def psi_run(
+    setting: wan.Setting, api_port: int, make_tables: Callable[[Path], dict[str, TableRef]],
+    job: str,
+) -> dict[str, Any]:  # fmt: skip
+    """One PSI on fresh namespaces and folders."""
+    with tempfile.TemporaryDirectory() as tmp, wan.Wan(["clinic", "lab"], setting) as net:
+        root = Path(tmp)
+        orgs = wan.make_orgs(root, net)
+        refs = make_tables(root)
+        net.forward(api_port)
+        args = {
+            party: ["--job", job, "--peer", peer, "--table", json.dumps(refs[party].to_dict())]
+            for party, peer in (("clinic", "lab"), ("lab", "clinic"))
+        }
+        run_parties(net, orgs, "psi", args, f"http://127.0.0.1:{api_port}/api")
+        return measure(net, f"psi_align {job}", rounds=1)
+
+
+# ---- vertical LR ---------------------------------------------------------------------------
+def vertical_run(setting: wan.Setting, api_port: int, job: str) -> dict[str, Any]:
+    """The demo's vertical job (clinic guest, lab host, arbiter) on fresh namespaces."""
+    parties = ["clinic", "lab", "arbiter"]
+    with tempfile.TemporaryDirectory() as tmp, wan.Wan(parties, setting) as net:
+        root = Path(tmp)
+        orgs = wan.make_orgs(root, net)
+        refs = vertical_tables(root)
+        net.forward(api_port)
+        options = json.dumps(vertical_options())
+        common = ["--job", job, "--guest", "clinic", "--hosts", "lab", "--options", options]
+        args = {
+            "arbiter": [*common, "--role", "arbiter"],
+            "lab": [*common, "--role", "host", "--table", json.dumps(refs["lab"].to_dict())],
+            "clinic": [*common, "--role", "guest", "--table", json.dumps(refs["clinic"].to_dict())],
+        }
+        results = run_parties(net, orgs, "vertical", args, f"http://127.0.0.1:{api_port}/api")
+        return measure(net, f"vertical_lr {job}", rounds=results["clinic"]["rounds_run"])
+
+
+# ---- the table -----------------------------------------------------------------------------
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over the runs (per party for the bytes)."""
+    parties = runs[0]["wire"]
+    return {
+        "seconds": statistics.median(r["seconds"] for r in runs),
+        "wire": {p: statistics.median(r["wire"][p] for r in runs) for p in parties},
+        "round trips": statistics.median(r["round trips"] for r in runs),
+        "most sent": statistics.median(r["most sent"] for r in runs),
+        "network share": statistics.median(r["network share"] for r in runs),
+    }
+
+
+def row(
+    name: str, setting: wan.Setting, figures: dict[str, Any] | None, lan: dict[str, Any] | None,
+    repeats: int,
+) -> str:  # fmt: skip
+    """One line of the table. The seconds added over LAN, less the added time the busiest
+    sender's bytes take at the link rate, divided by the added RTT: about how many round
+    trips the job waits for one after another."""
+    link = f"{setting.mbit:g} Mbit/s, {setting.rtt_ms:g} ms"
+    if figures is None:
+        return f"| {name} | {setting.name} | {link} | not measured | | | | | |"
+    wire = ", ".join(f"{p} {b / 1e6:.2f}" for p, b in figures["wire"].items())
+    added = ""
+    if lan is not None and setting.rtt_ms > wan.LAN.rtt_ms:
+        extra = figures["seconds"] - lan["seconds"]
+        transfer = transfer_seconds(figures, setting) - transfer_seconds(lan, wan.LAN)
+        waits = (extra - transfer) * 1000 / (setting.rtt_ms - wan.LAN.rtt_ms)
+        added = f"{extra:+.2f} ({transfer:.2f} transfer, ~{max(waits, 0):.0f} RTTs)"
+    return (
+        f"| {name} | {setting.name} | {link} | {figures['seconds']:.2f} | {added} | {wire} "
+        f"| {figures['round trips']:.0f} | {figures['network share']:.0%} | {repeats} |"
+    )
+
+
+def transfer_seconds(figures: dict[str, Any], setting: wan.Setting) -> float:
+    """The busiest sender's bytes at the link rate: the least time they take on the wire."""
+    return figures["most sent"] * 8 / (setting.mbit * 1e6)
+
+
+def cases(
+    args: argparse.Namespace,
+) -> list[tuple[str, Callable[[wan.Setting, int, str], Any], int]]:
+    """(name, one run, repeats) for each benchmark asked for."""
+    size = args.psi_size
+    psi_demo = lambda s, p, j: psi_run(s, p, demo_psi_tables, j)  # noqa: E731
+    psi_big = lambda s, p, j: psi_run(s, p, lambda r: synthetic_psi_tables(r, size), j)  # noqa: E731
+    chosen = []
+    if args.only in (None, "psi"):
+        chosen += [
+            ("PSI demo 520 x 519", psi_demo, args.repeats),
+            (f"PSI {size:,} x {size:,}", psi_big, args.repeats),
+        ]
+    if args.psi_large and args.only in (None, "psi"):
+        large = args.psi_large
+        psi_large = lambda s, p, j: psi_run(s, p, lambda r: synthetic_psi_tables(r, large), j)  # noqa: E731
+        chosen.append((f"PSI {large:,} x {large:,}", psi_large, 1))
+    if args.only in (None, "vertical"):
+        chosen.append(("vertical LR demo, 4 rounds", vertical_run, args.repeats))
+    return chosen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--psi-size", type=int, default=100_000)
+    parser.add_argument("--only", choices=("psi", "vertical"))
+    parser.add_argument("--psi-large", type=int, default=0, help="one more PSI size, one run")
+    args = parser.parse_args()
+    if reason := wan.available():
+        raise SystemExit(f"bench-wan {reason}")
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    lines = []
+    with prefect_test_harness(server_startup_timeout=180):
+        api_port = int(str(PREFECT_API_URL.value()).split(":")[-1].split("/")[0])
+        for name, one_run, repeats in cases(args):
+            lan = None
+            for setting in SETTINGS:
+                runs = []
+                for k in range(repeats):
+                    try:
+                        runs.append(one_run(setting, api_port, f"wan-{int(time.time())}-{k}"))
+                    except (RuntimeError, TimeoutError, KeyError) as error:
+                        print(f"{name} at {setting.name} failed: {error}", file=sys.stderr)
+                figures = median_of(runs) if runs else None
+                lan = figures if setting is wan.LAN else lan
+                lines.append(row(name, setting, figures, lan, len(runs)))
+                print(lines[-1], file=sys.stderr, flush=True)
+    print("\n### Organisations in their own namespaces: tbf per link, the relay's delay\n")
+    print(
+        "| job | setting | link (rate, RTT) | job s (median) "
+        "| s added vs LAN (of it transfer, RTTs) "
+        "| MB on the wire per party (sent + received) | round trips per round (relay turns) "
+        "| share with bytes in flight | runs |"
+    )
+    print("|---|---|---|---:|---:|---|---:|---:|---:|")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -36,7 +36,8 @@ from flows.pipeline_party import organisations, participants
 from storage.descriptor import TableRef
 
 ROOT = Path(__file__).resolve().parents[1]
-ORGS = ROOT / "var" / "orgs"
+ORGS_VARIABLE = "PRIVREG_DEMO_ORGS"  # where the organisations' folders go (a benchmark's own)
+ORGS = Path(os.environ.get(ORGS_VARIABLE) or ROOT / "var" / "orgs")
 JOB_FILE = "jobs/demo.json"
 STARTUP = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 SMALL_KEYS = {SMALL_KEYS_VARIABLE: "1"}

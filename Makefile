@@ -11,7 +11,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint \
-        peer-flower peer-spu peer-openmined bench-party-jobs bench-wan
+        peer-flower peer-spu peer-openmined bench-party-jobs bench-wan bench-samplers peer-opendp
 
 install: $(STAMP)
 
@@ -133,6 +133,7 @@ PEERS := var/peers
 peer-flower: $(PEERS)/flower/.installed
 peer-spu: $(PEERS)/spu/.installed
 peer-openmined: $(PEERS)/openmined/.installed
+peer-opendp: $(PEERS)/opendp/.installed
 
 $(PEERS)/flower/.installed:
 	$(PYTHON) -m venv $(PEERS)/flower
@@ -150,6 +151,16 @@ $(PEERS)/openmined/.installed:
 	$(PYTHON) -m venv $(PEERS)/openmined
 	$(PEERS)/openmined/bin/python -m pip install --quiet "openmined-psi==2.0.6"
 	touch $@
+
+# OpenDP's exact discrete Laplace and Gaussian samplers, the peer of bench-samplers
+$(PEERS)/opendp/.installed:
+	$(PYTHON) -m venv $(PEERS)/opendp
+	$(PEERS)/opendp/bin/python -m pip install --quiet "opendp==0.16.0" numpy
+	touch $@
+
+# privreg's exact samplers (core/dp/samplers.py) beside OpenDP 0.16's, one at a time
+bench-samplers: $(STAMP) peer-opendp
+	$(BIN)/python benchmarks/bench_samplers.py
 
 bench-sparse-lda: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"

@@ -11,7 +11,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint \
-        peer-flower peer-spu peer-openmined bench-party-jobs bench-wan bench-samplers peer-opendp
+        peer-flower peer-spu peer-openmined bench-party-jobs bench-wan bench-local-run bench-samplers peer-opendp
 
 install: $(STAMP)
 
@@ -100,6 +100,10 @@ bench-endpoint: $(STAMP)
 bench-vertical: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python benchmarks/bench_vertical.py $(BENCH_VERTICAL_ARGS)
+
+# the demo's job files locally (sides as threads) and every organisation its own process
+bench-local-run: $(STAMP)
+	$(BIN)/python benchmarks/bench_local_run.py
 
 bench-party-jobs: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"

@@ -10,11 +10,12 @@ one Prefect API started here and forwarded into each namespace (unshaped, uncoun
 
 Per run: seconds of the job from Prefect's flow runs (the last party's flow start to the last
 party's end: process start-up and imports excluded); bytes each party sent and received on
-the wire (TLS and HTTP/2 included, from the relay's counters); round trips (a reply after a
-request on a connection, counted by the relay, summed over every party's connections; HTTP/2
-control frames such as window updates can add some); the share of the job's seconds in which
-the relay held or was writing some byte, an upper bound on the time spent waiting on the
-network. Medians over ``--repeats`` runs, each on fresh namespaces and folders.
+the wire (TLS and HTTP/2 included, from the relay's counters); the messages the parties
+fetched from each other (each one ``Get`` at least, a second call when streamed); round trips
+(a reply after a request on a connection, counted by the relay, summed over every party's
+connections; HTTP/2 control frames such as window updates can add some); the share of the
+job's seconds in which the relay held or was writing some byte, an upper bound on the time
+spent waiting on the network. Medians over ``--repeats`` runs, each on fresh namespaces and folders.
 
 * PSI (KKRT16): the demo's clinic and lab tables (520 and 519 patients), and two synthetic id
   sets of ``--psi-size`` each, half of them shared;
@@ -73,8 +74,18 @@ def run_parties(
     return results
 
 
-def measure(net: wan.Wan, flow_prefix: str, rounds: int) -> dict[str, Any]:
-    """The job's seconds from its flow runs, and the relay's counters."""
+def messages_received(orgs: dict[str, Org], job: str) -> int:
+    """Messages the parties fetched from each other in ``job`` (each at least one Get)."""
+    return sum(
+        sum(1 for f in (org.folder / "home" / "runs" / job / "received").glob("*/*") if f.is_file())
+        for org in orgs.values()
+    )
+
+
+def measure(
+    net: wan.Wan, orgs: dict[str, Org], job: str, flow_prefix: str, rounds: int
+) -> dict[str, Any]:
+    """The job's seconds from its flow runs, its messages, and the relay's counters."""
     spans = flow_runs(flow_prefix)
     start, end = max(s for s, _ in spans.values()), max(e for _, e in spans.values())
     seconds = end - start
@@ -85,6 +96,7 @@ def measure(net: wan.Wan, flow_prefix: str, rounds: int) -> dict[str, Any]:
         "wire": {p: w["sent"] + w["received"] for p, w in wire.items()},
         "most sent": max(w["sent"] for w in wire.values()),
         "round trips": sum(w["turns"] for w in wire.values()) / rounds,
+        "messages": messages_received(orgs, job) / rounds,
         "network share": min(net.relay.busy_seconds / seconds, 1.0),
     }
 
@@ -134,7 +146,7 @@ def psi_run(
             for party, peer in (("clinic", "lab"), ("lab", "clinic"))
         }
         run_parties(net, orgs, "psi", args, f"http://127.0.0.1:{api_port}/api")
-        return measure(net, f"psi_align {job}", rounds=1)
+        return measure(net, orgs, job, f"psi_align {job}", rounds=1)
 
 
 # ---- vertical LR ---------------------------------------------------------------------------
@@ -154,7 +166,8 @@ def vertical_run(setting: wan.Setting, api_port: int, job: str) -> dict[str, Any
             "clinic": [*common, "--role", "guest", "--table", json.dumps(refs["clinic"].to_dict())],
         }
         results = run_parties(net, orgs, "vertical", args, f"http://127.0.0.1:{api_port}/api")
-        return measure(net, f"vertical_lr {job}", rounds=results["clinic"]["rounds_run"])
+        rounds = results["clinic"]["rounds_run"]
+        return measure(net, orgs, job, f"vertical_lr {job}", rounds)
 
 
 # ---- the table -----------------------------------------------------------------------------
@@ -165,6 +178,7 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds": statistics.median(r["seconds"] for r in runs),
         "wire": {p: statistics.median(r["wire"][p] for r in runs) for p in parties},
         "round trips": statistics.median(r["round trips"] for r in runs),
+        "messages": statistics.median(r["messages"] for r in runs),
         "most sent": statistics.median(r["most sent"] for r in runs),
         "network share": statistics.median(r["network share"] for r in runs),
     }
@@ -179,7 +193,7 @@ def row(
     trips the job waits for one after another."""
     link = f"{setting.mbit:g} Mbit/s, {setting.rtt_ms:g} ms"
     if figures is None:
-        return f"| {name} | {setting.name} | {link} | not measured | | | | | |"
+        return f"| {name} | {setting.name} | {link} | not measured | | | | | | |"
     wire = ", ".join(f"{p} {b / 1e6:.2f}" for p, b in figures["wire"].items())
     added = ""
     if lan is not None and setting.rtt_ms > wan.LAN.rtt_ms:
@@ -189,7 +203,8 @@ def row(
         added = f"{extra:+.2f} ({transfer:.2f} transfer, ~{max(waits, 0):.0f} RTTs)"
     return (
         f"| {name} | {setting.name} | {link} | {figures['seconds']:.2f} | {added} | {wire} "
-        f"| {figures['round trips']:.0f} | {figures['network share']:.0%} | {repeats} |"
+        f"| {figures['messages']:.0f} | {figures['round trips']:.0f} "
+        f"| {figures['network share']:.0%} | {repeats} |"
     )
 
 
@@ -252,10 +267,11 @@ def main() -> None:
     print(
         "| job | setting | link (rate, RTT) | job s (median) "
         "| s added vs LAN (of it transfer, RTTs) "
-        "| MB on the wire per party (sent + received) | round trips per round (relay turns) "
+        "| MB on the wire per party (sent + received) | messages per round "
+        "| round trips per round (relay turns) "
         "| share with bytes in flight | runs |"
     )
-    print("|---|---|---|---:|---:|---|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---|---:|---:|---:|---:|")
     print("\n".join(lines))
 
 

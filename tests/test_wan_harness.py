@@ -69,3 +69,37 @@ def test_relay_delays_tbf_caps_and_cleanup_is_whole() -> None:
     assert wire["a"]["sent"] >= 4_000_000 and wire["b"]["received"] == wire["a"]["sent"]
     assert wire["a"]["turns"] >= 5
     assert wan.harness_namespaces(f"{wan.PREFIX}{os.getpid()}-") == []  # this process's
+
+
+ONE_ECHO = """
+import socket
+try:
+    with socket.create_connection(({host!r}, {port}), timeout=1) as conn:
+        conn.sendall(b"x")
+        print("echo" if conn.recv(1) == b"x" else "closed")
+except OSError as error:
+    print(type(error).__name__)
+"""
+
+
+def test_a_cut_link_stops_traffic_until_restored() -> None:
+    with wan.Wan(["a", "b"], wan.Setting("test", 100, 2)) as net:
+        echo = ECHO.format(host=net.address["b"], port=wan.ENDPOINT_PORT)
+        server = net.popen("b", [sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True)
+        assert server.stdout and server.stdout.readline().strip() == "listening"
+        host, port = net.peer_address("a", "b").split(":")
+        code = ONE_ECHO.format(host=host, port=int(port))
+
+        def once() -> str:
+            client = net.popen("a", [sys.executable, "-c", code], stdout=subprocess.PIPE)
+            return client.communicate(timeout=10)[0].decode().strip()
+
+        assert once() == "echo"
+        net.cut("a")
+        assert once() != "echo"
+        net.restore("a")
+        assert once() == "echo"
+        net.drop("b")  # the relay refuses connections to b's endpoint
+        assert once() == "closed"
+        net.restore("b")
+        assert once() == "echo"

@@ -59,14 +59,16 @@ def _summary(
     optional evaluation on true labels). ``model`` is ``None`` at the labels party."""
     s, budget = release["summary"], release["budget"]
     items = [
-        ("mechanism", f"{s['mechanism']} for {s['loss']} loss"),
-        ("epsilon split", f"{s['epsilon']:g} = {s['prior_epsilon']:.4g} (prior) + "
+        ("how labels are randomised (mechanism)", f"{s['mechanism']} for {s['loss']} loss"),
+        ("privacy split (epsilon)", f"{s['epsilon']:g} = {s['prior_epsilon']:.4g} (prior) + "
                           f"{s['label_epsilon']:.4g} (labels)"),
-        ("prior", s["prior"]),
-        ("grid", f"{s['grid_size']} points in [{s['grid_low']:g}, {s['grid_high']:g}]"),
-        ("bins (distinct outputs)", s["bins"]),
-        ("keep probability", f"{s['keep_probability']:.4f}" if "keep_probability" in s else "-"),
-        ("expected loss under the prior", f"{s['expected_loss']:.6g}"),
+        ("what the labels were expected to look like (prior)", s["prior"]),
+        ("label values considered (grid)",
+         f"{s['grid_size']} points in [{s['grid_low']:g}, {s['grid_high']:g}]"),
+        ("distinct values a released label can take (bins)", s["bins"]),
+        ("chance a label is released as is (keep probability)",
+         f"{s['keep_probability']:.4f}" if "keep_probability" in s else "-"),
+        ("error the noise adds, expected under the prior (loss)", f"{s['expected_loss']:.6g}"),
         ("release", "reused, not charged again" if release["reused"] else "new, charged once"),
         ("epsilon spent / total", f"{budget['epsilon_spent']:g} / {budget['epsilon_total']:g}"),
         ("epsilon left", f"{budget['epsilon_left']:g}"),

@@ -105,26 +105,34 @@ def _summary(
     budget = release["budget"]
     rows = [
         {
-            "quantity": "rows N in the sum (public)",
+            "quantity": "rows in the sum (public, N)",
             "value": f"{release['rows']}, {release.get('held_out_rows', 0)} held out",
         },
         {
-            "quantity": "mode",
+            "quantity": "how each row's reach is bounded (mode)",
             "value": job.mode
             + (f", clip norm {job.clip_norm:g}" if job.clip_norm is not None else ""),
         },
-        {"quantity": "L2 sensitivity", "value": f"{release['sensitivity']:.6g}"},
-        {"quantity": "epsilon, delta of this release", "value": f"{job.epsilon:g}, {job.delta:g}"},
         {
-            "quantity": f"sigma used (discrete Gaussian, {_CALIBRATION[job.mode]})",
+            "quantity": "most one row can move the sum (L2 sensitivity)",
+            "value": f"{release['sensitivity']:.6g}",
+        },
+        {
+            "quantity": "privacy of this release (epsilon, delta)",
+            "value": f"{job.epsilon:g}, {job.delta:g}",
+        },
+        {
+            "quantity": "noise added to each sum "
+            f"(sigma of a discrete Gaussian, {_CALIBRATION[job.mode]})",
             "value": f"{release['sigma']:.6g}" + ("" if job.noise else " (NOT added: test mode)"),
         },
         {
-            "quantity": "sigma, analytic continuous Gaussian",
+            "quantity": "noise a continuous Gaussian would need (sigma, analytic)",
             "value": _sigma_text(release["sigma_analytic_continuous"]),
         },
         {
-            "quantity": "sigma, classic sqrt(2 ln(1.25/delta)) S/epsilon",
+            "quantity": "noise the classic bound would add "
+            "(sigma, sqrt(2 ln(1.25/delta)) S/epsilon)",
             "value": _sigma_text(release["sigma_classic"]),
         },
         {"quantity": "release", "value": "reused, nothing charged" if reused else "new, charged"},

@@ -34,6 +34,9 @@ def prefect_server_process(home: Path) -> Iterator[dict[str, str]]:
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
         "PREFECT_WORKER_QUERY_SECONDS": "2",
         "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+        # SQLite stalls a writer up to 60 s and then answers 503: every client of this server
+        # (the worker's flow runs too) retries that longer than Prefect's default
+        "PREFECT_CLIENT_MAX_RETRIES": "10",
     }
     process = subprocess.Popen(
         [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],

@@ -99,7 +99,7 @@ def test_a_cut_link_stops_traffic_until_restored() -> None:
         assert once() != "echo"
         net.restore("a")
         assert once() == "echo"
-        net.drop("b")  # the relay refuses connections to b's endpoint
-        assert once() == "closed"
+        net.drop("b")  # the relay refuses connections to b's endpoint: closed, or reset
+        assert once() in ("closed", "ConnectionResetError")  # if the close races the send
         net.restore("b")
         assert once() == "echo"

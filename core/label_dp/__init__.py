@@ -5,37 +5,30 @@ Every mechanism follows ``mechanism.LabelMechanism``: ``values`` (input grid), `
 ``randomize(labels, rng=None)`` (CSPRNG by default; a numpy Generator for reproducible runs).
 """
 
-from core.lazy import lazy_exports
-
-_WHERE = {  # name -> the module that defines it, imported on first use
-    "clipped_laplace": "core.label_dp.laplace",
-    "ClippedLaplace": "core.label_dp.laplace",
-    "counts_to_prior": "core.label_dp.prior",
-    "default_prior_epsilon": "core.label_dp.prior",
-    "exponential_mechanism": "core.label_dp.exponential",
-    "FiniteMechanism": "core.label_dp.channel",
-    "InvalidEpsilonError": "core.label_dp.errors",
-    "InvalidLabelError": "core.label_dp.errors",
-    "InvalidPriorError": "core.label_dp.errors",
-    "label_grid": "core.label_dp.grid",
-    "LabelDPError": "core.label_dp.errors",
-    "LabelGrid": "core.label_dp.grid",
-    "LabelMechanism": "core.label_dp.mechanism",
-    "LabelRelease": "core.label_dp.release",
-    "LOSS_NAMES": "core.label_dp.losses",
-    "noisy_counts": "core.label_dp.prior",
-    "pointwise_loss": "core.label_dp.losses",
-    "privacy_loss": "core.label_dp.mechanism",
-    "private_prior": "core.label_dp.prior",
-    "QuantisedChannel": "core.label_dp.channel",
-    "release_labels": "core.label_dp.release",
-    "rr_on_bins": "core.label_dp.rr_on_bins",
-    "RROnBins": "core.label_dp.rr_on_bins",
-    "split_budget": "core.label_dp.prior",
-    "staircase_mechanism": "core.label_dp.staircase",
-    "train_on_noisy_labels": "core.label_dp.training",
-    "UnknownLossError": "core.label_dp.errors",
-}
+from core.label_dp.channel import FiniteMechanism, QuantisedChannel
+from core.label_dp.errors import (
+    InvalidEpsilonError,
+    InvalidLabelError,
+    InvalidPriorError,
+    LabelDPError,
+    UnknownLossError,
+)
+from core.label_dp.exponential import exponential_mechanism
+from core.label_dp.grid import LabelGrid, label_grid
+from core.label_dp.laplace import ClippedLaplace, clipped_laplace
+from core.label_dp.losses import LOSS_NAMES, pointwise_loss
+from core.label_dp.mechanism import LabelMechanism, privacy_loss
+from core.label_dp.prior import (
+    counts_to_prior,
+    default_prior_epsilon,
+    noisy_counts,
+    private_prior,
+    split_budget,
+)
+from core.label_dp.release import LabelRelease, release_labels
+from core.label_dp.rr_on_bins import RROnBins, rr_on_bins
+from core.label_dp.staircase import staircase_mechanism
+from core.label_dp.training import train_on_noisy_labels
 
 __all__ = [
     "LOSS_NAMES",
@@ -66,6 +59,3 @@ __all__ = [
     "staircase_mechanism",
     "train_on_noisy_labels",
 ]
-
-
-__getattr__ = lazy_exports(__name__, _WHERE)

@@ -11,6 +11,9 @@ from typing import Any
 def lazy_exports(package: str, where: dict[str, str]) -> Callable[[str], Any]:
     """The package's module ``__getattr__``: ``where`` maps each exported name to the module
     that defines it, which is imported (and the name kept) when the name is first read."""
+    modules = {module.rsplit(".", 1)[1] for module in where.values()}
+    if clash := sorted(modules & set(where)):  # importing that submodule would shadow the name
+        raise ImportError(f"{package}: lazily exported names shadowed by submodules: {clash}")
     namespace = importlib.import_module(package).__dict__
 
     def attribute(name: str) -> Any:

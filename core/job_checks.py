@@ -32,6 +32,16 @@ class SourceShape:
     rows: int
 
 
+def entries(job: Any) -> dict[str, Any]:
+    """The validated job's party entries by key (``guest``/``host``, or the hospitals' names)."""
+    return dict(job.parties) if isinstance(job.parties, dict) else dict(vars(job.parties))
+
+
+def entry_party(entry: Any) -> str:
+    """The party an entry's table belongs to (its ``party``, else its database's name)."""
+    return entry.table.party or Path(entry.table.database).stem
+
+
 def feature_count(entry: Any, columns: tuple[str, ...], categorical: dict[str, list]) -> int:
     """The model's columns from this entry: its features (``feature_columns``, else every
     column but the id and the label), a categorical one counted once per category."""
@@ -45,10 +55,9 @@ def feature_count(entry: Any, columns: tuple[str, ...], categorical: dict[str, l
 def entry_problems(job: Any, key: str, shape: SourceShape, source: Path | str) -> list[str]:
     """Every problem of the entry ``key`` of the validated ``job`` (core/job_schema.py) that its
     source's ``shape`` shows, each a sentence naming the party, the file and the column."""
-    entry = job.parties[key] if isinstance(job.parties, dict) else getattr(job.parties, key)
+    entry = entries(job)[key]
     table = entry.table
-    party = table.party or Path(table.database).stem
-    where = f"party {party} ({key}), file {source}"
+    where = f"party {entry_party(entry)} ({key}), file {source}"
     problems = []
     named = [("id column", table.id_column), ("label column", table.label_column)]
     named += [("feature column", c) for c in table.feature_columns or []]

@@ -30,7 +30,6 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from prefect.states import Crashed
 
-from core.job_checks import entry_problems
 from core.job_files import read_job
 from core.job_schema import KINDS, job_kind
 from core.job_terms import differences, digest, job_terms
@@ -61,8 +60,7 @@ from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.models import model_key
 from storage.party_store import PartyStore
-from storage.sources import source_shape
-from storage.validation import DataValidationError
+from storage.sources import sources_problems
 from tasks.loading import load_table
 from tasks.reporting import job_named
 from tasks.scoring import promote_model
@@ -189,15 +187,8 @@ class PartyJob:
         """Refuse the job if one of this party's source files lacks a column its entry names,
         or its size breaks a rule that needs no alignment (core/job_checks.py), naming party,
         file and column: before PSI, not minutes into the job."""
-        problems = []
-        for key, (source, ref, _) in self.own().items():
-            try:
-                shape = source_shape(source, ref.table)
-            except (DataValidationError, ValueError) as error:
-                problems.append(f"party {self.party} ({key}): {error}")
-                continue
-            problems += entry_problems(self.model, key, shape, source)
-        if problems:
+        sources = {key: source for key, (source, _, _) in self.own().items()}
+        if problems := sources_problems(self.model, sources):
             raise PipelineRefusalError(
                 f"{self.party} refuses job {self.name}: " + "; ".join(problems)
             )

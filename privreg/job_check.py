@@ -18,51 +18,40 @@ def check(args: argparse.Namespace) -> None:
     """Print the validated job (JSON, defaults filled in), then open the sources it names
     where they are (header and row count) and refuse what they lack; a bad file raises its
     short error, every source problem is one line naming party, file and column."""
-    from core.job_files import load_job, load_job_tree, read_job  # no Prefect: answers at once
-    from core.job_schema import JobFileError, job_kind
+    from core.job_files import load_job, load_job_tree  # no Prefect: answers at once
+    from core.job_schema import JobFileError
 
     job = load_job(args.job_file)
-    checked = [args.job_file]
-    tree = {job_kind(read_job(args.job_file)): job}
+    checked, models = [args.job_file], [job]
     if getattr(job, "subjobs", None) is not None:
-        tree = load_job_tree(args.job_file)
+        models = list(load_job_tree(args.job_file).values())
         checked += [f"{kind} {path}" for kind, path in job.subjobs.model_dump().items() if path]
-        assert len(tree) == len(checked)
+        assert len(models) == len(checked)
     print(json.dumps(job.model_dump(mode="json"), indent=2))
-    problems = [p for model in tree.values() for p in source_problems(model, args.config)]
+    problems = [p for model in models for p in source_problems(model, args.config)]
     if problems:  # one line each, under the file's name
         raise JobFileError("\n".join([f"{args.job_file}: its sources do not fit it", *problems]))
     print(f"valid: {', '.join(checked)}; sources checked", file=sys.stderr)
 
 
 def source_problems(job: Any, config_path: str | None) -> list[str]:
-    """The checks every side runs after the terms are agreed (core/job_checks.py), on the
-    entries whose sources are here: with ``--config`` this party's own (paths read from its
-    folder), without it every entry (paths read from the working folder, as ``privreg run``
-    reads them)."""
-    from core.job_checks import entry_problems
-    from storage.sources import source_shape
-    from storage.validation import DataValidationError
+    """The checks every side runs after the terms are agreed, on the entries whose sources are
+    here: with ``--config`` this party's own (paths read from its folder), without it every
+    entry (paths read from the working folder, as ``privreg run`` reads them)."""
+    from core.job_checks import entries, entry_party
+    from storage.sources import sources_problems
 
     party, folder = None, Path.cwd()
     if config_path is not None:
         from federation.party_config import PartyConfig
 
         party, folder = PartyConfig.load(config_path).party, Path(config_path).resolve().parent
-    entries = job.parties if isinstance(job.parties, dict) else vars(job.parties)
-    problems = []
-    for key, entry in entries.items():
-        owner = entry.table.party or Path(entry.table.database).stem
-        if party is not None and owner != party:
-            continue
-        source = folder / entry.source
-        try:
-            shape = source_shape(source, entry.table.table)
-        except (DataValidationError, ValueError) as error:
-            problems.append(f"party {owner} ({key}): {error}")
-            continue
-        problems += entry_problems(job, key, shape, entry.source)
-    return problems
+    here = {
+        key: folder / entry.source
+        for key, entry in entries(job).items()
+        if party is None or entry_party(entry) == party
+    }
+    return sources_problems(job, here, shown_from=folder)
 
 
 def schema(args: argparse.Namespace) -> None:

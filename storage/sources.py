@@ -13,14 +13,14 @@ import csv
 import gzip
 import io
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import closing
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pandas as pd
 
-from core.job_checks import SourceShape
+from core.job_checks import SourceShape, entries, entry_party, entry_problems
 from storage.validation import DataValidationError
 
 CSV_SUFFIXES = (".csv", ".csv.gz")
@@ -64,6 +64,26 @@ def source_shape(source: str | Path, table: str) -> SourceShape:
     if not header:
         raise _file_error(table, path, "the file is empty (no header line); export the data again")
     return SourceShape(tuple(header), rows)
+
+
+def sources_problems(
+    job: Any, sources: Mapping[str, Path], shown_from: Path | None = None
+) -> list[str]:
+    """Every problem ``core.job_checks`` finds in the entries ``sources`` maps to their files
+    (the checks a side runs after the terms are agreed, and ``privreg job check``): a file that
+    cannot be read is one problem, naming its party and entry. ``shown_from``: a column's or a
+    size's problem names its file relative to that folder (as the job file writes it)."""
+    problems = []
+    for key, source in sources.items():
+        entry = entries(job)[key]
+        try:
+            shape = source_shape(source, entry.table.table)
+        except (DataValidationError, ValueError) as error:
+            problems.append(f"party {entry_party(entry)} ({key}): {error}")
+            continue
+        shown = source.relative_to(shown_from) if shown_from is not None else source
+        problems += entry_problems(job, key, shape, shown)
+    return problems
 
 
 def _readable(path: Path, table: str) -> Path:

@@ -21,13 +21,16 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from core.label_dp.grid import DEFAULT_GRID_SIZE
-from core.label_dp.losses import LOSS_NAMES
-from core.paillier.randomness import DEFAULT_RANDOMIZER, RANDOMIZER_MODES
-from core.sparse_lda.aggregation import DEFAULT_THRESHOLD_SCALE
-from core.sparse_lda.dantzig import DEFAULT_DIRECTION_RADIUS_SCALE
-from core.sparse_lda.precision import PrecisionMethod
-from core.sparse_lda.privacy import PrivacyUnit
+from core.option_defaults import (
+    DEFAULT_DIRECTION_RADIUS_SCALE,
+    DEFAULT_GRID_SIZE,
+    DEFAULT_RANDOMIZER,
+    DEFAULT_THRESHOLD_SCALE,
+    LOSS_NAMES,
+    RANDOMIZER_MODES,
+    PrecisionMethod,
+    PrivacyUnit,
+)
 
 MAX_LINES = 5  # a refusal's lines, its first line included
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.label_dp.errors import InvalidLabelError, InvalidPriorError
+from core.option_defaults import DEFAULT_GRID_SIZE
 
-DEFAULT_GRID_SIZE = 1_000
 MAX_GRID_SIZE = 10_000
 
 

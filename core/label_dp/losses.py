@@ -8,14 +8,10 @@ side of ``v``, as the optimality theorem for RR-on-Bins requires.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
 from core.label_dp.errors import UnknownLossError
-
-LossName = Literal["squared", "absolute", "poisson"]
-LOSS_NAMES: tuple[LossName, ...] = ("squared", "absolute", "poisson")
+from core.option_defaults import LOSS_NAMES, LossName
 
 
 def check_loss(loss: str) -> LossName:

@@ -70,13 +70,11 @@ import numpy as np
 from gmpy2 import mpz
 from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 
+from core.option_defaults import DEFAULT_RANDOMIZER, FULL, RANDOMIZER_MODES, SHORT, STANDARD
 from core.paillier import native
 from core.paillier.errors import PaillierError
 from core.paillier.parallel import SERIAL, Backend, chunk_bounds
 
-FULL, SHORT, STANDARD = "full", "short", "standard"
-RANDOMIZER_MODES = (FULL, SHORT, STANDARD)
-DEFAULT_RANDOMIZER = FULL
 _ALIASES = {"djn": SHORT}
 DEFAULT_WINDOW_BITS = 12
 """Largest fixed-base window: ceil(b/12) multiplications per value for a b-bit exponent (86

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.option_defaults import DEFAULT_THRESHOLD_SCALE
 from core.sparse_lda.errors import ShapeError, SparseLDAInputError
 from core.sparse_lda.model import LinearDiscriminant
 from core.sparse_lda.privacy import BLOCKS_PER_CONTRIBUTION
 
 SumVectors = Callable[[list[np.ndarray]], np.ndarray]
-
-DEFAULT_THRESHOLD_SCALE = 4.0
 
 
 def plain_sum(vectors: list[np.ndarray]) -> np.ndarray:

@@ -13,10 +13,9 @@ import math
 import numpy as np
 from scipy.optimize import linprog
 
+# the paper's Dantzig radius scale, defined beside the other option defaults
+from core.option_defaults import DEFAULT_DIRECTION_RADIUS_SCALE as DEFAULT_DIRECTION_RADIUS_SCALE
 from core.sparse_lda.errors import InfeasibleProgramError
-
-DEFAULT_DIRECTION_RADIUS_SCALE = 3.0
-"""The paper's choice: ``lambda = 3 sqrt(log d / n)``."""
 
 _FEASIBLE_STATUS = 0
 _INFEASIBLE_STATUS = 2

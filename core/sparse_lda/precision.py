@@ -23,18 +23,10 @@ shrunk correction costs a little bias, an exploding one costs the model.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import numpy as np
 
+from core.option_defaults import PrecisionMethod as PrecisionMethod  # defined there (light)
 from core.sparse_lda.dantzig import solve_l1_dantzig
-
-
-class PrecisionMethod(StrEnum):
-    """Which sparse precision estimator debiasing uses."""
-
-    NODEWISE_LASSO = "nodewise_lasso"
-    CLIME = "clime"
 
 
 def clime_precision(covariance: np.ndarray, radius: float) -> np.ndarray:

@@ -57,6 +57,7 @@ import numpy as np
 
 from core.dp.discrete_privacy import zcdp_sigma
 from core.dp.samplers import gaussian_on_grid
+from core.option_defaults import PrivacyUnit
 from core.sparse_lda.errors import ContributionError, PrivacySettingsError
 
 DEFAULT_GRID_GRANULARITY = 2.0**-24
@@ -83,13 +84,6 @@ NOISELESS_COORDINATE_BOUND = 1e6
 """Noise-free modes have no clipping, so a contribution must still look like an estimate:
 no coordinate above 1e6 (LDA weights on standardised features are O(1) to O(100); the
 blow-ups this guards against reach 1e14). Far inside the secure sum's fixed-point range."""
-
-
-class PrivacyUnit(StrEnum):
-    """What one (epsilon, delta) release protects."""
-
-    ROW = "row"
-    PARTY = "party"
 
 
 class RowMechanism(StrEnum):

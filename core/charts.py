@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 from xml.sax.saxutils import escape
@@ -41,6 +41,7 @@ MAX_POINTS = 21
 MIN_ROWS_PER_POINT = 5
 _FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
 _LINE = "#1f6fb2"
+_HELD_OUT = "#d1651b"
 _GRID = "#d9d9d9"
 _TEXT = "#222222"
 
@@ -267,25 +268,58 @@ def loss_chart(
     losses: Sequence[float],
     title: str = "Training loss per round",
     rounds: Sequence[int] | None = None,
+    held_out: Mapping[int, float] | None = None,
 ) -> str:
     """Line chart of the loss per round, the rounds numbered from 0 as the rounds table and the
     log lines number them (``rounds``: each loss's round, default 0..n-1; a single round is
-    drawn as a dot)."""
+    drawn as a dot). ``held_out`` (round: loss on the held-out rows, measured at epoch ends)
+    is drawn beside it, dashed, with a legend: the gap between the two is overfitting."""
     values = [float(v) for v in losses]
     if not values or not all(math.isfinite(v) for v in values):
         raise ValueError("loss_chart: needs at least one finite loss")
     rounds = list(range(len(values))) if rounds is None else [int(r) for r in rounds]
     if len(rounds) != len(values):
         raise ValueError(f"loss_chart: {len(values)} losses but {len(rounds)} rounds")
-    y_ticks = nice_ticks(min(values), max(values))
-    frame = Frame(rounds[0], max(rounds[-1], rounds[0] + 1), y_ticks[0], y_ticks[-1])
-    body = [_polyline(frame, rounds, values, stroke=_LINE, stroke_width="2")]
-    if len(values) <= 40:
-        body += [
-            f'<circle cx="{frame.x(r):.2f}" cy="{frame.y(v):.2f}" r="2.5" fill="{_LINE}"/>'
-            for r, v in zip(rounds, values, strict=True)
-        ]
+    checks = sorted((int(r), float(v)) for r, v in (held_out or {}).items() if math.isfinite(v))
+    y_ticks = nice_ticks(min(values + [v for _, v in checks]), max(values + [v for _, v in checks]))
+    last = max([rounds[-1], *(r for r, _ in checks)])
+    frame = Frame(rounds[0], max(last, rounds[0] + 1), y_ticks[0], y_ticks[-1])
+    body = [_series(frame, rounds, values, _LINE)]
+    if checks:
+        check_rounds, check_values = zip(*checks, strict=True)
+        body.append(_series(frame, check_rounds, check_values, _HELD_OUT, dashed=True))
+        lines = [("training rows", _LINE, False), ("held-out rows", _HELD_OUT, True)]
+        body.append(_legend(frame, lines))
     return _canvas(frame, title, "round", "loss", body)
+
+
+def _series(
+    frame: Frame, xs: Sequence[int], ys: Sequence[float], colour: str, dashed: bool = False
+) -> str:
+    """One line of a chart, with a dot per point when there are few enough to see."""
+    dash = {"stroke_dasharray": "6 4"} if dashed else {}
+    parts = [_polyline(frame, xs, ys, stroke=colour, stroke_width="2", **dash)]
+    if len(ys) <= 40:
+        parts += [
+            f'<circle cx="{frame.x(x):.2f}" cy="{frame.y(y):.2f}" r="2.5" fill="{colour}"/>'
+            for x, y in zip(xs, ys, strict=True)
+        ]
+    return "\n".join(parts)
+
+
+def _legend(frame: Frame, entries: Sequence[tuple[str, str, bool]]) -> str:
+    """Top-right legend: a short stroke of each series' colour (dashed or not) and its name."""
+    right, top = frame.width - frame.right, frame.top
+    parts = []
+    for i, (name, colour, dashed) in enumerate(entries):
+        y = top + 14 + 16 * i
+        dash = ' stroke-dasharray="6 4"' if dashed else ""
+        parts.append(
+            f'<line x1="{right - 130}" y1="{y - 4}" x2="{right - 104}" y2="{y - 4}" '
+            f'stroke="{colour}" stroke-width="2"{dash}/>'
+        )
+        parts.append(f'<text x="{right - 98}" y="{y}" fill="{_TEXT}">{escape(name)}</text>')
+    return "\n".join(parts)
 
 
 def roc_chart(curve: RocCurve, scope: str | None = None) -> str:

@@ -444,7 +444,11 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
     )
     rows = (job.schedule.train_rows, job.schedule.holdout_rows)
     roc = own_rows_roc(ref, prediction["probabilities"], *rows)  # at the guest, its labels
-    publish_training_charts(flow_short(), job.job_id, [r["loss"] for r in history_rows], roc)
+    held_out = {
+        r["round"]: r["held-out loss"] for r in history_rows if r.get("held-out loss") is not None
+    }
+    losses = [r["loss"] for r in history_rows]
+    publish_training_charts(flow_short(), job.job_id, losses, roc, held_out)
     coefficients = dict(model["coefficients"])
     return {
         "job_id": job.job_id,

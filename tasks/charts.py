@@ -67,10 +67,12 @@ def publish_training_charts(
     job_id: str,
     losses: Sequence[float | None] = (),
     curves: Mapping[str, dict[str, Any] | None] | None = None,
+    held_out_losses: Mapping[int, float] | None = None,
 ) -> str | None:
-    """Publish the loss per round and each held-out curve (``{which rows: points}``, from
-    :func:`held_out_roc` or :func:`held_out_calibration`) as one markdown artifact; returns
-    its key, or None when there is nothing to draw. Called from a flow's run."""
+    """Publish the loss per round (and ``held_out_losses``, round: loss on the held-out rows,
+    beside it) and each held-out curve (``{which rows: points}``, from :func:`held_out_roc` or
+    :func:`held_out_calibration`) as one markdown artifact; returns its key, or None when
+    there is nothing to draw. Called from a flow's run."""
     known = [(r, float(v)) for r, v in enumerate(losses) if v is not None]  # round r: losses[r]
     drawn = {scope: points for scope, points in (curves or {}).items() if points}
     if not known and not drawn:
@@ -78,8 +80,9 @@ def publish_training_charts(
     parts = [f"### {flow}: training charts of job `{job_id}`"]
     if known:
         rounds, values = zip(*known, strict=True)
-        chart = loss_chart(values, rounds=rounds)
-        parts.append(markdown_image(chart, "training loss per round (rounds from 0)"))
+        chart = loss_chart(values, rounds=rounds, held_out=held_out_losses)
+        what = "training and held-out loss" if held_out_losses else "training loss"
+        parts.append(markdown_image(chart, f"{what} per round (rounds from 0)"))
     parts += [_chart(scope, points) for scope, points in drawn.items()]
     key = artifact_key(flow, job_id, "charts")
     publish_markdown(key, "\n\n".join(parts), f"{flow} charts of job {job_id}")

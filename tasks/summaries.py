@@ -219,17 +219,19 @@ def vertical_round_history(job: Any) -> list[dict[str, Any]]:
     with artifacts.store.session():  # one opening of the database for the many small reads
         for key, *_ in artifacts.list(prefix):
             kind, _, number = key.removeprefix(prefix).rpartition("/")
-            if kind not in ("loss", "round-metrics") or not number.isdigit():
+            if kind not in ("loss", "holdout-loss", "round-metrics") or not number.isdigit():
                 continue
             value = artifacts.get(key)
             entry = rows.setdefault(int(number), {"round": int(number)})
-            entry.update({"loss": value} if kind == "loss" else value)
+            entry.update(value if kind == "round-metrics" else {kind: value})
     traffic = _round_bytes(job.job_id, None)  # as this side sees its channel
     now = current_attempt()
+    held_out = any("holdout-loss" in row for row in rows.values())
     return [
         {
             "round": r,
             "loss": rows[r].get("loss"),
+            **({"held-out loss": rows[r].get("holdout-loss")} if held_out else {}),
             "gradient_norm": rows[r].get("gradient_norm"),
             "KiB sent": kib(traffic.get(r, 0)),
             "seconds": rows[r].get("seconds"),

@@ -908,9 +908,8 @@ def receive_setup(
 )
 def share_loss(job: VerticalJob, round_: int, phase: str, loss: float) -> None:
     """The key holder records a decrypted loss (its stop decisions read it) and tells the guest."""
-    if phase == "train":
-        _artifacts(job.key_holder_database).put(_key(job, "loss", f"{round_:07d}"), loss, "metric")
     db = job.key_holder_database
+    _artifacts(db).put(_key(job, _LOSS_KINDS[phase], f"{round_:07d}"), loss, "metric")
     _deliver(job, job.key_holder, db, job.guest, f"loss_value_{phase}", loss, round_)
 
 
@@ -920,11 +919,19 @@ def share_loss(job: VerticalJob, round_: int, phase: str, loss: float) -> None:
 def guest_loss(
     job: VerticalJob, ref: TableRef, round_: int, phase: str, metrics: dict[str, float]
 ) -> float:
-    """The guest's record of a round (loss from the key holder, its own metrics)."""
+    """The guest's record of a round (loss from the key holder, its own metrics; a held-out
+    loss, at an epoch's end, for the rounds table and the loss chart)."""
     loss = _collect(job, ref.party, ref.database, job.key_holder, f"loss_value_{phase}", round_)
     if phase == "train":
         record_round(job, ref.database, round_, loss, metrics)
+    else:
+        _artifacts(ref.database).put(_key(job, _LOSS_KINDS[phase], f"{round_:07d}"), loss, "metric")
     return float(loss)
+
+
+_LOSS_KINDS = {"train": "loss", "holdout": "holdout-loss"}
+"""Where each phase's loss is stored under the job's key (the training loss is the round
+checkpoint: early stopping and resume read it)."""
 
 
 def record_round(

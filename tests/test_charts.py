@@ -64,6 +64,19 @@ def test_the_loss_chart_puts_every_round_at_its_coordinates() -> None:
         loss_chart([0.7, float("nan")])
 
 
+def test_the_held_out_loss_is_drawn_beside_the_training_loss() -> None:
+    """Measured at epoch ends only: its own dashed line on the same axes, named in a legend."""
+    svg = loss_chart([0.69, 0.6, 0.5, 0.45], held_out={1: 0.62, 3: 0.75})
+    training, held_out = _polylines(svg)
+    ticks = nice_ticks(0.45, 0.75)  # the axis covers both series
+    frame = Frame(0, 3, ticks[0], ticks[-1])
+    expected = [(frame.x(1), frame.y(0.62)), (frame.x(3), frame.y(0.75))]
+    np.testing.assert_allclose(held_out, expected, atol=0.01)
+    assert len(training) == 4 and svg.count("<circle") == 6
+    assert "training rows" in svg and "held-out rows" in svg
+    assert "held-out" not in loss_chart([0.69, 0.6])  # no legend without a second line
+
+
 def _x_labels(svg: str) -> list[str]:
     """The round axis's tick labels (the texts under the plot, centred on a tick)."""
     root = ET.fromstring(svg)

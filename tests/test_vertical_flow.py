@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
@@ -177,7 +178,13 @@ def test_encrypted_training_equals_plaintext_protocol(
     charts = Artifact.get(f"{key}charts")
     assert charts is not None and charts.type == "markdown"
     loss_svg, roc_svg = chart_images(charts.data)
-    assert loss_svg.count("<circle") == len(result["losses"])
+    # the held-out loss of each epoch's end beside the training loss, as the rounds table has it
+    held_out = [r["holdout_loss"] for r in result["history"] if "holdout_loss" in r]
+    assert len(held_out) == EPOCHS
+    table = [r for r in json.loads(rounds.data) if r.get("held-out loss") is not None]
+    assert [r["held-out loss"] for r in table] == pytest.approx(held_out)
+    assert loss_svg.count("<circle") == len(result["losses"]) + EPOCHS
+    assert "held-out rows" in loss_svg and 'stroke-dasharray="6 4"' in loss_svg
     assert f"ROC on 20 held-out rows, AUC {result['metrics']['holdout_auc']:.4f}" in roc_svg
     # the encrypted Taylor loss is the real Taylor loss of the weights before each round
     assert result["losses"][0] == pytest.approx(np.log(2))

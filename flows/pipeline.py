@@ -21,7 +21,7 @@ from core.job_schema import job_kind
 from federation.workspace import channel_for, derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
 from flows.pipeline_party import PipelineResult, organisations, pipeline_party
-from tasks.reporting import RunSummary, bytes_sent, publish_summary, run_namer
+from tasks.reporting import RunSummary, bytes_sent, markdown_table, publish_summary, run_namer
 
 
 def _bytes_sent(job_id: str, workspace: str | None) -> str:
@@ -32,24 +32,27 @@ def _bytes_sent(job_id: str, workspace: str | None) -> str:
 
 def summary_markdown(name: str, results: dict[str, PipelineResult], workspace: str | None) -> str:
     """One row per party and stage, in the order the stages ran, and each stage's traffic."""
-    lines = [
-        f"# privreg pipeline: {name}",
-        "",
-        "| party | stage | role | seconds | result |",
-        "|---|---|---|---|---|",
+    rows = [
+        {
+            "party": party,
+            "stage": f"{stage.job}/{stage.stage}",
+            "role": stage.role,
+            "seconds": f"{stage.seconds:.1f}",
+            "result": stage.summary,
+        }
+        for party, result in sorted(results.items())
+        for stage in result.stages
     ]
-    job_ids: dict[str, None] = {}
-    for party, result in sorted(results.items()):
-        for stage in result.stages:
-            lines.append(
-                f"| {party} | {stage.job}/{stage.stage} | {stage.role} | {stage.seconds:.1f} "
-                f"| {stage.summary} |"
-            )
-            if stage.stage != "load":
-                job_ids[stage.job_id] = None
-    lines += ["", "| stage's job | bytes sent per party |", "|---|---|"]
-    lines += [f"| {job_id} | {_bytes_sent(job_id, workspace)} |" for job_id in job_ids]
-    return "\n".join(lines)
+    job_ids = dict.fromkeys(
+        s.job_id for _, r in sorted(results.items()) for s in r.stages if s.stage != "load"
+    )
+    traffic = [
+        {"stage's job": job_id, "bytes sent per party": _bytes_sent(job_id, workspace)}
+        for job_id in job_ids
+    ]
+    return "\n".join(
+        [f"# privreg pipeline: {name}", "", markdown_table(rows), "", markdown_table(traffic)]
+    )
 
 
 @flow(name="pipeline", flow_run_name=run_namer("pipeline"))

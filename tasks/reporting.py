@@ -80,6 +80,8 @@ def job_named(name: str) -> Iterator[None]:
         yield
     finally:
         _JOB.reset(token)
+
+
 _DERIVED_ID = re.compile(r"^([a-z-]+-)?([0-9a-f]{16,})$")
 
 
@@ -337,15 +339,20 @@ class Progress:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """A markdown table of ``rows`` (the first row's keys are the header). A cell's ``|`` is
+    escaped and its line breaks become ``<br>``: either would otherwise end the cell (or the
+    table) early and cut the rest of the text off."""
     if not rows:
         return "(none)"
     header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += [
-        "| " + " | ".join("" if row.get(h) is None else str(_plain(row[h])) for h in header) + " |"
-        for row in rows
-    ]
+    lines = ["| " + " | ".join(map(_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(row.get(h)) for h in header) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(_plain(value))
+    return text.replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
 
 
 def round_warnings(history: list[dict[str, Any]], loss: str = "loss") -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from tasks.reporting import (
     Quality,
     RunSummary,
     human_bytes,
+    markdown_table,
     model_table,
     round_warnings,
     short_id,
@@ -31,6 +33,16 @@ def test_a_rising_loss_and_a_diverging_gradient_are_warned_about() -> None:
     diverging = [*falling, {"round": 4, "loss": 0.2, "gradient_norm": 50.0}]
     [warning] = round_warnings(diverging)
     assert "gradient diverges" in warning
+
+
+def test_a_table_cell_with_a_bar_or_a_line_break_is_shown_whole() -> None:
+    """An unescaped ``|`` or line break ends a markdown cell early: the rest is cut off."""
+    text = "refused: a | b\nsee the log"
+    table = markdown_table([{"party": "lab", "result": text}])
+    _header, rule, row = table.split("\n")
+    assert row == "| lab | refused: a \\| b<br>see the log |"
+    cells = re.split(r"(?<!\\)\|", row)[1:-1]
+    assert len(cells) == len(rule.strip("|").split("|")) == 2
 
 
 def test_quality_below_the_baseline_respects_the_metric_s_direction() -> None:

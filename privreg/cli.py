@@ -161,10 +161,11 @@ def _budget(args: argparse.Namespace) -> None:
     if args.table and not store.has_table(args.table):
         raise PolicyError(f"{args.database} has no table {args.table!r}")
     tables = [ledger.budget_table(args.table)] if args.table else ledger.budgets()
-    statuses = [ledger.status(table).as_dict() for table in tables]
+    reports = {t: ledger.report(t) for t in tables}  # stored with the last charge: no composing
+    statuses = [reports[t][0].as_dict() for t in tables]
     windows = {t: [w.as_dict() for w in ledger.windows(t)] for t in tables}
     spends = {t: [_with_event(s) for s in ledger.spends(t)] for t in tables}
-    plans = {t: ledger.plan(t) for t in tables}
+    plans = {t: reports[t][1] for t in tables}
     if args.json:
         print(json.dumps([{**s, "windows": windows[s["protected_table"]],
                            "spends": spends[s["protected_table"]],

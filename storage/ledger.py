@@ -29,10 +29,18 @@ charge. The owner sets one with ``privreg budget window``; a party service's ``[
 max_epsilon_per_day`` (its party.toml) is written into the ledger as the rule ``set_by =
 'policy'`` by each check and charge made while the process runs as that party (and removed when
 the policy no longer has it). A ledger that cannot be read refuses the release (fail closed).
+
+What ``privreg budget show`` prints (the composed spend, each job's runs left) is stored with
+each charge, in its transaction, with a fingerprint of the spends and the budget it was computed
+from (``privreg_figures``): composing and the runs-left search need dp-accounting and take
+seconds, and a command that only reads should answer at once. A figure whose fingerprint no
+longer matches (a ledger from before figures were stored, a changed budget) is computed again
+when shown. Checks and charges never read stored figures: they always compose.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -44,6 +52,8 @@ from typing import Any
 import duckdb
 
 from core.dp.accounting import (
+    DISCRETISATION,
+    MAX_RUNS,
     AccountingError,
     ApproximateDP,
     Charge,
@@ -81,6 +91,11 @@ _SCHEMA = [
         seconds DOUBLE NOT NULL,
         updated_at TIMESTAMP NOT NULL,
         PRIMARY KEY (protected_table, set_by))""",
+    """CREATE TABLE IF NOT EXISTS privreg_figures (
+        protected_table VARCHAR PRIMARY KEY,
+        fingerprint VARCHAR NOT NULL,
+        epsilon_spent DOUBLE NOT NULL,
+        runs_left VARCHAR NOT NULL)""",
 ]
 DAY = 86400.0
 
@@ -117,6 +132,17 @@ class BudgetStatus:
 def event_json(event: Event) -> str:
     """An event as the ledger stores it (sorted keys: one event, one string)."""
     return json.dumps(event.as_dict(), sort_keys=True)
+
+
+_SpendRow = tuple[str, str, str | None, float, float, datetime]
+"""release_key, job_id, event, epsilon, delta, created_at: what a table's figures depend on."""
+
+
+def _fingerprint(budget: tuple[float, float], rows: list[_SpendRow]) -> str:
+    """What stored figures were computed from: the budget, every spend row (oldest first) and
+    the accountant's settings; a change to any of them makes the figures stale."""
+    text = json.dumps([DISCRETISATION, MAX_RUNS, budget, rows], default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _charge(event: str | None, epsilon: float, delta: float) -> Charge:
@@ -289,6 +315,7 @@ class PrivacyLedger:
                 "INSERT OR REPLACE INTO privreg_budget VALUES (?, ?, ?, ?)",
                 [source, float(epsilon), float(delta), self.clock()],
             )
+            self._store_figures(source, con)
         return True
 
     def _own_source(self, protected_table: str, con: duckdb.DuckDBPyConnection) -> str:
@@ -387,6 +414,13 @@ class PrivacyLedger:
                 return self.status(protected_table, own)
         self._ensure(con)
         protected_table = self.budget_table(protected_table, con)
+        budget = self._budget(protected_table, con)
+        charges = self._charges(protected_table, con)
+        spent = self._composed(protected_table, charges, budget[1])
+        return BudgetStatus(protected_table, budget[0], budget[1], spent)
+
+    def _budget(self, protected_table: str, con: duckdb.DuckDBPyConnection) -> tuple[float, float]:
+        """The owner's (epsilon_total, delta_total) of a source table; refuses without one."""
         budget = con.execute(
             "SELECT epsilon_total, delta_total FROM privreg_budget WHERE protected_table = ?",
             [protected_table],
@@ -399,24 +433,30 @@ class PrivacyLedger:
                 f"[--delta D] (a party service may instead name it in its party.toml, "
                 f"[budgets.{protected_table}]); a job file never grants a budget"
             )
-        charges = self._charges(protected_table, con)
-        spent = self._composed(protected_table, charges, budget[1])
-        return BudgetStatus(protected_table, budget[0], budget[1], spent)
+        return float(budget[0]), float(budget[1])
 
     def _charges(self, table: str, con: duckdb.DuckDBPyConnection) -> list[Charge]:
         """Every spend of ``table`` (a source table) as the accountant reads it."""
-        rows = con.execute(
-            "SELECT event, epsilon, delta FROM privreg_spend WHERE protected_table = ? "
-            "ORDER BY created_at, release_key",
-            [table],
-        ).fetchall()
+        return self._read_charges(table, self._spend_rows(table, con))
+
+    def _read_charges(self, table: str, rows: list[_SpendRow]) -> list[Charge]:
+        """``rows`` (a table's spend rows) as the accountant reads them."""
         try:
-            return [_charge(*row) for row in rows]
+            return [_charge(event, epsilon, delta) for _, _, event, epsilon, delta, _ in rows]
         except (AccountingError, ValueError) as error:
             raise BudgetError(
                 f"a spend of table {table!r} in {self.store.path.name} holds an event that "
                 f"cannot be accounted ({error}); releases are refused"
             ) from error
+
+    @staticmethod
+    def _spend_rows(table: str, con: duckdb.DuckDBPyConnection) -> list[_SpendRow]:
+        """Every spend row of ``table`` (a source table), oldest first."""
+        return con.execute(
+            "SELECT release_key, job_id, event, epsilon, delta, created_at FROM privreg_spend "
+            "WHERE protected_table = ? ORDER BY created_at, release_key",
+            [table],
+        ).fetchall()
 
     def _composed(self, table: str, charges: list[Charge], delta: float) -> float:
         """The composed epsilon of ``charges`` at ``delta``; refuses (fail closed) when the
@@ -432,33 +472,132 @@ class PrivacyLedger:
         """For each job that spent from the table (latest first): its latest event and how
         many more releases of it fit in the budget, by the test a charge applies."""
         with self._transaction() as con:
-            status = self.status(protected_table, con)
-            table = status.protected_table
-            charges = self._charges(table, con)
-            rows = con.execute(
-                "SELECT job_id, event, epsilon, delta, created_at FROM privreg_spend "
-                "WHERE protected_table = ? ORDER BY created_at DESC, release_key DESC",
-                [table],
-            ).fetchall()
-        plans: dict[str, dict[str, Any]] = {}
-        for job_id, event, epsilon, delta, created_at in rows:
-            if job_id in plans:
-                continue
-            run = _charge(event, epsilon, delta)
-            try:
-                left = runs_left(charges, run, status.epsilon_total, status.delta_total)
-            except AccountingError as error:
-                raise BudgetError(f"table {table!r}: {error}") from error
-            plans[job_id] = {
+            self._ensure(con)
+            table = self.budget_table(protected_table, con)
+            budget, rows = self._budget(table, con), self._spend_rows(table, con)
+        _, runs = self._figures(table, budget, rows)
+        return self._plans(table, rows, runs)
+
+    def report(self, protected_table: str) -> tuple[BudgetStatus, list[dict[str, Any]]]:
+        """:meth:`status` and :meth:`plan` as ``privreg budget show`` prints them: from the
+        figures stored with the table's last charge while their fingerprint matches, else
+        computed (by the same accountant) and stored for the next time."""
+        with self._transaction() as con:
+            self._ensure(con)
+            table = self.budget_table(protected_table, con)
+            budget, rows = self._budget(table, con), self._spend_rows(table, con)
+            stored = self._stored_figures(table, budget, rows, con)
+            if stored is None:
+                stored = self._figures(table, budget, rows)
+                self._write_figures(table, _fingerprint(budget, rows), *stored, con)
+        spent, runs = stored
+        status = BudgetStatus(table, budget[0], budget[1], spent)
+        return status, self._plans(table, rows, runs)
+
+    @staticmethod
+    def _stored_figures(
+        table: str,
+        budget: tuple[float, float],
+        rows: list[_SpendRow],
+        con: duckdb.DuckDBPyConnection,
+    ) -> tuple[float, dict[str, int]] | None:
+        """The figures stored for ``table`` if they were computed from ``budget`` and ``rows``."""
+        stored = con.execute(
+            "SELECT epsilon_spent, runs_left FROM privreg_figures "
+            "WHERE protected_table = ? AND fingerprint = ?",
+            [table, _fingerprint(budget, rows)],
+        ).fetchone()
+        return None if stored is None else (float(stored[0]), json.loads(stored[1]))
+
+    def _figures(
+        self,
+        table: str,
+        budget: tuple[float, float],
+        rows: list[_SpendRow],
+        known: dict[Charge, int] | None = None,
+    ) -> tuple[float, dict[str, int]]:
+        """The composed spend of ``rows`` at the owner's delta, and per job the runs of its
+        latest release that still fit (the test a charge applies; ``known``: runs left of some
+        releases, already counted)."""
+        epsilon_total, delta_total = budget
+        charges = self._read_charges(table, rows)
+        left, runs = dict(known or {}), {}
+        for job_id, (_, run) in self._latest(table, rows).items():
+            if run not in left:  # jobs repeating one release share its count
+                try:
+                    left[run] = runs_left(charges, run, epsilon_total, delta_total)
+                except AccountingError as error:
+                    raise BudgetError(f"table {table!r}: {error}") from error
+            runs[job_id] = left[run]
+        return self._composed(table, charges, delta_total), runs
+
+    def _one_run_fewer(
+        self, table: str, run: Charge, con: duckdb.DuckDBPyConnection
+    ) -> dict[Charge, int]:
+        """Runs left of ``run`` once one more is charged: one fewer than the stored figures
+        say now, because that test is the same composition one run further along. Empty
+        when the stored figures are stale, do not count ``run`` or reached MAX_RUNS (then
+        the search counts it)."""
+        budget, rows = self._budget(table, con), self._spend_rows(table, con)
+        stored = self._stored_figures(table, budget, rows, con)
+        if stored is None:
+            return {}
+        for job_id, (_, latest) in self._latest(table, rows).items():
+            left = stored[1].get(job_id, 0)
+            if latest == run and 1 <= left < MAX_RUNS:
+                return {run: left - 1}
+        return {}
+
+    def _latest(self, table: str, rows: list[_SpendRow]) -> dict[str, tuple[datetime, Charge]]:
+        """Each job's latest spend (when, and as the accountant reads it), latest job first."""
+        latest: dict[str, tuple[datetime, Charge]] = {}
+        for row in reversed(rows):
+            if row[1] not in latest:
+                latest[row[1]] = (row[5], self._read_charges(table, [row])[0])
+        return latest
+
+    def _plans(
+        self, table: str, rows: list[_SpendRow], runs: dict[str, int]
+    ) -> list[dict[str, Any]]:
+        """:meth:`plan`'s rows from the spend rows and each job's runs left."""
+        return [
+            {
                 "job_id": job_id,
                 "last_run": created_at,
                 "event": run.event.as_dict(),
                 "mechanism": run.event.describe(),
                 "epsilon": run.epsilon,
                 "delta": run.delta,
-                "runs_left": left,
+                "runs_left": runs[job_id],
             }
-        return list(plans.values())
+            for job_id, (created_at, run) in self._latest(table, rows).items()
+        ]
+
+    def _store_figures(
+        self, table: str, con: duckdb.DuckDBPyConnection, known: dict[Charge, int] | None = None
+    ) -> None:
+        """Compute and store ``table``'s figures in this transaction; where they cannot be
+        computed, leave none (showing them then refuses, as checks and charges do)."""
+        budget, rows = self._budget(table, con), self._spend_rows(table, con)
+        try:
+            spent, runs = self._figures(table, budget, rows, known)
+        except BudgetError:
+            con.execute("DELETE FROM privreg_figures WHERE protected_table = ?", [table])
+            return
+        self._write_figures(table, _fingerprint(budget, rows), spent, runs, con)
+
+    @staticmethod
+    def _write_figures(
+        table: str,
+        fingerprint: str,
+        spent: float,
+        runs: dict[str, int],
+        con: duckdb.DuckDBPyConnection,
+    ) -> None:
+        con.execute(
+            "INSERT OR REPLACE INTO privreg_figures VALUES (?, ?, ?, ?)",
+            [table, fingerprint, spent, json.dumps(runs, sort_keys=True)],
+        )
 
     def budgets(self) -> list[str]:
         """The protected tables that have a budget in this database."""
@@ -557,6 +696,8 @@ class PrivacyLedger:
                 return existing
             event = event or ApproximateDP(epsilon, delta)
             status = self.require_affordable(protected_table, epsilon, delta, con, consumer, event)
+            booked = _charge(event_json(event), epsilon, delta)  # as the row will read back
+            known = self._one_run_fewer(status.protected_table, booked, con)
             con.execute(
                 "INSERT INTO privreg_spend (release_key, protected_table, epsilon, delta, "
                 "mechanism, job_id, created_at, consumer, event) "
@@ -565,4 +706,5 @@ class PrivacyLedger:
                  job_id, self.clock(), consumer, event_json(event)],
             )  # fmt: skip
             self.artifacts.put(f"release/{release_key}", release, "release", con=con)
+            self._store_figures(status.protected_table, con, known)
         return release

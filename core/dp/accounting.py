@@ -43,15 +43,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache, reduce
-from typing import Any, ClassVar
-
-from dp_accounting import dp_event
-from dp_accounting.pld import common
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from core.dp.errors import PrivacyParameterError
+
+if TYPE_CHECKING:  # dp-accounting is imported where a figure is computed (see _pld_lib)
+    from dp_accounting import dp_event
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 __all__ = [
     "DISCRETISATION",
@@ -88,6 +87,21 @@ MAX_RUNS = 1000
 
 _TOLERANCE = 1e-12
 _INTEGRAL = 1e-9
+
+
+def _pld_lib() -> ModuleType:
+    """dp-accounting's PLD module, imported on first use: with SciPy it costs about a second of
+    CPU, which reading events (or a ledger's stored figures) does not need."""
+    from dp_accounting.pld import privacy_loss_distribution
+
+    return privacy_loss_distribution
+
+
+def _dp_event() -> ModuleType:
+    """dp-accounting's event module (for the RDP cross-check), imported on first use."""
+    from dp_accounting import dp_event
+
+    return dp_event
 
 
 class AccountingError(PrivacyParameterError):
@@ -163,12 +177,12 @@ class Gaussian(Event):
         return self.sensitivity / self.sigma
 
     def pld(self) -> PrivacyLossDistribution:
-        return pld_lib.from_gaussian_mechanism(
+        return _pld_lib().from_gaussian_mechanism(
             self.sigma, sensitivity=self.sensitivity, value_discretization_interval=DISCRETISATION
         )
 
     def rdp_event(self) -> dp_event.DpEvent:
-        return dp_event.GaussianDpEvent(self.sigma / self.sensitivity)
+        return _dp_event().GaussianDpEvent(self.sigma / self.sensitivity)
 
 
 SHIFTS = ("scalar", "unit", "vector")
@@ -214,7 +228,7 @@ class DiscreteGaussian(Event):
             return Gaussian(self.sensitivity + 1.0, self.sigma).pld()
         scalar = self.shift == "scalar"
         step = _integral("sensitivity", self.sensitivity) if scalar else 1
-        one = pld_lib.from_discrete_gaussian_mechanism(
+        one = _pld_lib().from_discrete_gaussian_mechanism(
             self.sigma,
             sensitivity=step,
             value_discretization_interval=DISCRETISATION,
@@ -226,7 +240,7 @@ class DiscreteGaussian(Event):
         """rho = sensitivity^2 / (2 sigma^2)-zCDP for any integer shift (Canonne, Kamath and
         Steinke 2020)."""
         norm = self.sensitivity + (1.0 if self.shift == "vector" else 0.0)
-        return dp_event.ZCDpEvent(norm**2 / (2.0 * self.sigma**2))
+        return _dp_event().ZCDpEvent(norm**2 / (2.0 * self.sigma**2))
 
 
 @dataclass(frozen=True)
@@ -242,12 +256,12 @@ class Laplace(Event):
         _positive("scale", self.scale)
 
     def pld(self) -> PrivacyLossDistribution:
-        return pld_lib.from_laplace_mechanism(
+        return _pld_lib().from_laplace_mechanism(
             self.scale, sensitivity=self.sensitivity, value_discretization_interval=DISCRETISATION
         )
 
     def rdp_event(self) -> dp_event.DpEvent:
-        return dp_event.LaplaceDpEvent(self.scale / self.sensitivity)
+        return _dp_event().LaplaceDpEvent(self.scale / self.sensitivity)
 
 
 @dataclass(frozen=True)
@@ -264,7 +278,7 @@ class DiscreteLaplace(Event):
         _positive("scale", self.scale)
 
     def pld(self) -> PrivacyLossDistribution:
-        return pld_lib.from_discrete_laplace_mechanism(
+        return _pld_lib().from_discrete_laplace_mechanism(
             1.0 / self.scale,
             sensitivity=_integral("sensitivity", self.sensitivity),
             value_discretization_interval=DISCRETISATION,
@@ -292,7 +306,7 @@ class RandomizedResponse(Event):
     def pld(self) -> PrivacyLossDistribution:
         # dp-accounting's noise parameter p: the output is uniform with probability p
         noise = self.buckets / (math.exp(self.epsilon) + self.buckets - 1)
-        return pld_lib.from_randomized_response(
+        return _pld_lib().from_randomized_response(
             noise, self.buckets, value_discretization_interval=DISCRETISATION
         )
 
@@ -316,7 +330,7 @@ class PureDP(Event):
 
     def rdp_event(self) -> dp_event.DpEvent:
         """epsilon-DP implies epsilon^2/2-zCDP (Bun and Steinke 2016)."""
-        return dp_event.ZCDpEvent(self.epsilon**2 / 2.0)
+        return _dp_event().ZCDpEvent(self.epsilon**2 / 2.0)
 
 
 @dataclass(frozen=True)
@@ -338,8 +352,10 @@ class ApproximateDP(Event):
             raise AccountingError(f"delta must be in [0, 1), got {self.delta!r}")
 
     def pld(self) -> PrivacyLossDistribution:
+        from dp_accounting.pld import common
+
         parameters = common.DifferentialPrivacyParameters(float(self.epsilon), float(self.delta))
-        return pld_lib.from_privacy_parameters(parameters, DISCRETISATION)
+        return _pld_lib().from_privacy_parameters(parameters, DISCRETISATION)
 
     def rdp_event(self) -> dp_event.DpEvent | None:
         return PureDP(self.epsilon).rdp_event() if self.delta == 0 and self.epsilon > 0 else None
@@ -370,7 +386,7 @@ class Composed(Event):
 
     def rdp_event(self) -> dp_event.DpEvent | None:
         inner = [e.rdp_event() for e in self.events]
-        return None if None in inner else dp_event.ComposedDpEvent(inner)
+        return None if None in inner else _dp_event().ComposedDpEvent(inner)
 
 
 _KINDS: dict[str, type[Event]] = {
@@ -445,7 +461,7 @@ def _compose_plds(tally: _Tally) -> PrivacyLossDistribution:
     if tally.gaussian > 0:
         plds.append(Gaussian(1.0, 1.0 / math.sqrt(tally.gaussian)).pld())
     if not plds:
-        return pld_lib.identity(DISCRETISATION)
+        return _pld_lib().identity(DISCRETISATION)
     return reduce(lambda first, second: first.compose(second), plds)
 
 
@@ -481,8 +497,10 @@ def rdp_epsilon(events: Iterable[Event], delta: float) -> float | None:
     inner = [event.rdp_event() for event in events]
     if not inner or None in inner or _checked_delta(delta) == 0:
         return None
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
     accountant = RdpAccountant()
-    accountant.compose(dp_event.ComposedDpEvent(inner))
+    accountant.compose(_dp_event().ComposedDpEvent(inner))
     return float(accountant.get_epsilon(delta))
 
 

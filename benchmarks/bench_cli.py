@@ -7,10 +7,11 @@ command loaded Prefect (from one more run under ``-X importtime``). Targets: ``-
 0.3 s of wall time, the others under 1 s of CPU, and none loading Prefect (only commands that
 run a flow need it).
 
-The files looked at are made in a temporary folder: a party database with a budget, a party
+The files looked at are made in a temporary folder: a party database with a budget and two
+jobs' releases charged to it (as the demo's WALR and a label release would), a party
 configuration with a job's status record, and the repository's ``jobs/demo.json``.
 ``--database`` points ``budget show`` and ``models list`` at a database of your own instead
-(its budget's events are composed by the accountant, which costs CPU of its own).
+(a ledger from before figures were stored with each charge composes them on its first show).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def files(folder: Path) -> tuple[Path, Path]:
-    """A party database with a budget set, and a party.toml whose job ``credit`` has a record."""
+    """A party database with a budget and two jobs' releases charged to it, and a party.toml
+    whose job ``credit`` has a record."""
     import pandas as pd
 
+    from core.dp.accounting import DiscreteGaussian, PureDP
     from federation import certs
     from federation.channel import FileTransport
     from federation.status import PartyStatus
@@ -42,7 +45,11 @@ def files(folder: Path) -> tuple[Path, Path]:
     ref = TableRef(str(folder / "bank.duckdb"), "customers")
     store = PartyStore.of(ref)
     store.import_frame(pd.DataFrame({"id": range(100), "x": [0.5] * 100}), ref)
-    PrivacyLedger(store).set_budget("customers", 2.0, 1e-6)
+    ledger = PrivacyLedger(store)
+    ledger.set_budget("customers", 6.0, 1e-5)
+    walr = DiscreteGaussian(67553, 273261, "vector")  # the demo's WALR release
+    ledger.charge_and_store("w", "customers", 1.0, 1e-6, "walr", "demo-walr", [0], event=walr)
+    ledger.charge_and_store("l", "customers", 0.5, 0.0, "rr", "labels", [0], event=PureDP(0.5))
     ca = certs.create_ca(folder / "ca")
     issued = certs.issue(ca, "bank", folder / "bank")
     config = folder / "party.toml"

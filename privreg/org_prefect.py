@@ -13,8 +13,9 @@ at all. So ``party serve``
   ``<root>/logs/prefect-server.log``, and stops it when the service stops.
 
 Every side the service starts gets that server's ``PREFECT_API_URL``, and the URL is written
-to ``<root>/prefect-api-url`` (0600), where the ``privreg job`` commands run at that party find
-it (:func:`use_org_prefect`). Nothing here imports Prefect.
+to ``<root>/prefect-api-url`` (0600), where the ``privreg job`` commands and the sides started by
+hand at that party (``privreg party pipeline``, ``party psi``, ...) find it
+(:func:`use_org_prefect`, :func:`side_prefect`). Nothing here imports Prefect.
 """
 
 from __future__ import annotations
@@ -218,4 +219,21 @@ def use_org_prefect(config: PartyConfig) -> str | None:
     if not url or not healthy(url):
         return None
     os.environ[ENV] = url
+    return url
+
+
+def side_prefect(config: PartyConfig, say: Callable[[str], None]) -> str | None:
+    """The Prefect a side started by hand (``privreg party pipeline``, ``party psi``, ...)
+    reports to: the organisation's, as for the sides its service starts (:func:`use_org_prefect`;
+    call this before Prefect is imported); without one that answers, a temporary server as
+    before, which ``say`` reports in one line."""
+    url = use_org_prefect(config)
+    if url is None:
+        path = url_file(config.root)
+        try:
+            why = f"{path.read_text().strip() or 'nothing'} (from {path}) does not answer"
+        except OSError:
+            why = f"no {path}: privreg party serve is not running"
+        say(f"party {config.party}: the organisation's Prefect server is not up ({why}); "
+            f"this side runs on a temporary Prefect server of its own")  # fmt: skip
     return url

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,16 @@ def _as_party(config_path: str) -> Any:
     os.environ[ENV_VAR] = str(Path(config_path).resolve())
     # SIGTERM ends a side the way Ctrl-C does: its peers are told why before it exits
     signal.signal(signal.SIGTERM, _interrupted)
+    return config
+
+
+def _as_side(config_path: str) -> Any:
+    """:func:`_as_party` for a side started by hand: it reports to the organisation's Prefect
+    server (the one ``party serve`` hosts) when that answers, as the service's sides do."""
+    from privreg.org_prefect import side_prefect
+
+    config = _as_party(config_path)
+    side_prefect(config, lambda line: print(line, file=sys.stderr, flush=True))
     return config
 
 
@@ -159,7 +170,7 @@ def _serve_flows(party: str) -> None:
 
 
 def _psi(args: argparse.Namespace) -> None:
-    config = _as_party(args.config)
+    config = _as_side(args.config)
     own = _own_table(config, args.table)
     options = options_from(args, _model("PsiOptions"))
     if args.count_only:  # KKRT16's receiver learns its matching rows: PSI-CA runs instead
@@ -178,7 +189,7 @@ def _own_table(config: Any, text: str) -> dict[str, Any]:
 
 
 def _walr(args: argparse.Namespace) -> None:
-    config = _as_party(args.config)
+    config = _as_side(args.config)
     own, options = _own_table(config, args.table), options_from(args, _model("WalrOptions"))
     from flows.walr import walr_party
 
@@ -187,7 +198,7 @@ def _walr(args: argparse.Namespace) -> None:
 
 
 def _label_dp(args: argparse.Namespace) -> None:
-    config = _as_party(args.config)
+    config = _as_side(args.config)
     own, options = _own_table(config, args.table), options_from(args, _model("LabelDPOptions"))
     from flows.label_dp import label_dp_party
 
@@ -242,7 +253,7 @@ def _two_party_parser(
 def _hospitals_side(args: argparse.Namespace, model: str, party_flow: str) -> None:
     """A hospital's side (its own table) of a protocol with a coordinator, or the
     coordinator's (no table), with the job's options (alike everywhere)."""
-    config = _as_party(args.config)
+    config = _as_side(args.config)
     import importlib
 
     flows = importlib.import_module(f"flows.{party_flow}")
@@ -263,7 +274,7 @@ def _hospitals_side(args: argparse.Namespace, model: str, party_flow: str) -> No
 
 
 def _vertical(args: argparse.Namespace) -> None:
-    config = _as_party(args.config)
+    config = _as_side(args.config)
     own = _own_table(config, args.table) if args.table else None
     options = options_from(args, _model("VerticalOptions"), skip=("arbiter",))  # a name here
     if args.no_arbiter:
@@ -282,7 +293,7 @@ def _vertical(args: argparse.Namespace) -> None:
 
 def _pipeline(args: argparse.Namespace) -> None:
     """This party's stages of a job file; one line per stage, then the result as JSON."""
-    config = _as_party(args.config)
+    config = _as_side(args.config)
     from dataclasses import asdict
 
     from flows.pipeline_party import pipeline_party

@@ -21,7 +21,14 @@ from federation.party_config import PartyConfig, PartyConfigError
 from federation.status import Proposal
 from privreg import job_cli
 from privreg.cli import main
-from privreg.org_prefect import ENV, OrgPrefect, OrgPrefectError, url_file, use_org_prefect
+from privreg.org_prefect import (
+    ENV,
+    OrgPrefect,
+    OrgPrefectError,
+    side_prefect,
+    url_file,
+    use_org_prefect,
+)
 from privreg.party_service import PartyService
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +97,7 @@ def test_the_service_hosts_the_server_its_sides_report_to_and_stops_it(
         assert use_org_prefect(config) == org.api_url  # a job command at this party
         assert os.environ[ENV] == org.api_url
         monkeypatch.delenv(ENV)
+        _a_side_started_by_hand_reports_there(config_path, env)
         _a_schedule_is_served_there(config_path, env)
     finally:
         service.stop()
@@ -102,11 +110,31 @@ def test_the_service_hosts_the_server_its_sides_report_to_and_stops_it(
     assert use_org_prefect(config) is None and ENV not in os.environ
 
 
+def _child_env() -> dict[str, str]:
+    """A command's environment as a user's shell gives it: no PREFECT_API_URL, no party."""
+    child = {k: v for k, v in os.environ.items() if k != ENV and not k.startswith("PRIVREG_")}
+    child["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), child.get("PYTHONPATH")) if p)
+    return child
+
+
+def _a_side_started_by_hand_reports_there(config_path: Path, env: dict[str, str]) -> None:
+    """``privreg party pipeline`` typed at the lab, without PREFECT_API_URL, reports its flow
+    run to the organisation's server (no temporary one, no line saying so)."""
+    command = [sys.executable, "-m", "privreg.cli", "party", "pipeline", "--config",
+               "party.toml", "--job-file", "jobs/demo.json", "--run", "by-hand"]  # fmt: skip
+    done = subprocess.run(command, cwd=config_path.parent, env=_child_env(),
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert done.returncode != 0  # the job file has no stages: refused, after its run started
+    assert "temporary" not in done.stderr, done.stderr
+    runs = api(env, "/flow_runs/filter", {"flow_runs": {"name": {"any_": [
+        "lab: pipeline jobs/demo.json run by-hand"]}}})  # fmt: skip
+    assert [run["state_type"] for run in runs] == ["FAILED"], done.stderr
+
+
 def _a_schedule_is_served_there(config_path: Path, env: dict[str, str]) -> None:
     """``privreg job schedule`` run without PREFECT_API_URL serves its cron deployment on the
     organisation's server (a temporary one refuses schedules)."""
-    child = {k: v for k, v in os.environ.items() if k != ENV and not k.startswith("PRIVREG_")}
-    child["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), child.get("PYTHONPATH")) if p)
+    child = _child_env()
     command = [sys.executable, "-m", "privreg.cli", "job", "schedule", "jobs/demo.json",
                "--config", "party.toml", "--cron", "0 2 * * *"]  # fmt: skip
     schedule = subprocess.Popen(command, cwd=config_path.parent, env=child,
@@ -124,12 +152,23 @@ def _a_schedule_is_served_there(config_path: Path, env: dict[str, str]) -> None:
 
 
 def test_a_stale_url_file_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A service killed with SIGKILL leaves its file: the commands use a temporary server."""
+    """A service killed with SIGKILL leaves its file: the commands use a temporary server, and
+    a side started by hand says so in one line (as it does when no service ever ran)."""
     monkeypatch.delenv(ENV, raising=False)
     config = PartyConfig.load(_lab(tmp_path / "lab"))
+    said: list[str] = []
+    assert side_prefect(config, said.append) is None
+    assert said == [f"party lab: the organisation's Prefect server is not up (no "
+                    f"{url_file(config.root)}: privreg party serve is not running); this side "
+                    f"runs on a temporary Prefect server of its own"]  # fmt: skip
     config.root.mkdir()
     url_file(config.root).write_text("http://127.0.0.1:9/api\n")
     assert use_org_prefect(config) is None and ENV not in os.environ
+    assert side_prefect(config, said.append) is None and ENV not in os.environ
+    assert said[1].startswith("party lab: the organisation's Prefect server is not up "
+                              "(http://127.0.0.1:9/api (from ")  # fmt: skip
+    assert said[1].endswith("does not answer); this side runs on a temporary Prefect server "
+                            "of its own")  # fmt: skip
 
 
 def test_a_given_server_that_does_not_answer_is_one_line(

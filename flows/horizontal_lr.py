@@ -44,6 +44,7 @@ from tasks.reporting import (
     Progress,
     artifact_key,
     flow_short,
+    kib,
     publish_model_link,
     publish_table,
     run_namer,
@@ -54,6 +55,7 @@ from tasks.summaries import (
     current_attempt,
     horizontal_party_summary,
     horizontal_summary,
+    round_bytes,
 )
 
 __all__ = [
@@ -198,7 +200,7 @@ class _LossWatch:
 def _publish(side: coordinator_steps.Coordinator, model: dict[str, Any]) -> None:
     job_id = side.job_id
     short = job_id.removeprefix("horizontal-lr-")
-    now = current_attempt()
+    now, traffic = current_attempt(), round_bytes(job_id)  # as its own channel saw them
     rows = [
         {
             "round": e["round"],
@@ -207,6 +209,7 @@ def _publish(side: coordinator_steps.Coordinator, model: dict[str, Any]) -> None
             "survivors": len(e["survivors"]),
             "parties": ", ".join(e["survivors"]),
             "max weight change": e["change"],
+            "KiB sent": kib(traffic.get(e["round"], 0)),
             **attempt_columns(e.get("attempt"), now),
         }
         for e in model["history"]

@@ -171,6 +171,12 @@ def _round_bytes(job_id: str, workspace: str | None) -> dict[int, int]:
     return totals
 
 
+def round_bytes(job_id: str) -> dict[int, int]:
+    """:func:`_round_bytes` as this side's own channel sees them: the horizontal coordinator's
+    rounds table reads it (in party mode, its own folder of sent and received messages)."""
+    return _round_bytes(job_id, None)
+
+
 # ---------------------------------------------------------------------------------------------
 # Per flow
 

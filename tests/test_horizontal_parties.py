@@ -217,6 +217,8 @@ def test_hospital_processes_train_the_plaintext_model_across_a_restart(make_job:
     assert [(r["round"], r["attempt"], r["reused"]) for r in rounds] == [
         (r, f"{run['id'][:8]} try 1", "") for r in (0, 1)
     ]
+    # its KiB per round are real in party mode: its own folder's messages of each round
+    assert all(r["KiB sent"] > 1 for r in rounds)
     # its chart: the aggregated loss per round (it holds no labels); each hospital's: its ROC
     (loss,) = chart_images(published["charts"]["data"])
     assert loss.startswith("<svg") and "training loss per round" in published["charts"]["data"]

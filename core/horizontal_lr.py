@@ -16,15 +16,22 @@ row-weighted mean of the model changes).
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 from scipy.special import expit
 
-from core.secagg import DEFAULT_SCALE_BITS, pack_weighted, secure_weighted_mean
+from core.secagg import DEFAULT_SCALE_BITS, encode, pack_weighted, secure_weighted_mean
+from core.secagg.fixed_point import add_in_ring
+from core.secagg.weighted import WeightedAggregate, unpack_weighted
+
+if TYPE_CHECKING:
+    from core.dp.distributed import DistributedGaussian
 
 # ---------------------------------------------------------------------------------------------
 # Validation of the parties' tables
@@ -286,6 +293,88 @@ def centralized_gd(
     for _ in range(iterations):
         weights = apply_mean_gradient(weights, gradient(weights, X, y, l2), learning_rate)
     return weights
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed differential privacy (record level, gradient mode)
+#
+# Under DP a hospital sends ``[sum of clipped per-row gradients, w * sum of clipped per-row
+# losses, rows]``; the penalty, which depends on no row, is added after the sum is unmasked.
+# Neighbouring tables differ in one row replaced by any other (a hospital's row count is not
+# protected, as in sparse LDA's row unit), so the count needs no noise and stays exact.
+
+LOSS_BOUND = 4.0
+"""Each row's log-loss is clipped at this under DP (a row beyond it gives its own label a
+probability below 0.02): the loss sum carries noise too, so its rows need a bound."""
+
+LOSS_WEIGHT = 0.5
+"""Under DP the clipped loss sum is sent times ``clip_norm * LOSS_WEIGHT / LOSS_BOUND``: one
+row moves it by at most half a clip norm, so reporting the loss costs 3% more noise."""
+
+
+def dp_sensitivity(clip_norm: float) -> float:
+    """L2 distance one hospital's DP vector moves when one of its rows is replaced by any
+    other: ``2C`` for the gradient sum, ``LOSS_WEIGHT C`` for the loss, 0 for the count."""
+    return clip_norm * math.hypot(2.0, LOSS_WEIGHT)
+
+
+def _loss_scale(clip_norm: float) -> float:
+    return clip_norm * LOSS_WEIGHT / LOSS_BOUND
+
+
+def clipped_contribution(
+    weights: np.ndarray, X: np.ndarray, y: np.ndarray, clip_norm: float
+) -> np.ndarray:
+    """A hospital's DP vector before noise: each row's log-loss gradient (intercept included,
+    no penalty) clipped to ``clip_norm`` in L2 and summed, the clipped losses, the rows."""
+    scores = decision_function(weights, X)
+    rows = np.hstack([X, np.ones((len(y), 1))]) * (expit(scores) - y)[:, None]
+    norms = np.linalg.norm(rows, axis=1)
+    factor = np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
+    losses = np.minimum(np.logaddexp(0.0, scores) - y * scores, LOSS_BOUND)
+    loss_sum = _loss_scale(clip_norm) * float(losses.sum())
+    return np.concatenate([(rows * factor[:, None]).sum(axis=0), [loss_sum, float(len(y))]])
+
+
+def largest_dp_input(rows: int, clip_norm: float) -> float:
+    """Largest coordinate of a DP vector of ``rows`` rows (before scaling to the grid)."""
+    return rows * max(clip_norm, 1.0)
+
+
+def noisy_ring_input(
+    vector: np.ndarray,
+    noise: DistributedGaussian,
+    n_parties: int,
+    scale_bits: int,
+    clip_norm: float,
+    party: str = "this party",
+) -> np.ndarray:
+    """The DP vector encoded to the secure sum's ring with this party's noise share added
+    (every coordinate but the exact row count), once the noisy sum of ``n_parties`` such
+    vectors at their largest clipped input is checked not to wrap."""
+    from core.dp.distributed import check_ring
+
+    largest = math.ldexp(largest_dp_input(int(vector[-1]), clip_norm), scale_bits)
+    check_ring(largest, noise, n_parties)
+    share = noise.share(vector.size)
+    share[-1] = 0
+    return add_in_ring(encode(vector, n_parties, scale_bits, party=party), share)
+
+
+def round_mean(
+    total: np.ndarray, weights: np.ndarray, l2: float, clip_norm: float | None = None
+) -> WeightedAggregate:
+    """A round's mean update and loss from its unmasked sum, as the coordinator and every
+    checking hospital compute them (bit for bit). Without DP: the row-weighted means, as
+    before. Under DP: the mean of the clipped gradients plus the penalty's gradient, and the
+    (noisy) clipped loss plus the penalty."""
+    plain = unpack_weighted(total)
+    if clip_norm is None:
+        return plain
+    coefficients = weights[:-1]
+    penalty = np.append(l2 * coefficients, 0.0)
+    loss = plain.mean_loss / _loss_scale(clip_norm) + 0.5 * l2 * float(coefficients @ coefficients)
+    return WeightedAggregate(plain.mean + penalty, loss, plain.total_weight)
 
 
 # ---------------------------------------------------------------------------------------------

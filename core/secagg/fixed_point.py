@@ -66,6 +66,15 @@ def encode(
     return scaled.astype(np.int64).view(np.uint64)
 
 
+def add_in_ring(ring_values: np.ndarray, integers: np.ndarray) -> np.ndarray:
+    """``ring_values + integers`` in Z_2^64: how a party adds its integer noise share to its
+    encoded input before masking (the sum then carries the noise, no party's input alone)."""
+    ring = np.asarray(ring_values)
+    if ring.dtype != np.uint64 or np.shape(integers) != ring.shape:
+        raise FixedPointError(f"expected a uint64 ring vector and integers of shape {ring.shape}")
+    return ring + np.asarray(integers, dtype=np.int64).view(np.uint64)
+
+
 def decode(ring_values: np.ndarray, scale_bits: int = DEFAULT_SCALE_BITS) -> np.ndarray:
     """Decode ring elements (e.g. an unmasked sum) back to floats."""
     ring = np.asarray(ring_values)

@@ -207,6 +207,14 @@ class HorizontalOptions(_Strict):
     stage_timeout: Positive = Field(60.0, description="seconds the coordinator waits per stage")
     join_timeout: Positive = Field(600.0, description="seconds it waits for parties to join")
     holdout_fraction: Fraction = Field(0.0, description="rows each party holds out")
+    dp_epsilon: Epsilon | None = Field(
+        None, description="distributed DP: epsilon of all rounds for each row (omit: no DP)"
+    )
+    dp_delta: Delta = Field(1e-5, description="distributed DP: delta of all rounds")
+    dp_clip_norm: Positive = Field(1.0, description="distributed DP: each row's gradient bound")
+    colluding_parties: int = Field(
+        0, ge=0, description="distributed DP: hospitals that may pool their noise shares"
+    )
 
 
 class SparseLDAOptions(_Strict):

@@ -39,7 +39,14 @@ from tasks import horizontal_coordinator as coordinator_steps
 from tasks import horizontal_party as party_steps
 from tasks import preprocessing as pre
 from tasks.charts import publish_training_charts
-from tasks.horizontal_lr import checkpoints, model_key, model_width, predict_proba
+from tasks.horizontal_lr import (
+    check_dp,
+    checkpoints,
+    dp_terms,
+    model_key,
+    model_width,
+    predict_proba,
+)
 from tasks.reporting import (
     Progress,
     artifact_key,
@@ -67,15 +74,19 @@ __all__ = [
 ]
 
 
-def _check_options(options: HorizontalOptions, names: list[str]) -> int:
+def _check_options(
+    options: HorizontalOptions, names: list[str], spec: PreprocessingSpec
+) -> int:
     """What the schema cannot say alone: a hold-out below half, finite numbers, a safe
-    threshold. Returns the threshold (default: a strict majority)."""
+    threshold, what DP needs. Returns the threshold (default: a strict majority)."""
     if not options.holdout_fraction < 0.5:
         raise ValueError(f"holdout_fraction must be in [0, 0.5), got {options.holdout_fraction}")
     numbers = options.model_dump(include={"learning_rate", "l2", "stage_timeout"})
     if not all(math.isfinite(v) for v in numbers.values()):
         raise ValueError(f"options must be finite numbers, got {numbers}")
-    return agreed_threshold(options.threshold, names)
+    threshold = agreed_threshold(options.threshold, names)
+    check_dp(options, threshold, pre.needs_statistics(spec))
+    return threshold
 
 
 def _spec(preprocessing: dict[str, Any] | None) -> PreprocessingSpec:
@@ -123,7 +134,7 @@ def horizontal_lr(
     spec = _spec(preprocessing)
     refs = hospital_tables(parties)
     names = [ref.party for ref in refs]
-    threshold = _check_options(options, names)
+    threshold = _check_options(options, names, spec)
     digests = [party_steps.check_table(ref) for ref in refs]  # every table, before any side
     if job_id is None:
         job_id = _derived_job_id(refs, digests, options, spec, threshold)
@@ -158,6 +169,8 @@ def _derived_job_id(
     if options.holdout_fraction:
         shaping["holdout_fraction"] = options.holdout_fraction
     shaping |= {"seed": options.seed, "threshold": threshold}
+    if options.dp_epsilon is not None:  # calibrated for its rounds: a new job, not a continuation
+        shaping["dp"] = dp_terms(options)
     return derive_job_id("horizontal-lr", {"parties": described, **shaping})
 
 
@@ -248,7 +261,7 @@ def horizontal_lr_coordinator(
     """
     spec = _spec(preprocessing)
     names = hospital_names(parties)
-    threshold = _check_options(options, names)
+    threshold = _check_options(options, names, spec)
     endpoint = channel_for(job_id).endpoint(COORDINATOR)
     side = coordinator_steps.Coordinator(
         endpoint, coordinator_store(), tuple(names), threshold, options
@@ -341,7 +354,7 @@ def horizontal_lr_party(
     spec = _spec(preprocessing)
     names = hospital_names(parties)
     ref = own_table(own, names)
-    _check_options(options, names)
+    _check_options(options, names, spec)
     fault = test_switches.party_fault(job_id)  # tests only; None in production
     faults = Faults.of_job(job_id, names, party_steps.STAGES)  # tests only: fails or hangs
     endpoint = channel_for(job_id).endpoint(ref.party)
@@ -351,7 +364,8 @@ def horizontal_lr_party(
     pre.party_statistics(ref, job_id, features, spec, names, options.holdout_fraction)
     width = model_width(ref.database, job_id, features)  # missing indicators too
     side = party_steps.Hospital(ref, endpoint, tuple(names), tuple(features), width, options)
-    party_steps.join_rounds(side, first)  # keys once per job, kept across a restart
+    # keys once per job, kept across a restart; under DP every round is charged first, once
+    side = replace(side, dp_charge=party_steps.join_rounds(side, first))
     # the database held through the rounds: no opening of it per step (0.5 s and more under
     # load); another process wanting it (the CLI, another job) waits until the rounds end
     with side.store.session():

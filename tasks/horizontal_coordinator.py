@@ -18,7 +18,6 @@ from prefect import task
 
 from core import horizontal_lr as hlr
 from core.job_schema import HorizontalOptions
-from core.secagg.weighted import unpack_weighted
 from federation.channel import PartyEndpoint
 from storage.artifacts import ArtifactStore
 from storage.party_store import PartyStore
@@ -28,6 +27,8 @@ from tasks.horizontal_lr import (
     PROTOCOL,
     RoundCall,
     checkpoints,
+    dp_clip,
+    dp_terms,
     model_key,
     model_record,
     model_weights,
@@ -187,6 +188,7 @@ def _call_round(side: Coordinator, round_: int, stop: bool = False) -> RoundCall
             (*training(side.options), side.options.tol),
             tuple(out),
             rounds_coordinator.call_keys(state),
+            dp_terms(side.options),
         )
         already = call.to_message()
     endpoint.send_many(parties, "round", already, round=round_)
@@ -292,11 +294,11 @@ def _unmask_and_update(
     previous = cps.load(round_ - 1) if round_ > 0 else None
     with store.transaction() as con:
         summed = rounds_coordinator.coordinator_unmask(store, job, round_, responses, con)
-        mean = unpack_weighted(summed.total)
         if previous is None:
             before, history = hlr.init_model(n_features(job)), []
         else:
             before, history = np.asarray(previous["weights"]), previous["history"]
+        mean = hlr.round_mean(summed.total, before, options.l2, dp_clip(options))
         weights = hlr.next_model(before, mean.mean, options.local_epochs, options.learning_rate)
         entry = {
             "round": round_,

@@ -13,6 +13,9 @@ round checkpoints, so nothing a party computes is kept in the orchestrator's res
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from core import horizontal_lr as hlr
+from core.dp import distributed
 from core.job_schema import HorizontalOptions
 from core.model_format import ModelRecord
 from core.preprocessing import FittedPreprocessing
@@ -69,9 +73,10 @@ class RoundCall:
     # round; each asks to rejoin (:func:`tasks.secure_rounds_party.party_rejoin`)
     out: tuple[str, ...] = ()
     protocol: dict[str, Any] | None = None  # active parties and their keys (secure_rounds)
+    dp: dict[str, Any] | None = None  # :func:`dp_terms`; None without DP
 
     def to_message(self) -> dict[str, Any]:
-        return {
+        message = {
             "stop": self.stop,
             "parties": list(self.parties),
             "threshold": self.threshold,
@@ -80,6 +85,7 @@ class RoundCall:
             "options": list(self.training),
             "protocol": self.protocol or {"active": [], "keys": {}},
         }
+        return message if self.dp is None else {**message, "dp": self.dp}
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> RoundCall:
@@ -92,12 +98,94 @@ class RoundCall:
             (int(epochs), float(rate), float(l2), float(tol)),
             tuple(message.get("out", ())),
             message.get("protocol"),
+            message.get("dp"),
         )
 
 
 def training(options: HorizontalOptions) -> tuple[int, float, float]:
     """The options every call states and every hospital checks against its own."""
     return options.local_epochs, options.learning_rate, options.l2
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed differential privacy (the maths: core.dp.distributed, core.horizontal_lr)
+
+MECHANISM = "horizontal-lr distributed discrete Gaussian (zCDP calibration)"
+
+
+def dp_terms(options: HorizontalOptions) -> dict[str, Any] | None:
+    """What every call states and every hospital checks when the job is under DP (its noise
+    is calibrated for ``rounds``, so they are a term too); None without DP."""
+    if options.dp_epsilon is None:
+        return None
+    return {
+        "epsilon": options.dp_epsilon,
+        "delta": options.dp_delta,
+        "clip_norm": options.dp_clip_norm,
+        "colluding_parties": options.colluding_parties,
+        "rounds": options.rounds,
+    }
+
+
+def check_dp(options: HorizontalOptions, threshold: int, pooled_statistics: bool) -> None:
+    """What DP needs beyond the schema, refused before anything runs: one gradient a round
+    (local epochs have no per-row bound), no pooled preprocessing statistics (exact sums,
+    outside the guarantee: standardise beforehand, ``scaling: none``), and shares left
+    outside the colluders."""
+    if options.dp_epsilon is None:
+        return
+    if options.local_epochs:
+        raise ValueError("dp_epsilon needs local_epochs = 0 (one clipped gradient a round)")
+    if pooled_statistics:
+        raise ValueError(
+            "dp_epsilon covers the rounds, not pooled preprocessing statistics (exact sums): "
+            "standardise the tables beforehand and set preprocessing.scaling to 'none'"
+        )
+    distributed.honest_shares(threshold, options.colluding_parties)
+
+
+def dp_clip(options: HorizontalOptions) -> float | None:
+    """The per-row clip norm the round's sum is read with (:func:`core.horizontal_lr.round_mean`);
+    None without DP."""
+    return None if options.dp_epsilon is None else options.dp_clip_norm
+
+
+def dp_noise(
+    options: HorizontalOptions, job: secure_rounds.RoundsJob
+) -> distributed.DistributedGaussian | None:
+    """The job's noise (None without DP): sigma for all its rounds, split into ``threshold -
+    colluding_parties`` shares, in the secure sum's grid steps."""
+    terms = dp_terms(options)
+    if terms is None:
+        return None
+    return _calibrated(json.dumps(terms, sort_keys=True), job.threshold, job.scale_bits,
+                       job.dimension)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=16)
+def _calibrated(
+    terms: str, threshold: int, scale_bits: int, dimension: int
+) -> distributed.DistributedGaussian:
+    """The calibration (a bisection) once per job and process, not once per round."""
+    dp = json.loads(terms)
+    sensitivity = distributed.grid_sensitivity(
+        hlr.dp_sensitivity(dp["clip_norm"]), scale_bits, dimension
+    )
+    honest = distributed.honest_shares(threshold, dp["colluding_parties"])
+    return distributed.calibrate(
+        dp["epsilon"], dp["delta"], sensitivity, dp["rounds"], honest, dimension
+    )
+
+
+def dp_release_key(table_fingerprint: str, job: secure_rounds.RoundsJob, terms: dict) -> str:
+    """Names a hospital's charge for the job's rounds by its salted table digest and every
+    term that shapes the noise: a retry or a resumed run finds it and is not charged again."""
+    text = json.dumps(
+        {"table": table_fingerprint, "job": job.job_id, "threshold": job.threshold,
+         "parties": list(job.parties), **terms},
+        sort_keys=True,
+    )  # fmt: skip
+    return "horizontal-dp-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,21 +21,27 @@ from prefect import task
 
 from core import horizontal_lr as hlr
 from core import secagg, test_switches
+from core.dp.distributed import DistributedGaussian
 from core.job_schema import HorizontalOptions
 from core.model_format import ModelRecord
 from core.secagg.errors import ProtocolViolationError
-from core.secagg.weighted import unpack_weighted
 from federation.channel import PartyEndpoint
 from storage import models
 from storage.artifacts import Artifact, ArtifactStore
 from storage.descriptor import TableRef
+from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from tasks import secure_rounds, secure_sum
 from tasks import secure_rounds_party as rounds_party
 from tasks.horizontal_lr import (
+    MECHANISM,
     PROTOCOL,
     RoundCall,
     checkpoints,
+    dp_clip,
+    dp_noise,
+    dp_release_key,
+    dp_terms,
     model_key,
     model_record,
     model_weights,
@@ -45,6 +51,7 @@ from tasks.horizontal_lr import (
     trained_columns,
     training,
 )
+from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP, is_transient
 from tasks.preprocessing import stored_fitted
 from tasks.reporting import provenance
@@ -68,6 +75,7 @@ class Hospital:
     features: tuple[str, ...]
     width: int  # the model's columns (missing indicators too): :func:`model_width`
     options: HorizontalOptions
+    dp_charge: str | None = None  # under DP: the ledger's key of the job's charge, once booked
 
     @property
     def party(self) -> str:
@@ -87,6 +95,11 @@ class Hospital:
         return rounds_job(
             self.job_id, self.parties, threshold, self.width, self.options.stage_timeout
         )
+
+    @property
+    def noise(self) -> DistributedGaussian | None:
+        """The job's distributed-DP noise from this hospital's own options (None: no DP)."""
+        return dp_noise(self.options, self.agreed())
 
     def called(self, call: RoundCall) -> secure_rounds.RoundsJob:
         """The job's terms as a (checked) call states them."""
@@ -163,12 +176,34 @@ def agreed_features(endpoint: PartyEndpoint) -> list[str]:
 
 
 @task(name="hlr-join-rounds", task_run_name="{side.party}: job keys", **PARTY_STEP)
-def join_rounds(side: Hospital, round_: int) -> None:
+def join_rounds(side: Hospital, round_: int) -> str | None:
     """Once per job: this party's key pair; the public key to the coordinator, sent with the
     first round it joins (``round_``). Its terms (parties, threshold, stage timeout) come from
     its own options and are held: a coordinator's call that states others is refused
-    (:func:`tasks.rounds_party.party_state`)."""
+    (:func:`tasks.rounds_party.party_state`). Under DP the job is charged first
+    (:func:`charge_privacy`); returns the charge's key."""
+    charge = charge_privacy(side)
     rounds_party.party_join(side.store, side.agreed(), side.endpoint, round_, agreed=True)
+    return charge
+
+
+def charge_privacy(side: Hospital) -> str | None:
+    """Under DP: book every round of the job on this hospital's table, once, in the ledger's
+    transaction, before its first noisy sum leaves; a run the budget cannot pay for is refused
+    here, with nothing sent. A retry or a resumed run finds the charge and pays nothing again.
+    Returns the charge's key (None without DP)."""
+    noise, terms = side.noise, dp_terms(side.options)
+    if noise is None or terms is None:
+        return None
+    ref, job = side.ref, side.agreed()
+    key = dp_release_key(fingerprint.fn(ref), job, terms)
+    booked = {"rounds": noise.rounds, "sigma": noise.sigma, "share_sigma": noise.share_sigma,
+              "sensitivity": noise.sensitivity, "honest_shares": noise.honest}  # fmt: skip
+    PrivacyLedger(side.store).charge_and_store(
+        key, ref.table, terms["epsilon"], terms["delta"], MECHANISM, side.job_id, booked,
+        event=noise.job_event(),
+    )  # fmt: skip
+    return key
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +242,25 @@ def _checked_call(side: Hospital, round_: int) -> RoundCall:
             f"{where} asks for local_epochs, learning_rate, l2 = {call.training[:3]}, not the "
             f"agreed {own}"
         )
+    if call.dp != (own_dp := dp_terms(side.options)):
+        raise ProtocolViolationError(
+            f"{where} states privacy terms {call.dp}, not the agreed {own_dp}"
+        )
     return call
+
+
+def _dp_input(side: Hospital, job: secure_rounds.RoundsJob, round_: int, weights: np.ndarray,
+              noise: DistributedGaussian) -> np.ndarray:  # fmt: skip
+    """Under DP: the clipped vector in the ring with this hospital's noise share, only for a
+    round the job's charge covers (booked before any noisy sum leaves)."""
+    where = f"party {side.party!r}: round {round_} of job {side.job_id}"
+    charged = side.dp_charge and PrivacyLedger(side.store).stored_release(side.dp_charge)
+    if not charged or round_ >= charged["rounds"]:
+        raise ProtocolViolationError(f"{where} is not covered by a privacy charge; refused")
+    X, y = side.rows
+    vector = hlr.clipped_contribution(weights, X, y, side.options.dp_clip_norm)
+    return hlr.noisy_ring_input(vector, noise, len(job.parties), job.scale_bits,
+                                side.options.dp_clip_norm, f"party {side.party!r}")  # fmt: skip
 
 
 def _mask(
@@ -225,12 +278,15 @@ def _mask(
     with store.session():  # one opening of the database for the reads and the stored state
         weights = _weights_before(side, job, round_)
         X, y = side.rows
-        if options.local_epochs == 0:
-            update = hlr.local_gradient(weights, X, y, options.l2)
+        noise = side.noise
+        if noise is not None:
+            vector = _dp_input(side, job, round_, weights, noise)
+        elif options.local_epochs == 0:
+            vector = hlr.local_gradient(weights, X, y, options.l2).packed()
         else:
-            update = hlr.local_epochs(
+            vector = hlr.local_epochs(
                 weights, X, y, options.l2, options.learning_rate, options.local_epochs
-            )
+            ).packed()
         point_key = f"{PROTOCOL}/{side.job_id}/point/{model_point(weights)}"
 
         def one_round_per_model(con: Any) -> list[Artifact]:
@@ -246,7 +302,7 @@ def _mask(
 
         start = rounds_party.round_start(job, round_, call.protocol, side.party)
         record = rounds_party.party_mask(
-            store, job, side.endpoint, start, update.packed(), one_round_per_model
+            store, job, side.endpoint, start, vector, one_round_per_model
         )
     return weights, record
 
@@ -292,7 +348,9 @@ def verified_model(
         raise ProtocolViolationError(
             f"{where} carries no usable mean update (shape {mean.shape}, expected {before.shape})"
         )
-    if own_sum is not None and not np.array_equal(mean, unpack_weighted(own_sum).mean):
+    clip = dp_clip(options)
+    own_mean = None if own_sum is None else hlr.round_mean(own_sum, before, options.l2, clip).mean
+    if own_mean is not None and not np.array_equal(mean, own_mean):
         raise ProtocolViolationError(
             f"{where}: its mean update is not the one of the sum {who} unmasked from its peers' "
             "messages; refusing it (a made-up update could unmask one party across rounds)"

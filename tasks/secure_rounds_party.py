@@ -134,9 +134,10 @@ def party_mask(
     vector: np.ndarray,
     guard: Callable[[Any], Sequence[Artifact]] | None = None,
 ) -> dict[str, Any]:
-    """Mask ``vector`` for the started round, store, then send it to the coordinator (who
-    relays it to the other senders); a retry re-sends the stored message (a round is masked
-    once). Returns the stored record.
+    """Mask ``vector`` (floats, encoded here, or an already encoded uint64 ring vector, e.g.
+    with a noise share added) for the started round, store, then send it to the coordinator
+    (who relays it to the other senders); a retry re-sends the stored message (a round is
+    masked once). Returns the stored record.
 
     ``guard(con)`` runs in the same transaction before masking (e.g. one contribution per
     model point) and may refuse; the artifacts it returns are stored with the record.
@@ -154,7 +155,8 @@ def party_mask(
                 )
             marks = guard(con) if guard is not None else []
             state = mr.start_round(state, start)
-            state, message = mr.mask_round(state, vector)
+            mask = mr.mask_ring_round if vector.dtype == np.uint64 else mr.mask_round
+            state, message = mask(state, vector)
             stored = wire.masked_to_plain(message)
             record = {
                 **record,

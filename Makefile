@@ -84,10 +84,15 @@ ui-check: $(STAMP)
 BENCH_VERTICAL_ARGS ?=
 BENCH_NETWORK_ARGS ?=
 
-# CLI start-up per command (wall and CPU, median of 5), then a job's failures across processes
+# CLI start-up per command (wall and CPU, median of 5), a 3-party vertical job's end-to-end
+# time against its training, the organisation's Prefect server on SQLite against PostgreSQL
+# under twenty concurrent sides (needs PostgreSQL's programs, PG_BIN), then a job's failures
+# across processes
 bench-federation: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python benchmarks/bench_cli.py
+	$(BIN)/python benchmarks/bench_job_overhead.py
+	PATH="$(PG_BIN):$$PATH" $(BIN)/python benchmarks/bench_prefect_db.py
 	$(BIN)/python benchmarks/bench_federation.py
 
 bench-network: $(STAMP)

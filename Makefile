@@ -171,6 +171,10 @@ $(PEERS)/opendp/.installed:
 bench-samplers: $(STAMP) peer-opendp
 	$(BIN)/python benchmarks/bench_samplers.py
 
+# horizontal LR under distributed DP: held-out AUC by epsilon beside central DP and none; cost
+bench-dp: $(STAMP)
+	$(BIN)/python benchmarks/bench_dp.py
+
 bench-sparse-lda: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python benchmarks/bench_sparse_lda.py

@@ -136,6 +136,21 @@ def test_without_dp_the_round_is_read_and_called_exactly_as_before() -> None:
     }  # fmt: skip
 
 
+def test_what_dp_cannot_cover_is_refused_before_anything_runs() -> None:
+    from core.job_schema import HorizontalOptions
+    from tasks.horizontal_lr import check_dp
+
+    check_dp(HorizontalOptions(local_epochs=2), 2, pooled_statistics=True)  # no DP: as before
+    dp = HorizontalOptions(dp_epsilon=1.0)
+    check_dp(dp, 2, pooled_statistics=False)
+    with pytest.raises(ValueError, match="local_epochs = 0"):
+        check_dp(HorizontalOptions(dp_epsilon=1.0, local_epochs=1), 2, pooled_statistics=False)
+    with pytest.raises(ValueError, match="scaling to 'none'"):
+        check_dp(dp, 2, pooled_statistics=True)
+    with pytest.raises(dd.PrivacyParameterError, match="colluding"):
+        check_dp(HorizontalOptions(dp_epsilon=1.0, colluding_parties=2), 2, False)
+
+
 def test_under_dp_the_mean_is_the_clipped_gradients_plus_the_penalty() -> None:
     X, y = _rows(3, n=200)
     weights = np.linspace(-0.2, 0.2, X.shape[1] + 1)

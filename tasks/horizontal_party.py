@@ -270,7 +270,8 @@ def _mask(
     returns that model and the party's stored record.
 
     The packed vector is ``[rows * update, rows * loss, rows]`` (FedAvg weights by rows), so
-    the coordinator learns only the weighted means and the total row count. A party
+    the coordinator learns only the weighted means and the total row count; under DP it is
+    clipped per row and carries this party's noise share (:func:`_dp_input`). A party
     contributes at one model in one round only: two sums at one model whose senders differ
     by one party give that party's update, and a coordinator could get them across rounds.
     """

@@ -44,6 +44,7 @@ def test_the_calibration_meets_the_target_by_the_proven_bound_and_the_ledger_s_f
     assert zcdp_delta(1.0, noise.rho()) <= 1e-5 * (1 + 1e-6)  # Kairouz et al. + CKS conversion
     charged = pld_epsilon([noise.job_event()], 1e-5)
     assert 0.8 < charged <= 1.0  # the ledger's PLD figure of the same rounds: a little below
+    assert charged == pytest.approx(pld_epsilon({noise.round_event(): 20}, 1e-5), abs=1e-9)
     assert noise.share_sigma == pytest.approx(noise.sigma / math.sqrt(2))
 
 
@@ -204,7 +205,7 @@ def test_a_dp_run_is_charged_once_refused_over_budget_and_resumed_without_a_seco
         run(refs, workspace, job_id="hlr-dp", crash_after="1:mask_input", **options)
     charged = _ledgers(refs)
     assert all(len(spends) == 1 for spends in charged.values())  # both rounds, at once
-    assert all(s[0]["epsilon"] == 2.0 and "composed" in s[0]["event"] for s in charged.values())
+    assert all(s[0]["epsilon"] == 2.0 and "vector" in s[0]["event"] for s in charged.values())
     resumed = run(refs, workspace, job_id="hlr-dp", **options)
     assert resumed["rounds_completed"] == 2 and resumed["resumed_from"] == 1
     assert _ledgers(refs) == charged  # the resumed run paid nothing again

@@ -9,15 +9,14 @@ coordinator: fit on the noisy moments (row) or average and hard-threshold (party
         the model ──▶ every party keeps a copy ──▶ (hold-out) each scores its held-out rows
 
 ``sparse_lda_party`` is a site's column, ``sparse_lda_coordinator`` the coordinator's;
-``sparse_lda`` runs them all in this process (:mod:`flows.hospitals`), and ``sparse_lda_job``
-a job file end to end (``python -m flows.sparse_lda <job file>``).
+``sparse_lda`` runs them all in this process (:mod:`flows.hospitals`); ``privreg run`` runs a
+job file.
 More (the protocol, what each party learns, why): docs/protocols/sparse-lda.md.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -25,10 +24,8 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from core import test_switches
-from core.job_files import read_job
 from core.job_schema import SparseLDAOptions
-from core.preprocessing import PreprocessingSpec
-from core.sparse_lda import PrivacySettings, ThresholdRule, fit_naive_average
+from core.sparse_lda import ThresholdRule
 from federation.workspace import channel_for, derive_job_id
 from flows.hospitals import (
     agreed_threshold,
@@ -46,7 +43,6 @@ from tasks import sparse_lda as steps
 from tasks import sparse_lda_coordinator as coordinator_steps
 from tasks import sparse_lda_party as party_steps
 from tasks.charts import publish_training_charts
-from tasks.loading import load_table
 from tasks.reporting import (
     artifact_key,
     flow_short,
@@ -62,7 +58,6 @@ __all__ = [
     "SparseLDAFigures",
     "sparse_lda",
     "sparse_lda_coordinator",
-    "sparse_lda_job",
     "sparse_lda_party",
     "summary_line",
 ]
@@ -81,26 +76,11 @@ class SparseLDAFigures:
     holdout_rows: int
     holdout_error: float | None
     """Misclassified share of the parties' held-out rows under the released model."""
-    naive_holdout_error: float | None = None
-    """Same rows under the noise-free naive average: NOT private (a reference the demo runner
-    computes, playing every owner)."""
-    private_naive_holdout_error: float | None = None
-    """Same rows under the naive average released at the same (epsilon, delta); it exists only
-    party-level (local fits have no row-level bound), a guarantee at least as strong."""
 
     def line(self) -> str:
         text = f"{self.features_kept} of {self.features} features kept"
         if self.holdout_error is not None:
             text += f", held-out error {self.holdout_error:.3f} on {self.holdout_rows} rows"
-        references = []
-        if self.private_naive_holdout_error is not None:
-            references.append(
-                f"{self.private_naive_holdout_error:.3f} private at the same epsilon, party-level"
-            )
-        if self.naive_holdout_error is not None:
-            references.append(f"{self.naive_holdout_error:.3f} without noise, NOT private")
-        if references:
-            text += f" (naive average: {'; '.join(references)})"
         return text
 
 
@@ -428,76 +408,3 @@ def sparse_lda_party(
         "holdout": score,
         "model_key": steps.model_key(job_id),
     }
-
-
-def sparse_lda_job(
-    job_file: str = "jobs/sparse_lda_demo.json", workspace: str | None = None
-) -> dict[str, Any]:
-    """Import each party's source file, let each owner set its budget, then fit (demo entry).
-
-    Each party's ``privacy_budget`` in the job file is an initial budget, set at load time only
-    where its owner has none (an owner changes it with ``privreg budget set``); the flow's
-    options are the job file's ``sparse_lda`` section.
-    """
-    job = read_job(job_file)
-    descriptors = []
-    spec = PreprocessingSpec.from_dict(job.get("preprocessing"))
-    for party in job["parties"].values():
-        ref = TableRef.from_dict(party["table"])
-        own = spec.with_party(party.get("preprocessing")).to_dict()  # its missing values
-        load_table(party["source"], ref, party.get("privacy_budget"), own)  # budget: if none
-        descriptors.append(ref.to_dict())
-    result = sparse_lda(
-        descriptors, workspace=workspace, preprocessing=spec.to_dict(), **job["sparse_lda"]
-    )
-    if result["figures"]["holdout_rows"]:
-        options = {**job["sparse_lda"], "preprocessing": spec.to_dict()}
-        references = _naive_reference_errors(descriptors, result, options)
-        result["figures"] = {**result["figures"], **references}
-    print(f"job {result['job_id']}: {summary_line(result)}")
-    return result
-
-
-REFERENCE_DIRECTION_CLIP_NORM = 5.0
-REFERENCE_MEAN_CLIP_NORM = 4.0
-"""Party-level radii of the private naive reference, fixed without the data: on 30
-standardised features a local L1 direction has norm about 3 and a class mean 2 to 4."""
-
-
-def _naive_reference_errors(
-    descriptors: list[dict[str, Any]], result: dict[str, Any], options: dict[str, Any]
-) -> dict[str, float]:
-    """Demo runner only (it plays every owner, having loaded every table): the naive average
-    of the parties' local fits on the same training rows, scored on the same held-out rows,
-    once without noise (NOT private) and once released party-level at the job's (epsilon,
-    delta), the only guarantee it has. References for the summary line, computed in this
-    process and never sent, stored or charged. The private one's noise is sized for all m
-    shares (single-process calibration), slightly less than the flow's t - c shares: the
-    comparison favours the baseline."""
-    refs = [TableRef.from_dict(d) for d in descriptors]
-    parties_names = tuple(r.party for r in refs)
-    split = steps.SparseLDAJob(  # the job's split and its pooled statistics, kept by each party
-        result["job_id"], parties_names, "naive", 1.0, 0.5, None, None, len(refs),
-        holdout_fraction=options["holdout_fraction"], preprocessing=options["preprocessing"],
-    )  # fmt: skip
-    columns = list(result["features"])
-    parties = [steps.read_party(ref, columns, split) for ref in refs]
-    tests = [steps.read_holdout(ref, columns, split) for ref in refs]
-    features = np.vstack([t[0] for t in tests])
-    labels = np.concatenate([t[1] for t in tests])
-    quiet = fit_naive_average(parties, PrivacySettings.noiseless_for_testing())
-    figures = {"naive_holdout_error": quiet.error_rate(features, labels)}
-    if result["private"]:
-        privacy = PrivacySettings(
-            options["epsilon"],
-            options["delta"],
-            REFERENCE_DIRECTION_CLIP_NORM,
-            REFERENCE_MEAN_CLIP_NORM,
-        )
-        private = fit_naive_average(parties, privacy)
-        figures["private_naive_holdout_error"] = private.error_rate(features, labels)
-    return figures
-
-
-if __name__ == "__main__":
-    sparse_lda_job(*sys.argv[1:2])

@@ -11,7 +11,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint \
-        peer-flower peer-spu peer-openmined bench-party-jobs bench-wan bench-local-run bench-samplers peer-opendp
+        peer-flower peer-spu peer-openmined bench-party-jobs bench-wan bench-local-run bench-samplers peer-opendp bench-budget
 
 install: $(STAMP)
 
@@ -170,6 +170,10 @@ $(PEERS)/opendp/.installed:
 # privreg's exact samplers (core/dp/samplers.py) beside OpenDP 0.16's, one at a time
 bench-samplers: $(STAMP) peer-opendp
 	$(BIN)/python benchmarks/bench_samplers.py
+
+# What 30 nightly runs of the demo's jobs cost each table: added up against composed (PLD)
+bench-budget: $(STAMP)
+	$(BIN)/python benchmarks/bench_budget.py
 
 # horizontal LR under distributed DP: held-out AUC by epsilon beside central DP and none; cost
 bench-dp: $(STAMP)

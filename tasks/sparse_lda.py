@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from core.dp.distributed import honest_shares
 from core.holdout import seeded_holdout_rows
 from core.job_schema import SparseLDAOptions
 from core.model_format import ModelRecord
@@ -176,7 +177,7 @@ def check_job(job: SparseLDAJob) -> None:
 
 def noise_calibration(job: SparseLDAJob, n_features: int) -> NoiseCalibration:
     """The core's calibration, for the ``t - c`` shares every unmaskable sum holds."""
-    return calibrate(job.privacy(), n_features, job.threshold - job.colluding_parties)
+    return calibrate(job.privacy(), n_features, honest_shares(job.threshold, job.colluding_parties))
 
 
 def contribution_vector(

@@ -134,3 +134,18 @@ def serve_all(orgs: Iterable[Org], extra: dict[str, str] | None = None) -> list[
                 started.kill()
             raise RuntimeError(f"{org.party}'s message endpoint did not start: {line!r}")
     return servers
+
+
+def stop_all(processes: Iterable[subprocess.Popen], patience: float = 60.0) -> None:
+    """End every process still running: all asked to stop at once (each service ends the sides
+    it started, which tell their peers), then each waited for, killed past ``patience``."""
+    processes = list(processes)
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=patience)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

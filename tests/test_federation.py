@@ -26,7 +26,7 @@ import pytest
 from core.job_files import read_job
 from core.job_terms import differences, digest, job_terms
 from core.lifetime import descendants
-from demo.orgs import Org, env_of, serve_all, start
+from demo.orgs import Org, env_of, serve_all, start, stop_all
 from demo.parties import SMALL_KEYS, prepare, small_main_job
 from federation import watchers
 from federation.channel import Channel, FileTransport, MessageTimeoutError, TermsBindingError
@@ -278,14 +278,7 @@ def orgs(
         _set_policy(made[party], 'accept_from = ["clinic"]')
     servers = serve_all(made.values(), _api())
     yield made
-    for server in servers:  # each ends the sides its service started, which tell their peers
-        server.terminate()
-    for server in servers:
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    stop_all(servers)  # each ends the sides its service started, which tell their peers
 
 
 def _set_policy(org: Org, policy: str) -> None:

@@ -211,7 +211,7 @@ def test_a_killed_host_of_two_restarts_and_the_job_ends_with_the_same_model(
         (r, f"{run['id'][:8]} try 1", "") for r in range(ROUNDS)
     ]
     charts = published["charts"]["data"]
-    assert "training loss per round" in charts and "ROC, " in charts
+    assert "training and held-out loss per round" in charts and "ROC, " in charts
     assert [c[:4] for c in chart_images(charts)] == ["<svg", "<svg"]
 
 

@@ -9,7 +9,6 @@ the figures are the accountant's own functions over the events the run really ch
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from core.dp.accounting import Charge, basic_epsilon, composed_epsilon, event_from_dict  # noqa: E402
+from core.dp.accounting import Charge, basic_epsilon, composed_epsilon  # noqa: E402
 from storage.ledger import PrivacyLedger  # noqa: E402
 from storage.party_store import PartyStore  # noqa: E402
 
@@ -53,14 +52,10 @@ def night_charges(folder: Path) -> list[tuple[str, str, list[Charge], float, flo
     for database in sorted(folder.glob("var/**/*.duckdb")):
         ledger = PrivacyLedger(PartyStore(str(database)))
         for table in ledger.budgets():
-            rows = ledger.spends(table)
-            if not rows:
+            charges = ledger.charges(table)
+            if not charges:
                 continue
             status = ledger.status(table)
-            charges = [
-                Charge(event_from_dict(json.loads(r["event"])), r["epsilon"], r["delta"])
-                for r in rows
-            ]
             found.append((database.stem, table, charges, status.epsilon_total, status.delta_total))
     return found
 
@@ -89,21 +84,20 @@ def main() -> None:
     print(f"\n## Privacy spent by {args.nights} nightly runs of the demo's jobs\n")
     print(
         f"| party | protected table | releases a night | owner's budget (eps, delta) | "
-        f"{args.nights} nights, added up | {args.nights} nights, composed | ratio | "
+        f"{args.nights} nights, added up | {args.nights} nights, composed | "
         "nights that fit, added up | nights that fit, composed |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for party, table, charges, budget, delta in tables:
         nights = charges * args.nights
         added, composed = basic_epsilon(nights, delta), composed_epsilon(nights, delta)
-        ratio = f"{composed / added:.2f}" if added not in (0.0, float("inf")) else "-"
         added_text = f"{added:.3g}"
         if added == float("inf"):  # the deltas add up past the owner's: no bound at all
             spent = sum(c.epsilon for c in nights), sum(c.delta for c in nights)
             added_text = f"none (eps {spent[0]:.3g} at delta {spent[1]:.2g})"
         print(
             f"| {party} | {table} | {len(charges)} | {budget:g}, {delta:g} | {added_text} | "
-            f"{composed:.3g} | {ratio} | {nights_that_fit(charges, budget, delta, False)} | "
+            f"{composed:.3g} | {nights_that_fit(charges, budget, delta, False)} | "
             f"{nights_that_fit(charges, budget, delta, True)} |"
         )
 

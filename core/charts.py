@@ -281,7 +281,8 @@ def loss_chart(
     if len(rounds) != len(values):
         raise ValueError(f"loss_chart: {len(values)} losses but {len(rounds)} rounds")
     checks = sorted((int(r), float(v)) for r, v in (held_out or {}).items() if math.isfinite(v))
-    y_ticks = nice_ticks(min(values + [v for _, v in checks]), max(values + [v for _, v in checks]))
+    drawn = values + [v for _, v in checks]
+    y_ticks = nice_ticks(min(drawn), max(drawn))
     last = max([rounds[-1], *(r for r, _ in checks)])
     frame = Frame(rounds[0], max(last, rounds[0] + 1), y_ticks[0], y_ticks[-1])
     body = [_series(frame, rounds, values, _LINE)]

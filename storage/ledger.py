@@ -435,6 +435,12 @@ class PrivacyLedger:
             )
         return float(budget[0]), float(budget[1])
 
+    def charges(self, protected_table: str) -> list[Charge]:
+        """Every spend of ``protected_table``'s source table as the accountant reads it."""
+        with self._transaction() as con:
+            self._ensure(con)
+            return self._charges(self.budget_table(protected_table, con), con)
+
     def _charges(self, table: str, con: duckdb.DuckDBPyConnection) -> list[Charge]:
         """Every spend of ``table`` (a source table) as the accountant reads it."""
         return self._read_charges(table, self._spend_rows(table, con))

@@ -93,6 +93,7 @@ def test_show_reads_the_stored_figures_and_they_are_the_accountants(
     assert ledger.report("patients") == (ledger.status("patients"), plans)
     assert _stored(ledger)[0] == fingerprint  # read, not computed again
     assert [p["job_id"] for p in plans] == ["labels", "nightly"]  # latest job first
+    assert [c.event for c in ledger.charges("patients")] == [PureDP(0.5), PureDP(0.3)] * 2
     text, heavy = _show(database)
     assert heavy == []  # the charges stored the figures: nothing composed here
     assert f"labels: {runs['labels']} more runs of pure(epsilon=0.3)" in text

@@ -47,6 +47,7 @@ import numpy as np
 from core.dp.discrete_privacy import zcdp_sigma
 from core.dp.errors import PrivacyParameterError
 from core.dp.samplers import sample_discrete_gaussian
+from core.secagg.fixed_point import RING_BITS
 
 if TYPE_CHECKING:  # the accountant loads dp-accounting: imported where an event is built
     from core.dp.accounting import DiscreteGaussian
@@ -175,7 +176,7 @@ def ring_bits(largest_input: float, noise: DistributedGaussian, parties: int) ->
 
 
 def check_ring(
-    largest_input: float, noise: DistributedGaussian, parties: int, ring: int = 64
+    largest_input: float, noise: DistributedGaussian, parties: int, ring: int = RING_BITS
 ) -> int:
     """:func:`ring_bits`, refused above the ``ring``'s bits (before anything is sent)."""
     needed = ring_bits(largest_input, noise, parties)

@@ -11,7 +11,8 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: demo demo-parties test lint install clean ui deploy worker serve bench bench-psi bench-paillier bench-walr bench-vertical \
         bench-horizontal bench-labeldp bench-sparse-lda bench-vertical bench-network bench-federation bench-endpoint \
-        peer-flower peer-spu peer-openmined bench-party-jobs bench-wan bench-local-run bench-samplers peer-opendp bench-budget
+        peer-flower peer-spu peer-openmined bench-party-jobs bench-wan bench-local-run bench-samplers peer-opendp bench-budget \
+        bench-partitions
 
 install: $(STAMP)
 
@@ -120,6 +121,14 @@ BENCH_WAN_ARGS ?= --repeats 3 --psi-size 100000 --psi-large 1000000
 bench-wan: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python benchmarks/bench_wan.py $(BENCH_WAN_ARGS)
+
+# Links cut for 5 s, 60 s and past the restart grace, and an endpoint restarted, during PSI,
+# a vertical round and a horizontal round, organisations in their own namespaces: each
+# party's outcome, model equal to an uncut run's, messages intact; needs root (~15 min)
+BENCH_PARTITIONS_ARGS ?=
+bench-partitions: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python benchmarks/bench_partitions.py $(BENCH_PARTITIONS_ARGS)
 
 bench-paillier: $(STAMP)
 	$(BIN)/python -m pip install --quiet "sf-heu==0.5.2b0" || echo "sf-heu unavailable: comparing with the anchor numbers"

@@ -1,7 +1,8 @@
 """Vertical LR: quality beside scikit-learn, and seconds per epoch of the real flow.
 
 Usage: python benchmarks/bench_vertical.py [--fate-rows N] [--fate-keys 1024 2048]
-       [--randomizer full|short|standard] [--pool no|ready|both] [--skip-quality]
+       [--randomizer full|short|standard] [--pool no|ready|both] [--packing off|on|both]
+       [--skip-quality] [--skip-credit]
 
 Quality: train AUC of the protocol's arithmetic (``core.vertical_lr.reference``, which the
 tests prove equal to the encrypted protocol bit for bit) against scikit-learn's
@@ -28,7 +29,9 @@ key holder decrypted.
 ``--pool ready`` runs the epoch with a job key prepared ahead and each encrypting party's
 pool of obfuscators filled before it (as between scheduled runs), and prints that
 preparation's wall and CPU seconds on a line of its own; ``both`` (default) runs the epoch
-without and with a ready pool, side by side.
+without and with a ready pool, side by side. ``--packing both`` runs each epoch with masked
+gradients one to a ciphertext and packed several to one (``core.vertical_lr.packing``; the
+default, ``on``, is what the flow does), for the bytes and decryptions each costs.
 """
 
 from __future__ import annotations
@@ -438,8 +441,29 @@ def ahead_line(label: str, ahead: dict[str, float], scale: float = 1.0) -> str:
     )
 
 
-def runs(pool: str) -> list[bool]:
-    return {"no": [False], "ready": [True], "both": [False, True]}[pool]
+def runs(pool: str, packing: str) -> list[tuple[bool, bool]]:
+    """(pool ready, gradients packed) for each run asked for."""
+    pools = {"no": [False], "ready": [True], "both": [False, True]}[pool]
+    packs = {"off": [False], "on": [True], "both": [False, True]}[packing]
+    return [(pooled, packed) for pooled in pools for packed in packs]
+
+
+def run_label(head: str, pooled: bool, packed: bool, packing: str) -> str:
+    label = f"{head}, " + ("pool ready" if pooled else "no pool")
+    if packing == "both":
+        label += ", packed" if packed else ", unpacked"
+    return label
+
+
+@contextlib.contextmanager
+def gradient_packing(packed: bool):
+    """The run's parties pack masked gradients or not (they share this process)."""
+    saved = vertical_steps.PACK_GRADIENTS
+    vertical_steps.PACK_GRADIENTS = packed
+    try:
+        yield
+    finally:
+        vertical_steps.PACK_GRADIENTS = saved
 
 
 CREDIT_TARGET_SECONDS = 15.0  # issue 39: where one python-paillier encryption takes ~9 ms
@@ -458,7 +482,7 @@ def print_wire(runs_measured: list[tuple[str, Epoch, float]]) -> None:
         print("\n".join(wire_rows(label, epoch, scale)))
 
 
-def credit_epoch(randomizer: str, pool: str) -> None:
+def credit_epoch(randomizer: str, pool: str, packing: str) -> None:
     guest = pd.read_csv(DATA / "default_credit_hetero_guest.csv.gz")
     host = pd.read_csv(DATA / "default_credit_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
     credit = TRAINING["default_credit"]
@@ -477,11 +501,12 @@ def credit_epoch(randomizer: str, pool: str) -> None:
     )
     print(time_header())
     notes, measured = [], []
-    for pooled in runs(pool):
-        epoch = flow_epoch(
-            guest, host.reset_index(), 2048, credit["batch_size"], randomizer, options, pooled
-        )
-        label = "default_credit, pool ready" if pooled else "default_credit, no pool"
+    for pooled, packed in runs(pool, packing):
+        with gradient_packing(packed):
+            epoch = flow_epoch(
+                guest, host.reset_index(), 2048, credit["batch_size"], randomizer, options, pooled
+            )
+        label = run_label("default_credit", pooled, packed, packing)
         limit = CREDIT_TARGET_SECONDS * phe_seconds / 0.009  # the target at this machine's pace
         cell = f"15 s x {phe_seconds / 0.009:.2f} = " + target_cell(epoch.seconds, limit)
         print(split_row(label, epoch, cell, phe_seconds))
@@ -509,6 +534,12 @@ def main() -> None:
     parser.add_argument("--fate-keys", type=int, nargs="*", default=[1024, 2048])
     parser.add_argument("--randomizer", default=DEFAULT_RANDOMIZER)
     parser.add_argument("--pool", choices=["no", "ready", "both"], default="both")
+    parser.add_argument(
+        "--packing",
+        choices=["off", "on", "both"],
+        default="on",
+        help="masked gradients packed several to a ciphertext (both: each run twice)",
+    )
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--skip-credit", action="store_true", help="only the FATE-shape runs")
     args = parser.parse_args()
@@ -523,12 +554,12 @@ def main() -> None:
 
     server_warm_up()
     if not args.skip_credit:
-        credit_epoch(args.randomizer, args.pool)
+        credit_epoch(args.randomizer, args.pool, args.packing)
     if args.fate_keys:
-        fate_epochs(args.fate_rows, args.fate_keys, args.randomizer, args.pool)
+        fate_epochs(args.fate_rows, args.fate_keys, args.randomizer, args.pool, args.packing)
 
 
-def fate_epochs(rows: int, key_sizes: list[int], randomizer: str, pool: str) -> None:
+def fate_epochs(rows: int, key_sizes: list[int], randomizer: str, pool: str, packing: str) -> None:
     scale = 100_000 / rows
     note = "" if rows == 100_000 else f", measured on {rows:,} rows, x{scale:g}"
     print(
@@ -539,9 +570,10 @@ def fate_epochs(rows: int, key_sizes: list[int], randomizer: str, pool: str) -> 
     fate_guest, fate_host = synthetic_fate(rows)
     notes, measured = [], []
     for key_size in key_sizes:
-        for pooled in runs(pool):
-            epoch = flow_epoch(fate_guest, fate_host, key_size, 4096, randomizer, {}, pooled)
-            label = f"{key_size}-bit, " + ("pool ready" if pooled else "no pool")
+        for pooled, packed in runs(pool, packing):
+            with gradient_packing(packed):
+                epoch = flow_epoch(fate_guest, fate_host, key_size, 4096, randomizer, {}, pooled)
+            label = run_label(f"{key_size}-bit", pooled, packed, packing)
             limit, needs_pool = FATE_TARGETS.get(key_size, (None, False))
             total = epoch.phases["key generation"] + scale * (
                 epoch.seconds - epoch.phases["key generation"]

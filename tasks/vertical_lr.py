@@ -6,8 +6,10 @@ More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -20,6 +22,7 @@ from core.charts import exact_auc
 from core.ids import id_order_digest
 from core.job_checks import LABEL_LEAK_MARGIN
 from core.model_format import ModelRecord
+from core.outcomes import DivergenceError
 from core.paillier import cipher
 from core.paillier.errors import PaillierError
 from core.paillier.keys import (
@@ -31,7 +34,8 @@ from core.paillier.keys import (
 )
 from core.paillier.randomness import ObfuscatorFile, ObfuscatorPool, discard_pool, pool_path
 from core.preprocessing import PreprocessingSpec
-from core.vertical_lr.fixed_point import decode_gradient, encode_features
+from core.vertical_lr import packing
+from core.vertical_lr.fixed_point import ResidualRangeError, decode_gradient, encode_features
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import (
     Optimizer,
@@ -65,6 +69,29 @@ class VerticalSetupError(ValueError):
 
 class KeyHolderRefusalError(ValueError):
     """The key holder refused to decrypt a party's message (named in the error)."""
+
+
+class ScoreRangeError(DivergenceError):
+    """A party's score share left the fixed-point range (``ResidualRangeError``): the run has
+    diverged before the round's loss could say so. No loss was decrypted for the round."""
+
+    def __init__(self, job: VerticalJob, round_: int, error: ResidualRangeError) -> None:
+        self.round, self.loss, self.first = round_, math.nan, math.nan
+        RuntimeError.__init__(
+            self,
+            f"vertical_lr {job.job_id} diverged in round {round_}: {error}. Lower learning_rate "
+            "(e.g. to a tenth), keep preprocessing.scaling at 'standard' (raw features of very "
+            "different sizes make steps overshoot), or clip features",
+        )
+
+
+@contextmanager
+def _in_range(job: VerticalJob, round_: int) -> Iterator[None]:
+    """A residual beyond the fixed-point bound ends the run as a divergence of this round."""
+    try:
+        yield
+    except ResidualRangeError as error:
+        raise ScoreRangeError(job, round_, error) from None
 
 
 @dataclass(frozen=True)
@@ -252,10 +279,10 @@ def _decrypt_once(
     """The key holder's only way to decrypt a party's message: bound to sender and round.
 
     * the length must be the one agreed for this sender at set-up (its feature count for a
-      gradient, 1 for the loss). A host's gradient has its feature count, while the guest's
-      ``[[d]]`` has one entry per batch row, and ``check_batches`` keeps every batch longer
-      than any host's feature count, so ``[[d]]`` (or the hosts' score shares) sent whole as
-      a "gradient" is refused;
+      gradient, packed: :func:`gradient_length`; 1 for the loss). A host's gradient has its
+      feature count (or fewer, packed), while the guest's ``[[d]]`` has one entry per batch
+      row, and ``check_batches`` keeps every batch longer than any host's feature count, so
+      ``[[d]]`` (or the hosts' score shares) sent whole as a "gradient" is refused;
     * one decryption per sender, kind and round: a second, different message is refused, so
       a party that spends its decryption on anything else forgoes its own gradient;
     * each value must be a ciphertext (a unit modulo n^2), which stops key recovery.
@@ -527,7 +554,8 @@ def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "tra
     stored = _read_step(job, ref, round_, _weights_round(round_, phase), X.shape[1])
     rows = _rows(job, round_, phase)
     public = stored.public
-    share = host_share(X[rows], stored.weights)
+    with _in_range(job, round_):
+        share = host_share(X[rows], stored.weights)
     pool = _pool(job, ref, public)
     endpoint = job.endpoint(ref.party)
     # a re-run round (same weights, same plaintexts) re-sends the ciphertexts it sent before
@@ -602,7 +630,8 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
         for earlier in job.hosts[:position]:
             cross = endpoint.receive(later, f"cross_{earlier}_{phase}", round=round_)[0]
             loss_terms.append(cipher.weighted_sum(public, [cross], [2]))
-    b, q = guest_shares(X[rows], weights, y)
+    with _in_range(job, round_):
+        b, q = guest_shares(X[rows], weights, y)
     coefficients, constant = loss_coefficients(q, y)
     pool = _pool(job, ref, public)
 
@@ -629,6 +658,25 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
     _mask_and_send(job, ref, public, X_int, residual, round_, stored.sent["masked_gradient"])
 
 
+PACK_GRADIENTS = True  # False: one ciphertext per gradient entry (benchmarks compare both)
+
+
+def gradient_layout(job: VerticalJob, n: int) -> packing.Layout | None:
+    """How masked gradients share plaintexts in this job (None: one entry per ciphertext).
+    Public: the key's size, the batch size and the host count fix it, so the key holder
+    knows every party's packed length."""
+    if not PACK_GRADIENTS:
+        return None
+    return packing.layout(int(n).bit_length(), job.schedule.batch_size, len(job.hosts))
+
+
+def gradient_length(job: VerticalJob, party: str, n: int) -> int:
+    """How many ciphertexts ``party``'s masked gradient has: its agreed width, packed."""
+    layout = gradient_layout(job, n)
+    width = job.width(party)
+    return width if layout is None else layout.packed_length(width)
+
+
 def _mask_and_send(
     job: VerticalJob,
     ref: TableRef,
@@ -638,12 +686,19 @@ def _mask_and_send(
     round_: int,
     stored: dict[str, Any] | None,
 ) -> None:
-    """``[[X^T d + r]]`` to the key holder; the mask ``r`` stays in the party's store."""
+    """``[[X^T d + r]]`` to the key holder, packed several entries to a ciphertext where the
+    layout allows (:func:`gradient_layout`); the masks ``r`` stay in the party's store."""
 
     def masked_gradient() -> dict[str, Any]:
         gradient = cipher.transpose_dot(public, X_int, residual)
-        masks = cipher.random_masks(len(gradient))
-        return {"message": cipher.add_plain(public, gradient, masks), "masks": masks}
+        layout = gradient_layout(job, public.n)
+        if layout is None:
+            masks = cipher.random_masks(len(gradient))
+            return {"message": cipher.add_plain(public, gradient, masks), "masks": masks}
+        masks = layout.masks(len(gradient))
+        packed = cipher.pack(public, gradient, layout.slot_bits, layout.slots)
+        message = cipher.add_plain(public, packed, layout.packed_masks(masks))
+        return {"message": message, "masks": masks, "layout": asdict(layout)}
 
     _deliver_once(job, ref, "masked_gradient", round_, masked_gradient, stored)
 
@@ -685,8 +740,9 @@ def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> f
         total = _decrypt_once(job, private, job.guest, kind, round_, encrypted_loss, 1)[0]
         loss = decode_loss(total, n_rows)
         for party in senders:
+            length = gradient_length(job, party, private.public_key.n)
             plain = _decrypt_once(
-                job, private, party, "masked_gradient", round_, masked[party], job.width(party)
+                job, private, party, "masked_gradient", round_, masked[party], length
             )
             _deliver(job, job.key_holder, db, party, "masked_gradient_plain", plain, round_)
     return loss
@@ -744,8 +800,7 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
     store = PartyStore.of(ref)
     with store.session():  # received first: waiting for the key holder holds no database
         state = _state(job, ref, round_ - 1, X.shape[1])
-        masks = _sent(job, ref, "masked_gradient", round_)["masks"]
-        gradient_sum = [m - r for m, r in zip(masked, masks, strict=True)]
+        gradient_sum = _unmask(masked, _sent(job, ref, "masked_gradient", round_))
         optimizer = job.optimizer(state["velocity"])
         epoch, _ = job.schedule.position(round_)
         rows = len(_rows(job, round_, "train"))
@@ -758,6 +813,13 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
             checkpoints.prune(keep_last=3, con=con)
             _forget_sent(job, ref, round_, con)
     return float(np.sum(gradient**2))
+
+
+def _unmask(masked: list[int], sent: dict[str, Any]) -> list[int]:
+    """``X^T d`` from the key holder's decryption and the masks the party kept."""
+    if sent.get("layout") is None:
+        return [m - r for m, r in zip(masked, sent["masks"], strict=True)]
+    return packing.Layout(**sent["layout"]).unpack(masked, sent["masks"])
 
 
 # ---- resume, model, scoring ------------------------------------------------------------------

@@ -22,7 +22,7 @@ import gmpy2
 import numpy as np
 from phe import paillier
 
-from core.paillier import kernels
+from core.paillier import kernels, native
 from core.paillier.decryption import CrtDecryptor
 from core.paillier.errors import KeyMismatchError
 from core.paillier.parallel import SERIAL, Backend, DaskBackend, ProcessBackend, chunk_bounds
@@ -289,6 +289,33 @@ def transpose_dot(
     if X_int.shape[0] != len(cts):
         raise ValueError(f"X has {X_int.shape[0]} rows but [[d]] has {len(cts)} entries")
     return [int(c) for c in _column_products(public, cts, X_int)]
+
+
+def pack(
+    public: paillier.PaillierPublicKey, cts: Sequence[int], slot_bits: int, slots: int
+) -> Ciphertexts:
+    """``[[sum_j m_j 2^(slot_bits j)]]`` for each run of ``slots`` ciphertexts, by Horner's
+    rule (``acc^(2^s) * c``): the key holder then decrypts one value per run. The caller
+    keeps the sum below ``n / 2`` (core.vertical_lr.packing derives the margin)."""
+    nsq = _nsquare(public)
+    groups = [[gmpy2.mpz(c) for c in cts[a : a + slots]] for a in range(0, len(cts), slots)]
+    accumulators = [group[-1] for group in groups]
+    shift = gmpy2.mpz(1) << slot_bits
+    for position in range(slots - 2, -1, -1):
+        live = [g for g, group in enumerate(groups) if len(group) > position + 1]
+        if not live:
+            continue
+        shifted = _powers([accumulators[g] for g in live], shift, nsq)
+        for g, value in zip(live, shifted, strict=True):
+            accumulators[g] = value * groups[g][position] % nsq
+    return [int(a) for a in accumulators]
+
+
+def _powers(bases: list[gmpy2.mpz], exponent: gmpy2.mpz, modulus: gmpy2.mpz) -> list[gmpy2.mpz]:
+    """``b^exponent mod modulus`` for each base, in the kernel where it is the faster."""
+    if native.fixed_exponent_preferred() and native.preferred(modulus):
+        return native.powmod_many(bases, exponent, modulus)
+    return [gmpy2.powmod(b, exponent, modulus) for b in bases]
 
 
 def decrypt(private: paillier.PaillierPrivateKey, cts: Sequence[int]) -> list[int]:

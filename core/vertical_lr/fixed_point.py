@@ -14,10 +14,20 @@ FEATURE_BITS = 20  # features x are sent nowhere; they multiply ciphertexts as r
 RESIDUAL_BITS = 24  # residual terms u/4 and y/2 are encrypted as round(v * 2^24)
 GRADIENT_BITS = FEATURE_BITS + RESIDUAL_BITS
 _MAX_FEATURE = 2.0 ** (62 - FEATURE_BITS - 12)  # leaves head room for sums of 4096 products
+MAX_FEATURE_INT = int(_MAX_FEATURE) << FEATURE_BITS  # 2^50: every |x_int| (packing's margin)
+# A residual term is u/4 or u/4 - y/2 for a party's score u: beyond 2^16 the model has long
+# diverged (the logistic loss saturates at |u| ~ 40), and the bound is what lets masked
+# gradients share a plaintext (core.vertical_lr.packing).
+_MAX_RESIDUAL = 2.0**16
+MAX_RESIDUAL_INT = int(_MAX_RESIDUAL) << RESIDUAL_BITS  # 2^40: every |residual term|
 
 
 class FixedPointRangeError(ValueError):
     """A value is too large for the fixed-point encoding (standardise the features)."""
+
+
+class ResidualRangeError(FixedPointRangeError):
+    """A score share beyond the residual bound: the model has diverged."""
 
 
 def encode_features(X: np.ndarray, column_names: list[str] | None = None) -> np.ndarray:
@@ -35,8 +45,15 @@ def encode_features(X: np.ndarray, column_names: list[str] | None = None) -> np.
 
 
 def encode_residual(values: np.ndarray) -> list[int]:
-    """Residual terms as Python ints ``round(v * 2^RESIDUAL_BITS)``."""
-    return [int(v) for v in np.rint(np.asarray(values, dtype=float) * 2.0**RESIDUAL_BITS)]
+    """Residual terms as Python ints ``round(v * 2^RESIDUAL_BITS)``; refuses ``|v| > 2^16``."""
+    values = np.asarray(values, dtype=float)
+    if values.size and not np.abs(values).max() <= _MAX_RESIDUAL:  # NaN fails too
+        worst = values.flat[int(np.nanargmax(np.where(np.isnan(values), np.inf, np.abs(values))))]
+        raise ResidualRangeError(
+            f"a residual term is {worst:g}; |u/4 - y/2| must stay within {_MAX_RESIDUAL:g} for "
+            "exact fixed-point arithmetic"
+        )
+    return [int(v) for v in np.rint(values * 2.0**RESIDUAL_BITS)]
 
 
 def decode_gradient(sums: list[int], n_rows: int) -> np.ndarray:

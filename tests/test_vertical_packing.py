@@ -1,0 +1,106 @@
+"""Masked gradients packed several to a plaintext: the margin holds, the model is unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_vertical_flow import OPTIONS, breast
+
+from core.paillier import cipher
+from core.paillier.keys import generate_keypair
+from core.vertical_lr.fixed_point import FixedPointRangeError, encode_residual
+from core.vertical_lr.packing import STATISTICAL_BITS, Layout, PackingOverflowError, layout
+from federation.workspace import channel_for
+from flows.vertical_lr import vertical_lr
+from storage.artifacts import ArtifactStore
+from storage.party_store import PartyStore
+from tasks import vertical_lr as vlr
+
+
+@pytest.fixture(scope="module")
+def keypair():
+    return generate_keypair(1024, allow_insecure_key_size=True)
+
+
+def test_slot_count_is_what_the_bound_allows() -> None:
+    # |g| <= rows * 2^50 (features) * (hosts + 1) * 2^40 (residual terms)
+    bound_bits = (4096 * 2**50 * 2 * 2**40).bit_length()
+    assert bound_bits == 104
+    slot = bound_bits + STATISTICAL_BITS + 2
+    assert layout(2048, 4096, 1) == Layout(104, slot, (2048 - 2) // slot) == Layout(104, 186, 11)
+    assert layout(1024, 4096, 1) == Layout(104, 186, 5)
+    assert layout(1024, 90, 2).gradient_bits == (90 * 2**50 * 3 * 2**40).bit_length()
+    assert layout(512, 4096, 1) is None  # two slots only: kept unpacked
+    assert Layout(104, 186, 11).packed_length(300) == 28
+
+
+def test_extremes_of_the_margin_round_trip_exactly(keypair) -> None:
+    public, private = keypair
+    shape = layout(1024, 4096, 1)
+    top = 2**shape.gradient_bits - 1
+    gradient = [top, -top, 0, 1, -1, 12345, top]
+    masks = [2 ** (shape.gradient_bits + STATISTICAL_BITS + 1) - 1, 0] * 3 + [0]
+    packed = cipher.pack(public, cipher.encrypt(public, gradient), shape.slot_bits, shape.slots)
+    assert len(packed) == 2
+    masked = cipher.decrypt(private, cipher.add_plain(public, packed, shape.packed_masks(masks)))
+    assert all(0 < value < public.n // 2 for value in masked)
+    assert shape.unpack(masked, masks) == gradient
+
+
+def test_a_gradient_beyond_the_margin_raises(keypair) -> None:
+    public, private = keypair
+    shape = layout(1024, 4096, 1)
+    for beyond in (2**shape.gradient_bits, -(2**shape.gradient_bits) - 5):
+        masks = shape.masks(3)
+        cts = cipher.encrypt(public, [1, beyond, 2])
+        packed = cipher.pack(public, cts, shape.slot_bits, shape.slots)
+        masked = cipher.decrypt(
+            private, cipher.add_plain(public, packed, shape.packed_masks(masks))
+        )
+        with pytest.raises(PackingOverflowError):
+            shape.unpack(masked, masks)
+    # and the inputs that could make such a gradient are refused where they are encoded
+    with pytest.raises(FixedPointRangeError, match="residual term is 70000"):
+        encode_residual(np.array([0.5, 70000.0]))
+    with pytest.raises(FixedPointRangeError):
+        encode_residual(np.array([np.nan]))
+    assert encode_residual(np.array([-(2.0**16)])) == [-(2**40)]
+
+
+def _run(workspace: Path, packed: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
+    monkeypatch.setattr(vlr, "PACK_GRADIENTS", packed)
+    guest_ref, host_refs, *_ = breast(workspace)
+    result = vertical_lr(
+        guest_ref.to_dict(), [h.to_dict() for h in host_refs], workspace=str(workspace), **OPTIONS
+    )
+    host = ArtifactStore(PartyStore.of(host_refs[0])).get(
+        f"models/vertical/{result['job_id']}/{host_refs[0].party}"
+    )
+    channel = channel_for(result["job_id"], str(workspace))
+    lengths = {
+        (r.sender, r.round): len(channel.endpoint(r.receiver).receive(r.sender, r.kind, r.round))
+        for r in channel.log()
+        if r.kind == "masked_gradient"
+    }
+    return {"result": result, "host": host["coefficients"], "lengths": lengths}
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_packed_training_is_bit_for_bit_the_unpacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = _run(tmp_path / "plain", False, monkeypatch)
+    packed = _run(tmp_path / "packed", True, monkeypatch)
+    for key in ("intercept", "coefficients", "losses"):
+        assert packed["result"][key] == plain["result"][key]  # exact, not approximately
+    assert packed["host"] == plain["host"]
+    # 1024 bits, batches of 90, one host: 5 slots a plaintext
+    guest_width = len(plain["result"]["coefficients"]) + 1
+    host_width = len(plain["host"])
+    for (sender, _), length in plain["lengths"].items():
+        assert length == (guest_width if sender == "guest" else host_width)
+    for (sender, _), length in packed["lengths"].items():
+        assert length == -(-(guest_width if sender == "guest" else host_width) // 5)
+    assert len(packed["lengths"]) == len(plain["lengths"]) == 2 * OPTIONS["epochs"] * 2

@@ -16,11 +16,11 @@ The FATE-shape run is the actual flow on 100,000 rows (about 20 minutes for both
 with and without a pool, on two cores); ``--fate-rows 20000`` runs fewer rows and scales
 linearly to 100,000 (the work is linear in rows, except key generation, which is timed apart
 and not scaled, and the run's fixed set-up, which scaling overstates). Each run prints the
-split of its wall time between key generation, encryption, X^T [[d]], decryption, transfer
-(encoding, writing and reading messages), storage and the rest: phases that do not overlap
-and add up to the epoch (see ``Split``), and the CPU seconds of all processes involved; on
-an idle two-core machine the epoch takes about max(CPU / 2, the serial part), on a shared
-one wall time inflates. Beside it: the target of issue 39 for the row, the epoch as a
+split of its wall time between key generation, encryption, X^T [[d]], packing, decryption,
+transfer (encoding, writing and reading messages), storage and the rest: phases that do not
+overlap and add up to the epoch (see ``Split``), and the CPU seconds of all processes
+involved; on an idle two-core machine the epoch takes about max(CPU / 2, the serial part),
+on a shared one wall time inflates. Beside it: the target of issue 39 for the row, the epoch as a
 multiple of one python-paillier encryption at 2048 bits measured in the same run, and per
 party the bytes it sent and received and the seconds it sat blocked on the channel (those
 overlap the other parties' work, so they are not part of the sum), and the ciphertexts the
@@ -136,6 +136,7 @@ class Split:
         "key generation": [(vertical_steps, "generate_keypair")],
         "encryption": [(cipher, "encrypt"), (cipher, "rerandomize"), (cipher, "fill_ahead")],
         "X^T [[d]]": [(cipher, "transpose_dot"), (cipher, "weighted_sum")],
+        "packing": [(cipher, "pack")],  # masked gradients folded several to a ciphertext
         "decryption": [(cipher, "decrypt")],
         "transfer": [(PartyEndpoint, "send"), (PartyEndpoint, "receive")],
         "storage": [

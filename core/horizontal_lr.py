@@ -336,6 +336,16 @@ def clipped_contribution(
     return np.concatenate([(rows * factor[:, None]).sum(axis=0), [loss_sum, float(len(y))]])
 
 
+def dp_loss_sd(
+    share_sigma: float, senders: int, rows: float, clip_norm: float, scale_bits: int
+) -> float:
+    """Standard deviation of a round's DP mean loss: the ``senders``' noise shares (of
+    ``share_sigma`` grid steps each) on the loss coordinate, read back as a mean over ``rows``.
+    Why: the coordinator's divergence check and warnings must not take noise for a rise."""
+    grid = math.ldexp(1.0, scale_bits) * _loss_scale(clip_norm) * rows
+    return share_sigma * math.sqrt(senders) / grid
+
+
 def largest_dp_input(rows: int, clip_norm: float) -> float:
     """Largest coordinate of a DP vector of ``rows`` rows (before scaling to the grid)."""
     return rows * max(clip_norm, 1.0)

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 #: A log-loss this far above the run's first loss means the steps overshoot (log 2 = 0.69 at
 #: a zero start, so the limit is about 5.7, far beyond any loss a learning model returns to).
 LOSS_RISE_LIMIT = 5.0
+#: Under DP a round's loss carries noise: a rise within this many standard deviations of the
+#: difference of two noisy losses is noise, not divergence (a false stop about 1e-9 a round).
+NOISE_SDS = 6.0
+#: ... and a rise counts towards "rising" only beyond this many (about 8% a round by chance).
+RISE_SDS = 2.0
 #: Held-out AUC at or below 0.5 + this margin is no better than guessing.
 AUC_MARGIN = 0.02
 #: The state name a flow returns for a model below its baseline (still COMPLETED).
@@ -35,16 +40,27 @@ class DivergenceError(RuntimeError):
         )
 
 
-def check_loss(flow: str, job_id: str, round_: int, loss: float, first: float | None) -> None:
-    """Raise :class:`DivergenceError` when ``loss`` is non-finite or far above ``first``."""
-    if not math.isfinite(loss) or (first is not None and loss > first + LOSS_RISE_LIMIT):
+def noise_margin(noise_sd: float, sds: float) -> float:
+    """How far one noisy loss may lie above another by noise alone: ``sds`` standard deviations
+    of their difference (each carries noise of ``noise_sd``; 0 without DP)."""
+    return sds * math.sqrt(2.0) * noise_sd
+
+
+def check_loss(
+    flow: str, job_id: str, round_: int, loss: float, first: float | None, noise_sd: float = 0.0
+) -> None:
+    """Raise :class:`DivergenceError` when ``loss`` is non-finite or far above ``first``, by
+    more than DP noise of ``noise_sd`` (per loss) explains."""
+    limit = LOSS_RISE_LIMIT + noise_margin(noise_sd, NOISE_SDS)
+    if not math.isfinite(loss) or (first is not None and loss > first + limit):
         raise DivergenceError(flow, job_id, round_, loss, first if first is not None else loss)
 
 
-def rising(losses: list[float], window: int = 3) -> bool:
-    """The last ``window`` losses each rose: the steps are too large, worth a warning."""
-    tail = losses[-(window + 1) :]
-    return len(tail) == window + 1 and all(b > a for a, b in itertools.pairwise(tail))
+def rising(losses: list[float], window: int = 3, noise_sd: float = 0.0) -> bool:
+    """The last ``window`` losses each rose, each by more than DP noise of ``noise_sd`` would:
+    the steps are too large, worth a warning."""
+    tail, margin = losses[-(window + 1) :], noise_margin(noise_sd, RISE_SDS)
+    return len(tail) == window + 1 and all(b > a + margin for a, b in itertools.pairwise(tail))
 
 
 @dataclass(frozen=True)

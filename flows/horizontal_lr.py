@@ -48,6 +48,7 @@ from tasks.horizontal_lr import (
     predict_proba,
 )
 from tasks.reporting import (
+    LOSS_NOISE,
     Progress,
     artifact_key,
     flow_short,
@@ -196,11 +197,12 @@ class _LossWatch:
             saved = checkpoints(side.store, side.job_id).load(start - 1)
             self.losses = [float(e["loss"]) for e in saved["history"]]
 
-    def check(self, round_: int, loss: float) -> None:
+    def check(self, round_: int, loss: float, noise_sd: float = 0.0) -> None:
+        """``noise_sd``: the DP noise the loss carries (0 without DP), never taken for a rise."""
         first = self.losses[0] if self.losses else None
-        check_loss("horizontal_lr", self.job_id, round_, loss, first)
+        check_loss("horizontal_lr", self.job_id, round_, loss, first, noise_sd)
         self.losses.append(loss)
-        if rising(self.losses) and not self.warned:
+        if rising(self.losses, noise_sd=noise_sd) and not self.warned:
             self.warned = True
             get_run_logger().warning(
                 "horizontal_lr %s: the aggregated loss rose in each of the last 3 rounds "
@@ -223,6 +225,7 @@ def _publish(side: coordinator_steps.Coordinator, model: dict[str, Any]) -> None
             "parties": ", ".join(e["survivors"]),
             "max weight change": e["change"],
             "KiB sent": kib(traffic.get(e["round"], 0)),
+            **({LOSS_NOISE: e["loss_sd"]} if "loss_sd" in e else {}),
             **attempt_columns(e.get("attempt"), now),
         }
         for e in model["history"]
@@ -294,7 +297,7 @@ def horizontal_lr_coordinator(
             done = coordinator_steps.coordinator_round(side, round_, faults)
             left_out.append(done["left_out"])
             entry = done["entry"]
-            watch.check(round_, entry["loss"])
+            watch.check(round_, entry["loss"], entry.get("loss_sd", 0.0))
             ran, converged = ran + 1, entry["change"] < tol
             progress.update(rounds if converged else round_ + 1)
     model = coordinator_steps.coordinator_model(side)

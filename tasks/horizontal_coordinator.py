@@ -28,6 +28,7 @@ from tasks.horizontal_lr import (
     RoundCall,
     checkpoints,
     dp_clip,
+    dp_noise,
     dp_terms,
     model_key,
     model_record,
@@ -309,6 +310,10 @@ def _unmask_and_update(
             "change": float(np.max(np.abs(weights - before))),
             "attempt": current_attempt(),  # the rounds table says who ran the round
         }
+        if (noise := dp_noise(options, job)) is not None:  # the loss is noisy: by how much
+            entry["loss_sd"] = hlr.dp_loss_sd(noise.share_sigma, len(summed.senders),
+                                              mean.total_weight, options.dp_clip_norm,
+                                              job.scale_bits)  # fmt: skip
         saved = {
             "weights": weights,
             "mean_update": mean.mean,

@@ -28,6 +28,7 @@ from prefect.runtime import deployment as runtime_deployment
 from prefect.runtime import flow_run as runtime_flow_run
 
 from core.model_format import ModelRecord
+from core.outcomes import RISE_SDS, noise_margin
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -355,11 +356,17 @@ def _cell(value: Any) -> str:
     return text.replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
 
 
+#: A rounds table's column of the DP noise each round's loss carries (its standard deviation).
+LOSS_NOISE = "loss noise sd"
+
+
 def round_warnings(history: list[dict[str, Any]], loss: str = "loss") -> list[str]:
-    """What a reader should look at: a loss that rose at the end, a diverging gradient."""
+    """What a reader should look at: a loss that rose at the end (by more than its DP noise,
+    column :data:`LOSS_NOISE`, explains), a diverging gradient."""
     warnings = []
     losses = [(r["round"], r[loss]) for r in history if r.get(loss) is not None]
-    if len(losses) >= 2 and losses[-1][1] > losses[-2][1]:
+    noise = noise_margin(history[-1].get(LOSS_NOISE) or 0.0, RISE_SDS) if history else 0.0
+    if len(losses) >= 2 and losses[-1][1] > losses[-2][1] + noise:
         warnings.append(
             f"loss rose in the last round ({losses[-2][1]:.6g} in round {losses[-2][0]} -> "
             f"{losses[-1][1]:.6g} in round {losses[-1][0]})"

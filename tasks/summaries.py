@@ -25,6 +25,7 @@ from storage.party_store import PartyStore
 from tasks.charts import held_out_roc
 from tasks.policy import PARTY_STEP
 from tasks.reporting import (
+    LOSS_NOISE,
     BudgetLine,
     Quality,
     RunSummary,
@@ -434,6 +435,7 @@ def horizontal_summary(
             "parties": len(e["survivors"]),
             "KiB sent": kib(traffic.get(e["round"], 0)),
             "seconds": e["seconds"],
+            **({LOSS_NOISE: e["loss_sd"]} if "loss_sd" in e else {}),
             **attempt_columns(e.get("attempt"), now),
         }
         for e in model["history"]

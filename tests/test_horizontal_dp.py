@@ -68,6 +68,38 @@ def test_the_noisy_sum_carries_the_target_variance_within_sampling_error() -> No
     assert noisy.var() / target == pytest.approx(1.0, abs=4 * math.sqrt(2 / noisy.size))
 
 
+def test_the_loss_noise_the_coordinator_allows_for_is_the_noise_the_loss_carries() -> None:
+    """``dp_loss_sd`` (what the divergence check and warnings allow for) against the spread of
+    the mean loss read from 400 noisy sums of three hospitals' tables."""
+    noise, parties = _noise(epsilon=0.5, rounds=20), 3
+    rows = [_rows(seed, n=15) for seed in range(parties)]
+    weights = np.linspace(-0.3, 0.3, DIMENSION - 2)
+    exact = [hlr.clipped_contribution(weights, X, y, 1.0) for X, y in rows]
+    clean = hlr.round_mean(sum(exact), weights, 0.0, 1.0).mean_loss
+    losses = [
+        hlr.round_mean(decode(sum(hlr.noisy_ring_input(v, noise, parties, SCALE, 1.0)
+                                  for v in exact), SCALE), weights, 0.0, 1.0).mean_loss
+        for _ in range(400)
+    ]  # fmt: skip
+    sd = hlr.dp_loss_sd(noise.share_sigma, parties, 3 * 15, 1.0, SCALE)
+    assert sd > 0.5  # small tables, a strict budget: noise far above the loss's own changes
+    assert np.std(np.asarray(losses) - clean) / sd == pytest.approx(1.0, abs=4 / math.sqrt(800))
+
+
+def test_noise_within_its_margin_is_neither_divergence_nor_a_rising_loss() -> None:
+    from core.outcomes import DivergenceError, check_loss, rising
+
+    sd = 2.0  # a loss 8 above the first is within 6 sd of two losses' difference (17)
+    check_loss("horizontal_lr", "job", 3, 0.69 + 8.0, 0.69, noise_sd=sd)
+    with pytest.raises(DivergenceError, match="diverged in round 3"):
+        check_loss("horizontal_lr", "job", 3, 0.69 + 8.0, 0.69)  # without noise: diverged
+    with pytest.raises(DivergenceError):
+        check_loss("horizontal_lr", "job", 3, 0.69 + 5.0 + 17.1, 0.69, noise_sd=sd)
+    noisy_climb = [0.7, 1.5, 2.4, 3.1]  # rises of about 0.8: under 2 sd of a difference (5.7)
+    assert rising(noisy_climb) and not rising(noisy_climb, noise_sd=sd)
+    assert rising([0.7, 7.0, 13.0, 19.0], noise_sd=sd)
+
+
 @pytest.mark.parametrize(("parties", "threshold", "colluding"), [(3, 2, 0), (5, 3, 1), (10, 6, 2)])
 def test_with_the_tolerated_dropouts_and_colluders_the_noise_never_falls_below_sigma(
     parties: int, threshold: int, colluding: int
@@ -189,7 +221,7 @@ def test_a_dp_run_is_charged_once_refused_over_budget_and_resumed_without_a_seco
     from storage.party_store import PartyStore
 
     refs = load_hospitals(workspace)
-    options = {"rounds": 2, "learning_rate": 0.5, "l2": 1e-3, "tol": 0.0, "stage_timeout": 5,
+    options = {"rounds": 2, "learning_rate": 0.5, "l2": 1e-3, "tol": 0.0, "stage_timeout": 10,
                "dp_epsilon": 2.0, "preprocessing": {"scaling": "none"}}  # fmt: skip
     for ref in refs:  # too little for (2, 1e-5) over 2 rounds
         PrivacyLedger(PartyStore.of(ref)).set_budget("patients", 1.0, 1e-5)
@@ -209,6 +241,8 @@ def test_a_dp_run_is_charged_once_refused_over_budget_and_resumed_without_a_seco
     resumed = run(refs, workspace, job_id="hlr-dp", **options)
     assert resumed["rounds_completed"] == 2 and resumed["resumed_from"] == 1
     assert _ledgers(refs) == charged  # the resumed run paid nothing again
+    sds = [entry["loss_sd"] for entry in resumed["history"]]  # same senders and rows: same noise
+    assert len(sds) == 2 and sds[0] > 0 and sds[0] == pytest.approx(sds[1])
     X = np.vstack([PartyStore.of(r).read_table(r).iloc[:, 2:].to_numpy(float) for r in refs])
     y = np.concatenate([PartyStore.of(r).read_table(r)["diagnosis"].to_numpy(float) for r in refs])
     exact = hlr.centralized_gd(X, y, 1e-3, 0.5, 2)

@@ -11,6 +11,7 @@ import pytest
 from core.model_format import ModelFormatError, ModelRecord
 from tasks import reporting
 from tasks.reporting import (
+    LOSS_NOISE,
     BudgetLine,
     Quality,
     RunSummary,
@@ -33,6 +34,10 @@ def test_a_rising_loss_and_a_diverging_gradient_are_warned_about() -> None:
     diverging = [*falling, {"round": 4, "loss": 0.2, "gradient_norm": 50.0}]
     [warning] = round_warnings(diverging)
     assert "gradient diverges" in warning
+    # under DP a rise within the loss's noise is not one: the rounds table says how noisy
+    noisy = [{**r, LOSS_NOISE: 0.1} for r in rising]
+    assert round_warnings(noisy) == []
+    assert round_warnings([*noisy[:-1], {**noisy[-1], "loss": 0.9}])
 
 
 def test_a_table_cell_with_a_bar_or_a_line_break_is_shown_whole() -> None:

@@ -78,10 +78,34 @@ _OPTIONS = [
     ("grpc.max_send_message_length", _FRAME_LIMIT),
     ("grpc.max_receive_message_length", _FRAME_LIMIT),
 ]
+# A partition stalls a connection rather than closing it: without keepalive, calls queue on it
+# until TCP's retransmission timer, doubled at each loss, fires again after the link returns
+# (up to a minute later after a minute's cut), and reconnects back off up to two minutes. A
+# ping unanswered for 5 s closes the connection instead (gRPC 1.85 times a ping out by
+# ping_timeout_ms, a minute by default, not by keepalive_timeout_ms alone), and a new one is
+# tried at least every 5 s, so a peer is heard again within seconds of its link's return.
+KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS, RECONNECT_MAX_MS = 10_000, 5_000, 5_000
+_CLIENT_OPTIONS = [
+    *_OPTIONS,
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS),
+]
 # gRPC sets SO_REUSEPORT by default, so a second endpoint on a taken port (a party started twice,
 # or another service) would bind without error and the kernel would split peers' fetches
-# between the two: a port is one party's alone, and a taken one is an error at start.
-_SERVER_OPTIONS = [*_OPTIONS, ("grpc.so_reuseport", 0)]
+# between the two: a port is one party's alone, and a taken one is an error at start. The
+# endpoint accepts its peers' keepalive pings (by default more than one in 5 minutes
+# without data counts against the peer, which is then sent away).
+_SERVER_OPTIONS = [
+    *_OPTIONS,
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 # the server answered; retrying cannot help
 _FATAL = {
     grpc.StatusCode.PERMISSION_DENIED,
@@ -92,6 +116,9 @@ _FATAL = {
 }
 _REFUSED_HINT = "; the peer may be refusing this party's certificate"
 _TLS_FAILURES = ("handshake", "certificate", "verification", "ssl_error", "tsi_")
+# the connection closed before any TLS reply (a TCP proxy in front of a peer whose own link is
+# cut, a peer killed mid-handshake): retried, where a refused certificate ends the wait
+_CLOSED_IN_HANDSHAKE = ("handshake read failed", "handshake write failed")
 
 
 def _identity(context: grpc.ServicerContext) -> str | None:
@@ -543,7 +570,7 @@ class GrpcTransport:
             if peer not in self._channels:
                 credentials = self.files.channel_credentials()
                 # the server's certificate must name the peer we ask: TLS checks it
-                options = [*_OPTIONS, ("grpc.ssl_target_name_override", peer)]
+                options = [*_CLIENT_OPTIONS, ("grpc.ssl_target_name_override", peer)]
                 self._channels[peer] = grpc.secure_channel(
                     self.config.address_of(peer), credentials, options=options
                 )
@@ -667,6 +694,10 @@ class GrpcTransport:
         where = f"peer {key.sender} at {self.config.address_of(key.sender)}"
         if code in _FATAL:
             return ChannelError(f"{where} refused: {details}")
+        if code == grpc.StatusCode.UNAVAILABLE and any(
+            marker in details.lower() for marker in _CLOSED_IN_HANDSHAKE
+        ):  # no TLS answer came at all: the link or the peer went, not a certificate
+            return _RetryError(f"{code.name}: {details}")
         if (
             code == grpc.StatusCode.UNAVAILABLE
             and "failed to connect" in details

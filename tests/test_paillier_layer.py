@@ -20,6 +20,7 @@ from core.paillier import (
     cipher,
     generate_keypair,
     multiexp_columns,
+    native,
     private_key_from_dict,
     private_key_to_dict,
     public_key_from_dict,
@@ -187,3 +188,20 @@ def test_a_multiprocessing_child_that_used_the_pool_exits() -> None:
     if alive:
         child.kill()
     assert not alive and child.exitcode == 0
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_pack_shifts_and_adds_each_run_of_slots(keypair, kernel, monkeypatch):
+    """cipher.pack against the plaintext sum it must encrypt, on the kernel's fixed-exponent
+    powers and on gmpy2's, with a last run shorter than the others and negative entries."""
+    if kernel and not native.fixed_exponent_preferred():
+        pytest.skip(f"fixed-exponent powers use the kernel on IFMA only: {native.current_path()}")
+    monkeypatch.setattr(native, "fixed_exponent_preferred", lambda: kernel)
+    public, private = keypair
+    values = [secrets.randbelow(2**90) - 2**89 for _ in range(11)] + [-1, 0]
+    slot, slots = 150, 5
+    packed = cipher.pack(public, cipher.encrypt(public, values), slot, slots)
+    assert len(packed) == 3
+    runs = [values[a : a + slots] for a in range(0, len(values), slots)]
+    expected = [sum(v << (slot * j) for j, v in enumerate(run)) for run in runs]
+    assert cipher.decrypt(private, packed) == expected

@@ -26,6 +26,7 @@ from core.job_files import read_job
 from demo.orgs import Org
 from demo.parties import ROOT, owner_budgets_toml
 from flows.pipeline_party import organisations
+from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -167,19 +168,20 @@ def sent_matches(orgs: dict[str, Org], run_ids: list[str]) -> list[str]:
     return differ
 
 
-def model(orgs: dict[str, Org], job_file: str, run: str, stage: str) -> dict[str, Any]:
-    """The stored models of a stage, per party that stores one (read from its own store)."""
+def stored(orgs: dict[str, Org], job_file: str, run: str, stage: str) -> dict[str, Any]:
+    """Every artifact of a stage's job id in the stores of the parties holding a table: its
+    models (``models/...``) and its round checkpoints (``.../round/<n>``)."""
     found = {}
-    job = read_job(ROOT / job_file)
     ident = job_id(job_file, run, stage)
-    for entry in job["parties"].values():
+    for entry in read_job(ROOT / job_file)["parties"].values():
         ref = TableRef.from_dict(entry["table"])
-        org = orgs[ref.party]
-        ref = TableRef.from_dict({**entry["table"], "database": str(org.folder / ref.database)})
-        store = ArtifactStore(PartyStore.of(ref))
-        for key, *_ in store.list("models/"):
+        database = str(orgs[ref.party].folder / ref.database)
+        store = ArtifactStore(
+            PartyStore.of(TableRef.from_dict({**entry["table"], "database": database}))
+        )
+        for key, *_ in store.list():
             if f"/{ident}/" in f"{key}/":
-                found[key] = store.get(key)
+                found[f"{ref.party}:{key}"] = store.get(key)
     return found
 
 
@@ -264,12 +266,17 @@ class Federation:
     def result(self, stage: Stage, run: str, outcomes: dict[str, Outcome]) -> Result:
         """What ``run`` of ``stage``'s job left: outcomes, models, messages."""
         ids = [job_id(stage.job_file, run, s) for s in stage_ids(stage)]
-        models = model(self.orgs, stage.job_file, run, stage.model_stage)
+        found = stored(self.orgs, stage.job_file, run, stage.model_stage)
+        models = {
+            k: weights(v) for k, v in found.items() if k.split(":", 1)[1].startswith("models/")
+        }
+        rounds = {k: digest(v) for k, v in found.items() if "/round/" in k}
         return Result(
             outcomes,
-            {without_run(key, run): weights(value) for key, value in models.items()},
+            {without_run(key, run): value for key, value in models.items()},
             {without_run(key, run) for key in received(self.orgs, ids)},
             sent_matches(self.orgs, ids),
+            {without_run(key, run): value for key, value in rounds.items()},
         )
 
 
@@ -281,6 +288,11 @@ def stage_ids(stage: Stage) -> tuple[str, ...]:
 def without_run(key: str, run: str) -> str:
     """A message or model key with its run's suffix taken out: alike across runs."""
     return key.replace(f"-{run}/", "/").removesuffix(f"-{run}")
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of a stored value's encoding, to compare states across runs."""
+    return hashlib.sha256(codec.dumps(value, codec.ARTIFACT)).hexdigest()
 
 
 def weights(stored: dict[str, Any]) -> list[float]:
@@ -300,10 +312,16 @@ class Result:
     models: dict[str, list[float]]
     messages: set[str]
     differ: list[str]
+    checkpoints: dict[str, str]  # round checkpoint kept -> SHA-256 of its encoded state
 
     def same_model(self, other: Result) -> bool:
-        """Bit for bit: every party's stored weights equal."""
-        return bool(self.models) and self.models == other.models
+        """Bit for bit: every party's stored weights equal, and the round checkpoints kept
+        (a round applied twice would leave other states)."""
+        return (
+            bool(self.models)
+            and self.models == other.models
+            and self.checkpoints == other.checkpoints
+        )
 
     def same_messages(self, other: Result) -> bool:
         """The same messages received (none lost, none extra) and each the sender's bytes."""

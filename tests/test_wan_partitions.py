@@ -1,7 +1,7 @@
 """A link cut for a few seconds and an endpoint restarted mid-job lose nothing: on the WAN
 harness (benchmarks/wan.py), the demo's small main job (PSI, then one vertical LR epoch) ends
-done at every party with the model of an uncut run, bit for bit, and every message received
-once, as its sender sent it. The full matrix (60 s cuts, cuts past the restart grace and
+done at every party with the model of an uncut run, bit for bit (and its round checkpoints), and every
+message received once, as its sender sent it. The full matrix (60 s cuts, cuts past the restart grace and
 resumes, horizontal rounds) is ``make bench-partitions``.
 
 Needs root and ``ip netns``; skipped with the reason elsewhere. One set of organisations (the
@@ -40,6 +40,7 @@ def check_lost_nothing(fed: partitions.Federation, case: partitions.Case) -> Non
     reasons = {party: outcome.reason for party, outcome in case.first.items()}
     assert case.mid_job, "the job ended before the interruption: the case tested nothing"
     assert not case.resumed and all(o.code == 0 for o in case.first.values()), reasons
+    assert uncut.models and uncut.checkpoints  # something to compare
     assert case.final.same_model(uncut), (case.final.models, uncut.models)
     assert case.final.messages == uncut.messages, case.final.messages ^ uncut.messages
     assert case.final.differ == []

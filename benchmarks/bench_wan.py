@@ -1,6 +1,7 @@
 """PSI and vertical LR between organisations on their own hosts, at LAN, WAN and far WAN.
 
-Usage: python benchmarks/bench_wan.py [--repeats 3] [--psi-size 100000] [--only psi|vertical]
+Usage: python benchmarks/bench_wan.py [--repeats 3] [--psi-size 100000]
+    [--only psi|vertical|horizontal]
 
 Needs root: every organisation runs in its own network namespace with its own address, its
 link shaped by ``tc tbf`` and delayed by the harness's relay (:mod:`benchmarks.wan`, where the
@@ -20,7 +21,11 @@ spent waiting on the network. Medians over ``--repeats`` runs, each on fresh nam
 * PSI (KKRT16): the demo's clinic and lab tables (520 and 519 patients), and two synthetic id
   sets of ``--psi-size`` each, half of them shared;
 * vertical LR: the demo job's options on the demo's aligned rows (clinic guest, lab host,
-  arbiter; 2048-bit keys; 4 epochs of one batch, so 4 rounds), per round.
+  arbiter; 2048-bit keys; 4 epochs of one batch, so 4 rounds), per round;
+* horizontal LR: 5 rounds at 3 and at 10 hospitals (the demo hospitals' patients dealt in
+  turn) and the coordinator, per round; its round trips are also counted from the
+  coordinator's messages (each turn, in a round's folder ordered by time, from what it sent
+  to what it received), free of the relay's HTTP/2 control frames and long-poll re-arms.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import wan
 from benchmarks.bench_party_jobs import flow_runs, vertical_options, vertical_tables
+from core.secagg import default_threshold
 from demo.orgs import Org
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -170,6 +176,71 @@ def vertical_run(setting: wan.Setting, api_port: int, job: str) -> dict[str, Any
         return measure(net, orgs, job, f"vertical_lr {job}", rounds)
 
 
+# ---- horizontal LR -------------------------------------------------------------------------
+HORIZONTAL_ROUNDS = 5
+
+
+def hospital_tables(root: Path, names: list[str]) -> dict[str, TableRef]:
+    """The demo's three hospitals' patients pooled and dealt to ``names`` in turn, each in
+    its own database."""
+    pooled = pd.concat(
+        [pd.read_csv(ROOT / "demo" / "horizontal" / f"hospital_{x}.csv") for x in "abc"],
+        ignore_index=True,
+    )
+    refs = {}
+    for i, name in enumerate(names):
+        ref = TableRef(
+            str(root / name / f"{name}.duckdb"), "patients", "patient_id", party=name,
+            label_column="diagnosis", label_domain=(0, 1),
+        )  # fmt: skip
+        PartyStore.of(ref).write_table(ref.table, pooled.iloc[i :: len(names)])
+        refs[name] = ref
+    return refs
+
+
+def coordinator_round_trips(org: Org, job: str) -> float:
+    """Round trips per round counted from the coordinator's own messages: in each round's
+    folder, ordered by when each was written (sent) or stored (fetched), every turn from
+    what it sent to what it received is one wait on the hospitals; the median over the
+    rounds' folders (the set-up's included)."""
+    folder = org.messages / job / "messages"
+    counts = []
+    for round_folder in folder.glob("r*"):
+        turns = 0
+        events = sorted(
+            (path.stat().st_mtime, path.name.split("__")[0] == org.party)
+            for path in round_folder.iterdir()
+        )
+        sent_before = False
+        for _, sent in events:
+            if sent_before and not sent:
+                turns += 1
+            sent_before = sent
+        counts.append(turns)
+    return statistics.median(counts)
+
+
+def horizontal_run(setting: wan.Setting, api_port: int, job: str, count: int) -> dict[str, Any]:
+    """Horizontal LR rounds at ``count`` hospitals and the coordinator on fresh namespaces."""
+    names = [f"hospital_{i:02d}" for i in range(count)]
+    with tempfile.TemporaryDirectory() as tmp, wan.Wan(["coordinator", *names], setting) as net:
+        root = Path(tmp)
+        orgs = wan.make_orgs(root, net)
+        refs = hospital_tables(root, names)
+        net.forward(api_port)
+        threshold = str(default_threshold(count))
+        common = ["--job", job, "--parties", ",".join(names), "--rounds", str(HORIZONTAL_ROUNDS),
+                  "--learning-rate", "1.0", "--tol", "0", "--threshold", threshold,
+                  "--preprocessing", '{"scaling": "none"}']  # fmt: skip
+        args = {"coordinator": common}
+        args |= {n: [*common, "--table", json.dumps(refs[n].to_dict())] for n in names}
+        results = run_parties(net, orgs, "horizontal", args, f"http://127.0.0.1:{api_port}/api")
+        rounds = results["coordinator"]["rounds_run"]
+        figures = measure(net, orgs, job, f"horizontal_lr {job}", rounds)
+        figures["message round trips"] = coordinator_round_trips(orgs["coordinator"], job)
+        return figures
+
+
 # ---- the table -----------------------------------------------------------------------------
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each figure over the runs (per party for the bytes)."""
@@ -181,6 +252,7 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "messages": statistics.median(r["messages"] for r in runs),
         "most sent": statistics.median(r["most sent"] for r in runs),
         "network share": statistics.median(r["network share"] for r in runs),
+        "message round trips": statistics.median(r.get("message round trips", 0) for r in runs),
     }
 
 
@@ -193,7 +265,7 @@ def row(
     trips the job waits for one after another."""
     link = f"{setting.mbit:g} Mbit/s, {setting.rtt_ms:g} ms"
     if figures is None:
-        return f"| {name} | {setting.name} | {link} | not measured | | | | | | |"
+        return f"| {name} | {setting.name} | {link} | not measured | | | | | | | |"
     wire = ", ".join(f"{p} {b / 1e6:.2f}" for p, b in figures["wire"].items())
     added = ""
     if lan is not None and setting.rtt_ms > wan.LAN.rtt_ms:
@@ -203,7 +275,8 @@ def row(
         added = f"{extra:+.2f} ({transfer:.2f} transfer, ~{max(waits, 0):.0f} RTTs)"
     return (
         f"| {name} | {setting.name} | {link} | {figures['seconds']:.2f} | {added} | {wire} "
-        f"| {figures['messages']:.0f} | {figures['round trips']:.0f} "
+        f"| {figures['messages']:.0f} | {figures['message round trips'] or '-':} "
+        f"| {figures['round trips']:.0f} "
         f"| {figures['network share']:.0%} | {repeats} |"
     )
 
@@ -232,6 +305,10 @@ def cases(
         chosen.append((f"PSI {large:,} x {large:,}", psi_large, 1))
     if args.only in (None, "vertical"):
         chosen.append(("vertical LR demo, 4 rounds", vertical_run, args.repeats))
+    if args.only in (None, "horizontal"):
+        for count in (3, 10):
+            one = lambda s, p, j, n=count: horizontal_run(s, p, j, n)  # noqa: E731
+            chosen.append((f"horizontal LR, {count} hospitals", one, args.repeats))
     return chosen
 
 
@@ -239,7 +316,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--psi-size", type=int, default=100_000)
-    parser.add_argument("--only", choices=("psi", "vertical"))
+    parser.add_argument("--only", choices=("psi", "vertical", "horizontal"))
     parser.add_argument("--psi-large", type=int, default=0, help="one more PSI size, one run")
     args = parser.parse_args()
     if reason := wan.available():
@@ -268,10 +345,10 @@ def main() -> None:
         "| job | setting | link (rate, RTT) | job s (median) "
         "| s added vs LAN (of it transfer, RTTs) "
         "| MB on the wire per party (sent + received) | messages per round "
-        "| round trips per round (relay turns) "
+        "| round trips per round (coordinator's messages) | round trips per round (relay turns) "
         "| share with bytes in flight | runs |"
     )
-    print("|---|---|---|---:|---:|---|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
     print("\n".join(lines))
 
 

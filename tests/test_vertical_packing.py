@@ -6,12 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_security_keyholder import HOST_FEATURES, ROWS, _forge_gradient, _tables
 from test_vertical_flow import OPTIONS, breast
 
 from core.paillier import cipher
 from core.paillier.keys import generate_keypair
 from core.vertical_lr.fixed_point import FixedPointRangeError, encode_residual
 from core.vertical_lr.packing import STATISTICAL_BITS, Layout, PackingOverflowError, layout
+from core.vertical_lr.schedule import Schedule
+from federation.channel import Channel
 from federation.workspace import channel_for
 from flows.vertical_lr import vertical_lr
 from storage.artifacts import ArtifactStore
@@ -104,3 +107,43 @@ def test_packed_training_is_bit_for_bit_the_unpacked(
     for (sender, _), length in packed["lengths"].items():
         assert length == -(-(guest_width if sender == "guest" else host_width) // 5)
     assert len(packed["lengths"]) == len(plain["lengths"]) == 2 * OPTIONS["epochs"] * 2
+
+
+def test_the_key_holder_decrypts_a_packed_gradient_once_and_only_at_its_length(
+    workspace: Path,
+) -> None:
+    guest_ref, host_ref = _tables(workspace)
+    job = vlr.VerticalJob(
+        job_id="attack",
+        channel=Channel(workspace, "attack"),
+        guest="guest",
+        hosts=("mallory",),
+        key_holder="arbiter",
+        key_holder_database=str(workspace / "arbiter.duckdb"),
+        schedule=Schedule(ROWS, ROWS, 0, 0.0),
+        learning_rate=0.1,
+        momentum=0.0,
+        decay=0.0,
+        l2=0.0,
+        widths=(("guest", 2), ("mallory", HOST_FEATURES)),
+        key_size=1024,
+    )
+    vlr.create_keys.fn(job, 1024)
+    vlr.host_forward.fn(job, host_ref, 0)
+    vlr.guest_residual.fn(job, guest_ref, 0)
+    vlr.host_gradient.fn(job, host_ref, 0)
+    mallory = job.endpoint("mallory")
+    sent = mallory.sent("arbiter", "masked_gradient", round=0)
+    assert len(sent) == 1  # three features, five slots: one ciphertext
+    residual = mallory.receive("guest", "residual", round=0)
+    _forge_gradient(job, residual[:HOST_FEATURES])  # the unpacked length is not agreed
+    with pytest.raises(vlr.KeyHolderRefusalError, match=r"mallory .* 3 values.* is 1"):
+        vlr.key_holder_decrypt.fn(job, 0)
+    _forge_gradient(job, sent)
+    vlr.key_holder_decrypt.fn(job, 0)  # the honest, packed round
+    honest = mallory.receive("arbiter", "masked_gradient_plain", round=0)
+    assert len(honest) == 1
+    _forge_gradient(job, residual[:1])  # a second, different message of the packed length
+    with pytest.raises(vlr.KeyHolderRefusalError, match=r"second, different .* from mallory"):
+        vlr.key_holder_decrypt.fn(job, 0)
+    vlr.update_weights.fn(job, host_ref, 0, "host")  # the first answer unpacks

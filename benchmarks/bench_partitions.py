@@ -16,7 +16,8 @@ round, a horizontal round), once a party has received some of the stage's messag
   should end done;
 * the victim's endpoint (``privreg party serve``) killed and started again.
 
-The table: each party's outcome (first, then after the resume when there was one), whether
+The table: each party's outcome and the seconds from its run's start to its exit (first,
+then after the resume when there was one), whether
 the models equal an uncut run's bit for bit (holdout off, so the runs' names do not draw other
 rows), whether the messages received are the uncut run's (none lost or extra) each with its
 sender's bytes, and the case's seconds (start to the last party's end, resume included).
@@ -52,13 +53,13 @@ def cases(long: float) -> list[tuple[str, float, float]]:
 
 def outcome_cell(case: partitions.Case) -> str:
     """Each party's end; when some failed, their reasons and the resumed run's ends."""
-    first = ", ".join(f"{p} {o.state}" for p, o in case.first.items())
+    first = ", ".join(str(o) for o in case.first.values())
     if not case.resumed:
         return first
     reasons = "; ".join(
         f"{p}: {o.reason.split('error: ', 1)[-1][:140]}" for p, o in case.first.items() if o.code
     )
-    final = ", ".join(f"{p} {o.state}" for p, o in case.final.outcomes.items())
+    final = ", ".join(str(o) for o in case.final.outcomes.values())
     return f"{first} ({reasons}) → resumed: {final}"
 
 

@@ -81,10 +81,14 @@ class Outcome:
     code: int
     reason: str = ""
     result: dict[str, Any] = field(default_factory=dict)
+    exited: float = 0.0  # seconds from its run's start
 
     @property
     def state(self) -> str:
         return "done" if self.code == 0 else "FAILED"
+
+    def __str__(self) -> str:
+        return f"{self.party} {self.state} ({self.exited:.0f} s)"
 
 
 @dataclass
@@ -113,15 +117,22 @@ class Run:
         return self.orgs[party].folder / f"{self.run}.log"
 
     def finish(self, timeout: float) -> dict[str, Outcome]:
-        """Each party's outcome once all have ended (killed past ``timeout``)."""
-        deadline, outcomes = time.monotonic() + timeout, {}
+        """Each party's outcome once all have ended (killed past ``timeout``), with the
+        seconds from the run's start to its exit."""
+        deadline, exited = time.monotonic() + timeout, {}
+        while len(exited) < len(self.processes) and time.monotonic() < deadline:
+            for party, process in self.processes.items():
+                if party not in exited and process.poll() is not None:
+                    exited[party] = time.monotonic() - self.started
+            time.sleep(0.1)
+        outcomes = {}
         for party, process in self.processes.items():
-            try:
-                out, _ = process.communicate(timeout=max(deadline - time.monotonic(), 1))
-            except subprocess.TimeoutExpired:
+            if process.poll() is None:
                 process.kill()
-                out, _ = process.communicate()
-            outcomes[party] = outcome_of(party, process.returncode, out, self.log(party))
+            out, _ = process.communicate()
+            outcome = outcome_of(party, process.returncode, out, self.log(party))
+            outcome.exited = exited.get(party, timeout)
+            outcomes[party] = outcome
         return outcomes
 
 
@@ -212,7 +223,9 @@ class Stage:
 
 
 PSI = Stage("PSI", MAIN, MAIN_PARTIES, "psi", "vertical", "clinic", "lab", 1)
-VERTICAL = Stage("vertical LR", MAIN, MAIN_PARTIES, "vertical", "vertical", "clinic", "lab", 2)
+# the clinic's first three vertical messages are the set-up (the lab's features and row order,
+# the arbiter's key): a fourth is the round's
+VERTICAL = Stage("vertical LR", MAIN, MAIN_PARTIES, "vertical", "vertical", "clinic", "lab", 4)
 HORIZONTAL_ROUND = Stage(
     "horizontal LR", HORIZONTAL, HOSPITALS, "horizontal_lr", "horizontal_lr", "coordinator",
     "hospital_a", 30,

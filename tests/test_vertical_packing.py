@@ -147,3 +147,16 @@ def test_the_key_holder_decrypts_a_packed_gradient_once_and_only_at_its_length(
     with pytest.raises(vlr.KeyHolderRefusalError, match=r"second, different .* from mallory"):
         vlr.key_holder_decrypt.fn(job, 0)
     vlr.update_weights.fn(job, host_ref, 0, "host")  # the first answer unpacks
+
+
+def test_the_schedule_derives_its_rows_once_and_shares_them_read_only() -> None:
+    """Every step asks for its batch; the rows are derived once per (rows, seed, fraction)
+    and handed out read-only, so no step can change another's."""
+    schedule = Schedule(10_000, 4096, 7, 0.1)
+    again = Schedule(10_000, 4096, 7, 0.1)
+    assert schedule.train_rows is again.train_rows
+    with pytest.raises(ValueError, match="read-only"):
+        schedule.train_rows[0] = 1
+    batches = [schedule.batch(1, i) for i in range(schedule.batches_per_epoch)]
+    assert np.array_equal(np.sort(np.concatenate(batches)), schedule.train_rows)
+    assert not np.array_equal(batches[0], Schedule(10_000, 4096, 8, 0.1).batch(1, 0))

@@ -7,6 +7,7 @@ parties agree on them without a message.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,17 +30,13 @@ class Schedule:
         if not 0 <= self.holdout_fraction < 0.5:
             raise ValueError("holdout_fraction must be in [0, 0.5)")
 
-    def _split(self) -> tuple[np.ndarray, np.ndarray]:
-        held_out = seeded_holdout_rows(self.n_rows, self.holdout_fraction, [self.seed, 0])
-        return np.setdiff1d(np.arange(self.n_rows), held_out), held_out
-
     @property
     def train_rows(self) -> np.ndarray:
-        return self._split()[0]
+        return _split(self.n_rows, self.seed, self.holdout_fraction)[0]
 
     @property
     def holdout_rows(self) -> np.ndarray:
-        return self._split()[1]
+        return _split(self.n_rows, self.seed, self.holdout_fraction)[1]
 
     @property
     def batches_per_epoch(self) -> int:
@@ -48,7 +45,7 @@ class Schedule:
     def batch(self, epoch: int, index: int) -> np.ndarray:
         """Row indices of mini-batch ``index`` of ``epoch``."""
         rows = self.train_rows
-        order = np.random.default_rng([self.seed, 1, epoch]).permutation(len(rows))
+        order = _order(len(rows), self.seed, epoch)
         return np.sort(rows[order[index * self.batch_size : (index + 1) * self.batch_size]])
 
     def round_of(self, epoch: int, index: int) -> int:
@@ -56,3 +53,22 @@ class Schedule:
 
     def position(self, round_: int) -> tuple[int, int]:
         return divmod(round_, self.batches_per_epoch)
+
+
+# Every step of every round asks for these (a round's position, its batch, the row counts):
+# at 100,000 rows each derivation took about 20 ms, so a FATE-shape epoch spent seconds of
+# its critical path recomputing them. They depend on public numbers only; read-only copies.
+@functools.lru_cache(maxsize=8)
+def _split(n_rows: int, seed: int, holdout_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    held_out = seeded_holdout_rows(n_rows, holdout_fraction, [seed, 0])
+    return _frozen(np.setdiff1d(np.arange(n_rows), held_out)), _frozen(held_out)
+
+
+@functools.lru_cache(maxsize=8)
+def _order(n_train: int, seed: int, epoch: int) -> np.ndarray:
+    return _frozen(np.random.default_rng([seed, 1, epoch]).permutation(n_train))
+
+
+def _frozen(values: np.ndarray) -> np.ndarray:
+    values.flags.writeable = False
+    return values

@@ -1,8 +1,8 @@
 """A link cut for a few seconds and an endpoint restarted mid-job lose nothing: on the WAN
 harness (benchmarks/wan.py), the demo's small main job (PSI, then one vertical LR epoch) ends
-done at every party with the model of an uncut run, bit for bit (and its round checkpoints), and every
-message received once, as its sender sent it. The full matrix (60 s cuts, cuts past the restart grace and
-resumes, horizontal rounds) is ``make bench-partitions``.
+done at every party with the model of an uncut run, bit for bit (and its round checkpoints),
+and every message received once, as its sender sent it. The full matrix (60 s cuts, cuts past
+the restart grace and resumes, horizontal rounds) is ``make bench-partitions``.
 
 Needs root and ``ip netns``; skipped with the reason elsewhere. One set of organisations (the
 clinic, the lab, the arbiter, each in its own namespace) serves the whole module."""

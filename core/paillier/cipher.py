@@ -305,17 +305,10 @@ def pack(
         live = [g for g, group in enumerate(groups) if len(group) > position + 1]
         if not live:
             continue
-        shifted = _powers([accumulators[g] for g in live], shift, nsq)
+        shifted = native.fixed_exponent_powers([accumulators[g] for g in live], shift, nsq)
         for g, value in zip(live, shifted, strict=True):
             accumulators[g] = value * groups[g][position] % nsq
     return [int(a) for a in accumulators]
-
-
-def _powers(bases: list[gmpy2.mpz], exponent: gmpy2.mpz, modulus: gmpy2.mpz) -> list[gmpy2.mpz]:
-    """``b^exponent mod modulus`` for each base, in the kernel where it is the faster."""
-    if native.fixed_exponent_preferred() and native.preferred(modulus):
-        return native.powmod_many(bases, exponent, modulus)
-    return [gmpy2.powmod(b, exponent, modulus) for b in bases]
 
 
 def decrypt(private: paillier.PaillierPrivateKey, cts: Sequence[int]) -> list[int]:

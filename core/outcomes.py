@@ -27,16 +27,26 @@ BELOW_BASELINE = "Below baseline"
 
 
 class DivergenceError(RuntimeError):
-    """Training diverged (non-finite or exploding loss); names the round and what to change."""
+    """Training diverged (non-finite or exploding loss, or values past the encoding's range
+    before the loss could say so); names the round and what to change."""
 
-    def __init__(self, flow: str, job_id: str, round_: int, loss: float, first: float) -> None:
+    def __init__(
+        self,
+        flow: str,
+        job_id: str,
+        round_: int,
+        loss: float,
+        first: float,
+        cause: str | None = None,
+    ) -> None:
         self.round, self.loss, self.first = round_, loss, first
-        what = "is not finite" if not math.isfinite(loss) else f"rose to {loss:.4g}"
+        if cause is None:
+            what = "is not finite" if not math.isfinite(loss) else f"rose to {loss:.4g}"
+            cause = f"the training loss {what} (first round {first:.4g})"
         super().__init__(
-            f"{flow} {job_id} diverged in round {round_}: the training loss {what} (first "
-            f"round {first:.4g}). Lower learning_rate (e.g. to a tenth), keep preprocessing."
-            "scaling at 'standard' (raw features of very different sizes make steps overshoot),"
-            " or clip features"
+            f"{flow} {job_id} diverged in round {round_}: {cause}. Lower learning_rate (e.g. "
+            "to a tenth), keep preprocessing.scaling at 'standard' (raw features of very "
+            "different sizes make steps overshoot), or clip features"
         )
 
 

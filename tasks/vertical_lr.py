@@ -71,27 +71,16 @@ class KeyHolderRefusalError(ValueError):
     """The key holder refused to decrypt a party's message (named in the error)."""
 
 
-class ScoreRangeError(DivergenceError):
-    """A party's score share left the fixed-point range (``ResidualRangeError``): the run has
-    diverged before the round's loss could say so. No loss was decrypted for the round."""
-
-    def __init__(self, job: VerticalJob, round_: int, error: ResidualRangeError) -> None:
-        self.round, self.loss, self.first = round_, math.nan, math.nan
-        RuntimeError.__init__(
-            self,
-            f"vertical_lr {job.job_id} diverged in round {round_}: {error}. Lower learning_rate "
-            "(e.g. to a tenth), keep preprocessing.scaling at 'standard' (raw features of very "
-            "different sizes make steps overshoot), or clip features",
-        )
-
-
 @contextmanager
 def _in_range(job: VerticalJob, round_: int) -> Iterator[None]:
-    """A residual beyond the fixed-point bound ends the run as a divergence of this round."""
+    """A residual beyond the fixed-point bound ends the run as a divergence of this round (no
+    loss was decrypted for it)."""
     try:
         yield
     except ResidualRangeError as error:
-        raise ScoreRangeError(job, round_, error) from None
+        raise DivergenceError(
+            "vertical_lr", job.job_id, round_, math.nan, math.nan, cause=str(error)
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,11 @@ def _tables(workspace: Path) -> tuple[TableRef, TableRef]:
     return guest_ref, host_ref
 
 
-def _vertical(workspace: Path) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
+def _vertical(
+    workspace: Path, key_bits: int = KEY_BITS
+) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
+    """Mallory's job with the arbiter, up to the guest's residual of round 0 (at
+    ``key_bits``: 512 sends gradients unpacked, 1024 packs five entries a ciphertext)."""
     guest_ref, host_ref = _tables(workspace)
     schedule = Schedule(ROWS, ROWS, 0, 0.0)  # one batch of 100 rows > 3 + LABEL_LEAK_MARGIN
     vlr.check_batches(schedule, {"mallory": HOST_FEATURES})
@@ -83,9 +87,9 @@ def _vertical(workspace: Path) -> tuple[vlr.VerticalJob, TableRef, TableRef]:
         decay=0.0,
         l2=0.0,
         widths=(("guest", 2), ("mallory", HOST_FEATURES)),
-        key_size=KEY_BITS,
+        key_size=key_bits,
     )
-    vlr.create_keys.fn(job, KEY_BITS)
+    vlr.create_keys.fn(job, key_bits)
     vlr.host_forward.fn(job, host_ref, 0)
     vlr.guest_residual.fn(job, guest_ref, 0)
     return job, guest_ref, host_ref

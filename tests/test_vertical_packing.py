@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_security_keyholder import HOST_FEATURES, ROWS, _forge_gradient, _tables
+from test_security_keyholder import HOST_FEATURES, _forge_gradient, _vertical
 from test_vertical_flow import OPTIONS, breast
 
+from core.outcomes import DivergenceError
 from core.paillier import cipher
 from core.paillier.keys import generate_keypair
 from core.vertical_lr.fixed_point import FixedPointRangeError, encode_residual
 from core.vertical_lr.packing import STATISTICAL_BITS, Layout, PackingOverflowError, layout
 from core.vertical_lr.schedule import Schedule
-from federation.channel import Channel
 from federation.workspace import channel_for
 from flows.vertical_lr import vertical_lr
 from storage.artifacts import ArtifactStore
@@ -70,6 +71,11 @@ def test_a_gradient_beyond_the_margin_raises(keypair) -> None:
     with pytest.raises(FixedPointRangeError):
         encode_residual(np.array([np.nan]))
     assert encode_residual(np.array([-(2.0**16)])) == [-(2**40)]
+    # ... and in a round, such a residual ends the run as a divergence naming the round
+    job = SimpleNamespace(job_id="far-out")
+    diverged = r"far-out diverged in round 3: a residual term is 70000"
+    with pytest.raises(DivergenceError, match=diverged), vlr._in_range(job, 3):
+        encode_residual(np.array([70000.0]))
 
 
 def _run(workspace: Path, packed: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
@@ -112,25 +118,7 @@ def test_packed_training_is_bit_for_bit_the_unpacked(
 def test_the_key_holder_decrypts_a_packed_gradient_once_and_only_at_its_length(
     workspace: Path,
 ) -> None:
-    guest_ref, host_ref = _tables(workspace)
-    job = vlr.VerticalJob(
-        job_id="attack",
-        channel=Channel(workspace, "attack"),
-        guest="guest",
-        hosts=("mallory",),
-        key_holder="arbiter",
-        key_holder_database=str(workspace / "arbiter.duckdb"),
-        schedule=Schedule(ROWS, ROWS, 0, 0.0),
-        learning_rate=0.1,
-        momentum=0.0,
-        decay=0.0,
-        l2=0.0,
-        widths=(("guest", 2), ("mallory", HOST_FEATURES)),
-        key_size=1024,
-    )
-    vlr.create_keys.fn(job, 1024)
-    vlr.host_forward.fn(job, host_ref, 0)
-    vlr.guest_residual.fn(job, guest_ref, 0)
+    job, _, host_ref = _vertical(workspace, key_bits=1024)
     vlr.host_gradient.fn(job, host_ref, 0)
     mallory = job.endpoint("mallory")
     sent = mallory.sent("arbiter", "masked_gradient", round=0)

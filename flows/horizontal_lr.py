@@ -48,11 +48,11 @@ from tasks.horizontal_lr import (
     predict_proba,
 )
 from tasks.reporting import (
-    LOSS_NOISE,
     Progress,
     artifact_key,
     flow_short,
     kib,
+    loss_noise_column,
     publish_model_link,
     publish_table,
     run_namer,
@@ -225,7 +225,7 @@ def _publish(side: coordinator_steps.Coordinator, model: dict[str, Any]) -> None
             "parties": ", ".join(e["survivors"]),
             "max weight change": e["change"],
             "KiB sent": kib(traffic.get(e["round"], 0)),
-            **({LOSS_NOISE: e["loss_sd"]} if "loss_sd" in e else {}),
+            **loss_noise_column(e),
             **attempt_columns(e.get("attempt"), now),
         }
         for e in model["history"]

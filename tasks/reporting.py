@@ -360,6 +360,12 @@ def _cell(value: Any) -> str:
 LOSS_NOISE = "loss noise sd"
 
 
+def loss_noise_column(entry: dict[str, Any]) -> dict[str, float]:
+    """A round's DP loss noise (``loss_sd`` in a horizontal round's entry) as its rounds-table
+    column; nothing without DP."""
+    return {LOSS_NOISE: entry["loss_sd"]} if "loss_sd" in entry else {}
+
+
 def round_warnings(history: list[dict[str, Any]], loss: str = "loss") -> list[str]:
     """What a reader should look at: a loss that rose at the end (by more than its DP noise,
     column :data:`LOSS_NOISE`, explains), a diverging gradient."""

@@ -25,12 +25,12 @@ from storage.party_store import PartyStore
 from tasks.charts import held_out_roc
 from tasks.policy import PARTY_STEP
 from tasks.reporting import (
-    LOSS_NOISE,
     BudgetLine,
     Quality,
     RunSummary,
     bytes_sent,
     kib,
+    loss_noise_column,
     publish_summary,
 )
 
@@ -435,7 +435,7 @@ def horizontal_summary(
             "parties": len(e["survivors"]),
             "KiB sent": kib(traffic.get(e["round"], 0)),
             "seconds": e["seconds"],
-            **({LOSS_NOISE: e["loss_sd"]} if "loss_sd" in e else {}),
+            **loss_noise_column(e),
             **attempt_columns(e.get("attempt"), now),
         }
         for e in model["history"]

@@ -1,13 +1,14 @@
-"""PSI and vertical LR between organisations on their own hosts, at LAN, WAN and far WAN.
+"""Every protocol between organisations on their own hosts, at LAN, WAN and far WAN.
 
 Usage: python benchmarks/bench_wan.py [--repeats 3] [--psi-size 100000]
-    [--only psi|vertical|horizontal]
+    [--only psi|vertical|horizontal|walr|label-dp|sparse-lda] [--settings lan,wan,far-wan]
 
 Needs root: every organisation runs in its own network namespace with its own address, its
 link shaped by ``tc tbf`` and delayed by the harness's relay (:mod:`benchmarks.wan`, where the
 construction and its limits are described). The party commands are the real ones (``privreg
-party serve``, ``privreg party psi``, ``privreg party vertical``), over mutual TLS, reporting to
-one Prefect API started here and forwarded into each namespace (unshaped, uncounted).
+party serve``, then ``privreg party psi``, ``vertical``, ``horizontal``, ``walr``, ``label-dp``,
+``sparse-lda``), over mutual TLS, reporting to one Prefect API started here and forwarded into
+each namespace (unshaped, uncounted).
 
 Per run: seconds of the job from Prefect's flow runs (the last party's flow start to the last
 party's end: process start-up and imports excluded); bytes each party sent and received on
@@ -25,7 +26,16 @@ spent waiting on the network. Medians over ``--repeats`` runs, each on fresh nam
 * horizontal LR: 5 rounds at 3 and at 10 hospitals (the demo hospitals' patients dealt in
   turn) and the coordinator, per round; its round trips are also counted from the
   coordinator's messages (each turn, in a round's folder ordered by time, from what it sent
-  to what it received), free of the relay's HTTP/2 control frames and long-poll re-arms.
+  to what it received), free of the relay's HTTP/2 control frames and long-poll re-arms;
+* WALR (the demo job's options on the demo's aligned rows: the clinic's labels, the lab's
+  features) and label DP (the label-DP demo: the registry's labels, the clinic's features,
+  aligned), each party's side its own ``privreg party walr`` / ``label-dp``; sparse LDA (the
+  demo job: its three hospitals' tables and budgets, the coordinator; ``privreg party
+  sparse-lda``). Each is one release, so one round: its round trips are also counted from the
+  messages, the most turns (from what a party sent to what it received, all of the job's
+  messages ordered by time) any party waits.
+
+"-" in a column: not measured (a measured zero prints 0).
 """
 
 from __future__ import annotations
@@ -46,13 +56,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import wan
 from benchmarks.bench_party_jobs import flow_runs, vertical_options, vertical_tables
+from core.job_files import read_job
 from core.secagg import default_threshold
 from demo.orgs import Org
 from storage.descriptor import TableRef
+from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = (wan.LAN, wan.WAN, wan.FAR_WAN)
+SETTINGS = {"lan": wan.LAN, "wan": wan.WAN, "far-wan": wan.FAR_WAN}
+ONLY = ("psi", "vertical", "horizontal", "walr", "label-dp", "sparse-lda")
 
 
 def run_parties(
@@ -198,26 +211,34 @@ def hospital_tables(root: Path, names: list[str]) -> dict[str, TableRef]:
     return refs
 
 
+def message_turns(org: Org, paths: list[Path]) -> int:
+    """Turns from what ``org`` sent to what it received among ``paths`` (its stored
+    messages), ordered by when each was written (sent) or stored (fetched): each is one wait
+    on its peers."""
+    events = sorted((path.stat().st_mtime, path.name.split("__")[0] == org.party) for path in paths)
+    turns, sent_before = 0, False
+    for _, sent in events:
+        turns += sent_before and not sent
+        sent_before = sent
+    return turns
+
+
 def coordinator_round_trips(org: Org, job: str) -> float:
-    """Round trips per round counted from the coordinator's own messages: in each round's
-    folder, ordered by when each was written (sent) or stored (fetched), every turn from
-    what it sent to what it received is one wait on the hospitals; the median over the
-    rounds' folders (the set-up's included)."""
+    """Round trips per round counted from the coordinator's own messages: the turns in each
+    round's folder (:func:`message_turns`), median over the rounds' folders (the set-up's
+    included)."""
     folder = org.messages / job / "messages"
-    counts = []
-    for round_folder in folder.glob("r*"):
-        turns = 0
-        events = sorted(
-            (path.stat().st_mtime, path.name.split("__")[0] == org.party)
-            for path in round_folder.iterdir()
-        )
-        sent_before = False
-        for _, sent in events:
-            if sent_before and not sent:
-                turns += 1
-            sent_before = sent
-        counts.append(turns)
+    counts = [message_turns(org, list(r.iterdir())) for r in folder.glob("r*")]
     return statistics.median(counts)
+
+
+def job_round_trips(orgs: dict[str, Org], job: str) -> int:
+    """Round trips of a one-shot job counted from the messages: the most turns any party
+    waits (:func:`message_turns` over all of its messages of the job, every folder)."""
+    return max(
+        message_turns(org, [f for f in (org.messages / job / "messages").glob("r*/*")])
+        for org in orgs.values()
+    )
 
 
 def horizontal_run(setting: wan.Setting, api_port: int, job: str, count: int) -> dict[str, Any]:
@@ -241,6 +262,87 @@ def horizontal_run(setting: wan.Setting, api_port: int, job: str, count: int) ->
         return figures
 
 
+# ---- WALR, label DP, sparse LDA: the bundled job files' tables and options ----------------
+def job_tables(root: Path, job_file: str, aligned: bool) -> dict[str, TableRef]:
+    """Each party's table of ``job_file`` (by its entry's key) from its bundled source, in
+    its owner's database under ``root``, with the budget the job file suggests granted by its
+    owner (as ``privreg budget set`` would); ``aligned``: only the ids every party holds, in one
+    order, as ``<table>_aligned`` (what PSI leaves)."""
+    entries = read_job(ROOT / job_file)["parties"]
+    frames = {key: pd.read_csv(ROOT / e["source"]) for key, e in entries.items()}
+    if aligned:
+        ids = [set(frames[k][e["table"]["id_column"]]) for k, e in entries.items()]
+        common = sorted(set.intersection(*ids))
+        frames = {
+            k: frames[k].set_index(e["table"]["id_column"]).loc[common].reset_index()
+            for k, e in entries.items()
+        }
+    refs = {}
+    for key, entry in entries.items():
+        party = entry["table"]["party"]
+        table = entry["table"]["table"] + ("_aligned" if aligned else "")
+        database = str(root / party / f"{party}.duckdb")
+        ref = TableRef.from_dict({**entry["table"], "database": database, "table": table})
+        store = PartyStore.of(ref)
+        store.import_frame(frames[key], ref)
+        if budget := entry.get("privacy_budget"):
+            PrivacyLedger(store).set_budget(ref.table, budget["epsilon"], budget.get("delta", 0))
+        refs[key] = ref
+    return refs
+
+
+TWO_PARTY = {  # command: (job file, its options' key, the flow's short name)
+    "walr": ("jobs/demo.json", "walr", "walr"),
+    "label-dp": ("jobs/label_dp_demo.json", "label_dp", "label-dp"),
+}
+
+
+def two_party_run(setting: wan.Setting, api_port: int, job: str, command: str) -> dict[str, Any]:
+    """WALR or label DP on the job file's aligned rows: its guest holds the labels, its host
+    the features (as the job file's pipeline runs them, PSI done), on fresh namespaces."""
+    job_file, key, short = TWO_PARTY[command]
+    spec = read_job(ROOT / job_file)
+    labels, features = (spec["parties"][r]["table"]["party"] for r in ("guest", "host"))
+    with tempfile.TemporaryDirectory() as tmp, wan.Wan([labels, features], setting) as net:
+        root = Path(tmp)
+        orgs = wan.make_orgs(root, net)
+        refs = job_tables(root, job_file, aligned=True)
+        net.forward(api_port)
+        common = ["--job", job, "--options", json.dumps(spec[key])]
+        args = {
+            party: [*common, "--role", role, "--peer", peer, "--table",
+                    json.dumps(refs[entry].to_dict())]
+            for party, role, peer, entry in (
+                (labels, "labels", features, "guest"), (features, "features", labels, "host")
+            )
+        }  # fmt: skip
+        run_parties(net, orgs, command, args, f"http://127.0.0.1:{api_port}/api")
+        figures = measure(net, orgs, job, f"{job} {short}", rounds=1)
+        figures["message round trips"] = job_round_trips(orgs, job)
+        return figures
+
+
+def sparse_lda_run(setting: wan.Setting, api_port: int, job: str) -> dict[str, Any]:
+    """The sparse LDA demo job (its three hospitals' own tables and budgets, the
+    coordinator) on fresh namespaces: one release, so one round."""
+    job_file = "jobs/sparse_lda_demo.json"
+    spec = read_job(ROOT / job_file)
+    names = list(spec["parties"])
+    with tempfile.TemporaryDirectory() as tmp, wan.Wan(["coordinator", *names], setting) as net:
+        root = Path(tmp)
+        orgs = wan.make_orgs(root, net)
+        refs = job_tables(root, job_file, aligned=False)
+        net.forward(api_port)
+        options = json.dumps(spec["sparse_lda"])
+        common = ["--job", job, "--parties", ",".join(names), "--options", options]
+        args = {"coordinator": common}
+        args |= {n: [*common, "--table", json.dumps(refs[n].to_dict())] for n in names}
+        run_parties(net, orgs, "sparse-lda", args, f"http://127.0.0.1:{api_port}/api")
+        figures = measure(net, orgs, job, f"sparse_lda {job}", rounds=1)
+        figures["message round trips"] = job_round_trips(orgs, job)
+        return figures
+
+
 # ---- the table -----------------------------------------------------------------------------
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each figure over the runs (per party for the bytes)."""
@@ -252,8 +354,13 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "messages": statistics.median(r["messages"] for r in runs),
         "most sent": statistics.median(r["most sent"] for r in runs),
         "network share": statistics.median(r["network share"] for r in runs),
-        "message round trips": statistics.median(r.get("message round trips", 0) for r in runs),
+        "message round trips": median_or_none([r.get("message round trips") for r in runs]),
     }
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    """The median, or None when some run did not measure it (the table's "-")."""
+    return None if None in values else statistics.median(values)  # type: ignore[type-var]
 
 
 def row(
@@ -275,10 +382,15 @@ def row(
         added = f"{extra:+.2f} ({transfer:.2f} transfer, ~{max(waits, 0):.0f} RTTs)"
     return (
         f"| {name} | {setting.name} | {link} | {figures['seconds']:.2f} | {added} | {wire} "
-        f"| {figures['messages']:.0f} | {figures['message round trips'] or '-':} "
+        f"| {figures['messages']:.0f} | {counted(figures['message round trips'])} "
         f"| {figures['round trips']:.0f} "
         f"| {figures['network share']:.0%} | {repeats} |"
     )
+
+
+def counted(value: float | None) -> str:
+    """A measured count as it is, 0 included; "-" only when it was not measured."""
+    return "-" if value is None else f"{value:g}"
 
 
 def transfer_seconds(figures: dict[str, Any], setting: wan.Setting) -> float:
@@ -309,6 +421,12 @@ def cases(
         for count in (3, 10):
             one = lambda s, p, j, n=count: horizontal_run(s, p, j, n)  # noqa: E731
             chosen.append((f"horizontal LR, {count} hospitals", one, args.repeats))
+    for command, name in (("walr", "WALR demo, 470 rows"), ("label-dp", "label DP demo, 442 rows")):
+        if args.only in (None, command):
+            one = lambda s, p, j, c=command: two_party_run(s, p, j, c)  # noqa: E731
+            chosen.append((name, one, args.repeats))
+    if args.only in (None, "sparse-lda"):
+        chosen.append(("sparse LDA demo, 3 hospitals", sparse_lda_run, args.repeats))
     return chosen
 
 
@@ -316,9 +434,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--psi-size", type=int, default=100_000)
-    parser.add_argument("--only", choices=("psi", "vertical", "horizontal"))
+    parser.add_argument("--only", choices=ONLY, help="one protocol's rows")
+    parser.add_argument(
+        "--settings", default=",".join(SETTINGS), help="comma-separated, of: " + ", ".join(SETTINGS)
+    )
     parser.add_argument("--psi-large", type=int, default=0, help="one more PSI size, one run")
     args = parser.parse_args()
+    names = [name.strip() for name in args.settings.split(",")]
+    if unknown := set(names) - set(SETTINGS):
+        parser.error(f"--settings: unknown {', '.join(sorted(unknown))}")
+    settings = [SETTINGS[name] for name in names]
     if reason := wan.available():
         raise SystemExit(f"bench-wan {reason}")
     from prefect.settings import PREFECT_API_URL
@@ -329,7 +454,7 @@ def main() -> None:
         api_port = int(str(PREFECT_API_URL.value()).split(":")[-1].split("/")[0])
         for name, one_run, repeats in cases(args):
             lan = None
-            for setting in SETTINGS:
+            for setting in settings:
                 runs = []
                 for k in range(repeats):
                     try:
@@ -345,7 +470,7 @@ def main() -> None:
         "| job | setting | link (rate, RTT) | job s (median) "
         "| s added vs LAN (of it transfer, RTTs) "
         "| MB on the wire per party (sent + received) | messages per round "
-        "| round trips per round (coordinator's messages) | round trips per round (relay turns) "
+        "| round trips per round (messages) | round trips per round (relay turns) "
         "| share with bytes in flight | runs |"
     )
     print("|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|")

@@ -103,3 +103,41 @@ def test_a_cut_link_stops_traffic_until_restored() -> None:
         assert once() in ("closed", "ConnectionResetError")  # if the close races the send
         net.restore("b")
         assert once() == "echo"
+
+
+def _messages(org_folder, job: str, timeline: list[tuple[str, str]]) -> None:
+    """``timeline``'s messages (round folder, sender__receiver__kind) written in its order."""
+    for i, (round_folder, name) in enumerate(timeline):
+        path = org_folder / "home" / "runs" / job / "messages" / round_folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        os.utime(path, (1000.0 + i, 1000.0 + i))
+
+
+def test_round_trips_are_counted_from_the_messages_and_a_zero_prints_0(tmp_path) -> None:
+    from benchmarks import bench_wan
+    from demo.orgs import Org
+
+    orgs = {p: Org(p, tmp_path / p, tmp_path / p / "party.toml", 0) for p in ("lab", "clinic")}
+    _messages(tmp_path / "lab", "j", [
+        ("r000000", "lab__clinic__digest"), ("r000000", "clinic__lab__plan"),
+        ("r000000", "lab__clinic__sums"), ("r000000", "clinic__lab__release"),
+    ])  # fmt: skip
+    _messages(tmp_path / "clinic", "j", [
+        ("r000000", "lab__clinic__digest"), ("r000000", "clinic__lab__plan"),
+        ("r000000", "lab__clinic__sums"), ("r000001", "clinic__lab__release"),
+    ])  # fmt: skip
+    assert bench_wan.job_round_trips(orgs, "j") == 2  # the lab waits twice, the clinic once
+    assert bench_wan.coordinator_round_trips(orgs["lab"], "j") == 2  # one folder
+    assert bench_wan.coordinator_round_trips(orgs["clinic"], "j") == 0.5  # median of 1 and 0
+    _messages(tmp_path / "lab", "k", [("r000000", "lab__clinic__release")])
+    _messages(tmp_path / "clinic", "k", [("r000000", "lab__clinic__release")])
+    assert bench_wan.job_round_trips(orgs, "k") == 0
+    figures = {"seconds": 1.0, "wire": {"lab": 0}, "round trips": 1, "messages": 1,
+               "most sent": 0, "network share": 0.0}  # fmt: skip
+    measured = bench_wan.row("x", wan.LAN, {**figures, "message round trips": 0}, None, 1)
+    unmeasured = bench_wan.row("x", wan.LAN, {**figures, "message round trips": None}, None, 1)
+    assert measured.split(" | ")[7:9] == ["0", "1"]
+    assert unmeasured.split(" | ")[7:9] == ["-", "1"]
+    runs = [{**figures, "message round trips": 0}, figures]  # one run did not count them
+    assert bench_wan.median_of(runs)["message round trips"] is None

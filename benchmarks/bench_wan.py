@@ -236,7 +236,7 @@ def job_round_trips(orgs: dict[str, Org], job: str) -> int:
     """Round trips of a one-shot job counted from the messages: the most turns any party
     waits (:func:`message_turns` over all of its messages of the job, every folder)."""
     return max(
-        message_turns(org, [f for f in (org.messages / job / "messages").glob("r*/*")])
+        message_turns(org, list((org.messages / job / "messages").glob("r*/*")))
         for org in orgs.values()
     )
 
@@ -426,7 +426,7 @@ def cases(
             one = lambda s, p, j, c=command: two_party_run(s, p, j, c)  # noqa: E731
             chosen.append((name, one, args.repeats))
     if args.only in (None, "sparse-lda"):
-        chosen.append(("sparse LDA demo, 3 hospitals", sparse_lda_run, args.repeats))
+        chosen.append(("sparse LDA demo, 3 hospitals, 569 rows", sparse_lda_run, args.repeats))
     return chosen
 
 

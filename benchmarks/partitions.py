@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -25,6 +26,8 @@ from benchmarks import wan
 from core.job_files import read_job
 from demo.orgs import Org
 from demo.parties import ROOT, owner_budgets_toml
+from federation import certs, identity
+from federation.party_config import PartyConfig
 from flows.pipeline_party import organisations
 from storage import codec
 from storage.artifacts import ArtifactStore
@@ -53,6 +56,12 @@ def small_jobs(source: Path, restart_grace: float, horizontal_rounds: int = 20) 
         (source / path).write_text(json.dumps({**job, "restart_grace": restart_grace}))
     if not (source / "demo").exists():
         (source / "demo").symlink_to(ROOT / "demo")
+
+
+def own_threshold() -> int:
+    """The horizontal demo job's own secure-aggregation threshold (fewest hospitals a round
+    accepts)."""
+    return int(read_job(ROOT / HORIZONTAL)["horizontal_lr"]["threshold"])
 
 
 def prepare(root: Path, net: wan.Wan, source: Path, receive_timeout: float) -> dict[str, Org]:
@@ -136,12 +145,19 @@ class Run:
         return outcomes
 
 
+ERROR_LINE = "privreg: error: "  # how the command reports the error it ended with
+
+
 def outcome_of(party: str, code: int, out: str, log: Path) -> Outcome:
-    """A party's result line when it finished, else the last error line of its log."""
+    """A party's result line when it finished, else the error its command ended with (the
+    last error line of its log if it printed none)."""
     if code == 0:
         return Outcome(party, code, result=json.loads(out.strip().splitlines()[-1]))
-    lines = [line for line in log.read_text().splitlines() if "Error" in line or "party " in line]
-    return Outcome(party, code, reason=lines[-1].strip() if lines else f"exit {code}")
+    lines = log.read_text().splitlines()
+    ended = [line.split(ERROR_LINE, 1)[1] for line in lines if line.startswith(ERROR_LINE)]
+    others = [line for line in lines if "Error" in line or "party " in line]
+    reason = (ended or others or [f"exit {code}"])[-1]
+    return Outcome(party, code, reason=reason.strip())
 
 
 def job_id(job_file: str, run: str, stage: str) -> str:
@@ -177,6 +193,21 @@ def sent_matches(orgs: dict[str, Org], run_ids: list[str]) -> list[str]:
         elif hashlib.sha256(kept.read_bytes()).hexdigest() != digest:
             differ.append(f"{key}: the receiver's bytes differ from the sender's")
     return differ
+
+
+def signed_by(orgs: dict[str, Org], run_ids: list[str], fingerprints: set[str]) -> int:
+    """How many received messages of ``run_ids`` their senders signed with one of the
+    certificates ``fingerprints`` (the proof each receiver noted holds the sender's)."""
+    count = 0
+    for org in orgs.values():
+        for run in run_ids:
+            for note in (p for p in (org.messages / run / "received").rglob("*") if p.is_file()):
+                lines = note.read_text().split("\n")
+                if len(lines) < 2 or not lines[1]:
+                    continue
+                cert = bytes(codec.loads(bytes.fromhex(lines[1]))["cert"])
+                count += identity.presented(cert).fingerprint in fingerprints
+    return count
 
 
 def stored(orgs: dict[str, Org], job_file: str, run: str, stage: str) -> dict[str, Any]:
@@ -256,6 +287,29 @@ class Federation:
             text = org.config.read_text()
             old = next(line for line in text.splitlines() if line.startswith("receive_timeout"))
             org.config.write_text(text.replace(old, f"receive_timeout = {receive_timeout}"))
+
+    def require(self, threshold: int | None) -> None:
+        """The horizontal job's secure-aggregation threshold, from the next run: the demo's own
+        (``None``, dropouts tolerated down to it) or e.g. every hospital (none tolerated)."""
+        own = own_threshold()
+        for org in self.orgs.values():
+            job = json.loads((org.folder / HORIZONTAL).read_text())
+            job["horizontal_lr"]["threshold"] = own if threshold is None else threshold
+            (org.folder / HORIZONTAL).write_text(json.dumps(job))
+
+    def renew(self, parties: list[str]) -> set[str]:
+        """Each party's certificate and key replaced on disk by freshly issued ones (same CA,
+        same name), each file moved over the one in use as an operator would; returns the new
+        certificates' fingerprints."""
+        fingerprints = set()
+        for party in parties:
+            config = PartyConfig.load(self.orgs[party].config)
+            ca = certs.Issued(config.ca, config.ca.with_name("ca.key"))
+            fresh = certs.issue(ca, party, self.root / "renewed" / party)
+            fingerprints.add(identity.presented(fresh.cert.read_bytes()).fingerprint)
+            os.replace(fresh.cert, config.cert)
+            os.replace(fresh.key, config.key)
+        return fingerprints
 
     def restart_endpoint(self, party: str) -> None:
         """Kill ``party``'s endpoint (SIGKILL, as a crash) and start it again."""
@@ -347,28 +401,41 @@ class Case:
     """A case's figures: each party's outcome first and, when some failed, after a resume."""
 
     stage: Stage
-    action: str  # "cut", "restart" or "none"
-    length: float  # seconds the link stayed cut (0 for a restart)
+    action: str  # "cut", "restart", "renew" or "none"
+    length: float  # seconds the link stayed cut (0 otherwise)
     first: dict[str, Outcome]
     final: Result
     resumed: bool
     seconds: float
     mid_job: bool  # every party was still running when the interruption began
+    renewed: int = 0  # received messages signed with a renewed certificate ("renew")
+
+    def dropped(self) -> list[str]:
+        """The parties some round of the final run went on without (horizontal rounds)."""
+        found: set[str] = set()
+        for outcome in self.final.outcomes.values():
+            for stage in outcome.result.get("stages", []):
+                for names in stage.get("result", {}).get("dropped", []):
+                    found.update(names)
+        return sorted(found)
 
 
-def interrupt(fed: Federation, stage: Stage, action: str, length: float) -> None:
-    """Cut ``stage.victim``'s link for ``length`` seconds, restart its endpoint, or (``none``,
-    the control) leave the run alone."""
-    if action == "none":
-        return
+def interrupt(fed: Federation, stage: Stage, action: str, length: float) -> set[str]:
+    """Cut ``stage.victim``'s link for ``length`` seconds, restart its endpoint, renew every
+    party's certificate (returns the new fingerprints), or (``none``, the control) leave the
+    run alone."""
+    if action == "renew":
+        return fed.renew(stage.parties)
     if action == "restart":
         fed.restart_endpoint(stage.victim)
-        return
+    if action != "cut":
+        return set()
     fed.net.cut(stage.victim)
     try:
         time.sleep(length)
     finally:
         fed.net.restore(stage.victim)
+    return set()
 
 
 def run_case(
@@ -381,14 +448,16 @@ def run_case(
     first_run = fed.run(stage, run)
     wait_for(lambda: fed.count(stage, run) >= stage.after, 300, f"{stage.name} messages")
     mid_job = all(process.poll() is None for process in first_run.processes.values())
-    interrupt(fed, stage, action, length)
+    fingerprints = interrupt(fed, stage, action, length)
     first = first_run.finish(timeout)
     outcomes, resumed = first, False
     if any(o.code for o in first.values()):
         outcomes, resumed = fed.run(stage, run).finish(timeout), True
     final = fed.result(stage, run, outcomes)
     seconds = time.monotonic() - started
-    return Case(stage, action, length, first, final, resumed, seconds, mid_job)
+    ids = [job_id(stage.job_file, run, s) for s in stage_ids(stage)]
+    renewed = signed_by(fed.orgs, ids, fingerprints) if fingerprints else 0
+    return Case(stage, action, length, first, final, resumed, seconds, mid_job, renewed)
 
 
 def reference(fed: Federation, stage: Stage, timeout: float = 900) -> Result:

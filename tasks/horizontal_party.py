@@ -313,6 +313,29 @@ def _model_out(endpoint: PartyEndpoint, round_: int) -> bool:
     return bool(secure_sum.collect(endpoint, "model", [COORDINATOR], round_, 0, None))
 
 
+def _await_request(endpoint: PartyEndpoint, job: secure_rounds.RoundsJob, round_: int) -> bool:
+    """Wait for the round's unmask request; False once the round's model is out without it
+    (this party was dropped).
+
+    Why longer than the receive timeout: the coordinator sends the request once every active
+    party's masked input arrived or the stage's deadline (``job.stage_timeout``, the job's
+    terms) passed. A party that stopped waiting sooner would fail a round the terms still
+    allow, naming the coordinator, alive and waiting for another party; with every party
+    required, the coordinator's failure names the one it could not hear. So it waits out the
+    stage's deadline first, then its own receive timeout as before (a coordinator that fails
+    or goes down still ends the wait through the job's status)."""
+    deadline = time.monotonic() + job.stage_timeout
+    while (left := deadline - time.monotonic()) > 0:
+        wait = time.monotonic() + min(left, 1.0)
+        if secure_sum.collect(endpoint, secure_rounds.REQUEST, [COORDINATOR], round_, wait, None):
+            return True
+        if _model_out(endpoint, round_):
+            return False
+    return secure_sum.await_coordinator(
+        endpoint, secure_rounds.REQUEST, round_, lambda: _model_out(endpoint, round_)
+    )
+
+
 def _answer(
     side: Hospital, job: secure_rounds.RoundsJob, round_: int, record: dict[str, Any]
 ) -> dict[str, Any]:
@@ -376,8 +399,12 @@ def _finish(
     it helped), and checkpoint the round (the model is kept after the stop,
     :func:`keep_model`). ``known``: the round's model before and this party's record, as its
     own earlier steps of the round left them (else read from its store)."""
-    store = side.store
-    message = side.endpoint.receive(COORDINATOR, "model", round=round_)
+    store, endpoint = side.store, side.endpoint
+    # the model is out at most two stage deadlines after the call (the masked inputs, then the
+    # answers, each waited for until the job's stage_timeout): waited for that long first, as
+    # :func:`_await_request` says why, then the receive timeout as before
+    wait = 2 * job.stage_timeout + endpoint.channel.timeout
+    message = endpoint.receive(COORDINATOR, "model", round=round_, timeout=wait)
     if message["round"] != round_:
         raise RoundStateError(f"{side.party}: the model message of round {round_} is another's")
     if known is None:
@@ -440,9 +467,7 @@ def _party_round(
         before, record = _mask(side, job, round_, call)
         wait = job.stage_timeout
         rounds_party.prefetch(endpoint, secure_rounds.MASKED_RELAY, round_, wait)
-        if secure_sum.await_coordinator(
-            endpoint, secure_rounds.REQUEST, round_, lambda: _model_out(endpoint, round_)
-        ):
+        if _await_request(endpoint, job, round_):
             if not _stage_fault(side.party, job, round_, "reveal_shares", fault, faults):
                 record = _answer(side, job, round_, record)  # stored with the checkpoint below
                 rounds_party.prefetch(endpoint, secure_rounds.RESPONSE_RELAY, round_, wait)

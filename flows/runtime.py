@@ -5,7 +5,8 @@ Three things Prefect 3.8.8 leaves to the caller, set here once for every process
 
 * the temporary server dies with the process that started it: it is started under
   ``python -m core.lifetime <pid>``, so a SIGKILLed flow process leaves no server behind
-  (Prefect's own clean-up runs only at a normal exit);
+  (Prefect's own clean-up runs only at a normal exit), and through
+  :mod:`privreg.prefect_sqlite`, so its SQLite writers do not stall a run for a minute;
 * its start-up may take longer than Prefect's 20 s default: several parties starting at once
   on one machine each run the server's migrations (a fresh start took ~13 s alone). privreg
   waits :data:`STARTUP_TIMEOUT` seconds unless ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``
@@ -23,6 +24,8 @@ import sys
 import types
 from typing import Any
 
+from privreg import prefect_sqlite
+
 STARTUP_TIMEOUT = 120
 _STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 DATABASE_TIMEOUT = "60"
@@ -31,9 +34,10 @@ _DATABASE_SETTING = "PREFECT_SERVER_DATABASE_TIMEOUT"
 
 def _popen_under_watch(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen`` of ``python -m MODULE ...`` run as ``python -m core.lifetime
-    <this pid> -m MODULE ...``."""
+    <this pid> -m privreg.prefect_sqlite MODULE ...``."""
     if len(args) > 2 and args[0] == sys.executable and args[1] == "-m":
-        args = [sys.executable, "-m", "core.lifetime", str(os.getpid()), *args[1:]]
+        module_argv = prefect_sqlite.server_command(args[2:])
+        args = [sys.executable, "-m", "core.lifetime", str(os.getpid()), "-m", *module_argv]
     env = kwargs.get("env")
     if env is not None:  # the child must import core.lifetime from this installation
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

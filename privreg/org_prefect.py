@@ -9,8 +9,9 @@ at all. So ``party serve``
   ``party.toml``) names, checked once at start; otherwise
 * starts ``prefect server start --host 127.0.0.1 --port <[prefect] port, or a free one>`` as
   its own child under a lifetime watch (``core.lifetime``: it exits with the service, even a
-  SIGKILLed one), with its state under ``<root>/prefect`` and its log in
-  ``<root>/logs/prefect-server.log``, and stops it when the service stops.
+  SIGKILLed one) and short SQLite lock waits (``privreg.prefect_sqlite``), with its state
+  under ``<root>/prefect`` and its log in ``<root>/logs/prefect-server.log``, and stops it
+  when the service stops.
 
 Every side the service starts gets that server's ``PREFECT_API_URL``, and the URL is written
 to ``<root>/prefect-api-url`` (0600), where the ``privreg job`` commands and the sides started by
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from core.lifetime import installation_env, watched_command
 from federation.party_config import PartyConfig
+from privreg.prefect_sqlite import server_command
 from storage.party_store import private_dirs
 
 URL_FILE = "prefect-api-url"
@@ -127,9 +129,8 @@ class OrgPrefect:
         env = {k: v for k, v in os.environ.items() if k != ENV}
         env.update(PREFECT_HOME=str(home))
         env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no calls home
-        command = watched_command(
-            ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-        )
+        start = ["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+        command = watched_command(server_command(start))  # SQLite waits: privreg.prefect_sqlite
         out = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             return subprocess.Popen(

@@ -1,0 +1,58 @@
+"""Run a Prefect server whose SQLite writers give up on a held lock after seconds, not a minute.
+
+``python -m privreg.prefect_sqlite MODULE ARGS...`` runs ``MODULE`` (``uvicorn`` for the
+temporary server, ``prefect`` for ``prefect server start``) as ``__main__`` with one change:
+every SQLite connection of Prefect's server waits :data:`BUSY_TIMEOUT_MS` for the write lock
+instead of the 60 s Prefect 3.8.8 sets. PostgreSQL is untouched.
+
+Why: in a local run (every party's side reporting to one temporary server) the server's writers
+sometimes wait on each other until one of them times out: a flow-run state change holds its
+``BEGIN IMMEDIATE`` transaction while the task-run recorder's insert waits for the lock, and
+neither moves until that insert gives up. With 60 s, ``make demo`` stalled 60-130 s in about a
+third of its runs; with 5 s such a wait ends in 5 s, and nothing is lost: the recorder keeps
+the events to retry, and a client retries an API call answered 503.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from typing import Any
+
+BUSY_TIMEOUT_MS = 5000
+
+
+def patch() -> None:
+    """Set :data:`BUSY_TIMEOUT_MS` on each of the server's SQLite connections, after Prefect's
+    own set-up of the connection (idempotent)."""
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    setup = AioSqliteConfiguration.setup_sqlite
+    if getattr(setup, "_privreg_busy_timeout", False):
+        return
+
+    def setup_with_short_wait(self: Any, conn: Any, record: Any) -> None:
+        setup(self, conn, record)
+        cursor = conn.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS};")
+        cursor.close()
+
+    setup_with_short_wait._privreg_busy_timeout = True  # type: ignore[attr-defined]
+    AioSqliteConfiguration.setup_sqlite = setup_with_short_wait  # type: ignore[method-assign]
+
+
+def server_command(module_argv: list[str]) -> list[str]:
+    """``MODULE ARGS...`` as the module arguments that run it through this one."""
+    return [__name__, *module_argv]
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        raise SystemExit("usage: python -m privreg.prefect_sqlite MODULE [ARGS...]")
+    patch()
+    sys.argv = list(argv)
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,82 @@
+"""The Prefect servers privreg starts wait seconds, not a minute, for SQLite's write lock
+(:mod:`privreg.prefect_sqlite`), and both launchers start them that way."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect.server.database.configurations import AioSqliteConfiguration
+
+from flows import runtime
+from privreg import prefect_sqlite
+
+
+def _connection_waits(database: Path) -> tuple[int, float]:
+    """(busy_timeout in ms, seconds an insert waited) for a connection of Prefect's server
+    to ``database`` while another connection holds the write lock."""
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("PRAGMA journal_mode = WAL")  # as Prefect keeps its database
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+
+    async def wait_for_lock() -> tuple[int, float]:
+        config = AioSqliteConfiguration(f"sqlite+aiosqlite:///{database}")
+        engine = await config.engine()
+        try:
+            async with engine.connect() as con:
+                timeout = (await con.exec_driver_sql("PRAGMA busy_timeout")).scalar_one()
+                began = time.monotonic()
+                with pytest.raises(Exception, match="database is locked"):
+                    await con.exec_driver_sql("INSERT INTO t VALUES (1)")
+                return int(timeout), time.monotonic() - began
+        finally:
+            await engine.dispose()
+
+    try:
+        return asyncio.run(wait_for_lock())
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+def test_a_server_connection_gives_up_on_a_held_lock_after_the_short_wait(tmp_path: Path) -> None:
+    prefect_sqlite.patch()
+    prefect_sqlite.patch()  # idempotent: one wrapper, not two
+    timeout, waited = _connection_waits(tmp_path / "prefect.db")
+    assert timeout == prefect_sqlite.BUSY_TIMEOUT_MS
+    assert prefect_sqlite.BUSY_TIMEOUT_MS / 1000 - 0.5 <= waited < 30  # Prefect's own: 60 s
+
+
+def test_the_temporary_server_is_started_through_the_short_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[list[str]] = []
+
+    def record(args: list[str], **_kwargs: Any) -> None:
+        started.append(args)
+
+    monkeypatch.setattr(runtime.subprocess, "Popen", record)
+    runtime._popen_under_watch([sys.executable, "-m", "uvicorn", "--factory", "app:make"])
+    (command,) = started
+    assert command[:3] == [sys.executable, "-m", "core.lifetime"]
+    assert command[4:] == ["-m", "privreg.prefect_sqlite", "uvicorn", "--factory", "app:make"]
+
+
+def test_the_module_runs_the_named_module_as_main(tmp_path: Path) -> None:
+    script = tmp_path / "shout.py"
+    script.write_text("import sys\nprint('main', sys.argv[1:])\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "privreg.prefect_sqlite", "shout", "a", "b"],
+        env={"PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[1]}"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == "main ['a', 'b']"

@@ -10,8 +10,9 @@ One run, side by side, 2048-bit keys:
   HEU's array encryptor (``heu.numpy``, its thread pool), warm.
 Modes: ``full`` (the default, h_s^r with r < n: DCR only), ``short`` (r of k/2 bits, HEU's
 and IPCL's choice), ``standard`` (r^n), and the CRT variants a party uses under its own key
-(WALR's labels). HEU is the ``sf-heu`` package, installed by ``make bench-paillier`` only;
-without it the HEU rows say so and the ratios use the anchor measured on this machine kind
+(WALR's labels). HEU is the ``sf-heu`` package in its own virtualenv (``make peer-heu``, which
+``make bench-paillier`` runs first), timed by ``benchmarks/peers/heu_paillier.py``; without it
+the HEU rows say so and the ratios use the anchor measured on this machine kind
 (0.67 ms CPU per value, 0.35 ms wall per value on two cores). Also CRT decryption and
 X^T [[d]]: on 30,000 x 23 (default_credit's shape, both cores), and per core on one FATE-shape
 host batch (4,096 x 300, 1024-bit), the fused dense path beside the per-column planner it
@@ -40,13 +41,18 @@ import multiprocessing
 import os
 import secrets
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import gmpy2
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.peers.runner import PeerResult, run_peer
 from core.paillier import cipher, native, randomness
 from core.paillier.keys import generate_keypair
 from core.paillier.multiexp import execute_column, multiexp_columns, plan_column
@@ -71,23 +77,11 @@ def timed(action: Callable[[], object], repeats: int = 3) -> tuple[float, float]
     return statistics.median(cpu), statistics.median(wall)
 
 
-def heu_rows(key_bits: int, count: int, batch: int) -> tuple[float, float] | None:
-    """HEU ZPaillier: (CPU ms per value one at a time, wall ms per value in a batch)."""
-    try:
-        from heu import numpy as hnp
-        from heu import phe
-    except ImportError:
-        return None
-    kit = phe.setup(phe.SchemaType.ZPaillier, key_bits)
-    encryptor = kit.encryptor()
-    encryptor.encrypt_raw(1)
-    cpu, _ = timed(lambda: [encryptor.encrypt_raw(i) for i in range(count)])
-    array_kit = hnp.setup(phe.SchemaType.ZPaillier, key_bits)
-    plain = array_kit.array(np.arange(batch, dtype=np.int64), phe.IntegerEncoderParams())
-    array_encryptor = array_kit.encryptor()
-    array_encryptor.encrypt(plain)
-    _, wall = timed(lambda: array_encryptor.encrypt(plain))
-    return 1e3 * cpu / count, 1e3 * wall / batch
+def heu_figures(key_bits: int, count: int, batch: int) -> PeerResult:
+    """HEU ZPaillier timed by its driver in its own virtualenv (``make peer-heu``): encryption
+    per core and on every core, and one ciphertext addition per modulus size."""
+    args = ["--key-bits", str(key_bits), "--count", str(count), "--batch", str(batch)]
+    return run_peer("heu", "heu_paillier.py", args, "bench-paillier", timeout=900)
 
 
 def serial(action: Callable[[], object]) -> Callable[[], object]:
@@ -184,24 +178,6 @@ def clock_ghz() -> float | None:
     return None
 
 
-def heu_product_ns(modulus_bits: int, count: int = 20_000) -> float | None:
-    """HEU ZPaillier's ciphertext addition (one product mod n^2, plus its binding's per-call
-    cost: HEU's Python API exposes no bare product) at keys of half ``modulus_bits``."""
-    try:
-        from heu import phe
-    except ImportError:
-        return None
-    kit = phe.setup(phe.SchemaType.ZPaillier, modulus_bits // 2)
-    a, b = kit.encryptor().encrypt_raw(5), kit.encryptor().encrypt_raw(7)
-    evaluator = kit.evaluator()
-
-    def chain() -> None:
-        for _ in range(count):
-            evaluator.add_inplace(a, b)
-
-    return 1e9 * timed(chain, repeats=5)[0] / count
-
-
 def _path_product_ns(path: str, modulus, a, b, count: int, pair: bool) -> float:
     """Median CPU ns per Montgomery product on ``path`` (a chain of ``count`` in C)."""
     previous = native.set_path(path)
@@ -217,7 +193,7 @@ def _cycles_per_limb_product(ns: float, bits: int, path: str, ghz: float | None)
     return "" if ghz is None else f"{ns * ghz / limbs**2:.3f}"
 
 
-def product_section(figures: dict[str, float], count: int = 20_000) -> None:
+def product_section(figures: dict[str, float], heu: PeerResult, count: int = 20_000) -> None:
     """One Montgomery product per path at 2048 and 4096 bits, beside gmpy2 and HEU."""
     paths = native.supported_paths()
     ghz = clock_ghz()
@@ -237,7 +213,6 @@ def product_section(figures: dict[str, float], count: int = 20_000) -> None:
         single["gmpy2"] = (
             1e9 * timed(functools.partial(_gmpy2_chain, modulus, a, b, count), repeats=7)[0] / count
         )
-        heu = heu_product_ns(bits)
         for path, ns in single.items():
             ratio = f"{single['avx2'] / ns:.2f}x" if "avx2" in single else ""
             pair = f"{paired[path]:.0f}" if path in paired else "(Python loop: a * b % m)"
@@ -245,7 +220,7 @@ def product_section(figures: dict[str, float], count: int = 20_000) -> None:
                 f"| {bits} | {path} | {-(-bits // RADIX_BITS[path])} | {ns:.0f} "
                 f"| {_cycles_per_limb_product(ns, bits, path, ghz)} | {pair} | {ratio} |"
             )
-        heu_text = f"{heu:.0f}" if heu else "sf-heu not installed"
+        heu_text = f"{heu.data['add_ns'][str(bits)]:.0f}" if heu.data else heu.note
         print(f"| {bits} | HEU ZPaillier, ciphertext addition per call | | {heu_text} | | | |")
         if bits == 4096 and "ifma" in single and "avx2" in single:
             figures["product_4096_avx2_over_ifma"] = single["avx2"] / single["ifma"]
@@ -370,16 +345,20 @@ def main(argv: list[str] | None = None) -> None:
     workers = os.cpu_count() or 1
     fate_public, fate_private = generate_keypair(1024, allow_insecure_key_size=True)
     figures: dict[str, float] = {}
+    heu = heu_figures(args.key_bits, args.count, args.batch)
     if native.AVAILABLE:
-        product_section(figures)
+        product_section(figures, heu)
     native_section(public, private, fate_public, args)
     if args.native_only:
         print_targets(figures)
         return
 
-    heu = heu_rows(args.key_bits, args.count, args.batch)
-    heu_cpu, heu_wall = heu if heu else (HEU_ANCHOR_CPU_MS, HEU_ANCHOR_WALL_MS)
-    source = "measured in this run" if heu else "sf-heu not installed: issue's anchor numbers"
+    if heu.data:
+        heu_cpu, heu_wall = heu.data["encrypt_cpu_ms"], heu.data["encrypt_wall_ms"]
+        source = f"sf-heu {heu.data['version']}, measured in this run"
+    else:
+        heu_cpu, heu_wall = HEU_ANCHOR_CPU_MS, HEU_ANCHOR_WALL_MS
+        source = f"{heu.note}; the ratios use the anchor numbers"
     rows = []
     for label, mode, own_key in (
         ("full (default, DCR only)", "full", None),
@@ -404,10 +383,8 @@ def main(argv: list[str] | None = None) -> None:
         _, wall = timed(lambda m=mode, k=own_key, b=batch: cipher.encrypt(public, b, m, private=k))
         per_core, both = 1e3 * cpu / count, 1e3 * wall / len(batch)
         rows.append((label, per_core, both, build_cpu))
-    if heu:
+    if heu.data:
         rows.append(("HEU ZPaillier (short exponent)", heu_cpu, heu_wall, float("nan")))
-
-    if heu:
         figures["encrypt_full_over_heu"] = rows[0][1] / heu_cpu
     print(f"\n### Encryption, {args.key_bits}-bit key ({workers} cores; HEU: {source})\n")
     print(f"{IPCL_NOTE}.\n")

@@ -30,9 +30,9 @@ def test_an_absent_peer_is_not_measured_and_names_its_make_target(tmp_path, monk
 
 
 def test_peers_install_into_their_own_virtualenvs_never_privregs():
-    """Only the install rule puts packages into privreg's .venv (and bench-paillier, whose
-    sf-heu has not moved out yet); each peer's make target installs into var/peers/<name>, and
-    bench_psi imports no peer itself."""
+    """Only the install rule puts packages into privreg's .venv; each peer's make target
+    installs into var/peers/<name>, and bench_psi and bench_paillier import no peer
+    themselves."""
     root = Path(__file__).resolve().parents[1]
     rule, into_venv, into_peers = "", [], {}
     for line in (root / "Makefile").read_text().splitlines():
@@ -42,11 +42,12 @@ def test_peers_install_into_their_own_virtualenvs_never_privregs():
             into_venv.append(rule)
         elif "pip install" in line and "$(PEERS)/" in line:
             into_peers[line.split("$(PEERS)/")[1].split("/")[0]] = rule
-    assert set(into_venv) == {"$(STAMP)", "bench-paillier"}
+    assert set(into_venv) == {"$(STAMP)"}
     assert into_peers == {name: f"$(PEERS)/{name}/.installed" for name in into_peers}
-    assert {"flower", "spu", "openmined"} <= set(into_peers)
+    assert {"flower", "spu", "openmined", "heu"} <= set(into_peers)
     bench = (root / "benchmarks" / "bench_psi.py").read_text()
     assert "private_set_intersection" not in bench and "import spu" not in bench
+    assert "from heu" not in (root / "benchmarks" / "bench_paillier.py").read_text()
 
 
 def test_a_failing_driver_is_not_measured(tmp_path, monkeypatch, capfd):

@@ -10,16 +10,40 @@ sometimes wait on each other until one of them times out: a flow-run state chang
 ``BEGIN IMMEDIATE`` transaction while the task-run recorder's insert waits for the lock, and
 neither moves until that insert gives up. With 60 s, ``make demo`` stalled 60-130 s in about a
 third of its runs; with 5 s such a wait ends in 5 s, and nothing is lost: the recorder keeps
-the events to retry, and a client retries an API call answered 503.
+the events to retry, and a client retries an API call answered 503. Such a retried flush is
+logged as one warning line (:class:`RetriedFlush`), not Prefect's error with its traceback.
 """
 
 from __future__ import annotations
 
+import logging
 import runpy
 import sys
 from typing import Any
 
 BUSY_TIMEOUT_MS = 5000
+RECORDER_LOGGER = "prefect.server.services.task_run_recorder"
+
+
+class RetriedFlush(logging.Filter):
+    """The task-run recorder's "Error flushing N events (N to retry, 0 dropped)" after a
+    locked database as one warning line without the traceback: its events are kept and
+    written at the next flush. A flush that dropped events, or failed otherwise, is left as
+    Prefect logs it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        message = record.getMessage()
+        if (
+            record.levelno == logging.ERROR
+            and message.startswith("Error flushing")
+            and message.endswith(" 0 dropped)")
+            and "database is locked" in str(error)
+        ):
+            record.msg, record.args = f"{message}: SQLite's lock was busy; retried", None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 def patch() -> None:
@@ -30,6 +54,7 @@ def patch() -> None:
     setup = AioSqliteConfiguration.setup_sqlite
     if getattr(setup, "_privreg_busy_timeout", False):
         return
+    logging.getLogger(RECORDER_LOGGER).addFilter(RetriedFlush())
 
     def setup_with_short_wait(self: Any, conn: Any, record: Any) -> None:
         setup(self, conn, record)

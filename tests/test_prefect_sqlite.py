@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -49,9 +50,37 @@ def _connection_waits(database: Path) -> tuple[int, float]:
 def test_a_server_connection_gives_up_on_a_held_lock_after_the_short_wait(tmp_path: Path) -> None:
     prefect_sqlite.patch()
     prefect_sqlite.patch()  # idempotent: one wrapper, not two
+    recorder = logging.getLogger(prefect_sqlite.RECORDER_LOGGER)
+    assert sum(isinstance(f, prefect_sqlite.RetriedFlush) for f in recorder.filters) == 1
     timeout, waited = _connection_waits(tmp_path / "prefect.db")
     assert timeout == prefect_sqlite.BUSY_TIMEOUT_MS
     assert prefect_sqlite.BUSY_TIMEOUT_MS / 1000 - 0.5 <= waited < 30  # Prefect's own: 60 s
+
+
+def _flush_error(dropped: int, error: Exception) -> logging.LogRecord:
+    try:
+        raise error
+    except Exception:
+        return logging.LogRecord(
+            prefect_sqlite.RECORDER_LOGGER, logging.ERROR, __file__, 1,
+            "Error flushing %d events (%d to retry, %d dropped)", (2, 2 - dropped, dropped),
+            sys.exc_info(),
+        )  # fmt: skip
+
+
+def test_a_flush_retried_after_a_locked_database_is_one_warning_line() -> None:
+    retried = _flush_error(0, sqlite3.OperationalError("database is locked"))
+    assert prefect_sqlite.RetriedFlush().filter(retried)
+    assert (retried.levelno, retried.exc_info) == (logging.WARNING, None)
+    assert retried.getMessage() == (
+        "Error flushing 2 events (2 to retry, 0 dropped): SQLite's lock was busy; retried"
+    )
+    for kept in (  # events dropped, or another failure: Prefect's error as it logs it
+        _flush_error(1, sqlite3.OperationalError("database is locked")),
+        _flush_error(0, ValueError("bad event")),
+    ):
+        assert prefect_sqlite.RetriedFlush().filter(kept)
+        assert kept.levelno == logging.ERROR and kept.exc_info is not None
 
 
 def test_the_temporary_server_is_started_through_the_short_wait(

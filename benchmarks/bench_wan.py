@@ -1,7 +1,8 @@
 """Every protocol between organisations on their own hosts, at LAN, WAN and far WAN.
 
 Usage: python benchmarks/bench_wan.py [--repeats 3] [--psi-size 100000]
-    [--only psi|vertical|horizontal|walr|label-dp|sparse-lda] [--settings lan,wan,far-wan]
+    [--only psi|vertical|vertical-credit|horizontal|walr|label-dp|sparse-lda]
+    [--settings lan,wan,far-wan]
 
 Needs root: every organisation runs in its own network namespace with its own address, its
 link shaped by ``tc tbf`` and delayed by the harness's relay (:mod:`benchmarks.wan`, where the
@@ -22,7 +23,11 @@ spent waiting on the network. Medians over ``--repeats`` runs, each on fresh nam
 * PSI (KKRT16): the demo's clinic and lab tables (520 and 519 patients), and two synthetic id
   sets of ``--psi-size`` each, half of them shared;
 * vertical LR: the demo job's options on the demo's aligned rows (clinic guest, lab host,
-  arbiter; 2048-bit keys; 4 epochs of one batch, so 4 rounds), per round;
+  arbiter; 2048-bit keys; 4 epochs of one batch, so 4 rounds), per round; and one epoch on
+  FATE's default_credit (30,000 rows, 13 + 10 features, the clinic's and the lab's) with
+  ``make bench-vertical``'s settings (batch 4,096, so 7 rounds and the hold-out check; no pool
+  prepared ahead; gradients packed), per round, its seconds at WAN also as a multiple of its
+  LAN seconds beside issue 41's target (at most 1.3x);
 * horizontal LR: 5 rounds at 3 and at 10 hospitals (the demo hospitals' patients dealt in
   turn) and the coordinator, per round; its round trips are also counted from the
   coordinator's messages (each turn, in a round's folder ordered by time, from what it sent
@@ -65,7 +70,9 @@ from storage.party_store import PartyStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {"lan": wan.LAN, "wan": wan.WAN, "far-wan": wan.FAR_WAN}
-ONLY = ("psi", "vertical", "horizontal", "walr", "label-dp", "sparse-lda")
+CREDIT = "vertical LR, default_credit, one epoch"
+TARGETS = {CREDIT: (wan.WAN, 1.3)}  # issue 41: at most this multiple of the job's LAN seconds
+ONLY = ("psi", "vertical", "vertical-credit", "horizontal", "walr", "label-dp", "sparse-lda")
 
 
 def run_parties(
@@ -169,16 +176,57 @@ def psi_run(
 
 
 # ---- vertical LR ---------------------------------------------------------------------------
-def vertical_run(setting: wan.Setting, api_port: int, job: str) -> dict[str, Any]:
-    """The demo's vertical job (clinic guest, lab host, arbiter) on fresh namespaces."""
+def credit_tables(root: Path) -> dict[str, TableRef]:
+    """FATE's default_credit hetero files as ``make bench-vertical`` reads them (30,000 rows;
+    the host's rows put in the guest's id order, what PSI would leave): the clinic is the
+    guest (13 features and the label), the lab the host (10 features), each in its own
+    database under ``root``."""
+    from benchmarks.bench_vertical import DATA
+
+    guest = pd.read_csv(DATA / "default_credit_hetero_guest.csv.gz")
+    host = pd.read_csv(DATA / "default_credit_hetero_host.csv.gz").set_index("id")
+    frames = {"clinic": guest, "lab": host.loc[guest["id"]].reset_index()}
+    refs = {
+        "clinic": TableRef(
+            str(root / "clinic" / "clinic.duckdb"), "credit_aligned", "id", party="clinic",
+            label_column="y", label_domain=(0, 1),
+        ),
+        "lab": TableRef(str(root / "lab" / "lab.duckdb"), "credit_aligned", "id", party="lab"),
+    }  # fmt: skip
+    for party, ref in refs.items():
+        PartyStore.of(ref).import_frame(frames[party], ref)
+    return refs
+
+
+def credit_options() -> dict[str, Any]:
+    """One epoch with ``make bench-vertical``'s default_credit settings (batch 4,096, its
+    learning rate, momentum and clip; 2048-bit keys; no pool prepared ahead; gradients
+    packed, the flow's default), every round run."""
+    from benchmarks.bench_vertical import TRAINING
+
+    credit = TRAINING["default_credit"]
+    return {
+        "epochs": 1, "batch_size": credit["batch_size"], "learning_rate": credit["learning_rate"],
+        "momentum": credit["momentum"], "clip_features": credit["clip"], "key_size": 2048,
+        "tol": 0.0,
+    }  # fmt: skip
+
+
+def vertical_run(
+    setting: wan.Setting, api_port: int, job: str,
+    tables: Callable[[Path], dict[str, TableRef]] = vertical_tables,
+    options: Callable[[], dict[str, Any]] = vertical_options,
+) -> dict[str, Any]:  # fmt: skip
+    """A vertical job (clinic guest, lab host, arbiter) on fresh namespaces: by default the
+    demo's, else ``tables`` with ``options``."""
     parties = ["clinic", "lab", "arbiter"]
     with tempfile.TemporaryDirectory() as tmp, wan.Wan(parties, setting) as net:
         root = Path(tmp)
         orgs = wan.make_orgs(root, net)
-        refs = vertical_tables(root)
+        refs = tables(root)
         net.forward(api_port)
-        options = json.dumps(vertical_options())
-        common = ["--job", job, "--guest", "clinic", "--hosts", "lab", "--options", options]
+        common = ["--job", job, "--guest", "clinic", "--hosts", "lab",
+                  "--options", json.dumps(options())]  # fmt: skip
         args = {
             "arbiter": [*common, "--role", "arbiter"],
             "lab": [*common, "--role", "host", "--table", json.dumps(refs["lab"].to_dict())],
@@ -380,12 +428,23 @@ def row(
         transfer = transfer_seconds(figures, setting) - transfer_seconds(lan, wan.LAN)
         waits = (extra - transfer) * 1000 / (setting.rtt_ms - wan.LAN.rtt_ms)
         added = f"{extra:+.2f} ({transfer:.2f} transfer, ~{max(waits, 0):.0f} RTTs)"
+        added += target_note(name, setting, figures["seconds"] / lan["seconds"])
     return (
         f"| {name} | {setting.name} | {link} | {figures['seconds']:.2f} | {added} | {wire} "
         f"| {figures['messages']:.0f} | {counted(figures['message round trips'])} "
         f"| {figures['round trips']:.0f} "
         f"| {figures['network share']:.0%} | {repeats} |"
     )
+
+
+def target_note(name: str, setting: wan.Setting, ratio: float) -> str:
+    """The job's seconds as a multiple of its LAN seconds beside its target at ``setting``
+    (:data:`TARGETS`), or nothing when it has none there."""
+    target = TARGETS.get(name)
+    if target is None or target[0] != setting:
+        return ""
+    verdict = "met" if ratio <= target[1] else "missed"
+    return f"; {ratio:.2f}x LAN, target ≤ {target[1]:g}x: {verdict}"
 
 
 def counted(value: float | None) -> str:
@@ -417,6 +476,9 @@ def cases(
         chosen.append((f"PSI {large:,} x {large:,}", psi_large, 1))
     if args.only in (None, "vertical"):
         chosen.append(("vertical LR demo, 4 rounds", vertical_run, args.repeats))
+    if args.only in (None, "vertical-credit"):
+        credit = lambda s, p, j: vertical_run(s, p, j, credit_tables, credit_options)  # noqa: E731
+        chosen.append((CREDIT, credit, args.repeats))
     if args.only in (None, "horizontal"):
         for count in (3, 10):
             one = lambda s, p, j, n=count: horizontal_run(s, p, j, n)  # noqa: E731

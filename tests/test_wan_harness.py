@@ -141,3 +141,17 @@ def test_round_trips_are_counted_from_the_messages_and_a_zero_prints_0(tmp_path)
     assert unmeasured.split(" | ")[7:9] == ["-", "1"]
     runs = [{**figures, "message round trips": 0}, figures]  # one run did not count them
     assert bench_wan.median_of(runs)["message round trips"] is None
+
+
+def test_the_credit_epoch_prints_its_wan_seconds_against_the_target_multiple() -> None:
+    from benchmarks import bench_wan
+
+    lan = {"seconds": 20.0, "wire": {"lab": 0}, "round trips": 1, "messages": 1,
+           "most sent": 0, "network share": 0.0, "message round trips": None}  # fmt: skip
+    met = bench_wan.row(bench_wan.CREDIT, wan.WAN, {**lan, "seconds": 25.0}, lan, 1)
+    missed = bench_wan.row(bench_wan.CREDIT, wan.WAN, {**lan, "seconds": 27.0}, lan, 1)
+    assert "1.25x LAN, target ≤ 1.3x: met" in met
+    assert "1.35x LAN, target ≤ 1.3x: missed" in missed
+    far = bench_wan.row(bench_wan.CREDIT, wan.FAR_WAN, {**lan, "seconds": 40.0}, lan, 1)
+    other = bench_wan.row("vertical LR demo, 4 rounds", wan.WAN, {**lan, "seconds": 40.0}, lan, 1)
+    assert "target" not in far and "target" not in other  # the target is the WAN's, this job's

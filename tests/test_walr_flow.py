@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from core.walr import (
     prepare_binary_features,
     prepare_clipped_features,
 )
+from federation.channel import Channel, FileTransport, MessageKey
 from federation.workspace import channel_for
 from flows.walr import walr
 from storage import codec
@@ -36,7 +39,13 @@ from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from tasks.reporting import short_id
 from tasks.summaries import holdout_split
-from tasks.walr import ReleaseRefusalError, WalrSetupError
+from tasks.walr import (
+    FeaturesFacts,
+    ReleaseRefusalError,
+    WalrJob,
+    WalrSetupError,
+    receive_features_facts,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "fate"
@@ -323,3 +332,37 @@ def test_standardised_by_default_on_training_rows_and_the_model_carries_it(
     channel = channel_for(scaled["job_id"], str(workspace))
     [sent] = [r for r in channel.log() if r.kind == "predictions"]
     np.testing.assert_allclose(codec.loads(channel.read_raw(sent)), by_hand[held_out], rtol=1e-9)
+
+
+class FetchLog(FileTransport):
+    """One party's own transport over a shared folder: it notes every message it is asked
+    for, and background fetches run as they do over the network."""
+
+    def __init__(self, root: Path, party: str) -> None:
+        super().__init__(root)
+        self.party = party
+        self.asked: list[str] = []
+
+    def get(self, key: MessageKey, timeout: float) -> bytes:
+        self.asked.append(key.kind)
+        return super().get(key, timeout)
+
+
+def test_the_id_order_digest_is_fetched_with_the_features_facts(tmp_path: Path) -> None:
+    """The digest the features party sends with its facts is asked for beside them, not a
+    round trip after the labels and budget check, when the alignment check reads it."""
+    log = FetchLog(tmp_path, "advertiser")
+    job = WalrJob(
+        "walr-prefetch", Channel(tmp_path, "walr-prefetch", log, timeout=5.0), "publisher",
+        "advertiser", 1.0, 1e-5, "binary", None, "labels", "", "",
+    )  # fmt: skip
+    publisher = Channel(tmp_path, "walr-prefetch").endpoint("publisher")
+    publisher.send("advertiser", "id_order_digest", "digest")
+    facts = FeaturesFacts(3, "binary", None, "f").as_message()
+    publisher.send("advertiser", "walr_features", facts)
+    taken = receive_features_facts.fn(job, SimpleNamespace(party="advertiser"))
+    assert taken == {"columns": 3, "features_fingerprint": "f"}
+    deadline = time.monotonic() + 5.0
+    while "id_order_digest" not in log.asked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(log.asked) == ["id_order_digest", "walr_features"]

@@ -1,7 +1,9 @@
 """Flow ``label_dp_regression``: a regression model trained on label-DP noisy labels.
 
 labels party                                              features party
+                                    ◀── id-order digest ── sent unprompted at the start
 check labels, refuse if over budget ── id-order digest ──▶ check features, compare digest
+compare digests (refuse before computing or charging)
 private prior ─▶ mechanism ─▶ noisy labels
 (stored and charged once per table and parameters)
                                     ── noisy labels ────▶ train on own features, save model
@@ -194,8 +196,9 @@ def label_dp_party(
         return _features_side(job_id, ref, peer, options.evaluate, spec)
     job = _job(job_id, ref, peer, options)
     steps.check_parameters(job)
+    steps.prefetch_id_order(job, ref)  # fetched while the labels and budget are checked
     checked = steps.check_labels(job, ref)
-    steps.await_alignment(job, ref)
+    steps.check_alignment(job, ref)  # before anything is computed or charged
     release = steps.release_noisy_labels(job, ref)
     evaluation = steps.evaluate(job, ref) if options.evaluate else None
     if evaluation:
@@ -224,6 +227,7 @@ def _features_side(
 ) -> dict[str, Any]:
     """The features party's column: the terms, the alignment check, training on the release."""
     channel = channel_for(job_id)  # this side's, once
+    steps.send_id_order(channel, peer, ref)  # unprompted: the release need not wait for it
     terms = steps.receive_terms(channel, peer, ref)
     job = steps.LabelDPJob.from_terms(channel, peer, ref.party, terms)
     checked = steps.check_features(job, ref)

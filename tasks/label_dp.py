@@ -45,6 +45,7 @@ from tasks.charts import held_out_calibration
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
+from tasks.walr import prefetch
 
 if TYPE_CHECKING:
     from sklearn.pipeline import Pipeline
@@ -265,11 +266,24 @@ def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     return {"rows": len(labels), "release_key": key, "reused": reused, "budget": status.as_dict()}
 
 
-@task(name="label-dp-aligned", task_run_name="{ref.party}: await the alignment check", **PARTY_STEP)
-def await_alignment(job: LabelDPJob, ref: TableRef) -> None:
-    """Nothing is computed or charged until the features party has found the tables aligned
-    (it ends the job, naming the mismatch, if not)."""
-    job.endpoint(ref.party).receive(job.features_party, "aligned")
+def prefetch_id_order(job: LabelDPJob, ref: TableRef) -> None:
+    """Start fetching the features party's id-order digest (sent unprompted when it starts)
+    while the labels are checked: :func:`check_alignment` then reads it locally."""
+    prefetch(job.endpoint(ref.party), job.features_party, "id_order_digest")
+
+
+@task(name="label-dp-aligned", task_run_name="{ref.party}: check alignment", **PARTY_STEP)
+def check_alignment(job: LabelDPJob, ref: TableRef) -> None:
+    """Nothing is computed or charged until the tables are found aligned: the labels party
+    compares the features party's digest with its own (learns only equal or not) instead
+    of waiting a round trip for the features party's verdict."""
+    frame, _ = _read_labels(job, ref)
+    theirs = job.endpoint(ref.party).receive(job.features_party, "id_order_digest")
+    if theirs != id_order_digest(job.job_id, frame[ref.id_column]):
+        raise LabelDPSetupError(
+            f"tables of {ref.party} and {job.features_party} are not aligned (different ids or "
+            "order); run psi_align first and use the *_aligned tables"
+        )
 
 
 @task(name="label-dp-release", task_run_name="{ref.party}: release noisy labels", **PARTY_STEP)
@@ -381,9 +395,22 @@ def receive_terms(channel: Channel, labels_party: str, ref: TableRef) -> dict[st
     return terms
 
 
+@task(name="label-dp-send-id-order", task_run_name="{ref.party}: send the id order", **PARTY_STEP)
+def send_id_order(channel: Channel, labels_party: str, ref: TableRef) -> None:
+    """Send the labels party this table's id-order digest as soon as the job starts, before
+    its terms arrive: the labels party checks alignment with it before it charges anything,
+    without waiting a round trip for an answer (the digest needs only the job id)."""
+    frame, _, _ = _read_features(ref)
+    endpoint = channel.endpoint(ref.party)
+    prefetch(endpoint, labels_party, "id_order_digest")  # checked after the terms arrive
+    digest = id_order_digest(channel.run, frame[ref.id_column])
+    endpoint.send(labels_party, "id_order_digest", digest)
+
+
 @task(name="label-dp-check-features", task_run_name="{ref.party}: check alignment", **PARTY_STEP)
 def check_features(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
-    """Compare the labels party's id-order digest with one's own (reveals equal or not)."""
+    """Compare the labels party's id-order digest with one's own (reveals equal or not):
+    this party trains on no labels of misaligned rows."""
     frame, X, _ = _read_features(ref)
     theirs = job.endpoint(ref.party).receive(job.labels_party, "id_order_digest")
     if theirs != id_order_digest(job.job_id, frame[ref.id_column]):
@@ -391,7 +418,6 @@ def check_features(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
             f"tables of {job.labels_party} and {ref.party} are not aligned (different ids or "
             "order); run psi_align first and use the *_aligned tables"
         )
-    job.endpoint(ref.party).send(job.labels_party, "aligned", True)  # the release may go
     return {"rows": len(frame), "features": X.shape[1]}
 
 

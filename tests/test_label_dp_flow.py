@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -13,10 +15,12 @@ from prefect.artifacts import Artifact
 from prefect.exceptions import ParameterTypeError
 from prefect.logging import disable_run_logger
 
+from core.ids import id_order_digest
+from core.job_schema import LabelDPOptions
 from core.label_dp import InvalidEpsilonError, train_on_noisy_labels
 from federation.channel import Channel
 from federation.workspace import channel_for
-from flows.label_dp import label_dp_regression
+from flows.label_dp import label_dp_party, label_dp_regression
 from flows.pipeline import pipeline
 from storage import codec
 from storage.artifacts import ArtifactStore
@@ -77,7 +81,7 @@ def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None
         ("registry", "clinic", "id_order_digest"),
         ("registry", "clinic", "label_dp_terms"),
         ("registry", "clinic", "noisy_labels"),
-        ("clinic", "registry", "aligned"),  # the features party found the tables aligned
+        ("clinic", "registry", "id_order_digest"),  # unprompted: the release waits for none
         ("clinic", "registry", "predictions"),
     }
     payloads = {r.kind: codec.loads(channel.read_raw(r)) for r in records}
@@ -139,11 +143,13 @@ def test_one_release_crosses_is_charged_once_and_trains(workspace: Path) -> None
     assert retried["reused"] and retried["budget"]["epsilon_spent"] == pytest.approx(1.0)
     assert len(ledger(labels).spends(labels.table)) == 1
 
-    # over budget: refused before any computation, message or spend
+    # over budget: refused before any computation, message or spend (the features party's
+    # id-order digest, sent when it starts, says nothing of the labels)
     before = messages(workspace)
     with pytest.raises(BudgetError, match="exceeds the budget"):
         run(labels, features, workspace, epsilon=0.5)
-    assert messages(workspace) == before
+    new = [m.name for m in messages(workspace) if m not in before]
+    assert new == ["clinic__registry__id_order_digest"]
     assert len(ledger(labels).spends(labels.table)) == 1
 
 
@@ -271,3 +277,35 @@ def test_demo_job_sets_a_budget_aligns_and_trains(workspace: Path) -> None:
         "s5",
         "s6",
     }
+
+
+def labels_alone(
+    workspace: Path, labels: TableRef, features: TableRef, digest_job: str
+) -> dict[str, Any]:
+    """The labels party's side alone, the features party's id-order digest (made for job
+    ``digest_job``) already sent, as the features party sends it when it starts: no other
+    message of the features party ever comes."""
+    job_id = "label-dp-alone"
+    ids = PartyStore.of(features).read_table(features)["id"]
+    clinic = Channel(workspace, job_id).endpoint(features.party)
+    clinic.send(labels.party, "id_order_digest", id_order_digest(digest_job, ids))
+    options = LabelDPOptions(**OPTIONS)
+    return label_dp_party(labels.to_dict(), "labels", features.party, job_id, options)
+
+
+def test_the_labels_party_checks_alignment_itself_before_it_charges(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release waits for no answer of the features party (a round trip): the labels
+    party compares the digest sent unprompted; a mismatch is refused before any charge."""
+    monkeypatch.setenv("PRIVREG_HOME", str(workspace))
+    labels, features, _, _ = make_parties(workspace)
+    with pytest.raises(steps.LabelDPSetupError, match="not aligned"):
+        labels_alone(workspace, labels, features, "another-job")
+    assert ledger(labels).spends() == []
+    assert not [m for m in messages(workspace) if m.name.endswith("__noisy_labels")]
+    shutil.rmtree(workspace / "runs")
+    released = labels_alone(workspace, labels, features, "label-dp-alone")
+    assert not released["reused"]
+    assert len(ledger(labels).spends()) == 1
+    assert [m for m in messages(workspace) if m.name.endswith("__noisy_labels")]

@@ -382,6 +382,7 @@ def sparse_lda_party(
         if job.method == "centralized_reference":
             party_steps.send_rows_not_private(site, features)
         else:
+            party_steps.prefetch_sum_call(site)  # arrives while the release is computed
             release = party_steps.release_contribution(site, features)
             ctx = party_steps.await_sum_call(site, rule, len(features))
             if not party_steps.model_out(site.endpoint):  # the sum is open: take part in it

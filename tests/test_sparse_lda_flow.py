@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import duckdb
@@ -37,7 +39,7 @@ from core.sparse_lda import (
 )
 from core.sparse_lda.privacy import add_noise_share, clip_to_norm, round_to_grid
 from core.test_switches import FAULTS_VARIABLE, NOISELESS_VARIABLE
-from federation.channel import Channel
+from federation.channel import Channel, FileTransport, MessageKey
 from federation.workspace import channel_for
 from flows.sparse_lda import sparse_lda, summary_line
 from storage import codec
@@ -49,6 +51,7 @@ from storage.policy import OwnerPolicy
 from storage.validation import MissingValuesError
 from tasks import secure_sum
 from tasks import sparse_lda as steps
+from tasks import sparse_lda_party as party_steps
 from tasks.reporting import PUBLISHED
 from tasks.scoring import local_scores
 
@@ -596,3 +599,33 @@ def test_missing_cells_without_an_imputation_are_refused_naming_every_column(
     ):
         run(refs, workspace, job_id="slda-gaps", preprocessing=None)
     assert fits == [] and all(not s for s in spends(refs))
+
+
+class FetchLog(FileTransport):
+    """One site's own transport over a shared folder: it notes every message it is asked
+    for, and background fetches run as they do over the network."""
+
+    def __init__(self, root: Path, party: str) -> None:
+        super().__init__(root)
+        self.party = party
+        self.asked: list[str] = []
+
+    def get(self, key: MessageKey, timeout: float) -> bytes:
+        self.asked.append(key.kind)
+        return super().get(key, timeout)
+
+
+def test_a_site_fetches_the_sum_call_while_it_computes_its_release(tmp_path: Path) -> None:
+    """The call, sent when the pooled statistics are in, is asked for in the background as
+    the release's computation starts (the flow's order), not a round trip after it."""
+    log = FetchLog(tmp_path, "hospital_a")
+    site = SimpleNamespace(
+        endpoint=Channel(tmp_path, "lda", log, timeout=5.0).endpoint("hospital_a")
+    )
+    coordinator = Channel(tmp_path, "lda").endpoint(secure_sum.COORDINATOR)
+    coordinator.send("hospital_a", "sum_call", {"session_id": "lda/1"})
+    party_steps.prefetch_sum_call(site)
+    deadline = time.monotonic() + 5.0
+    while not log.asked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert log.asked == ["sum_call"]

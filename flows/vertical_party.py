@@ -121,6 +121,9 @@ def vertical_lr_party(
     else:
         with PartyStore.of(ref).session():
             info = steps.check_party(job, ref, "guest")
+            for host in job.hosts:  # each sends both, one right after the other
+                steps.prefetch(job, ref.party, host, "id_order_digest")
+                steps.prefetch(job, ref.party, host, "features")
             steps.check_alignment(job, ref)
             job = steps.guest_agree(job, ref, info, **shape)
             if not job.with_arbiter:
@@ -366,6 +369,8 @@ def _guest_round(
     if _injected_fault(job.job_id, round_):  # every attempt of the first try: past retries
         raise InjectedFaultError(f"injected fault in round {round_} ({FAULT_VARIABLE})")
     inner.obfuscators_ahead(job, ref, ahead)  # while the key holder decrypts
+    # the key holder sends the loss right after the gradient: fetched with it
+    steps.prefetch(job, ref.party, job.key_holder, "loss_value_train", round_)
     squared = inner.update_weights(job, ref, round_, "guest")
     metrics = {
         "gradient_norm": squared**0.5,
@@ -388,6 +393,8 @@ def _guest_epoch_end(
         inner.guest_residual(job, ref, round_, "holdout")
     stop = None if job.with_arbiter else _key_holder_epoch_end(job, round_, tol)
     if holdout:
+        if job.with_arbiter:  # sent right after the hold-out loss: fetched with it
+            steps.prefetch(job, ref.party, job.key_holder, "stop", round_)
         record["holdout_loss"] = inner.guest_loss(job, ref, round_, "holdout", {})
     return stop if stop is not None else inner.receive_stop(job, ref.party, round_)
 

@@ -5,9 +5,10 @@ More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -46,6 +47,7 @@ from core.vertical_lr.steps import (
     loss_coefficients,
 )
 from federation.channel import Channel, PartyEndpoint
+from federation.watchers import in_context
 from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.checkpoints import RoundCheckpoints
@@ -53,9 +55,11 @@ from storage.descriptor import TableRef
 from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts, SecretGoneError
+from tasks import secure_rounds_party as rounds_party
 from tasks.feature_cache import party_features
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
+from tasks.secure_sum import receivers
 from tasks.summaries import log_loss
 
 PROTOCOL = "vertical"
@@ -314,6 +318,33 @@ def _collect(
     if receiver == sender:
         return _artifacts(receiver_db).get(_key(job, "local", round_, kind))
     return job.endpoint(receiver).receive(sender, kind, round=round_)
+
+
+def prefetch(job: VerticalJob, receiver: str, sender: str, kind: str, round_: int = 0) -> None:
+    """Start fetching ``sender``'s ``kind`` message of the round in the background; returns
+    at once (the rounds' background fetch, :func:`tasks.secure_rounds_party.prefetch`, from
+    any peer: the fetched copy is kept, and a receive of it waits for that fetch).
+
+    Why: a message sent just after the one a party waits for then arrives with it, not one
+    round trip after it. Nothing to fetch from oneself or on one shared folder."""
+    endpoint = job.endpoint(receiver)
+    if sender != receiver and endpoint.channel.transport.party is not None:
+        fetch = in_context(rounds_party._fetch_quietly)
+        receivers().submit(fetch, endpoint, sender, kind, round_, endpoint.channel.timeout)
+
+
+def _collect_all(
+    job: VerticalJob,
+    receiver: str,
+    receiver_db: str,
+    wanted: Sequence[tuple[str, str]],
+    round_: int,
+) -> list[Any]:
+    """Each ``(sender, kind)`` message of the round, in order, fetched side by side: the
+    waits overlap, so the last to arrive costs one wait, not one round trip each."""
+    for sender, kind in wanted[1:]:
+        prefetch(job, receiver, sender, kind, round_)
+    return [_collect(job, receiver, receiver_db, sender, kind, round_) for sender, kind in wanted]
 
 
 def _public_key(
@@ -576,7 +607,10 @@ def host_cross_terms(job: VerticalJob, ref: TableRef, round_: int, phase: str = 
     public = _read_step(job, ref, round_).public
     own = _artifacts(ref.database).get(_key(job, "share", phase, round_))
     endpoint = job.endpoint(ref.party)
-    for earlier in job.hosts[: job.hosts.index(ref.party)]:
+    earlier_hosts = job.hosts[: job.hosts.index(ref.party)]
+    for earlier in earlier_hosts[1:]:  # each folded as it comes: the rest fetched meanwhile
+        prefetch(job, ref.party, earlier, f"share_{phase}", round_)
+    for earlier in earlier_hosts:
         theirs = endpoint.receive(earlier, f"share_{phase}", round=round_)
         cross = cipher.weighted_sum(public, theirs, own)
         # re-randomised: a product of the guest's known ciphertexts would let it test guesses
@@ -609,16 +643,14 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
     endpoint = job.endpoint(ref.party)
     if stored.sent[kinds[0]] is None:  # while the hosts encrypt: [[d]]'s and the loss's
         obfuscators_ahead(job, ref, len(rows) + 1 if phase == "train" else 1)
-    total: list[int] | None = None
-    loss_terms: list[int] = []
-    for host in job.hosts:
-        share = endpoint.receive(host, f"share_{phase}", round=round_)
-        total = share if total is None else cipher.add(public, total, share)
-        loss_terms.append(endpoint.receive(host, f"square_{phase}", round=round_)[0])
-    for position, later in enumerate(job.hosts):
-        for earlier in job.hosts[:position]:
-            cross = endpoint.receive(later, f"cross_{earlier}_{phase}", round=round_)[0]
-            loss_terms.append(cipher.weighted_sum(public, [cross], [2]))
+    hosts = len(job.hosts)
+    crosses = [(later, f"cross_{earlier}_{phase}") for i, later in enumerate(job.hosts)
+               for earlier in job.hosts[:i]]  # fmt: skip
+    wanted = [(h, f"{kind}_{phase}") for kind in ("share", "square") for h in job.hosts]
+    received = _collect_all(job, ref.party, ref.database, [*wanted, *crosses], round_)
+    total = functools.reduce(functools.partial(cipher.add, public), received[:hosts])
+    loss_terms = [square[0] for square in received[hosts : 2 * hosts]]
+    loss_terms += [cipher.weighted_sum(public, [cross[0]], [2]) for cross in received[2 * hosts :]]
     with _in_range(job, round_):
         b, q = guest_shares(X[rows], weights, y)
     coefficients, constant = loss_coefficients(q, y)
@@ -721,8 +753,9 @@ def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> f
     db = job.key_holder_database
     kind = f"loss_{phase}"
     senders = (job.guest, *job.hosts) if phase == "train" else ()
-    encrypted_loss = _collect(job, job.key_holder, db, job.guest, kind, round_)
-    masked = {p: _collect(job, job.key_holder, db, p, "masked_gradient", round_) for p in senders}
+    wanted = [(job.guest, kind), *((p, "masked_gradient") for p in senders)]
+    encrypted_loss, *gradients = _collect_all(job, job.key_holder, db, wanted, round_)
+    masked = dict(zip(senders, gradients, strict=True))
     with PartyStore(db).session():
         private = _private_key(job)
         n_rows = len(_rows(job, round_, phase))
@@ -878,8 +911,9 @@ def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     model = _artifacts(ref.database).get(model_key("vertical", job.job_id, ref.party))
     X, _, labels = _guest_matrix(ref, job)
     scores = X @ _share_weights(model)
-    for host in job.hosts:
-        scores = scores + job.endpoint(ref.party).receive(host, "scores", round=0)
+    wanted = [(host, "scores") for host in job.hosts]
+    for shares in _collect_all(job, ref.party, ref.database, wanted, 0):
+        scores = scores + shares
     probabilities = 1.0 / (1.0 + np.exp(-scores))
     ids = party_features(ref, job.clip_features, preprocessing=job.preprocessing).ids
     frame = pd.DataFrame({ref.id_column: ids, "probability": probabilities})

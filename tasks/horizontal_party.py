@@ -314,25 +314,15 @@ def _model_out(endpoint: PartyEndpoint, round_: int) -> bool:
 
 
 def _await_request(endpoint: PartyEndpoint, job: secure_rounds.RoundsJob, round_: int) -> bool:
-    """Wait for the round's unmask request; False once the round's model is out without it
-    (this party was dropped).
-
-    Why longer than the receive timeout: the coordinator sends the request once every active
-    party's masked input arrived or the stage's deadline (``job.stage_timeout``, the job's
-    terms) passed. A party that stopped waiting sooner would fail a round the terms still
-    allow, naming the coordinator, alive and waiting for another party; with every party
-    required, the coordinator's failure names the one it could not hear. So it waits out the
-    stage's deadline first, then its own receive timeout as before (a coordinator that fails
-    or goes down still ends the wait through the job's status)."""
-    deadline = time.monotonic() + job.stage_timeout
-    while (left := deadline - time.monotonic()) > 0:
-        wait = time.monotonic() + min(left, 1.0)
-        if secure_sum.collect(endpoint, secure_rounds.REQUEST, [COORDINATOR], round_, wait, None):
-            return True
-        if _model_out(endpoint, round_):
-            return False
+    """Wait for the round's unmask request (the stage's deadline first,
+    :func:`tasks.secure_sum.await_coordinator` says why); False once the round's model is
+    out without it (this party was dropped)."""
     return secure_sum.await_coordinator(
-        endpoint, secure_rounds.REQUEST, round_, lambda: _model_out(endpoint, round_)
+        endpoint,
+        secure_rounds.REQUEST,
+        round_,
+        lambda: _model_out(endpoint, round_),
+        job.stage_timeout,
     )
 
 
@@ -402,7 +392,7 @@ def _finish(
     store, endpoint = side.store, side.endpoint
     # the model is out at most two stage deadlines after the call (the masked inputs, then the
     # answers, each waited for until the job's stage_timeout): waited for that long first, as
-    # :func:`_await_request` says why, then the receive timeout as before
+    # :func:`tasks.secure_sum.await_coordinator` says why, then the receive timeout as before
     wait = 2 * job.stage_timeout + endpoint.channel.timeout
     message = endpoint.receive(COORDINATOR, "model", round=round_, timeout=wait)
     if message["round"] != round_:

@@ -780,7 +780,7 @@ def contribute(
     }
     for stage, awaited in PARTY_STAGES:
         if awaited is not None and not await_coordinator(
-            endpoint, ctx.kind(awaited), ctx.round, ended
+            endpoint, ctx.kind(awaited), ctx.round, ended, ctx.stage_timeout
         ):
             return
         party_fault(fault, ctx.round, stage)
@@ -790,17 +790,25 @@ def contribute(
 
 
 def await_coordinator(
-    endpoint: PartyEndpoint, kind: str, round_: int, ended: Callable[[], bool]
+    endpoint: PartyEndpoint,
+    kind: str,
+    round_: int,
+    ended: Callable[[], bool],
+    stage_timeout: float = 0.0,
 ) -> bool:
     """Party mode: wait for the coordinator's ``kind`` message of ``round_``; False once
     ``ended()`` says the round is over without it (this party was dropped at a stage).
 
     A plain function, not a task: waiting is not a step of the protocol. It waits in the
     channel's receive (returning as soon as the message is stored) and asks ``ended()`` once a
-    second. Past the channel's receive timeout the channel's own error names the peer, job,
-    round and kind waited for.
+    second, for the job's ``stage_timeout`` and then the channel's receive timeout: the
+    coordinator sends once every live party answered or the stage's deadline passed, so a
+    party whose own receive timeout is shorter must not give up on a coordinator still
+    waiting for another party (it would fail the round naming the coordinator, not the party
+    that was cut off). Past both the channel's own error names the peer, job, round and kind
+    waited for; a coordinator that failed ends the wait sooner, through the job's status.
     """
-    deadline = time.monotonic() + endpoint.channel.timeout
+    deadline = time.monotonic() + stage_timeout + endpoint.channel.timeout
     while True:
         slice_end = min(deadline, time.monotonic() + _ENDED_CHECK)
         if collect(endpoint, kind, [COORDINATOR], round_, slice_end, None):

@@ -126,10 +126,14 @@ class PartyJob:
 
     def droppable(self) -> tuple[str, ...]:
         """Parties whose failure the job's protocol survives as a dropout (its hospitals, while
-        the threshold holds): their failure is not the job's."""
+        the threshold holds): their failure is not the job's. None where the threshold
+        requires every hospital: one that fails or is cut off past the restart grace then
+        fails the job at every party, named, as in a protocol without dropouts."""
         if self.kind not in ("horizontal_lr", "sparse_lda"):
             return ()
-        return tuple(p for p in self.participants() if p != COORDINATOR)
+        hospitals = tuple(p for p in self.participants() if p != COORDINATOR)
+        threshold = self.options(self.kind).threshold
+        return () if threshold is not None and threshold >= len(hospitals) else hospitals
 
     def preprocessing(self, key: str | None = None) -> PreprocessingSpec:
         """The job's preprocessing (scaling, imputation), with entry ``key``'s own missing

@@ -9,10 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from core.job_files import read_job
 from federation.channel import FileTransport
+from federation.party_config import PartyConfig
 from federation.status import Federation, PeerFailedError
+from flows.pipeline_party import PartyJob
 
 PARTIES = ("coordinator", "hospital_a", "hospital_b")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def sides(root: Path, digests: dict[str, str]) -> dict[str, Federation]:
@@ -58,3 +62,19 @@ def test_a_coordinator_with_other_terms_still_ends_every_hospital(tmp_path: Path
     finally:
         for side in made.values():
             side.finish()
+
+
+@pytest.mark.parametrize(("threshold", "tolerated"), [(None, 3), (2, 3), (3, 0)])
+def test_hospitals_are_tolerated_only_where_the_threshold_lets_one_drop(
+    tmp_path: Path, threshold: int | None, tolerated: int
+) -> None:
+    """A job whose threshold requires every hospital tolerates none: a cut-off hospital fails
+    the job at every party within the restart grace, named, instead of after a stage's wait."""
+    spec = read_job(ROOT / "jobs" / "horizontal_demo.json")
+    spec["horizontal_lr"]["threshold"] = threshold
+    config = PartyConfig(
+        party="hospital_a", root=tmp_path, listen="", ca=Path(), cert=Path(), key=Path()
+    )
+    job = PartyJob("horizontal_lr", spec["job"], spec, config, ROOT / "jobs", None)
+    assert len(job.droppable()) == tolerated
+    assert "coordinator" not in job.droppable()

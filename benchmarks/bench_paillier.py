@@ -53,6 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.peers.runner import PeerResult, run_peer
+from benchmarks.peers.timing import timed
 from core.paillier import cipher, native, randomness
 from core.paillier.keys import generate_keypair
 from core.paillier.multiexp import execute_column, multiexp_columns, plan_column
@@ -64,17 +65,6 @@ from core.paillier.randomness import (
 )
 
 HEU_ANCHOR_CPU_MS, HEU_ANCHOR_WALL_MS = 0.67, 0.35
-
-
-def timed(action: Callable[[], object], repeats: int = 3) -> tuple[float, float]:
-    """Median (CPU seconds of this process, wall seconds)."""
-    cpu, wall = [], []
-    for _ in range(repeats):
-        c, w = time.process_time(), time.perf_counter()
-        action()
-        cpu.append(time.process_time() - c)
-        wall.append(time.perf_counter() - w)
-    return statistics.median(cpu), statistics.median(wall)
 
 
 def heu_figures(key_bits: int, count: int, batch: int) -> PeerResult:

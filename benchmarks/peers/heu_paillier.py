@@ -21,20 +21,8 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import statistics
-import time
-from collections.abc import Callable
 
-
-def _timed(action: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """Median (CPU seconds of this process, wall seconds) of ``repeats`` runs."""
-    cpu, wall = [], []
-    for _ in range(repeats):
-        c, w = time.process_time(), time.perf_counter()
-        action()
-        cpu.append(time.process_time() - c)
-        wall.append(time.perf_counter() - w)
-    return statistics.median(cpu), statistics.median(wall)
+from timing import timed  # this folder: the driver runs as a script from it
 
 
 def encryption(key_bits: int, count: int, batch: int) -> tuple[float, float]:
@@ -45,12 +33,12 @@ def encryption(key_bits: int, count: int, batch: int) -> tuple[float, float]:
 
     encryptor = phe.setup(phe.SchemaType.ZPaillier, key_bits).encryptor()
     encryptor.encrypt_raw(1)
-    cpu, _ = _timed(lambda: [encryptor.encrypt_raw(i) for i in range(count)], repeats=3)
+    cpu, _ = timed(lambda: [encryptor.encrypt_raw(i) for i in range(count)], repeats=3)
     kit = hnp.setup(phe.SchemaType.ZPaillier, key_bits)
     plain = kit.array(np.arange(batch, dtype=np.int64), phe.IntegerEncoderParams())
     array_encryptor = kit.encryptor()
     array_encryptor.encrypt(plain)
-    _, wall = _timed(lambda: array_encryptor.encrypt(plain), repeats=3)
+    _, wall = timed(lambda: array_encryptor.encrypt(plain), repeats=3)
     return 1e3 * cpu / count, 1e3 * wall / batch
 
 
@@ -66,7 +54,7 @@ def addition_ns(modulus_bits: int, count: int = 20_000) -> float:
         for _ in range(count):
             evaluator.add_inplace(a, b)
 
-    return 1e9 * _timed(chain, repeats=5)[0] / count
+    return 1e9 * timed(chain, repeats=5)[0] / count
 
 
 def main() -> None:

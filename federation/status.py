@@ -71,6 +71,12 @@ class PeerFailedError(ChannelError):
         self.job, self.party, self.reason = job, party, reason
 
 
+class SideEndedError(PeerFailedError):
+    """This side of the job has ended (done or failed): a wait still pending in a thread it
+    started (a message fetched ahead) ends here, so it does not keep the process alive until
+    its receive timeout, waiting for a message that will not come."""
+
+
 @dataclass(frozen=True)
 class Proposal:
     """A peer asks this party to take part in a job run: the job file, read from this party's
@@ -212,6 +218,7 @@ class Federation:
         self.peers = {p: PeerView(p) for p in self.parties if p != self.party}
         self.attempt = secrets.token_hex(8)
         self._seq = 0
+        self._ended = False
         self._waits: dict[int, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -238,18 +245,23 @@ class Federation:
 
     def fail(self, reason: str, state: str = "failed") -> None:
         """Tell every peer this side ended and why (before the process exits)."""
-        self._stop.set()
-        watchers.unregister(self)
+        self._end()
         with self._lock:
             self.state, self.detail = state, ""
             self._publish(reason)
 
     def finish(self) -> None:
-        self._stop.set()
-        watchers.unregister(self)
+        self._end()
         with self._lock:
             self.state, self.detail = "done", ""
             self._publish("")
+
+    def _end(self) -> None:
+        """Stop hearing peers, and end the waits still pending in this side's threads (they
+        call :meth:`check` from a copy of the side's context, which still lists it)."""
+        self._stop.set()
+        self._ended = True
+        watchers.unregister(self)
 
     @contextlib.contextmanager
     def taking_part(self) -> Iterator[Federation]:
@@ -316,6 +328,8 @@ class Federation:
         wait lasts: the waiting thread is the run's own, unlike the listening thread."""
         if self.failure is not None:
             raise self.failure
+        if self._ended:
+            raise SideEndedError(self.job, self.party, "ended here: its pending waits end")
         if self.show is not None and self._waits:
             now = time.monotonic()
             if now - self._shown >= self.show_every:

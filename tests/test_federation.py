@@ -30,7 +30,7 @@ from demo.orgs import Org, env_of, serve_all, start, stop_all
 from demo.parties import SMALL_KEYS, prepare, small_main_job
 from federation import watchers
 from federation.channel import Channel, FileTransport, MessageTimeoutError, TermsBindingError
-from federation.status import Federation, PeerFailedError, request_abort
+from federation.status import Federation, PeerFailedError, SideEndedError, request_abort
 from storage import codec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +73,33 @@ def test_a_peers_failure_ends_a_wait_naming_it(tmp_path: Path) -> None:
         assert time.monotonic() - started < 3
     finally:
         host.finish()
+
+
+@pytest.mark.parametrize("end", ["finish", "fail"])
+def test_a_wait_left_pending_in_a_sides_thread_ends_with_the_side(tmp_path: Path, end: str) -> None:
+    """A message fetched ahead in a thread of the side (its context copied) that never comes
+    must not keep the process alive until the receive timeout once the side has ended."""
+    guest, _, channel = _sides(tmp_path)
+    guest.start()
+    ended: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            channel.endpoint("guest").receive("host", "stop_decision", timeout=60)
+        except BaseException as error:  # what ended the wait is the result
+            ended.append(error)
+
+    waiting = threading.Thread(target=watchers.in_context(wait), daemon=True)
+    waiting.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    guest.finish() if end == "finish" else guest.fail("ValueError: bad batch")
+    waiting.join(timeout=10)
+    assert not waiting.is_alive() and time.monotonic() - started < 3
+    assert isinstance(ended[0], SideEndedError) and "guest ended here" in str(ended[0])
+    # a wait begun after the side ended, outside such a thread, is not the side's any more
+    with pytest.raises(MessageTimeoutError):
+        channel.endpoint("guest").receive("host", "stop_decision", timeout=0.2)
 
 
 def test_an_operators_abort_ends_both_sides(tmp_path: Path) -> None:

@@ -455,12 +455,12 @@ def _party_round(
             rounds_party.party_rejoin(side.store, job, endpoint, round_)
     elif not model_out and not _stage_fault(side.party, job, round_, "mask_input", fault, faults):
         before, record = _mask(side, job, round_, call)
-        wait = job.stage_timeout
-        rounds_party.prefetch(endpoint, secure_rounds.MASKED_RELAY, round_, wait)
+        relay = functools.partial(secure_sum.prefetch, endpoint, COORDINATOR)
+        relay(secure_rounds.MASKED_RELAY, round_, job.stage_timeout)
         if _await_request(endpoint, job, round_):
             if not _stage_fault(side.party, job, round_, "reveal_shares", fault, faults):
                 record = _answer(side, job, round_, record)  # stored with the checkpoint below
-                rounds_party.prefetch(endpoint, secure_rounds.RESPONSE_RELAY, round_, wait)
+                relay(secure_rounds.RESPONSE_RELAY, round_, job.stage_timeout)
             _finish(side, job, round_, call, (before, record))
             return True
     _finish(side, job, round_, call)

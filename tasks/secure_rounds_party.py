@@ -5,7 +5,6 @@ unmask the round's sum itself from the coordinator's relays to check the announc
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -18,7 +17,6 @@ from core.secagg import wire
 from core.secagg.errors import ProtocolViolationError
 from core.secagg.fixed_point import decode
 from federation.channel import PartyEndpoint, RelayError
-from federation.watchers import in_context
 from storage.artifacts import Artifact
 from storage.party_store import PartyStore
 from tasks.secure_rounds import (
@@ -33,7 +31,7 @@ from tasks.secure_rounds import (
     load_record,
     save_record,
 )
-from tasks.secure_sum import COORDINATOR, receivers
+from tasks.secure_sum import COORDINATOR
 
 T = TypeVar("T")
 
@@ -275,26 +273,6 @@ def party_views(
             f"{round_} of job {job.job_id} is refused before anything is revealed: {error}"
         ) from None
     return {s: wire.view_from_plain(v, s) for s, v in plain.items()}
-
-
-def prefetch(endpoint: PartyEndpoint, kind: str, round_: int, timeout: float) -> None:
-    """Start fetching the coordinator's relay ``kind`` of the round in the background, a wait
-    that returns when it arrives (or after ``timeout`` seconds); returns at once.
-
-    Why: a party checks the round's sum from the relays once the model arrives; fetching them
-    while the coordinator is still collecting and unmasking takes them off the round's
-    critical path (a fetched message is kept and read locally later; a check that asks for
-    one still being fetched waits for that fetch). On one shared folder there is nothing to
-    fetch."""
-    if endpoint.channel.transport.party is not None:
-        receivers().submit(in_context(_fetch_quietly), endpoint, COORDINATOR, kind, round_, timeout)
-
-
-def _fetch_quietly(
-    endpoint: PartyEndpoint, peer: str, kind: str, round_: int, timeout: float
-) -> None:
-    with contextlib.suppress(Exception):  # the round's own wait for it reports any failure
-        endpoint.receive(peer, kind, round=round_, timeout=timeout)
 
 
 def _relayed(

@@ -30,6 +30,7 @@ around.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -284,6 +285,30 @@ def receivers() -> ThreadPoolExecutor:
         if not _RECEIVERS:
             _RECEIVERS.append(ThreadPoolExecutor(max_workers=64, thread_name_prefix="receive"))
         return _RECEIVERS[0]
+
+
+def prefetch(
+    endpoint: PartyEndpoint, sender: str, kind: str, round_: int = 0, timeout: float | None = None
+) -> None:
+    """Start fetching ``sender``'s ``kind`` message of ``round_`` in the background, a wait
+    that returns when it arrives (or after ``timeout`` seconds, default the channel's);
+    returns at once.
+
+    Why: a message sent before (or with) the one a party waits for then arrives with it, not
+    one round trip after it; a fetched message is kept and read locally later, and a receive
+    that asks for one still being fetched waits for that fetch. On one shared folder there is
+    nothing to fetch. A fetch still pending when the side ends ends with it
+    (:class:`federation.status.SideEndedError`)."""
+    if sender != endpoint.party and endpoint.channel.transport.party is not None:
+        wait = endpoint.channel.timeout if timeout is None else timeout
+        receivers().submit(in_context(_fetch_quietly), endpoint, sender, kind, round_, wait)
+
+
+def _fetch_quietly(
+    endpoint: PartyEndpoint, sender: str, kind: str, round_: int, timeout: float
+) -> None:
+    with contextlib.suppress(Exception):  # the protocol's own wait for it reports any failure
+        endpoint.receive(sender, kind, round=round_, timeout=timeout)
 
 
 def _receive(endpoint: PartyEndpoint, party: str, kind: str, round_: int, wait: float) -> Any:

@@ -47,7 +47,6 @@ from core.vertical_lr.steps import (
     loss_coefficients,
 )
 from federation.channel import Channel, PartyEndpoint
-from federation.watchers import in_context
 from storage import codec
 from storage.artifacts import ArtifactStore
 from storage.checkpoints import RoundCheckpoints
@@ -55,11 +54,10 @@ from storage.descriptor import TableRef
 from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
 from storage.secrets import SealedArtifacts, SecretGoneError
-from tasks import secure_rounds_party as rounds_party
+from tasks import secure_sum
 from tasks.feature_cache import party_features
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
-from tasks.secure_sum import receivers
 from tasks.summaries import log_loss
 
 PROTOCOL = "vertical"
@@ -321,16 +319,8 @@ def _collect(
 
 
 def prefetch(job: VerticalJob, receiver: str, sender: str, kind: str, round_: int = 0) -> None:
-    """Start fetching ``sender``'s ``kind`` message of the round in the background; returns
-    at once (the rounds' background fetch, :func:`tasks.secure_rounds_party.prefetch`, from
-    any peer: the fetched copy is kept, and a receive of it waits for that fetch).
-
-    Why: a message sent just after the one a party waits for then arrives with it, not one
-    round trip after it. Nothing to fetch from oneself or on one shared folder."""
-    endpoint = job.endpoint(receiver)
-    if sender != receiver and endpoint.channel.transport.party is not None:
-        fetch = in_context(rounds_party._fetch_quietly)
-        receivers().submit(fetch, endpoint, sender, kind, round_, endpoint.channel.timeout)
+    """:func:`tasks.secure_sum.prefetch` at ``receiver``'s endpoint of the job."""
+    secure_sum.prefetch(job.endpoint(receiver), sender, kind, round_)
 
 
 def _collect_all(

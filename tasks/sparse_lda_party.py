@@ -28,7 +28,6 @@ from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
-from tasks import secure_rounds_party as rounds_party
 from tasks import secure_sum
 from tasks.charts import held_out_roc
 from tasks.loading import fingerprint
@@ -225,7 +224,7 @@ def prefetch_sum_call(site: Site) -> None:
     """Start fetching the coordinator's call of the secure sum, sent once the pooled
     statistics are in, while this site computes its release: :func:`await_sum_call` then
     reads it locally instead of asking a round trip after the release is stored."""
-    rounds_party.prefetch(site.endpoint, "sum_call", 0, site.endpoint.channel.timeout)
+    secure_sum.prefetch(site.endpoint, COORDINATOR, "sum_call")
 
 
 @task(

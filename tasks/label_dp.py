@@ -41,11 +41,11 @@ from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.validation import DataValidationError
+from tasks import secure_sum
 from tasks.charts import held_out_calibration
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
-from tasks.walr import prefetch
 
 if TYPE_CHECKING:
     from sklearn.pipeline import Pipeline
@@ -269,7 +269,7 @@ def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
 def prefetch_id_order(job: LabelDPJob, ref: TableRef) -> None:
     """Start fetching the features party's id-order digest (sent unprompted when it starts)
     while the labels are checked: :func:`check_alignment` then reads it locally."""
-    prefetch(job.endpoint(ref.party), job.features_party, "id_order_digest")
+    secure_sum.prefetch(job.endpoint(ref.party), job.features_party, "id_order_digest")
 
 
 @task(name="label-dp-aligned", task_run_name="{ref.party}: check alignment", **PARTY_STEP)
@@ -402,7 +402,7 @@ def send_id_order(channel: Channel, labels_party: str, ref: TableRef) -> None:
     without waiting a round trip for an answer (the digest needs only the job id)."""
     frame, _, _ = _read_features(ref)
     endpoint = channel.endpoint(ref.party)
-    prefetch(endpoint, labels_party, "id_order_digest")  # checked after the terms arrive
+    secure_sum.prefetch(endpoint, labels_party, "id_order_digest")  # checked after the terms
     digest = id_order_digest(channel.run, frame[ref.id_column])
     endpoint.send(labels_party, "id_order_digest", digest)
 

@@ -46,7 +46,6 @@ from core.walr import (
     walr_sigma,
 )
 from federation.channel import Channel, PartyEndpoint
-from federation.watchers import in_context
 from storage import codec, models
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -54,11 +53,10 @@ from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
 from storage.secrets import SealedArtifacts, SecretGoneError
-from tasks import secure_rounds_party as rounds_party
+from tasks import secure_sum
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
-from tasks.secure_sum import receivers
 from tasks.summaries import classifier_figures, holdout_scope, holdout_split, log_figures
 
 PROTOCOL = "walr"
@@ -335,18 +333,6 @@ def check_features(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     }
 
 
-def prefetch(endpoint: PartyEndpoint, sender: str, kind: str) -> None:
-    """Start fetching ``sender``'s ``kind`` message in the background; returns at once.
-
-    The rounds' prefetch (:func:`tasks.secure_rounds_party.prefetch`, which asks only the
-    coordinator) from a peer: a message sent before one this party waits for arrives with
-    it, not a round trip after it (the fetched copy is kept and read locally later)."""
-    if endpoint.channel.transport.party is not None:  # on one shared folder: nothing to fetch
-        timeout = endpoint.channel.timeout
-        fetch = in_context(rounds_party._fetch_quietly)
-        receivers().submit(fetch, endpoint, sender, kind, 0, timeout)
-
-
 @task(name="walr-features-facts", task_run_name="{ref.party}: the features' shape", **PARTY_STEP)
 def receive_features_facts(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     """The labels party learns the column count it will decrypt and the features' salted
@@ -355,7 +341,7 @@ def receive_features_facts(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     The id-order digest, sent with the facts, is fetched beside them: the alignment check
     then reads it locally instead of asking after the budget check."""
     endpoint = job.endpoint(ref.party)
-    prefetch(endpoint, job.features_party, "id_order_digest")
+    secure_sum.prefetch(endpoint, job.features_party, "id_order_digest")
     message = endpoint.receive(job.features_party, "walr_features")
     facts = FeaturesFacts.from_message(message, job.features_party)
     if (facts.mode, facts.clip_norm) != (job.mode, job.clip_norm):

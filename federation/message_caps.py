@@ -40,7 +40,6 @@ KIND_CAPS: dict[str, int] = {
     "round": _CONTROL,
     "stop": _CONTROL,
     "holdout_score": _CONTROL,
-    "aligned": _CONTROL,  # label DP: the features party found the tables aligned
     "score_model": _CONTROL,  # vertical scoring: the training job, the standing alignment
     "score_alignment": _CONTROL,
     "score_alignment_same": _CONTROL,

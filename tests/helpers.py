@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from core.paillier.keys import SMALL_KEYS_VARIABLE
+from federation.channel import FileTransport, MessageKey
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
@@ -106,3 +107,18 @@ def chart_images(markdown: str) -> list[str]:
     """The SVG documents a charts artifact embeds as ``data:`` images, in order."""
     encoded = re.findall(r"\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", markdown)
     return [base64.b64decode(e).decode("utf-8") for e in encoded]
+
+
+class FetchLog(FileTransport):
+    """One party's own transport over a shared folder: it notes the kind of every message it
+    is asked for, and background fetches run as they do over the network (a shared folder's
+    transport has no party, and then nothing is fetched ahead)."""
+
+    def __init__(self, root: Path, party: str) -> None:
+        super().__init__(root)
+        self.party = party
+        self.asked: list[str] = []
+
+    def get(self, key: MessageKey, timeout: float) -> bytes:
+        self.asked.append(key.kind)
+        return super().get(key, timeout)

@@ -16,7 +16,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import arrays_in
+from helpers import FetchLog, arrays_in
 from prefect.exceptions import ParameterTypeError
 from prefect.logging import disable_run_logger
 
@@ -39,7 +39,7 @@ from core.sparse_lda import (
 )
 from core.sparse_lda.privacy import add_noise_share, clip_to_norm, round_to_grid
 from core.test_switches import FAULTS_VARIABLE, NOISELESS_VARIABLE
-from federation.channel import Channel, FileTransport, MessageKey
+from federation.channel import Channel
 from federation.workspace import channel_for
 from flows.sparse_lda import sparse_lda, summary_line
 from storage import codec
@@ -599,20 +599,6 @@ def test_missing_cells_without_an_imputation_are_refused_naming_every_column(
     ):
         run(refs, workspace, job_id="slda-gaps", preprocessing=None)
     assert fits == [] and all(not s for s in spends(refs))
-
-
-class FetchLog(FileTransport):
-    """One site's own transport over a shared folder: it notes every message it is asked
-    for, and background fetches run as they do over the network."""
-
-    def __init__(self, root: Path, party: str) -> None:
-        super().__init__(root)
-        self.party = party
-        self.asked: list[str] = []
-
-    def get(self, key: MessageKey, timeout: float) -> bytes:
-        self.asked.append(key.kind)
-        return super().get(key, timeout)
 
 
 def test_a_site_fetches_the_sum_call_while_it_computes_its_release(tmp_path: Path) -> None:

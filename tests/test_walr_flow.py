@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import summary_quality
+from helpers import FetchLog, summary_quality
 from prefect.exceptions import ParameterTypeError
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
@@ -28,7 +28,7 @@ from core.walr import (
     prepare_binary_features,
     prepare_clipped_features,
 )
-from federation.channel import Channel, FileTransport, MessageKey
+from federation.channel import Channel
 from federation.workspace import channel_for
 from flows.walr import walr
 from storage import codec
@@ -332,20 +332,6 @@ def test_standardised_by_default_on_training_rows_and_the_model_carries_it(
     channel = channel_for(scaled["job_id"], str(workspace))
     [sent] = [r for r in channel.log() if r.kind == "predictions"]
     np.testing.assert_allclose(codec.loads(channel.read_raw(sent)), by_hand[held_out], rtol=1e-9)
-
-
-class FetchLog(FileTransport):
-    """One party's own transport over a shared folder: it notes every message it is asked
-    for, and background fetches run as they do over the network."""
-
-    def __init__(self, root: Path, party: str) -> None:
-        super().__init__(root)
-        self.party = party
-        self.asked: list[str] = []
-
-    def get(self, key: MessageKey, timeout: float) -> bytes:
-        self.asked.append(key.kind)
-        return super().get(key, timeout)
 
 
 def test_the_id_order_digest_is_fetched_with_the_features_facts(tmp_path: Path) -> None:

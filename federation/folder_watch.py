@@ -132,9 +132,11 @@ class _Inotify:
         held: tuple[str, str] | None = None
         try:
             while True:
-                # watch the deepest existing folder on the way to the file (for the next
-                # name on the way) before looking, so a creation between the look and the
-                # wait still wakes the waiter
+                # cleared first, then the deepest existing folder on the way to the file is
+                # watched (for the next name on the way) before looking, so a creation after
+                # the watch is set still wakes the waiter; and a folder on the way made
+                # before the watch was set is seen by the second look, not lost
+                event.clear()
                 folder = _deepest_existing(path.parent)
                 target = None if folder is None else (folder, _next_name(path, folder))
                 if target != held:
@@ -143,9 +145,10 @@ class _Inotify:
                         held = None
                     if target is not None and self.hold(*target, event):
                         held = target
-                event.clear()
                 if path.exists():
                     return True
+                if folder is not None and _deepest_existing(path.parent) != folder:
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not go_on():
                     return path.exists()

@@ -76,3 +76,27 @@ def test_a_file_in_folders_made_later_wakes_its_waiter(
     thread.join(timeout=30)
     assert found == [True] and not thread.is_alive()  # woken by events, not the 60 s deadline
     assert len(wakes) <= 4  # its first look, its folders' creation, the file
+
+
+def test_folders_made_while_the_watch_is_set_do_not_strand_the_waiter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folders on the way appear after the waiter's look but before its watch is set (a
+    peer's mkdir racing the wait): no event can tell it, so its second look must."""
+    monkeypatch.setattr(folder_watch, "_SAFETY", 120.0)
+    wanted = tmp_path / "job" / "round-3" / "model"
+    real_hold = folder_watch._Inotify.hold
+
+    def hold_after_a_peers_mkdir(self, folder: str, name: str, event: threading.Event) -> bool:
+        if folder == str(tmp_path):
+            wanted.parent.mkdir(parents=True, exist_ok=True)  # just before the watch is set
+        return real_hold(self, folder, name, event)
+
+    monkeypatch.setattr(folder_watch._Inotify, "hold", hold_after_a_peers_mkdir)
+    wakes: list[float] = []
+    thread, found = wait_in_thread(wanted, wakes)
+    settle(wakes)
+    time.sleep(0.1)
+    wanted.write_bytes(b"w")
+    thread.join(timeout=30)
+    assert found == [True] and not thread.is_alive()  # woken by the file, not the deadline

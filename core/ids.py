@@ -66,3 +66,15 @@ def id_order_digest(salt: str, ids: Iterable[object]) -> str:
     for value in ids:
         digest.update(canonical_id(value) + b"\x00")
     return digest.hexdigest()
+
+
+def require_aligned(
+    own: str, theirs: object, party: str, peer: str, error: type[Exception] = ValueError
+) -> None:
+    """Raise ``error`` naming both parties unless ``peer``'s id-order digest equals this
+    party's own (the comparison reveals only equal or not)."""
+    if theirs != own:
+        raise error(
+            f"tables of {party} and {peer} are not aligned (different ids or order); run "
+            "psi_align first and use the *_aligned tables"
+        )

@@ -16,7 +16,7 @@ from prefect import get_run_logger, task
 
 from core.dp.accounting import Composed, Event, PureDP
 from core.holdout import seeded_holdout_rows
-from core.ids import id_order_digest
+from core.ids import id_order_digest, require_aligned
 from core.label_dp import (
     LabelGrid,
     clipped_laplace,
@@ -279,11 +279,8 @@ def check_alignment(job: LabelDPJob, ref: TableRef) -> None:
     of waiting a round trip for the features party's verdict."""
     frame, _ = _read_labels(job, ref)
     theirs = job.endpoint(ref.party).receive(job.features_party, "id_order_digest")
-    if theirs != id_order_digest(job.job_id, frame[ref.id_column]):
-        raise LabelDPSetupError(
-            f"tables of {ref.party} and {job.features_party} are not aligned (different ids or "
-            "order); run psi_align first and use the *_aligned tables"
-        )
+    own = id_order_digest(job.job_id, frame[ref.id_column])
+    require_aligned(own, theirs, ref.party, job.features_party, LabelDPSetupError)
 
 
 @task(name="label-dp-release", task_run_name="{ref.party}: release noisy labels", **PARTY_STEP)
@@ -413,11 +410,8 @@ def check_features(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     this party trains on no labels of misaligned rows."""
     frame, X, _ = _read_features(ref)
     theirs = job.endpoint(ref.party).receive(job.labels_party, "id_order_digest")
-    if theirs != id_order_digest(job.job_id, frame[ref.id_column]):
-        raise LabelDPSetupError(
-            f"tables of {job.labels_party} and {ref.party} are not aligned (different ids or "
-            "order); run psi_align first and use the *_aligned tables"
-        )
+    own = id_order_digest(job.job_id, frame[ref.id_column])
+    require_aligned(own, theirs, ref.party, job.labels_party, LabelDPSetupError)
     return {"rows": len(frame), "features": X.shape[1]}
 
 

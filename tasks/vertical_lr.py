@@ -20,7 +20,7 @@ from phe import paillier
 from prefect import get_run_logger, task
 
 from core.charts import exact_auc
-from core.ids import id_order_digest
+from core.ids import id_order_digest, require_aligned
 from core.job_checks import LABEL_LEAK_MARGIN
 from core.model_format import ModelRecord
 from core.outcomes import DivergenceError
@@ -544,11 +544,8 @@ def check_alignment(job: VerticalJob, ref: TableRef) -> None:
     """The guest compares the hosts' id-order digests with its own (reveals only equal or not)."""
     own = _artifacts(ref.database).get(_key(job, "id_order_digest"))
     for host in job.hosts:
-        if job.endpoint(ref.party).receive(host, "id_order_digest") != own:
-            raise VerticalSetupError(
-                f"tables of {ref.party} and {host} are not aligned (different ids or order); "
-                "run psi_align first and train on the *_aligned tables"
-            )
+        theirs = job.endpoint(ref.party).receive(host, "id_order_digest")
+        require_aligned(own, theirs, ref.party, host, VerticalSetupError)
 
 
 # ---- one round ------------------------------------------------------------------------------

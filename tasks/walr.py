@@ -21,7 +21,7 @@ from prefect import get_run_logger, task
 from core.dp.accounting import DiscreteGaussian, Event
 from core.dp.errors import PrivacyParameterError
 from core.dp.gaussian import analytic_gaussian_sigma, classic_gaussian_sigma
-from core.ids import id_order_digest
+from core.ids import id_order_digest, require_aligned
 from core.model_format import ModelRecord
 from core.paillier import cipher
 from core.paillier.errors import PaillierError
@@ -363,11 +363,8 @@ def check_alignment(job: WalrJob, ref: TableRef) -> None:
     """The labels party compares digests (learns only equal or not)."""
     ids, _ = _labels(ref)
     theirs = job.endpoint(ref.party).receive(job.features_party, "id_order_digest")
-    if theirs != id_order_digest(job.job_id, ids):
-        raise WalrSetupError(
-            f"tables of {ref.party} and {job.features_party} are not aligned (different ids "
-            "or order); run psi_align first and use the *_aligned tables"
-        )
+    own = id_order_digest(job.job_id, ids)
+    require_aligned(own, theirs, ref.party, job.features_party, WalrSetupError)
 
 
 # ---- the one-shot release ---------------------------------------------------------------------

@@ -11,9 +11,10 @@ Three things Prefect 3.8.8 leaves to the caller, set here once for every process
   on one machine each run the server's migrations (a fresh start took ~13 s alone). privreg
   waits :data:`STARTUP_TIMEOUT` seconds unless ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``
   is set in the environment;
-* its SQLite writers wait up to :data:`DATABASE_TIMEOUT` seconds for the lock (a local run's
-  sides write at once; Prefect's 10 s default printed "database is locked" retries), unless
-  ``PREFECT_SERVER_DATABASE_TIMEOUT`` is set.
+* a new SQLite connection of its waits up to :data:`DATABASE_TIMEOUT` seconds for the lock
+  while it is set up (several sides connect at once; Prefect's 10 s default printed "database
+  is locked" retries), unless ``PREFECT_SERVER_DATABASE_TIMEOUT`` is set; its writes then
+  wait :data:`privreg.prefect_sqlite.BUSY_TIMEOUT_MS`, not Prefect's 60 s.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ instead of the 60 s Prefect 3.8.8 sets. PostgreSQL is untouched.
 Why: in a local run (every party's side reporting to one temporary server) the server's writers
 sometimes wait on each other until one of them times out: a flow-run state change holds its
 ``BEGIN IMMEDIATE`` transaction while the task-run recorder's insert waits for the lock, and
-neither moves until that insert gives up. With 60 s, ``make demo`` stalled 60-130 s in about a
-third of its runs; with 5 s such a wait ends in 5 s, and nothing is lost: the recorder keeps
-the events to retry, and a client retries an API call answered 503. Such a retried flush is
+neither moves until that insert gives up. With 60 s, ``make demo`` stalled 60-130 s in 8 of 20
+runs here; with 5 s such a wait ends in 5 s, and nothing is lost: the recorder keeps the
+events to retry, and a client retries an API call answered 503. Such a retried flush is
 logged as one warning line (:class:`RetriedFlush`), not Prefect's error with its traceback.
 """
 

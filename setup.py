@@ -2,7 +2,9 @@
 
 ``core.paillier._montgomery`` speeds up Paillier's modular multiplications (see
 core/paillier/native.py). It is optional: where no C compiler is available the install still
-succeeds and the gmpy2 code runs instead.
+succeeds and the gmpy2 code runs instead. ``core.psi_ot._band`` likewise runs the sequential
+loops of the VOLE-based PSI (banded OKVS, code expansion; see core/psi_ot/native.py), with a
+numpy fallback.
 
 The demo (``jobs/demo.json``, its sub-job files and every source they name) lives outside the
 packages, where ``make demo`` reads it; a wheel carries a copy as ``privreg/demo_data`` for
@@ -53,6 +55,12 @@ setup(
             sources=["core/paillier/_montgomery.c"],
             extra_compile_args=_FLAGS,
             optional=True,
-        )
+        ),
+        Extension(
+            "core.psi_ot._band",
+            sources=["core/psi_ot/_band.c"],
+            extra_compile_args=_FLAGS,
+            optional=True,
+        ),
     ],
 )

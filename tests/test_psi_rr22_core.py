@@ -1,0 +1,118 @@
+"""The VOLE-based PSI (RR22) layer by layer: GF(2^128), the banded OKVS, the silent VOLE, and
+the whole protocol against the plaintext intersection, each C kernel path against its numpy
+twin."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from core.psi_ot import gf128, native, okvs
+from core.psi_ot.primitives import prg_array, random_key
+
+
+@contextlib.contextmanager
+def kernel_path(enabled: bool):
+    """Run the body on the C kernel (skipped when not built) or on the numpy path."""
+    if enabled and not native.available():
+        pytest.skip("the optional C kernel core.psi_ot._band is not built here")
+    previous = native.set_enabled(enabled)
+    try:
+        yield
+    finally:
+        native.set_enabled(previous)
+
+
+def _digests(n: int, key: bytes | None = None) -> np.ndarray:
+    out = prg_array(key or random_key(), (n, 16))
+    out[:, 15] = 0
+    return out
+
+
+def _words(n: int, key: bytes | None = None) -> np.ndarray:
+    return prg_array(key or random_key(), (n, 16)).view("<u8").reshape(-1, 2)
+
+
+# ---- GF(2^128) ------------------------------------------------------------------------------
+
+
+def test_field_products_match_the_schoolbook_product() -> None:
+    delta, values = random_key(), _words(50)
+    got = gf128.mul_const(delta, values)
+    for row, value in zip(got, values, strict=True):
+        expected = gf128.mul_int(gf128.to_int(delta), int(value[0]) | int(value[1]) << 64)
+        assert int(row[0]) | int(row[1]) << 64 == expected
+    x = gf128.mul_x(values)
+    assert (x == gf128.mul_const(gf128.from_int(2), values)).all()
+    # (x^127) * x = x^128 = x^7 + x^2 + x + 1
+    assert gf128.mul_int(1 << 127, 2) == 0x87
+
+
+def test_packing_bits_gives_a_field_correlation() -> None:
+    delta, q = random_key(), _words(3 * 128).reshape(3, 128, 2)
+    bits = prg_array(random_key(), (3, 128)) & 1
+    delta_words = gf128.to_words(np.frombuffer(delta, np.uint8))
+    t = q ^ bits[..., None].astype(np.uint64) * delta_words  # t_k = q_k + r_k Delta
+    beta = np.packbits(bits, axis=1, bitorder="little").view("<u8")
+    assert (gf128.pack_bits(t) == gf128.pack_bits(q) ^ gf128.mul_const(delta, beta)).all()
+
+
+# ---- the banded OKVS -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["kernel", "numpy"])
+def test_okvs_decodes_every_encoded_key(enabled: bool) -> None:
+    key, digests = random_key(), _digests(3000)
+    m = okvs.columns(len(digests))
+    starts, band = okvs.bands(key, digests, m)
+    values, filler = okvs.item_hash(key, digests), _words(m)
+    with kernel_path(enabled):
+        table = okvs.encode(starts, band, values, filler)
+        assert table.shape == (m, 2)
+        assert (okvs.decode(table, starts, band) == values).all()
+
+
+def test_okvs_kernel_and_numpy_paths_give_the_same_table() -> None:
+    key, digests = random_key(), _digests(2000)
+    m = okvs.columns(len(digests))
+    starts, band = okvs.bands(key, digests, m)
+    values, filler = _words(len(digests)), _words(m)
+    with kernel_path(True):
+        fast = okvs.encode(starts, band, values, filler)
+        fast_out = okvs.decode(fast, starts, band)
+    with kernel_path(False):
+        slow = okvs.encode(starts, band, values, filler)
+        slow_out = okvs.decode(slow, starts, band)
+    assert (fast == slow).all() and (fast_out == slow_out).all() and (fast_out == values).all()
+
+
+def test_okvs_decodes_other_keys_to_uniform_looking_values() -> None:
+    key, digests = random_key(), _digests(4000)
+    m = okvs.columns(2000)
+    starts, band = okvs.bands(key, digests, m)
+    values = okvs.item_hash(key, digests[:2000])
+    table = okvs.encode(starts[:2000], band[:2000], values, _words(m))
+    other = okvs.decode(table, starts[2000:], band[2000:])
+    bits = np.unpackbits(other.view(np.uint8), axis=1)
+    assert len(np.unique(other, axis=0)) == 2000
+    assert 0.45 < bits.mean() < 0.55
+    assert (np.abs(bits.mean(axis=0) - 0.5) < 0.06).all()  # every bit position balanced
+    assert not (other == okvs.item_hash(key, digests[2000:])).all(axis=1).any()
+
+
+def test_okvs_edge_cases() -> None:
+    key = random_key()
+    empty = np.zeros((0, 16), np.uint8)
+    m = okvs.columns(0)
+    starts, band = okvs.bands(key, empty, m)
+    filler = _words(m)
+    assert (okvs.encode(starts, band, np.zeros((0, 2), np.uint64), filler) == filler).all()
+    twice = np.repeat(_digests(1), 2, axis=0)  # one key, two different values: no solution
+    starts, band = okvs.bands(key, twice, okvs.columns(2))
+    for enabled in (True, False):
+        if enabled and not native.available():
+            continue
+        with kernel_path(enabled), pytest.raises(okvs.OkvsError):
+            okvs.encode(starts, band, _words(2), _words(okvs.columns(2)))

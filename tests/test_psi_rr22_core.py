@@ -9,7 +9,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from core.psi_ot import gf128, native, okvs
+from core.psi_ot import base_ot, gf128, native, okvs, vole
 from core.psi_ot.primitives import prg_array, random_key
 
 
@@ -116,3 +116,45 @@ def test_okvs_edge_cases() -> None:
             continue
         with kernel_path(enabled), pytest.raises(okvs.OkvsError):
             okvs.encode(starts, band, _words(2), _words(okvs.columns(2)))
+
+
+# ---- silent VOLE ----------------------------------------------------------------------------
+
+
+def _base_ots(receiver_key: bytes, delta: bytes):
+    """The VOLE receiver's seed pairs and the sender's chosen seeds (choices: Delta's bits)."""
+    setup = base_ot.sender_setup(receiver_key, 1)
+    chosen = base_ot.receiver_choose(setup.message(), vole.delta_bits(delta), random_key(), 2)
+    return base_ot.sender_keys(setup, chosen.message, vole.WIDTH), chosen.keys
+
+
+def _run_vole(m: int, stream: int = 7):
+    receiver_key, delta = random_key(), random_key()
+    pairs, chosen = _base_ots(receiver_key, delta)
+    s, code_key = vole.shape(m), random_key()
+    u, cots = vole.receiver_extend(random_key(), pairs, s, stream)
+    q = vole.sender_extend(chosen, delta, u, s, stream)
+    sent = vole.sender_vole(random_key(), delta, q, s, code_key, stream)
+    a, c = vole.receiver_vole(
+        cots, sent.message["levels"], sent.message["gamma"], s, code_key, stream
+    )
+    wire = u.nbytes + len(code_key) + sum(v.nbytes for v in sent.message.values())
+    return delta, a, sent.b, c, wire, s
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["kernel", "numpy"])
+def test_vole_correlation_holds_at_every_position(enabled: bool) -> None:
+    with kernel_path(enabled):
+        delta, a, b, c, wire, s = _run_vole(5000)
+    assert a.shape == b.shape == c.shape == (5000, 2)
+    assert (c == b ^ gf128.mul_const(delta, a)).all()
+    assert len(np.unique(a, axis=0)) == 5000  # A looks uniform: no repeats, balanced bits
+    assert 0.47 < np.unpackbits(a.view(np.uint8)).mean() < 0.53
+    assert wire == vole.message_bytes(s)
+
+
+def test_vole_communication_is_sublinear() -> None:
+    per_position = [vole.message_bytes(vole.shape(1 << k)) / (1 << k) for k in (14, 17, 20)]
+    assert per_position[0] > 4 * per_position[1] > 16 * per_position[2]
+    assert vole.message_bytes(vole.shape(1 << 20)) < 1.2 * vole.message_bytes(vole.shape(1 << 17))
+    assert vole.message_bytes(vole.shape(1 << 17)) * 8 / (1 << 17) < 40  # bits per position

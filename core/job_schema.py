@@ -131,7 +131,9 @@ class PsiOptions(_Strict):
     """``psi_align`` / ``psi_align_party``."""
 
     min_rows: int = Field(100, ge=1, description="smallest intersection either party accepts")
-    protocol: Literal["kkrt", "ecdh"] = Field("kkrt", description="OT extension (KKRT16) or X25519")
+    protocol: Literal["kkrt", "rr22", "ecdh"] = Field(
+        "kkrt", description="OT extension (KKRT16), VOLE and OKVS (RR22), or X25519"
+    )
 
 
 class VerticalOptions(_Strict):

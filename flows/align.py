@@ -10,6 +10,9 @@ per bucket k:  OT-extension columns ── matrix_k ──▶
 the size (min_rows), then positions per bucket ───▶
 aligned rows                                         aligned rows   (same order on both sides)
 
+With ``protocol: "rr22"`` (tasks/psi_rr22.py) each bucket takes four messages instead of two: a
+silent VOLE (extend, vole) before R's OKVS (okvs) and S's values; the rest is the same.
+
 More (the protocol, what each party learns, why): docs/protocols/psi.md.
 """
 
@@ -27,7 +30,7 @@ from flows.local_run import run_pair
 from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from tasks import psi as steps
-from tasks import psi_kkrt
+from tasks import psi_kkrt, psi_rr22
 from tasks.loading import fingerprint
 from tasks.reporting import run_namer
 from tasks.summaries import psi_summary
@@ -131,6 +134,8 @@ def psi_align_party(
     side = steps.PsiSide.of(ref, peer, job_id)
     if result is None and options.protocol == "kkrt":
         result = psi_kkrt.run_party(side, min_rows)
+    elif result is None and options.protocol == "rr22":
+        result = psi_rr22.run_party(side, min_rows)
     elif result is None:
         steps.blind_own_ids(side)
         steps.blind_peer_ids(side)

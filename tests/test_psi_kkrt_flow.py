@@ -87,8 +87,9 @@ def test_small_intersection_is_refused_and_nothing_written(workspace: Path) -> N
 
 def test_unknown_protocol_is_refused(workspace: Path) -> None:
     a, b, _ = make_parties(workspace)
-    with pytest.raises(ParameterTypeError, match="protocol: Input should be 'kkrt' or 'ecdh'"):
-        psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="rr22")
+    expected = "protocol: Input should be 'kkrt', 'rr22' or 'ecdh'"
+    with pytest.raises(ParameterTypeError, match=expected):
+        psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="spot")
 
 
 def _both(a: dict, b: dict, job: str, workspace: str) -> list[dict]:

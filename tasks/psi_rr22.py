@@ -1,0 +1,318 @@
+"""RR22 PSI alignment (``protocol: "rr22"``), one task per party step and table or bucket;
+maths in :mod:`core.psi_ot.rr22`. The ids, digest table, buckets, job key, release and written
+table are KKRT16's (:mod:`tasks.psi_kkrt`), so both protocols align the same rows in the same
+way; only the per-bucket messages differ (four, not two: the VOLE takes one round trip).
+
+Order, pipelined one table ahead: R sends ``extend`` for table ``k + 1`` before its ``okvs``
+for table ``k``, so S computes the next VOLE while R encodes. More: docs/protocols/psi.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from prefect import get_run_logger, task
+
+from core import psi
+from core.psi_ot import rr22
+from core.psi_ot.buckets import Plan
+from storage.artifacts import ArtifactStore
+from storage.descriptor import TableRef
+from storage.party_store import PartyStore
+from tasks.policy import PARTY_STEP
+from tasks.psi import PsiSide
+from tasks.psi_kkrt import (
+    _BUCKETED,
+    _KEYS,
+    _bucket,
+    _done,
+    _insert,
+    _key,
+    _matches_table,
+    _sealed,
+    _source_digest,
+    _tables,
+    _write,
+    plan_for,
+    prepare_ids,
+    send_size,
+)
+
+#: Per-process state between a party's steps of one table, keyed by (store, job, table): R's
+#: VOLE side between extend and okvs, R's outputs and rows between okvs and match, S's share
+#: ``B`` between vole and values. A step in another process (a resumed run) recomputes them
+#: from the job key and the messages, which gives the very messages already sent.
+_RECEIVER_VOLES: dict[tuple[str, str, int], rr22.ReceiverVole] = {}
+_RECEIVER_STATES: dict[tuple[str, str, int], tuple[np.ndarray, rr22.ReceiverState]] = {}
+_SENDER_SHARES: dict[tuple[str, str, int], np.ndarray] = {}
+
+
+def _held(side: PsiSide, table: int) -> tuple[str, str, int]:
+    return (str(PartyStore.of(side.ref).path), side.job_id, table)
+
+
+@task(
+    name="psi-rr22-start", task_run_name="{side.ref.party}: own ids, sizes, base OTs", **PARTY_STEP
+)
+def start_side(side: PsiSide) -> Plan:
+    """Steps 0 to 2: own ids, the size message, the plan, then R's base-OT setup or S's
+    choices (each idempotent: a retry redoes only what had not finished)."""
+    send_size.fn(side, prepare_ids.fn(side.ref, side.job_id))
+    plan = plan_for(side)
+    key = _key(PartyStore.of(side.ref), side.job_id)
+    endpoint, peer = side.endpoint, side.peer
+    if plan.receiver:
+        endpoint.send(peer, rr22.KIND_HELLO, rr22.hello(key))
+    else:
+        hello = endpoint.receive(peer, rr22.KIND_HELLO)
+        endpoint.send(peer, rr22.KIND_REPLY, rr22.reply(key, hello, peer))
+    return plan
+
+
+def _receiver_vole(side: PsiSide, plan: Plan, table: int) -> rr22.ReceiverVole:
+    key = _key(PartyStore.of(side.ref), side.job_id)
+    reply = side.endpoint.receive(side.peer, rr22.KIND_REPLY)
+    message, kept = rr22.extend(key, reply, plan, table, side.peer)
+    side.endpoint.send(side.peer, rr22.KIND_EXTEND, message, round=table)  # idempotent
+    _RECEIVER_VOLES[_held(side, table)] = kept
+    return kept
+
+
+@task(name="psi-rr22-extend", task_run_name="{side.ref.party}: extend, table {table}", **PARTY_STEP)
+def send_extend(side: PsiSide, table: int) -> None:
+    """Step 3 (R): the correlated-OT columns of one table's VOLE."""
+    store = PartyStore.of(side.ref)
+    with store.session():
+        if ArtifactStore(store).has(_done(side.job_id, table)):
+            return
+        plan = plan_for(side)
+    _receiver_vole(side, plan, table)
+
+
+@task(name="psi-rr22-vole", task_run_name="{side.ref.party}: VOLE, table {table}", **PARTY_STEP)
+def send_vole(side: PsiSide, table: int) -> None:
+    """Step 4 (S): the VOLE message of one table; keeps its share ``B``."""
+    store = PartyStore.of(side.ref)
+    with store.session():
+        if ArtifactStore(store).has(_done(side.job_id, table)):
+            return
+        plan = plan_for(side)
+        key = _key(store, side.job_id)
+    _sender_share(side, plan, table, key)
+
+
+def _sender_share(side: PsiSide, plan: Plan, table: int, key: bytes) -> np.ndarray:
+    endpoint, peer = side.endpoint, side.peer
+    hello = endpoint.receive(peer, rr22.KIND_HELLO)
+    extend = endpoint.receive(peer, rr22.KIND_EXTEND, round=table)
+    made = rr22.sender_vole(key, hello, extend, plan, table, peer)
+    endpoint.send(peer, rr22.KIND_VOLE, made.message, round=table)
+    _SENDER_SHARES[_held(side, table)] = made.b
+    return made.b
+
+
+def _receiver_state(side: PsiSide, plan: Plan, table: int) -> tuple[np.ndarray, Any]:
+    store = PartyStore.of(side.ref)
+    with store.session():
+        key = _key(store, side.job_id)
+        rows, digests = _bucket(store, side.job_id, plan, None if plan.one_table else table)
+    kept = _RECEIVER_VOLES.pop(_held(side, table), None) or _receiver_vole(side, plan, table)
+    message = side.endpoint.receive(side.peer, rr22.KIND_VOLE, round=table)
+    okvs_message, state = rr22.encode(key, digests, kept, message, plan, table, side.peer)
+    side.endpoint.send(side.peer, rr22.KIND_OKVS, okvs_message, round=table)
+    _RECEIVER_STATES[_held(side, table)] = (rows, state)
+    return rows, state
+
+
+@task(name="psi-rr22-okvs", task_run_name="{side.ref.party}: OKVS, table {table}", **PARTY_STEP)
+def send_okvs(side: PsiSide, table: int) -> None:
+    """Step 5 (R): finish the table's VOLE, send ``P + A``; keeps its outputs."""
+    store = PartyStore.of(side.ref)
+    with store.session():
+        if ArtifactStore(store).has(_done(side.job_id, table)):
+            return
+        plan = plan_for(side)
+    _receiver_state(side, plan, table)
+
+
+@task(
+    name="psi-rr22-values", task_run_name="{side.ref.party}: values, bucket {bucket}", **PARTY_STEP
+)
+def send_values(side: PsiSide, bucket: int) -> None:
+    """Step 6 (S): ``H'`` of one bucket's items against R's table."""
+    store = PartyStore.of(side.ref)
+    artifacts = ArtifactStore(store)
+    with store.session():
+        if artifacts.has(_done(side.job_id, bucket)):
+            return
+        key = _key(store, side.job_id)
+        plan = plan_for(side)
+        _, digests = _bucket(store, side.job_id, plan, bucket)
+    table = plan.matrix_round(bucket)
+    held = _held(side, table)
+    share = _SENDER_SHARES.get(held)
+    if share is None:
+        share = _sender_share(side, plan, table, key)
+    okvs_message = side.endpoint.receive(side.peer, rr22.KIND_OKVS, round=table)
+    message = rr22.values(key, digests, share, okvs_message, plan, bucket, side.peer)
+    side.endpoint.send(side.peer, rr22.KIND_VALUES, message, round=bucket)
+    artifacts.put(_done(side.job_id, bucket), {"sent": True}, "psi-state")
+    if not plan.one_table:
+        _SENDER_SHARES.pop(held, None)
+
+
+@task(name="psi-rr22-match", task_run_name="{side.ref.party}: match, bucket {bucket}", **PARTY_STEP)
+def match_bucket(side: PsiSide, bucket: int) -> None:
+    """Step 7 (R): one bucket's matches, kept with the bucket's "done" mark."""
+    store = PartyStore.of(side.ref)
+    artifacts = ArtifactStore(store)
+    with store.session():
+        if artifacts.has(_done(side.job_id, bucket)):
+            return
+        plan = plan_for(side)
+    table = plan.matrix_round(bucket)
+    saved = _RECEIVER_STATES.get(_held(side, table)) or _receiver_state(side, plan, table)
+    rows, state = saved
+    values = side.endpoint.receive(side.peer, rr22.KIND_VALUES, round=bucket)
+    found = rr22.match(state, values, side.peer)
+    frame = pd.DataFrame({"bucket": np.full(found.result.size, bucket, dtype=np.int64)})
+    frame["pos"] = found.positions
+    frame["row"] = rows[found.result.rows]
+    with store.transaction() as con:
+        _matches_table(con, side.job_id)
+        _insert(con, _tables(side.job_id)[1], frame)
+        done = {"matched": found.result.size}
+        artifacts.put(_done(side.job_id, bucket), done, "psi-state", con=con)
+    if not plan.one_table:
+        _RECEIVER_STATES.pop(_held(side, table), None)
+
+
+def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
+    """Forget every secret of the finished job in this process, then destroy its sealed key."""
+    _KEYS.pop((str(store.path), job_id), None)
+    rr22.forget_base_ots()
+    _BUCKETED.discard((str(store.path), _tables(job_id)[0]))
+    for held in (_RECEIVER_VOLES, _RECEIVER_STATES, _SENDER_SHARES):
+        for k in [k for k in held if k[:2] == (str(store.path), job_id)]:
+            del held[k]
+    _sealed(store, job_id).destroy()
+    get_run_logger().info(
+        "%s aligned %d of %d rows into %s (RR22)",
+        ref.party,
+        summary["size"],
+        summary["own_size"],
+        summary["table"],
+    )
+
+
+@task(name="psi-rr22-release", task_run_name="{side.ref.party}: release and store", **PARTY_STEP)
+def release_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
+    """Step 7 (R), every bucket matched: the size, then (when released) a bitmap of matched
+    positions per bucket; then the aligned table. Refuses an empty or small intersection."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
+    with store.session():
+        plan = plan_for(side)
+        size = sum(int(artifacts.get(_done(job_id, b))["matched"]) for b in range(plan.buckets))
+    endpoint = side.endpoint
+    answer = {"size": size, "released": size == 0 or size >= min_rows}
+    endpoint.send(peer, rr22.KIND_RESULT, answer)
+    psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
+    source_digest = _source_digest(store, ref, job_id)
+    with store.transaction() as con:
+        _matches_table(con, job_id)
+        for bucket in range(plan.buckets):
+            positions = con.execute(
+                f'SELECT pos FROM "{_tables(job_id)[1]}" WHERE bucket = ? ORDER BY pos', [bucket]
+            ).fetchnumpy()["pos"]
+            message = rr22.matched_message(positions, plan.peer_padded)
+            endpoint.send(peer, rr22.KIND_MATCHED, message, round=bucket)
+        sizes = (size, plan.own_size, plan.peer_size)
+        summary = _write(store, ref, job_id, con, sizes, source_digest)
+    _finish(store, ref, job_id, summary)
+    return summary
+
+
+@task(name="psi-rr22-finish", task_run_name="{side.ref.party}: store aligned rows", **PARTY_STEP)
+def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
+    """Step 8 (S): own rows at the matched positions, bucket by bucket, in the same order.
+    Refuses a withheld, empty or small intersection and a bad bitmap."""
+    ref, peer, job_id = side.ref, side.peer, side.job_id
+    store = PartyStore.of(ref)
+    key = _key(store, job_id)
+    plan = plan_for(side)
+    endpoint = side.endpoint
+    result = endpoint.receive(peer, rr22.KIND_RESULT)
+    if not isinstance(result, dict) or not result.get("released", False):
+        count = result.get("size") if isinstance(result, dict) else None
+        raise psi.PeerRefusedError(
+            f"{peer} refused to release the intersection of {count!r} rows (below its "
+            "min_rows or empty)"
+        )
+    size = result.get("size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise psi.PsiError(f"the result message from {peer} gives the invalid size {size!r}")
+    psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
+    placed, source_digest = 0, _source_digest(store, ref, job_id)
+    with store.transaction() as con:
+        con.execute(f'DROP TABLE IF EXISTS "{_tables(job_id)[1]}"')  # an earlier attempt's
+        _matches_table(con, job_id)
+        for bucket in range(plan.buckets):
+            message = endpoint.receive(peer, rr22.KIND_MATCHED, round=bucket)
+            rows, _ = _bucket(store, job_id, plan, bucket)
+            positions, at = rr22.sender_rows(key, len(rows), plan, bucket, message, peer)
+            frame = pd.DataFrame({"bucket": np.full(len(at), bucket, dtype=np.int64)})
+            frame["pos"] = positions
+            frame["row"] = rows[at]
+            _insert(con, _tables(job_id)[1], frame)
+            placed += len(at)
+        if placed != size:
+            raise psi.PsiError(
+                f"{peer} announced {size} shared rows but marked {placed} positions: refused"
+            )
+        summary = _write(
+            store, ref, job_id, con, (size, plan.own_size, plan.peer_size), source_digest
+        )
+    _finish(store, ref, job_id, summary)
+    return summary
+
+
+# ---- whole sides -----------------------------------------------------------------------------
+
+Step = Callable[..., Any]
+
+
+def _call(step: Any, *args: Any) -> Any:
+    return step(*args)
+
+
+def party_side(side: PsiSide, min_rows: int, call: Step = _call) -> dict[str, Any]:
+    """One party's whole side in its role's order (``call`` as in
+    :func:`tasks.psi_kkrt.party_side`), the party's database open throughout."""
+    with PartyStore.of(side.ref).session():
+        plan = call(start_side, side)
+        tables = 1 if plan.one_table else plan.buckets
+        if plan.receiver:
+            call(send_extend, side, 0)
+            for bucket in range(plan.buckets):
+                if bucket + 1 < tables:  # the next VOLE starts before this table's OKVS
+                    call(send_extend, side, bucket + 1)
+                if bucket < tables:
+                    call(send_okvs, side, bucket)
+                call(match_bucket, side, bucket)
+            return call(release_and_store, side, min_rows)
+        call(send_vole, side, 0)
+        for bucket in range(plan.buckets):
+            if bucket + 1 < tables:
+                call(send_vole, side, bucket + 1)
+            call(send_values, side, bucket)
+        return call(finish_and_store, side, min_rows)
+
+
+def run_party(side: PsiSide, min_rows: int) -> dict[str, Any]:
+    """One party's whole side (for ``psi_align_party``)."""
+    return party_side(side, min_rows)

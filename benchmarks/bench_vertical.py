@@ -63,6 +63,7 @@ from core.vertical_lr.reference import train_reference, with_intercept
 from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import Optimizer
 from federation.channel import Channel, FileTransport, PartyEndpoint
+from flows.vertical_lr import vertical_lr
 from storage.artifacts import ArtifactStore
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
@@ -323,8 +324,6 @@ def flow_epoch(
     """One epoch of the real ``vertical_lr`` flow (arbiter, one host, key generation and
     hold-out loss included) in a fresh workspace, and, with ``pooled``, the preparation done
     ahead of the run (key pair and pools)."""
-    from flows.vertical_lr import vertical_lr
-
     with tempfile.TemporaryDirectory() as folder:
         workspace = Path(folder)
         guest_ref = TableRef(
@@ -521,7 +520,8 @@ def credit_epoch(randomizer: str, pool: str, packing: str) -> None:
 @flow(name="bench-vertical-warm-up")
 def server_warm_up() -> None:
     """Nothing: calling it starts the local Prefect server, a one-off per process that must
-    not be timed (nor scaled with rows) as part of an epoch."""
+    not be timed (nor scaled with rows) as part of an epoch. ``flows`` is imported by then, so
+    the server starts as a privreg run starts it (``flows/runtime.py``), not Prefect's way."""
 
 
 def main() -> None:

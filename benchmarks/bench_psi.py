@@ -1,8 +1,8 @@
-"""PSI throughput and memory: privreg's KKRT16 OT-extension protocol (the default) and its X25519
-ECDH protocol beside openmined-psi, in the same run.
+"""PSI throughput and memory: privreg's KKRT16 OT-extension protocol (the default), its RR22
+VOLE/OKVS protocol and its X25519 ECDH protocol beside openmined-psi, in the same run.
 
 Usage: python benchmarks/bench_psi.py [--size N] [--small M] [--repeats R] [--no-baseline]
-                                      [--no-ecdh] [--bucket-ids B]
+                                      [--no-ecdh] [--no-rr22] [--bucket-ids B]
 
 Party ``a`` has M ids (default N), party ``b`` N ids; they share M / 2. "ids/s" counts both sets
 per second of the whole protocol, as openmined-psi's published figure does.
@@ -16,6 +16,9 @@ per second of the whole protocol, as openmined-psi's published figure does.
   each side's digest of its aligned table (ids and row order) must be equal. Per party: CPU
   seconds (its process and its hashing pool), peak resident memory, bytes sent and received
   as the channel stored them.
+* privreg RR22 (``protocol: "rr22"``): the same two processes, running ``tasks.psi_rr22``.
+  "bits/id" is 8 x the bytes both parties sent (as the channel stored them, framing included)
+  per id of the larger set: the issue's target is at most 300.
 * privreg X25519 ECDH: both parties' steps in this process, from the ids in memory.
 * SecretFlow's RR22 and KKRT16 (``spu`` 0.9.5, libpsi) at 100k and 1M, balanced sets only: two
   processes over loopback, both learn, run from spu's own virtualenv (``make bench-psi`` makes
@@ -182,17 +185,25 @@ def _watch_phases() -> Phases:
 
 
 def _kkrt_party(
-    party: str, peer: str, database: str, root: str, out, go, with_phases: bool = False
+    party: str,
+    peer: str,
+    database: str,
+    root: str,
+    out,
+    go,
+    with_phases: bool = False,
+    protocol: str = "kkrt",
 ) -> None:
-    """One party's whole side, as ``psi_align_party`` runs it (steps called directly); its
-    clock and CPU count start once its modules are imported and both parties are ready."""
+    """One party's whole side, as ``psi_align_party`` runs it (steps called directly; KKRT16
+    or RR22 by ``protocol``); its clock and CPU count start once its modules are imported
+    and both parties are ready."""
     from prefect.logging import disable_run_logger
 
     from federation.channel import Channel
     from federation.workspace import channel_for
     from storage.descriptor import TableRef
     from storage.party_store import PartyStore
-    from tasks import psi_kkrt
+    from tasks import psi_kkrt, psi_rr22
     from tasks.psi import PsiSide
 
     ref = TableRef(database, "ids", party=party)
@@ -202,7 +213,8 @@ def _kkrt_party(
     start, started = _cpu(), time.perf_counter()
     with disable_run_logger():
         side = PsiSide(ref, peer, Channel(root, "bench").endpoint(party))
-        summary = psi_kkrt.party_side(side, 1, call=lambda step, *args: step.fn(*args))
+        steps = psi_rr22 if protocol == "rr22" else psi_kkrt
+        summary = steps.party_side(side, 1, call=lambda step, *args: step.fn(*args))
     cpu, peak = _cpu() - start, _peak_mib()
     timed = [sum(t[i] for t in phases.totals.values()) for i in (0, 1)]
     phases.totals["other (task code, transactions, Python)"] = [
@@ -221,7 +233,7 @@ def _kkrt_party(
     out.put((party, receiver, summary["own_size"], order, cpu, peak, totals, phases.totals))
 
 
-def run_kkrt(small: int, size: int, with_phases: bool = False) -> Run:
+def run_kkrt(small: int, size: int, with_phases: bool = False, protocol: str = "kkrt") -> Run:
     import duckdb
 
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited memory
@@ -234,7 +246,8 @@ def run_kkrt(small: int, size: int, with_phases: bool = False) -> Run:
         out, go = context.Queue(), context.Event()
         processes = [
             context.Process(
-                target=_kkrt_party, args=(p, q, databases[p], root, out, go, with_phases)
+                target=_kkrt_party,
+                args=(p, q, databases[p], root, out, go, with_phases, protocol),
             )
             for p, q in (("a", "b"), ("b", "a"))
         ]
@@ -328,6 +341,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-baseline", action="store_true", help="skip openmined-psi")
     parser.add_argument("--no-ecdh", action="store_true", help="skip privreg's ECDH")
+    parser.add_argument("--no-rr22", action="store_true", help="skip privreg's RR22")
     parser.add_argument("--bucket-ids", type=int, help="KKRT ids per bucket (default: privreg's)")
     parser.add_argument(
         "--phases", action="store_true", help="time each KKRT party's phases (last run)"
@@ -342,6 +356,9 @@ def main() -> None:
             lambda small, n: run_kkrt(small, n, args.phases)
         )
     }
+    if not args.no_rr22:
+        name = "privreg RR22, 2 party processes over the channel (both learn)"
+        runners[name] = lambda small, n: run_kkrt(small, n, protocol="rr22")
     if not args.no_ecdh:
         runners["privreg X25519 ECDH, one process (both learn)"] = run_ecdh
     runs: dict[str, list[Run]] = {name: [] for name in runners}
@@ -352,8 +369,8 @@ def main() -> None:
             runs[name].append(outcome)
     peer_rows = peer_rows_for(small, n, args.repeats, not args.no_baseline)
     print(f"\n### PSI, {small:,} x {n:,} ids, {small // 2:,} shared, median of {args.repeats}\n")
-    print("| implementation | median s | ids/s | cpu s | peak MiB | wire bytes/id |")
-    print("|---|---|---|---|---|---|")
+    print("| implementation | median s | ids/s | cpu s | peak MiB | wire bytes/id | bits/id |")
+    print("|---|---|---|---|---|---|---|")
     for name, samples in runs.items():
         median = statistics.median(r.seconds for r in samples)
         cpu = statistics.median(r.cpu for r in samples)
@@ -361,10 +378,10 @@ def main() -> None:
         wire = samples[0].wire_bytes / n
         print(
             f"| {name} | {median:.2f} | {(small + n) / median:,.0f} | {cpu:.1f} | {peak:,.0f} "
-            f"| {wire:.1f} |"
+            f"| {wire:.1f} | {8 * wire:.0f} |"
         )
-    for row in peer_rows:
-        print("| " + " | ".join(row) + " |")
+    for row in peer_rows:  # the peers' rows have no bits/id (their wire is not counted here)
+        print("| " + " | ".join(row + [""] * (7 - len(row))) + " |")
     kkrt_runs = next(iter(runs.values()))
     idle = max(r.idle_mib for r in kkrt_runs)
     print(

@@ -9,9 +9,10 @@ import contextlib
 import numpy as np
 import pytest
 
+from core import psi
 from core.psi_ot import base_ot, buckets, gf128, native, okvs, rr22, vole
 from core.psi_ot import protocol as kkrt_psi
-from core.psi_ot.primitives import prg_array, random_key
+from core.psi_ot.primitives import prg_array, random_key, random_permutation
 
 
 @contextlib.contextmanager
@@ -252,3 +253,55 @@ def test_rr22_sends_at_most_300_bits_per_element() -> None:
     wire = _check(a, b)
     bits = 8 * wire / n
     assert bits <= 300, bits
+
+
+def test_rr22_on_the_numpy_path_equals_the_plaintext_intersection() -> None:
+    with kernel_path(False):
+        _check(list(range(700)), list(range(350, 1500)), bucket_ids=600)
+
+
+def _one_bucket(a: list[object], b: list[object]):
+    """Both sides of a one-bucket job up to S's values: (keys, digests, plans, messages)."""
+    keys = {"r": random_key(), "s": random_key()}
+    digests = {"r": kkrt_psi.item_digests(a, "r"), "s": kkrt_psi.item_digests(b, "s")}
+    plans = {
+        "r": kkrt_psi.plan("r", "s", len(a), 1 << 17, kkrt_psi.size_message(len(b), 1 << 17)),
+        "s": kkrt_psi.plan("s", "r", len(b), 1 << 17, kkrt_psi.size_message(len(a), 1 << 17)),
+    }
+    hello = rr22.hello(keys["r"])
+    reply = rr22.reply(keys["s"], hello, "r")
+    extend, kept = rr22.extend(keys["r"], reply, plans["r"], 0, "s")
+    made = rr22.sender_vole(keys["s"], hello, extend, plans["s"], 0, "r")
+    table, state = rr22.encode(keys["r"], digests["r"], kept, made.message, plans["r"], 0, "s")
+    values = rr22.values(keys["s"], digests["s"], made.b, table, plans["s"], 0, "r")
+    messages = {"extend": extend, "vole": made.message, "okvs": table, "values": values}
+    return keys, digests, plans, state, made, messages
+
+
+def test_malformed_or_forged_messages_are_refused_naming_the_peer() -> None:
+    keys, digests, plans, state, made, sent = _one_bucket(list(range(60)), list(range(30, 100)))
+    short = {"u": sent["extend"]["u"][:, :-1], "code_key": sent["extend"]["code_key"]}
+    with pytest.raises(psi.PsiError, match=r"extend message from r .* u must be uint8"):
+        rr22.sender_vole(keys["s"], rr22.hello(keys["r"]), short, plans["s"], 0, "r")
+    cut = {"okvs_key": sent["okvs"]["okvs_key"], "table": sent["okvs"]["table"][:-1]}
+    with pytest.raises(psi.PsiError, match="okvs message from r is malformed or truncated"):
+        rr22.values(keys["s"], digests["s"], made.b, cut, plans["s"], 0, "r")
+    repeated = sent["values"]["values"].copy()
+    repeated[5] = repeated[9]
+    with pytest.raises(psi.PsiError, match="values message from s repeats a value"):
+        rr22.match(state, {"values": repeated}, "s")
+    found = rr22.match(state, sent["values"], "s")
+    assert found.result.size == 30
+    bitmap = rr22.matched_message(found.positions, plans["r"].peer_padded)["matched"]
+    positions, rows = rr22.sender_rows(keys["s"], 70, plans["s"], 0, {"matched": bitmap}, "r")
+    assert (positions == found.positions).all() and sorted(rows) == list(range(30))
+    padding = bitmap.copy()
+    padding[-1] |= 0x80  # 70 positions: the last byte's top bit lies past them
+    with pytest.raises(psi.PsiError, match="marks padding bits"):
+        rr22.sender_rows(keys["s"], 70, plans["s"], 0, {"matched": padding}, "r")
+    order = random_permutation(keys["s"], 70, rr22._stream(rr22._PERMUTATION, 0))
+    last = np.zeros(70, dtype=np.uint8)
+    last[int(np.flatnonzero(order == 69)[0])] = 1  # the position of S's row 69
+    dummy = {"matched": np.packbits(last, bitorder="little")}
+    with pytest.raises(psi.PsiError, match="names a dummy"):  # were row 69 a padding dummy
+        rr22.sender_rows(keys["s"], 69, plans["s"], 0, dummy, "r")

@@ -33,13 +33,25 @@ def peer_python(name: str) -> Path:
     return PEERS / name / "bin" / "python"
 
 
+def absent(name: str, target: str) -> str | None:
+    """A row's note when ``var/peers/<name>`` is missing (``target`` installs it), else None."""
+    if peer_python(name).exists():
+        return None
+    return f"not measured: run `make {target}` (it installs {name} first)"
+
+
+def peer_command(name: str, driver: str, args: list[str]) -> list[str]:
+    """The command running ``benchmarks/peers/<driver>`` with ``var/peers/<name>``'s python
+    (a caller may run it elsewhere, e.g. inside a network namespace)."""
+    return [str(peer_python(name)), str(Path(__file__).with_name(driver)), *args]
+
+
 def run_peer(name: str, driver: str, args: list[str], target: str, timeout: float) -> PeerResult:
     """Run ``benchmarks/peers/<driver>`` with ``var/peers/<name>``'s python; its stderr goes
     to ours only when it fails (the peers log plenty)."""
-    python = peer_python(name)
-    if not python.exists():
-        return PeerResult(None, f"not measured: run `make {target}` (it installs {name} first)")
-    command = [str(python), str(Path(__file__).with_name(driver)), *args]
+    if note := absent(name, target):
+        return PeerResult(None, note)
+    command = peer_command(name, driver, args)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:

@@ -92,6 +92,7 @@ def test_the_sdist_holds_the_kernels_source_and_the_demo_but_no_built_kernel(
     with tarfile.open(installed.sdist) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     assert "core/paillier/_montgomery.c" in names
+    assert "core/psi_ot/_band.c" in names
     assert set(bundled.demo_files(ROOT)) <= names
     assert not [name for name in names if name.endswith((".so", ".pyd"))]
 
@@ -142,6 +143,18 @@ def test_the_wheel_runs_its_own_kernel_and_gmpy2_without_it(
         for moved, kernel in zip(aside, kernels, strict=True):
             moved.rename(kernel)
     assert fallback == ["False", "None"]
+
+
+def test_the_wheel_runs_its_own_psi_kernel(installed: Installed, tmp_path: Path) -> None:
+    """The RR22 kernel, when the wheel has one, loads from the install (not a checkout)."""
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        built = [n for n in wheel.namelist() if n.startswith("core/psi_ot/_band.")]
+    code = "from core.psi_ot import native; print(native.available())"
+    assert installed.run("python", "-c", code, cwd=tmp_path).strip() == str(bool(built))
+    if built:
+        code = "from core.psi_ot import _band; print(_band.__file__)"
+        loaded = Path(installed.run("python", "-c", code, cwd=tmp_path).strip())
+        assert loaded in [installed.site / name for name in built]
 
 
 def test_privreg_demo_writes_its_folder_and_runs_a_bundled_job_there(

@@ -1,9 +1,10 @@
 /* Inner loops of the VOLE-based PSI that numpy cannot vectorise (see core/psi_ot/native.py):
- * the banded OKVS's elimination and back-substitution, its decoding, and the sparse
- * gather-XOR of the expand-accumulate code. Elements are 128-bit values as two uint64 words
- * (low first); a band is 128 bits, bit k for column start + k. Each function does exactly what
- * its numpy/Python twin in core/psi_ot/okvs.py or core/psi_ot/vole.py does, so both give the
- * same bytes. The GIL is released around every loop. */
+ * the banded OKVS's elimination and back-substitution, its decoding, the sparse gather-XOR
+ * of the expand-accumulate code, and GF(2^128) products by one constant from byte tables.
+ * Elements are 128-bit values as two uint64 words (low first); a band is 128 bits, bit k for
+ * column start + k. Each function does exactly what its numpy/Python twin in
+ * core/psi_ot/okvs.py, vole.py or gf128.py does, so both give the same bytes. The GIL is
+ * released around every loop. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -146,10 +147,34 @@ static PyObject *gather_xor(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* mul_tables(tables u128[16 * 256], values u128[n], out u128[n]): out[i] = xor over byte
+ * positions j of tables[j][byte j of values[i]], a product by the tables' constant. */
+static PyObject *mul_tables(PyObject *self, PyObject *args) {
+    Py_buffer tables_b, values_b, out_b;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &tables_b, &values_b, &out_b)) return NULL;
+    const u128 *tables = tables_b.buf;
+    const uint8_t *values = values_b.buf;
+    u128 *out = out_b.buf;
+    Py_ssize_t n = out_b.len / 16;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t lo = 0, hi = 0;
+        for (int j = 0; j < 16; j++) {
+            const u128 *t = tables + 256 * j + values[16 * i + j];
+            lo ^= t->lo; hi ^= t->hi;
+        }
+        out[i].lo = lo; out[i].hi = hi;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&tables_b); PyBuffer_Release(&values_b); PyBuffer_Release(&out_b);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"encode", encode, METH_VARARGS, "Banded OKVS elimination and back-substitution."},
     {"decode", decode, METH_VARARGS, "Banded OKVS decoding."},
     {"gather_xor", gather_xor, METH_VARARGS, "XOR of w gathered 128-bit values per output."},
+    {"mul_tables", mul_tables, METH_VARARGS, "GF(2^128) products by one constant's tables."},
     {NULL, NULL, 0, NULL},
 };
 

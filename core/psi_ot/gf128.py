@@ -5,12 +5,15 @@ modulo ``x^128 + x^7 + x^2 + x + 1`` (the GCM polynomial, here in plain bit orde
 elements are ``(n, 2)`` uint64 (low word first), the same bytes as ``(n, 16)`` uint8, so a row
 of an OT-extension matrix *is* a field element. Addition is XOR. The only products the PSI
 needs are by one fixed secret (``Delta``) over many elements, done with 16 byte-indexed tables
-(:func:`mul_const`), and by ``x`` (:func:`mul_x`).
+(:func:`mul_const`; in the optional C kernel when built, :mod:`.native`), and by ``x``
+(:func:`mul_x`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from core.psi_ot import native
 
 _REDUCTION = 0x87  # x^7 + x^2 + x + 1
 _MASK = (1 << 128) - 1
@@ -69,6 +72,10 @@ def mul_const(constant: bytes, values: np.ndarray) -> np.ndarray:
     tables = _tables(constant)
     data = np.ascontiguousarray(values).view(np.uint8).reshape(-1, 16)
     out = np.zeros((len(data), 2), dtype=np.uint64)
+    kernel = native.kernel()
+    if kernel is not None:
+        kernel.mul_tables(tables, data, out)
+        return out
     for j in range(16):
         out ^= tables[j][data[:, j]]
     return out

@@ -2,10 +2,12 @@
 
 Why: the banded OKVS is solved by Gaussian elimination row after row, and each decode XORs a
 data-dependent set of about 64 table entries; numpy cannot vectorise the first and pays 128
-passes for the second. The kernel does both, and the expand-accumulate code's gather-XOR, with
-the GIL released. It is built by ``pip install -e .`` where a C compiler is present; without it
-(or with ``PRIVREG_PURE_PYTHON=1``) the Python/numpy twins in :mod:`.okvs` and :mod:`.vole`
-run and give the same bytes. :func:`set_enabled` switches paths in-process (tests, benchmarks).
+passes for the second. The kernel does both, the expand-accumulate code's gather-XOR and the
+table products by ``Delta`` (16 numpy gathers per element otherwise), with the GIL released.
+It is built by ``pip install -e .`` where a C compiler is present; without it (or with
+``PRIVREG_PURE_PYTHON=1``) the Python/numpy twins in :mod:`.okvs`, :mod:`.vole` and
+:mod:`.gf128` run and give the same bytes. :func:`set_enabled` switches paths in-process
+(tests, benchmarks).
 """
 
 from __future__ import annotations

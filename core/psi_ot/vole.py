@@ -255,8 +255,9 @@ def receiver_vole(
     leaves[trees, path] = gamma_words ^ np.bitwise_xor.reduce(leaves, axis=1) ^ c_base
     noise = np.zeros((s.noise, s.leaves, 2), dtype=np.uint64)
     noise[trees, path] = betas
-    a = compress(code_key, noise.reshape(-1, 2), s.m)
-    c = compress(code_key, leaves.reshape(-1, 2), s.m)
+    positions = code_positions(code_key, s.length, s.m)  # drawn once for both
+    a = compress(code_key, noise.reshape(-1, 2), s.m, positions)
+    c = compress(code_key, leaves.reshape(-1, 2), s.m, positions)
     return a, c
 
 
@@ -269,10 +270,14 @@ def code_positions(code_key: bytes, length: int, m: int) -> np.ndarray:
     return (raw % np.uint32(length)).astype(np.int64).reshape(m, EXPANDER)
 
 
-def compress(code_key: bytes, values: np.ndarray, m: int) -> np.ndarray:
-    """The code's transpose on ``(N, 2)`` uint64: accumulate (prefix XOR), then expand."""
+def compress(
+    code_key: bytes, values: np.ndarray, m: int, positions: np.ndarray | None = None
+) -> np.ndarray:
+    """The code's transpose on ``(N, 2)`` uint64: accumulate (prefix XOR), then expand
+    (``positions``: :func:`code_positions` of the same key, when the caller has them)."""
     accumulated = np.ascontiguousarray(np.bitwise_xor.accumulate(values, axis=0))
-    positions = code_positions(code_key, len(values), m)
+    if positions is None:
+        positions = code_positions(code_key, len(values), m)
     kernel = native.kernel()
     if kernel is not None:
         out = np.empty((m, 2), dtype=np.uint64)

@@ -16,6 +16,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+PROTOCOL_VERSION = 1
+"""privreg's wire protocol, part of every job's terms: bumped whenever a protocol's messages
+change so that a party of an older release cannot follow them. Parties of different versions
+are then refused at agreement, naming both versions, rather than left waiting for a message
+the other side no longer sends. (Terms without it come from a release before it existed.)"""
+
 PRIVATE_FIELDS = (("source",), ("table", "database"))
 """Per-party entries that are an organisation's own business: paths inside its folder."""
 
@@ -53,7 +59,20 @@ def job_terms(kind: str, spec: dict[str, Any], run: str | None) -> dict[str, Any
             for step in path[:-1]:
                 holder = holder.get(step, {})
             holder.pop(path[-1], None)
-    return {"kind": kind, "run": run or "", "job": terms}
+    return {"protocol": PROTOCOL_VERSION, "kind": kind, "run": run or "", "job": terms}
+
+
+def protocol_mismatch(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """Why two parties' terms cannot be compared option by option: they come from releases
+    that speak different protocol versions (None when the versions are equal)."""
+    if theirs.get("protocol") == mine.get("protocol"):
+        return None
+    heard = theirs.get("protocol")
+    version = "a release before protocol versions" if heard is None else f"protocol {heard}"
+    return (
+        f"it speaks {version}, this party protocol {mine.get('protocol')}: run the same privreg "
+        "release (or one of the same protocol version) at every party"
+    )
 
 
 def digest(terms: dict[str, Any]) -> str:

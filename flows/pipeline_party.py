@@ -32,7 +32,7 @@ from prefect.states import Crashed
 
 from core.job_files import read_job
 from core.job_schema import KINDS, job_kind
-from core.job_terms import differences, digest, job_terms
+from core.job_terms import differences, digest, job_terms, protocol_mismatch
 from core.lifetime import alive
 from core.preprocessing import PreprocessingSpec
 from federation import watchers
@@ -483,14 +483,18 @@ def agree(jobs: list[PartyJob], sides: dict[str, Federation]) -> None:
             except MessageConflictError:
                 raise TermsMismatchError(
                     f"{job.party} refuses job {job.name}: it agreed to other terms for this "
-                    f"run before (its job file changed since); start a new run (--run) instead"
+                    f"run before (its job file, or privreg's protocol version, changed since); "
+                    f"start a new run (--run) instead"
                 ) from None
     for job in jobs:
         if (side := sides.get(job.name)) is None:
             continue
         endpoint = channel_for(job.job_id("terms")).endpoint(job.party)
         for peer in side.peers:
-            found = differences(mine[job.name], endpoint.receive(peer, "terms"))
+            theirs = endpoint.receive(peer, "terms")
+            if (mismatch := protocol_mismatch(mine[job.name], theirs)) is not None:
+                raise TermsMismatchError(f"{job.party} refuses job {job.name}: {peer}: {mismatch}")
+            found = differences(mine[job.name], theirs)
             if found:
                 raise TermsMismatchError(
                     f"{job.party} refuses job {job.name}: the terms of {peer} differ: "

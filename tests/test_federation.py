@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from core.job_files import read_job
-from core.job_terms import differences, digest, job_terms
+from core.job_terms import PROTOCOL_VERSION, differences, digest, job_terms, protocol_mismatch
 from core.lifetime import descendants
 from demo.orgs import Org, env_of, serve_all, start, stop_all
 from demo.parties import SMALL_KEYS, prepare, small_main_job
@@ -51,6 +51,18 @@ def test_terms_leave_out_private_paths_and_name_each_difference() -> None:
         "job.walr.clip_norm: clinic has 4.0, lab has (not set)",
     ]
     assert digest(job_terms("main", spec, "nightly")) != digest(job_terms("main", spec, None))
+
+
+def test_terms_of_another_protocol_version_are_refused_naming_both_versions() -> None:
+    spec = read_job(ROOT / "jobs/demo.json")
+    mine = job_terms("main", spec, None)
+    assert mine["protocol"] == PROTOCOL_VERSION and protocol_mismatch(mine, mine) is None
+    newer = {**mine, "protocol": PROTOCOL_VERSION + 1}
+    assert f"protocol {PROTOCOL_VERSION + 1}, this party protocol {PROTOCOL_VERSION}" in str(
+        protocol_mismatch(mine, newer)
+    )
+    older = {k: v for k, v in mine.items() if k != "protocol"}  # a release before versions
+    assert "a release before protocol versions" in str(protocol_mismatch(mine, older))
 
 
 # ---- one process: the shared folder ----------------------------------------------------------

@@ -157,6 +157,15 @@ def test_vole_correlation_holds_at_every_position(enabled: bool) -> None:
     assert wire == vole.message_bytes(s)
 
 
+def test_code_kernel_and_numpy_paths_give_the_same_outputs() -> None:
+    code_key, values = random_key(), _words(3000)
+    with kernel_path(True):
+        fast = vole.compress(code_key, values, 1000)
+    with kernel_path(False):
+        slow = vole.compress(code_key, values, 1000)
+    assert (fast == slow).all()
+
+
 def test_vole_communication_is_sublinear() -> None:
     per_position = [vole.message_bytes(vole.shape(1 << k)) / (1 << k) for k in (14, 17, 20)]
     assert per_position[0] > 4 * per_position[1] > 16 * per_position[2]

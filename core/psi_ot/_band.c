@@ -123,27 +123,28 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* gather_xor(source u128[N], indices int64[m * w], out u128[m], w): out[i] = xor of
- * source[indices[i * w + k]] over k. */
+/* gather_xor(source u128[N], draws uint32[m * w], out u128[m], w): out[i] = xor of
+ * source[(draws[i * w + k] * N) >> 32] over k (a draw scaled to [0, N)). */
 static PyObject *gather_xor(PyObject *self, PyObject *args) {
-    Py_buffer source_b, index_b, out_b;
+    Py_buffer source_b, draws_b, out_b;
     Py_ssize_t w;
-    if (!PyArg_ParseTuple(args, "y*y*w*n", &source_b, &index_b, &out_b, &w)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*w*n", &source_b, &draws_b, &out_b, &w)) return NULL;
     const u128 *source = source_b.buf;
-    const int64_t *index = index_b.buf;
+    const uint32_t *draws = draws_b.buf;
     u128 *out = out_b.buf;
     Py_ssize_t m = out_b.len / 16;
+    uint64_t length = (uint64_t)(source_b.len / 16);
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < m; i++) {
         uint64_t lo = 0, hi = 0;
         for (Py_ssize_t k = 0; k < w; k++) {
-            const u128 *s = source + index[i * w + k];
+            const u128 *s = source + (((uint64_t)draws[i * w + k] * length) >> 32);
             lo ^= s->lo; hi ^= s->hi;
         }
         out[i].lo = lo; out[i].hi = hi;
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&source_b); PyBuffer_Release(&index_b); PyBuffer_Release(&out_b);
+    PyBuffer_Release(&source_b); PyBuffer_Release(&draws_b); PyBuffer_Release(&out_b);
     Py_RETURN_NONE;
 }
 

@@ -24,7 +24,8 @@ Scholl ("Efficient Pseudorandom Correlation Generators: Silent OT Extension and 
 4. *Compression* by the transpose of an expand-accumulate code (Boyle, Couteau, Gilboa, Ishai,
    Kohl, Resch, Scholl, "Correlated Pseudorandomness from Expand-Accumulate Codes", CRYPTO
    2022): prefix-XOR the ``N = t L >= 2 m`` positions, then output ``j`` is the XOR of
-   ``W = 40`` positions drawn from a public code key (:func:`compress`). Linear, so the
+   ``W = 40`` positions drawn from a public code key (:func:`compress`; a 32-bit draw scaled
+   to ``[0, N)``, whose bias, below ``N / 2^32``, only skews a public code). Linear, so the
    sparse correlation becomes ``C = B + A Delta`` with ``A`` the compressed noise,
    pseudorandom under dual LPN for that code.
 
@@ -255,34 +256,37 @@ def receiver_vole(
     leaves[trees, path] = gamma_words ^ np.bitwise_xor.reduce(leaves, axis=1) ^ c_base
     noise = np.zeros((s.noise, s.leaves, 2), dtype=np.uint64)
     noise[trees, path] = betas
-    positions = code_positions(code_key, s.length, s.m)  # drawn once for both
-    a = compress(code_key, noise.reshape(-1, 2), s.m, positions)
-    c = compress(code_key, leaves.reshape(-1, 2), s.m, positions)
+    draws = code_draws(code_key, s.m)  # drawn once for both
+    a = compress(code_key, noise.reshape(-1, 2), s.m, draws)
+    c = compress(code_key, leaves.reshape(-1, 2), s.m, draws)
     return a, c
 
 
 # ---- the expand-accumulate code -------------------------------------------------------------
 
 
-def code_positions(code_key: bytes, length: int, m: int) -> np.ndarray:
-    """The ``W`` positions (of ``N = length``) XORed into each of the ``m`` outputs."""
-    raw = np.frombuffer(prg(code_key, 4 * m * EXPANDER, _CODE), dtype="<u4")
-    return (raw % np.uint32(length)).astype(np.int64).reshape(m, EXPANDER)
+def code_draws(code_key: bytes, m: int) -> np.ndarray:
+    """``(m, W)`` uint32 draws of the public code key: output ``j`` XORs the accumulated
+    positions ``floor(draws[j] N / 2^32)`` (scaled where they are used)."""
+    return np.frombuffer(prg(code_key, 4 * m * EXPANDER, _CODE), dtype="<u4").reshape(m, EXPANDER)
 
 
 def compress(
-    code_key: bytes, values: np.ndarray, m: int, positions: np.ndarray | None = None
+    code_key: bytes, values: np.ndarray, m: int, draws: np.ndarray | None = None
 ) -> np.ndarray:
     """The code's transpose on ``(N, 2)`` uint64: accumulate (prefix XOR), then expand
-    (``positions``: :func:`code_positions` of the same key, when the caller has them)."""
+    (``draws``: :func:`code_draws` of the same key, when the caller has them)."""
     accumulated = np.ascontiguousarray(np.bitwise_xor.accumulate(values, axis=0))
-    if positions is None:
-        positions = code_positions(code_key, len(values), m)
+    if draws is None:
+        draws = code_draws(code_key, m)
+    if len(accumulated) >= 1 << 32:
+        raise ValueError("the code's length must fit 32 bits")
     kernel = native.kernel()
     if kernel is not None:
         out = np.empty((m, 2), dtype=np.uint64)
-        kernel.gather_xor(accumulated, positions, out, EXPANDER)
+        kernel.gather_xor(accumulated, np.ascontiguousarray(draws), out, EXPANDER)
         return out
+    positions = (draws.astype(np.uint64) * np.uint64(len(accumulated))) >> np.uint64(32)
     out = accumulated[positions[:, 0]].copy()
     for k in range(1, EXPANDER):
         out ^= accumulated[positions[:, k]]

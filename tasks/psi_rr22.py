@@ -3,8 +3,10 @@ maths in :mod:`core.psi_ot.rr22`. The ids, digest table, buckets, job key, relea
 table are KKRT16's (:mod:`tasks.psi_kkrt`), so both protocols align the same rows in the same
 way; only the per-bucket messages differ (four, not two: the VOLE takes one round trip).
 
-Order, pipelined one table ahead: R sends ``extend`` for table ``k + 1`` before its ``okvs``
-for table ``k``, so S computes the next VOLE while R encodes. More: docs/protocols/psi.md.
+Order, pipelined: R sends ``extend`` two tables ahead and ``okvs`` one table ahead of its
+match (``okvs`` of table ``k + 1`` before matching bucket ``k``), and S sends ``vole`` of table
+``k + 1`` before its values of bucket ``k``, so each party computes while the other does.
+More: docs/protocols/psi.md.
 """
 
 from __future__ import annotations
@@ -296,13 +298,15 @@ def party_side(side: PsiSide, min_rows: int, call: Step = _call) -> dict[str, An
     with PartyStore.of(side.ref).session():
         plan = call(start_side, side)
         tables = 1 if plan.one_table else plan.buckets
-        if plan.receiver:
-            call(send_extend, side, 0)
+        if plan.receiver:  # R runs ahead: okvs k + 1 while S computes values k
+            for table in range(min(2, tables)):
+                call(send_extend, side, table)
+            call(send_okvs, side, 0)
             for bucket in range(plan.buckets):
-                if bucket + 1 < tables:  # the next VOLE starts before this table's OKVS
-                    call(send_extend, side, bucket + 1)
-                if bucket < tables:
-                    call(send_okvs, side, bucket)
+                if bucket + 2 < tables:
+                    call(send_extend, side, bucket + 2)
+                if bucket + 1 < tables:
+                    call(send_okvs, side, bucket + 1)
                 call(match_bucket, side, bucket)
             return call(release_and_store, side, min_rows)
         call(send_vole, side, 0)

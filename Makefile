@@ -116,10 +116,11 @@ bench-party-jobs: $(STAMP)
 	$(BIN)/python benchmarks/bench_party_jobs.py
 
 # PSI, vertical LR, horizontal LR, WALR, label DP and sparse LDA with every organisation in its
-# own network namespace, at LAN, WAN and far WAN (tbf and a delaying relay, benchmarks/wan.py);
-# needs root (~20 min); one protocol: BENCH_WAN_ARGS="--only walr --repeats 1"
+# own network namespace, at LAN, WAN and far WAN (tbf and a delaying relay, benchmarks/wan.py),
+# spu's RR22 and KKRT PSI beside privreg's in the same namespaces; needs root (~20 min); one
+# protocol: BENCH_WAN_ARGS="--only walr --repeats 1"
 BENCH_WAN_ARGS ?= --repeats 3 --psi-size 100000 --psi-large 1000000
-bench-wan: $(STAMP)
+bench-wan: $(STAMP) peer-spu
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python benchmarks/bench_wan.py $(BENCH_WAN_ARGS)
 

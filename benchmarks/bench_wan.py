@@ -1,8 +1,8 @@
 """Every protocol between organisations on their own hosts, at LAN, WAN and far WAN.
 
-Usage: python benchmarks/bench_wan.py [--repeats 3] [--psi-size 100000]
+Usage: python benchmarks/bench_wan.py [--repeats 3] [--psi-size 100000] [--psi-large N]
     [--only psi|vertical|vertical-credit|horizontal|walr|label-dp|sparse-lda]
-    [--settings lan,wan,far-wan]
+    [--settings lan,wan,far-wan] [--no-spu]
 
 Needs root: every organisation runs in its own network namespace with its own address, its
 link shaped by ``tc tbf`` and delayed by the harness's relay (:mod:`benchmarks.wan`, where the
@@ -21,7 +21,16 @@ job's seconds in which the relay held or was writing some byte, an upper bound o
 spent waiting on the network. Medians over ``--repeats`` runs, each on fresh namespaces and folders.
 
 * PSI (KKRT16): the demo's clinic and lab tables (520 and 519 patients), and two synthetic id
-  sets of ``--psi-size`` each, half of them shared;
+  sets of ``--psi-size`` each, half of them shared (and of ``--psi-large``, one run); its bits
+  per id are both parties' sent bytes on the wire over the larger set's ids. Beside each
+  synthetic size, SecretFlow's RR22 and KKRT16 (spu, in its own virtualenv: ``make
+  peer-spu``; without it the rows say "not measured") at the same size and setting: one
+  ``benchmarks/peers/spu_psi.py`` process per party in that party's namespace, its brpc link
+  listening on the party's address and dialling the peer through the relay, so its bytes,
+  delay and counters are those of privreg's rows; its seconds are the slower party's from
+  both parties meeting on the link to its aligned output written (no flow runs), and it has
+  no messages to count. At WAN, privreg's 1M x 1M row prints issue 41's target beside it: no
+  slower than spu's RR22 row and at most 300 bits per id;
 * vertical LR: the demo job's options on the demo's aligned rows (clinic guest, lab host,
   arbiter; 2048-bit keys; 4 epochs of one batch, so 4 rounds), per round; and one epoch on
   FATE's default_credit (30,000 rows, 13 + 10 features, the clinic's and the lab's) with
@@ -48,12 +57,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -61,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import wan
 from benchmarks.bench_party_jobs import flow_runs, vertical_options, vertical_tables
+from benchmarks.peers import runner
 from core.job_files import read_job
 from core.secagg import default_threshold
 from demo.orgs import Org
@@ -114,15 +125,21 @@ def measure(
     """The job's seconds from its flow runs, its messages, and the relay's counters."""
     spans = flow_runs(flow_prefix)
     start, end = max(s for s, _ in spans.values()), max(e for _, e in spans.values())
-    seconds = end - start
+    figures = wire_figures(net, end - start, rounds)
+    return {**figures, "messages": messages_received(orgs, job) / rounds}
+
+
+def wire_figures(net: wan.Wan, seconds: float, rounds: int) -> dict[str, Any]:
+    """The relay's counters for a job of ``seconds``: every row's bytes, round trips and
+    network share, counted the same way whoever's processes made the traffic."""
     wire = net.wire()
     assert net.relay
     return {
         "seconds": seconds,
         "wire": {p: w["sent"] + w["received"] for p, w in wire.items()},
+        "sent": sum(w["sent"] for w in wire.values()),
         "most sent": max(w["sent"] for w in wire.values()),
         "round trips": sum(w["turns"] for w in wire.values()) / rounds,
-        "messages": messages_received(orgs, job) / rounds,
         "network share": min(net.relay.busy_seconds / seconds, 1.0),
     }
 
@@ -159,9 +176,9 @@ def synthetic_psi_tables(root: Path, size: int) -> dict[str, TableRef]:
 
 def psi_run(
     setting: wan.Setting, api_port: int, make_tables: Callable[[Path], dict[str, TableRef]],
-    job: str,
+    job: str, ids: int,
 ) -> dict[str, Any]:  # fmt: skip
-    """One PSI on fresh namespaces and folders."""
+    """One PSI on fresh namespaces and folders; ``ids``: the larger set's, for bits per id."""
     with tempfile.TemporaryDirectory() as tmp, wan.Wan(["clinic", "lab"], setting) as net:
         root = Path(tmp)
         orgs = wan.make_orgs(root, net)
@@ -172,7 +189,80 @@ def psi_run(
             for party, peer in (("clinic", "lab"), ("lab", "clinic"))
         }
         run_parties(net, orgs, "psi", args, f"http://127.0.0.1:{api_port}/api")
-        return measure(net, orgs, job, f"psi_align {job}", rounds=1)
+        return {**measure(net, orgs, job, f"psi_align {job}", rounds=1), "ids": ids}
+
+
+# ---- spu's PSI in the same namespaces -----------------------------------------------------
+SPU_PROTOCOLS = {"RR22": "RR22", "KKRT": "KKRT16"}  # spu's name: the row's
+SPU_TIMEOUT = 3600.0
+
+
+class NotMeasuredError(Exception):
+    """A row that could not be measured here, and how to get it (the row's note)."""
+
+
+def psi_name(size: int) -> str:
+    """privreg's PSI row at ``size`` x ``size``."""
+    return f"PSI {size:,} x {size:,}"
+
+
+def spu_name(protocol: str, size: int) -> str:
+    """spu's row of ``protocol`` (its name in spu) at ``size`` x ``size``."""
+    return f"spu {SPU_PROTOCOLS[protocol]} {psi_name(size)}"
+
+
+def spu_link(net: wan.Wan, rank: int) -> list[str]:
+    """Party 0's and party 1's link addresses as party ``rank`` sees them: its own where it
+    listens (its namespace's address), its peer's relay port, so spu's traffic crosses the
+    shaped links and the relay's delay and counters as privreg's does."""
+    own, peer = net.parties[rank], net.parties[1 - rank]
+    addresses = [f"{net.address[own]}:{wan.ENDPOINT_PORT}", net.peer_address(own, peer)]
+    return addresses if rank == 0 else addresses[::-1]
+
+
+def wait_all(processes: dict[str, subprocess.Popen], logs: Path, timeout: float) -> None:
+    """Wait for every party's process; the first to fail ends the wait (its peer would wait
+    out its link's timeout), naming it with its log's tail (``logs``/<party>.log)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = {party: process.poll() for party, process in processes.items()}
+        if failed := next((party for party, code in codes.items() if code), None):
+            tail = (logs / f"{failed}.log").read_text()[-3000:]
+            raise RuntimeError(f"{failed} failed (exit {codes[failed]}):\n{tail}")
+        if None not in codes.values():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still running after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def spu_psi_run(setting: wan.Setting, protocol: str, size: int) -> dict[str, Any]:
+    """spu's ``protocol`` at ``size`` x ``size`` on fresh namespaces: one driver process
+    (benchmarks/peers/spu_psi.py, spu's own virtualenv) per party in its namespace. Seconds:
+    the slower party's, from both parties meeting on the link to its aligned output written."""
+    if note := runner.absent("spu", "bench-wan"):
+        raise NotMeasuredError(note)
+    args = ["--size", str(size), "--protocol", protocol]
+    with tempfile.TemporaryDirectory() as tmp, wan.Wan(["clinic", "lab"], setting) as net:
+        folder = Path(tmp)
+        processes = {}
+        for rank, party in enumerate(net.parties):
+            side = [*args, "--rank", str(rank), "--addresses", *spu_link(net, rank)]
+            command = runner.peer_command("spu", "spu_psi.py", side)
+            out, log = (folder / f"{party}.json").open("w"), (folder / f"{party}.log").open("w")
+            with out, log:
+                processes[party] = net.popen(party, command, stdout=out, stderr=log, cwd=ROOT)
+        wait_all(processes, folder, SPU_TIMEOUT)
+        sides = {p: json.loads((folder / f"{p}.json").read_text()) for p in processes}
+        figures = [side["protocols"][protocol] for side in sides.values()]
+        if {f["digest"] for f in figures} != {figures[0]["digest"]} or any(
+            f["found"] != size // 2 for f in figures
+        ):
+            raise RuntimeError(f"spu {protocol}: the parties' outputs differ or miss ids")
+        seconds = max(f["seconds"] for f in figures)
+        version = next(iter(sides.values()))["spu"]
+        return {**wire_figures(net, seconds, rounds=1), "messages": None, "ids": size,
+                "peer": f"spu {version}"}  # fmt: skip
 
 
 # ---- vertical LR ---------------------------------------------------------------------------
@@ -399,10 +489,13 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds": statistics.median(r["seconds"] for r in runs),
         "wire": {p: statistics.median(r["wire"][p] for r in runs) for p in parties},
         "round trips": statistics.median(r["round trips"] for r in runs),
-        "messages": statistics.median(r["messages"] for r in runs),
+        "messages": median_or_none([r["messages"] for r in runs]),
         "most sent": statistics.median(r["most sent"] for r in runs),
+        "sent": median_or_none([r.get("sent") for r in runs]),
         "network share": statistics.median(r["network share"] for r in runs),
         "message round trips": median_or_none([r.get("message round trips") for r in runs]),
+        "ids": runs[0].get("ids"),
+        "peer": runs[0].get("peer"),
     }
 
 
@@ -413,14 +506,15 @@ def median_or_none(values: list[float | None]) -> float | None:
 
 def row(
     name: str, setting: wan.Setting, figures: dict[str, Any] | None, lan: dict[str, Any] | None,
-    repeats: int,
+    repeats: int, note: str = "not measured", target: str = "",
 ) -> str:  # fmt: skip
     """One line of the table. The seconds added over LAN, less the added time the busiest
     sender's bytes take at the link rate, divided by the added RTT: about how many round
-    trips the job waits for one after another."""
+    trips the job waits for one after another. ``note``: why a row has no figures;
+    ``target``: the PSI target's cell (:func:`psi_target`)."""
     link = f"{setting.mbit:g} Mbit/s, {setting.rtt_ms:g} ms"
     if figures is None:
-        return f"| {name} | {setting.name} | {link} | not measured | | | | | | | |"
+        return f"| {name} | {setting.name} | {link} | {note} | | | | | | | | | {target} |"
     wire = ", ".join(f"{p} {b / 1e6:.2f}" for p, b in figures["wire"].items())
     added = ""
     if lan is not None and setting.rtt_ms > wan.LAN.rtt_ms:
@@ -431,10 +525,45 @@ def row(
         added += target_note(name, setting, figures["seconds"] / lan["seconds"])
     return (
         f"| {name} | {setting.name} | {link} | {figures['seconds']:.2f} | {added} | {wire} "
-        f"| {figures['messages']:.0f} | {counted(figures['message round trips'])} "
+        f"| {counted(figures['messages'], '.0f')} | {counted(figures['message round trips'])} "
         f"| {figures['round trips']:.0f} "
-        f"| {figures['network share']:.0%} | {repeats} |"
+        f"| {figures['network share']:.0%} | {repeats} | {bits_per_id(figures)} | {target} |"
     )
+
+
+def bits_per_id(figures: dict[str, Any]) -> str:
+    """A PSI row's bits on the wire per id of the larger set, both parties' sent bytes
+    summed (TLS, HTTP/2 or brpc framing included); blank for other jobs."""
+    if figures.get("ids") is None or figures.get("sent") is None:
+        return ""
+    return f"{figures['sent'] * 8 / figures['ids']:,.0f}"
+
+
+#: issue 41's PSI target: at this setting and size privreg's PSI is no slower than spu's
+#: RR22 in the same namespaces, with at most this many bits per id (both parties' sent)
+PSI_TARGET = (wan.WAN, 1_000_000, 300)
+
+
+def psi_target(
+    name: str, setting: wan.Setting, figures: dict[str, Any] | None,
+    measured: dict[tuple[str, str], dict[str, Any] | None],
+) -> str:  # fmt: skip
+    """The target cell beside privreg's PSI row at :data:`PSI_TARGET`'s setting and size
+    (``measured``: every row's figures by name and setting), else nothing."""
+    at, size, most_bits = PSI_TARGET
+    if name != psi_name(size) or setting != at:
+        return ""
+    if figures is None:
+        return "not measured"
+    rr22 = measured.get((spu_name("RR22", size), at.name))
+    if rr22 is None:
+        cells = ["spu RR22 not measured"]
+    else:
+        verdict = "met" if figures["seconds"] <= rr22["seconds"] else "missed"
+        cells = [f"≤ spu RR22's {rr22['seconds']:.2f} s: {verdict}"]
+    bits = figures["sent"] * 8 / figures["ids"]
+    cells.append(f"≤ {most_bits} bits per id: {'met' if bits <= most_bits else 'missed'}")
+    return "; ".join(cells)
 
 
 def target_note(name: str, setting: wan.Setting, ratio: float) -> str:
@@ -447,9 +576,9 @@ def target_note(name: str, setting: wan.Setting, ratio: float) -> str:
     return f"; {ratio:.2f}x LAN, target ≤ {target[1]:g}x: {verdict}"
 
 
-def counted(value: float | None) -> str:
+def counted(value: float | None, spec: str = "g") -> str:
     """A measured count as it is, 0 included; "-" only when it was not measured."""
-    return "-" if value is None else f"{value:g}"
+    return "-" if value is None else format(value, spec)
 
 
 def transfer_seconds(figures: dict[str, Any], setting: wan.Setting) -> float:
@@ -457,23 +586,28 @@ def transfer_seconds(figures: dict[str, Any], setting: wan.Setting) -> float:
     return figures["most sent"] * 8 / (setting.mbit * 1e6)
 
 
-def cases(
-    args: argparse.Namespace,
-) -> list[tuple[str, Callable[[wan.Setting, int, str], Any], int]]:
+Case = tuple[str, Callable[[wan.Setting, int, str], Any], int]
+
+
+def psi_cases(args: argparse.Namespace) -> list[Case]:
+    """privreg's PSI on the demo's tables, then at each synthetic size privreg's row and, unless
+    ``--no-spu``, spu's RR22 and KKRT16 rows at the same size (``--psi-large``: one run)."""
+    demo = lambda s, p, j: psi_run(s, p, demo_psi_tables, j, 520)  # noqa: E731
+    chosen: list[Case] = [("PSI demo 520 x 519", demo, args.repeats)]
+    sizes = [(args.psi_size, args.repeats)] + ([(args.psi_large, 1)] if args.psi_large else [])
+    for size, repeats in sizes:
+        tables = lambda r, n=size: synthetic_psi_tables(r, n)  # noqa: E731
+        own = lambda s, p, j, t=tables, n=size: psi_run(s, p, t, j, n)  # noqa: E731
+        chosen.append((psi_name(size), own, repeats))
+        for protocol in () if args.no_spu else SPU_PROTOCOLS:
+            spu = lambda s, p, j, x=protocol, n=size: spu_psi_run(s, x, n)  # noqa: E731
+            chosen.append((spu_name(protocol, size), spu, repeats))
+    return chosen
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
     """(name, one run, repeats) for each benchmark asked for."""
-    size = args.psi_size
-    psi_demo = lambda s, p, j: psi_run(s, p, demo_psi_tables, j)  # noqa: E731
-    psi_big = lambda s, p, j: psi_run(s, p, lambda r: synthetic_psi_tables(r, size), j)  # noqa: E731
-    chosen = []
-    if args.only in (None, "psi"):
-        chosen += [
-            ("PSI demo 520 x 519", psi_demo, args.repeats),
-            (f"PSI {size:,} x {size:,}", psi_big, args.repeats),
-        ]
-    if args.psi_large and args.only in (None, "psi"):
-        large = args.psi_large
-        psi_large = lambda s, p, j: psi_run(s, p, lambda r: synthetic_psi_tables(r, large), j)  # noqa: E731
-        chosen.append((f"PSI {large:,} x {large:,}", psi_large, 1))
+    chosen = psi_cases(args) if args.only in (None, "psi") else []
     if args.only in (None, "vertical"):
         chosen.append(("vertical LR demo, 4 rounds", vertical_run, args.repeats))
     if args.only in (None, "vertical-credit"):
@@ -501,6 +635,7 @@ def main() -> None:
         "--settings", default=",".join(SETTINGS), help="comma-separated, of: " + ", ".join(SETTINGS)
     )
     parser.add_argument("--psi-large", type=int, default=0, help="one more PSI size, one run")
+    parser.add_argument("--no-spu", action="store_true", help="skip spu's PSI rows")
     args = parser.parse_args()
     names = [name.strip() for name in args.settings.split(",")]
     if unknown := set(names) - set(SETTINGS):
@@ -511,32 +646,64 @@ def main() -> None:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    lines = []
+    done: list[Measured] = []
     with prefect_test_harness(server_startup_timeout=180):
         api_port = int(str(PREFECT_API_URL.value()).split(":")[-1].split("/")[0])
         for name, one_run, repeats in cases(args):
             lan = None
             for setting in settings:
-                runs = []
-                for k in range(repeats):
-                    try:
-                        runs.append(one_run(setting, api_port, f"wan-{int(time.time())}-{k}"))
-                    except (RuntimeError, TimeoutError, KeyError) as error:
-                        print(f"{name} at {setting.name} failed: {error}", file=sys.stderr)
-                figures = median_of(runs) if runs else None
-                lan = figures if setting is wan.LAN else lan
-                lines.append(row(name, setting, figures, lan, len(runs)))
-                print(lines[-1], file=sys.stderr, flush=True)
+                done.append(run_case(name, one_run, setting, lan, repeats, api_port))
+                lan = done[-1].figures if setting is wan.LAN else lan
+                print(row(*done[-1][:6]), file=sys.stderr, flush=True)
+    print_table(done)
+
+
+class Measured(NamedTuple):
+    """One row's name, setting, figures (None: not measured), its LAN row's, runs, note."""
+
+    name: str
+    setting: wan.Setting
+    figures: dict[str, Any] | None
+    lan: dict[str, Any] | None
+    runs: int
+    note: str
+
+
+def run_case(
+    name: str, one_run: Callable[[wan.Setting, int, str], Any], setting: wan.Setting,
+    lan: dict[str, Any] | None, repeats: int, api_port: int,
+) -> Measured:  # fmt: skip
+    """``repeats`` runs of one row at ``setting``; a failed run is reported and left out."""
+    runs, note = [], "not measured"
+    for k in range(repeats):
+        try:
+            runs.append(one_run(setting, api_port, f"wan-{int(time.time())}-{k}"))
+        except NotMeasuredError as why:
+            note = str(why)
+            break
+        except (RuntimeError, TimeoutError, KeyError) as error:
+            print(f"{name} at {setting.name} failed: {error}", file=sys.stderr)
+    return Measured(name, setting, median_of(runs) if runs else None, lan, len(runs), note)
+
+
+def print_table(done: list[Measured]) -> None:
+    """The table of every row, the PSI target beside its row, and the peers' versions."""
+    measured = {(m.name, m.setting.name): m.figures for m in done}
+    lines = [row(*m, target=psi_target(m.name, m.setting, m.figures, measured)) for m in done]
     print("\n### Organisations in their own namespaces: tbf per link, the relay's delay\n")
     print(
         "| job | setting | link (rate, RTT) | job s (median) "
         "| s added vs LAN (of it transfer, RTTs) "
         "| MB on the wire per party (sent + received) | messages per round "
         "| round trips per round (messages) | round trips per round (relay turns) "
-        "| share with bytes in flight | runs |"
+        "| share with bytes in flight | runs | PSI bits per id (both parties sent) "
+        "| target (issue 41) |"
     )
-    print("|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")
     print("\n".join(lines))
+    peers = sorted({f["peer"] for f in measured.values() if f and f.get("peer")})
+    if peers:
+        print(f"\nspu rows: {', '.join(peers)} (SecretFlow libpsi), both parties learn.")
 
 
 if __name__ == "__main__":

@@ -61,3 +61,56 @@ def test_a_failing_driver_is_not_measured(tmp_path, monkeypatch, capfd):
     assert run.data is None
     assert run.note == "not measured: spu_psi.py failed (exit 1)"
     assert "No module named 'spu'" in capfd.readouterr().err
+
+
+def test_bench_wan_spu_rows_without_spu_are_not_measured_and_name_the_make_target(
+    tmp_path, monkeypatch
+):
+    from benchmarks import bench_wan, wan
+
+    monkeypatch.setattr(runner, "PEERS", tmp_path)
+    name = bench_wan.spu_name("RR22", 100_000)
+    run = lambda s, p, j: bench_wan.spu_psi_run(s, "RR22", 100_000)  # noqa: E731
+    measured = bench_wan.run_case(name, run, wan.WAN, None, 3, api_port=0)
+    assert measured.figures is None and measured.runs == 0
+    line = bench_wan.row(*measured)
+    assert line.startswith(
+        "| spu RR22 PSI 100,000 x 100,000 | WAN | 100 Mbit/s, 20 ms "
+        "| not measured: run `make bench-wan` (it installs spu first) |"
+    )
+
+
+def test_bench_wan_spu_sides_listen_on_their_own_address_and_dial_through_the_relay():
+    """Each party's brpc link: its own entry where it listens, its peer's relay port."""
+    from types import SimpleNamespace
+
+    from benchmarks import bench_wan
+
+    relay = {("clinic", "lab"): "10.77.0.1:20000", ("lab", "clinic"): "10.77.0.1:20001"}
+    net = SimpleNamespace(
+        parties=["clinic", "lab"],
+        address={"clinic": "10.77.0.10", "lab": "10.77.0.11"},
+        peer_address=lambda dialler, peer: relay[dialler, peer],
+    )
+    assert bench_wan.spu_link(net, 0) == ["10.77.0.10:7700", "10.77.0.1:20000"]
+    assert bench_wan.spu_link(net, 1) == ["10.77.0.1:20001", "10.77.0.11:7700"]
+
+
+def test_bench_wan_prints_the_psi_target_beside_privregs_1m_row_at_wan():
+    from benchmarks import bench_wan, wan
+
+    size = 1_000_000
+    figures = {"seconds": 10.0, "sent": 35_000_000, "ids": size}  # 280 bits per id
+    rr22 = {"seconds": 12.0, "sent": 40_000_000, "ids": size}
+    measured = {(bench_wan.spu_name("RR22", size), "WAN"): rr22}
+    cell = bench_wan.psi_target(bench_wan.psi_name(size), wan.WAN, figures, measured)
+    assert cell == "≤ spu RR22's 12.00 s: met; ≤ 300 bits per id: met"
+    slow = {**figures, "seconds": 13.0, "sent": 40_000_000}
+    cell = bench_wan.psi_target(bench_wan.psi_name(size), wan.WAN, slow, measured)
+    assert cell == "≤ spu RR22's 12.00 s: missed; ≤ 300 bits per id: missed"
+    alone = bench_wan.psi_target(bench_wan.psi_name(size), wan.WAN, figures, {})
+    assert alone.startswith("spu RR22 not measured; ")
+    assert bench_wan.psi_target(bench_wan.psi_name(size), wan.LAN, figures, measured) == ""
+    assert bench_wan.psi_target(bench_wan.psi_name(100_000), wan.WAN, figures, measured) == ""
+    assert bench_wan.bits_per_id(figures) == "280"
+    assert bench_wan.bits_per_id({"sent": 1}) == ""  # not a PSI row

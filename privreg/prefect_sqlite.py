@@ -1,9 +1,10 @@
 """Run a Prefect server whose SQLite writers give up on a held lock after seconds, not a minute.
 
 ``python -m privreg.prefect_sqlite MODULE ARGS...`` runs ``MODULE`` (``uvicorn`` for the
-temporary server, ``prefect`` for ``prefect server start``) as ``__main__`` with one change:
+temporary server, ``prefect`` for ``prefect server start``) as ``__main__`` with two changes:
 every SQLite connection of Prefect's server waits :data:`BUSY_TIMEOUT_MS` for the write lock
-instead of the 60 s Prefect 3.8.8 sets. PostgreSQL is untouched.
+instead of the 60 s Prefect 3.8.8 sets, and every transaction it opens to write takes that
+lock at BEGIN. PostgreSQL is untouched.
 
 Why: in a local run (every party's side reporting to one temporary server) the server's writers
 sometimes wait on each other until one of them times out: a flow-run state change holds its
@@ -12,6 +13,12 @@ neither moves until that insert gives up. With 60 s, ``make demo`` stalled 60-13
 runs here; with 5 s such a wait ends in 5 s, and nothing is lost: the recorder keeps the
 events to retry, and a client retries an API call answered 503. Such a retried flush is
 logged as one warning line (:class:`RetriedFlush`), not Prefect's error with its traceback.
+
+Why the second: Prefect begins most write transactions DEFERRED, and SQLite refuses such a
+transaction at once when another connection writes first; the API answered 503 and the client
+slept about 2 s. Three sides of a local run starting their flows at once began 0.2-0.7 s,
+2-2.7 s and 6-10 s after their parent (client logs: "retryable status code 503"); with the
+lock taken at BEGIN, all three within 0.5-1.1 s.
 """
 
 from __future__ import annotations
@@ -64,6 +71,26 @@ def patch() -> None:
 
     setup_with_short_wait._privreg_busy_timeout = True  # type: ignore[attr-defined]
     AioSqliteConfiguration.setup_sqlite = setup_with_short_wait  # type: ignore[method-assign]
+    _writes_take_the_lock_first()
+
+
+def _writes_take_the_lock_first() -> None:
+    """Every transaction Prefect opens for a write begins IMMEDIATE (takes the write lock, or
+    waits for it, at BEGIN). Prefect 3.8.8 begins most of them DEFERRED: such a transaction
+    reads, then tries to write while another connection writes, and SQLite refuses it at once
+    (SQLITE_BUSY without waiting: a reader promoted to writer could deadlock) -- the API
+    answers 503 and the client sleeps about 2 s before it retries."""
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    begin = AioSqliteConfiguration.begin_transaction
+    if getattr(begin, "_privreg_immediate", False):
+        return
+
+    def begin_immediate(self: Any, session: Any, with_for_update: bool = False) -> Any:
+        return begin(self, session, with_for_update=True)
+
+    begin_immediate._privreg_immediate = True  # type: ignore[attr-defined]
+    AioSqliteConfiguration.begin_transaction = begin_immediate  # type: ignore[method-assign]
 
 
 def server_command(module_argv: list[str]) -> list[str]:

@@ -1,5 +1,6 @@
-"""The Prefect servers privreg starts wait seconds, not a minute, for SQLite's write lock
-(:mod:`privreg.prefect_sqlite`), and both launchers start them that way."""
+"""The Prefect servers privreg starts wait seconds, not a minute, for SQLite's write lock, and
+their writes wait for it rather than fail at once (:mod:`privreg.prefect_sqlite`); both
+launchers start them that way."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import logging
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from prefect.server.database.configurations import AioSqliteConfiguration
 
 from flows import runtime
@@ -55,6 +58,47 @@ def test_a_server_connection_gives_up_on_a_held_lock_after_the_short_wait(tmp_pa
     timeout, waited = _connection_waits(tmp_path / "prefect.db")
     assert timeout == prefect_sqlite.BUSY_TIMEOUT_MS
     assert prefect_sqlite.BUSY_TIMEOUT_MS / 1000 - 0.5 <= waited < 30  # Prefect's own: 60 s
+
+
+def _write_after_a_peer_committed(database: Path) -> tuple[bool, float]:
+    """(whether it committed, seconds it took) for a transaction of Prefect's server that reads
+    and then writes while another connection holds the write lock, with a row written, for
+    0.3 s: Prefect's DEFERRED begin is refused at once (its snapshot went stale)."""
+    holder = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+    holder.execute("PRAGMA journal_mode = WAL")
+    holder.execute("CREATE TABLE t (x INTEGER)")
+
+    async def read_then_write() -> tuple[bool, float]:
+        config = AioSqliteConfiguration(f"sqlite+aiosqlite:///{database}")
+        engine = await config.engine()
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("INSERT INTO t VALUES (1)")
+        releaser = threading.Timer(0.3, holder.execute, ("COMMIT",))
+        releaser.start()
+        began = time.monotonic()
+        try:
+            session = await config.session(engine)
+            async with session, config.begin_transaction(session):
+                await session.execute(sa.text("SELECT count(*) FROM t"))
+                await session.execute(sa.text("INSERT INTO t VALUES (2)"))
+            return True, time.monotonic() - began
+        except sa.exc.OperationalError as error:
+            assert "database is locked" in str(error)
+            return False, time.monotonic() - began
+        finally:
+            releaser.join()
+            await engine.dispose()
+
+    try:
+        return asyncio.run(read_then_write())
+    finally:
+        holder.close()
+
+
+def test_a_server_write_waits_for_the_lock_instead_of_a_503(tmp_path: Path) -> None:
+    prefect_sqlite.patch()
+    committed, took = _write_after_a_peer_committed(tmp_path / "prefect.db")
+    assert committed and 0.25 <= took < prefect_sqlite.BUSY_TIMEOUT_MS / 1000
 
 
 def _flush_error(dropped: int, error: Exception) -> logging.LogRecord:

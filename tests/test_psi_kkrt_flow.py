@@ -1,5 +1,5 @@
 """``psi_align`` with KKRT16 (the default) under Prefect: one process, many buckets and a resume
-after a failure mid-way, and two party processes over mutual TLS; refusals (replayed,
+after a failure mid-way, and two party processes over mutual TLS (RR22 too); refusals (replayed,
 truncated, duplicates, too small) leave no aligned table behind."""
 
 from __future__ import annotations
@@ -297,11 +297,14 @@ os.environ[ENV_VAR] = os.path.abspath(sys.argv[1])
 own = PartyConfig.load(sys.argv[1]).own_table(json.loads(sys.argv[2]))
 from core.job_schema import PsiOptions
 from flows.align import psi_align_party
-print(json.dumps(psi_align_party(own, sys.argv[3], "kkrt-two", PsiOptions())))
+protocol = sys.argv[4]
+options = PsiOptions(protocol=protocol)
+print(json.dumps(psi_align_party(own, sys.argv[3], f"{protocol}-two", options)))
 """
 
 
-def test_two_party_processes_over_mtls(tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol", ["kkrt", "rr22"])
+def test_two_party_processes_over_mtls(tmp_path: Path, protocol: str) -> None:
     bank, shop, expected = make_tables(tmp_path)
     certs = tmp_path / "ca-admin"
     assert privreg(["certs", "init", "--out", str(certs)]) == 0
@@ -337,6 +340,7 @@ def test_two_party_processes_over_mtls(tmp_path: Path) -> None:
                     str(configs[party]),
                     json.dumps(refs[party].to_dict()),
                     peer,
+                    protocol,
                 ],
                 cwd=tmp_path / party,
                 env=party_env(tmp_path / party),

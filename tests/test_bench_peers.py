@@ -96,21 +96,26 @@ def test_bench_wan_spu_sides_listen_on_their_own_address_and_dial_through_the_re
     assert bench_wan.spu_link(net, 1) == ["10.77.0.1:20001", "10.77.0.11:7700"]
 
 
-def test_bench_wan_prints_the_psi_target_beside_privregs_1m_row_at_wan():
+def test_bench_wan_prints_the_psi_target_beside_privregs_1m_rr22_row_at_wan():
     from benchmarks import bench_wan, wan
 
     size = 1_000_000
     figures = {"seconds": 10.0, "sent": 35_000_000, "ids": size}  # 280 bits per id
     rr22 = {"seconds": 12.0, "sent": 40_000_000, "ids": size}
     measured = {(bench_wan.spu_name("RR22", size), "WAN"): rr22}
-    cell = bench_wan.psi_target(bench_wan.psi_name(size), wan.WAN, figures, measured)
+    cell = bench_wan.psi_target(bench_wan.psi_name(size, "rr22"), wan.WAN, figures, measured)
     assert cell == "≤ spu RR22's 12.00 s: met; ≤ 300 bits per id: met"
     slow = {**figures, "seconds": 13.0, "sent": 40_000_000}
-    cell = bench_wan.psi_target(bench_wan.psi_name(size), wan.WAN, slow, measured)
+    cell = bench_wan.psi_target(bench_wan.psi_name(size, "rr22"), wan.WAN, slow, measured)
     assert cell == "≤ spu RR22's 12.00 s: missed; ≤ 300 bits per id: missed"
-    alone = bench_wan.psi_target(bench_wan.psi_name(size), wan.WAN, figures, {})
+    alone = bench_wan.psi_target(bench_wan.psi_name(size, "rr22"), wan.WAN, figures, {})
     assert alone.startswith("spu RR22 not measured; ")
-    assert bench_wan.psi_target(bench_wan.psi_name(size), wan.LAN, figures, measured) == ""
-    assert bench_wan.psi_target(bench_wan.psi_name(100_000), wan.WAN, figures, measured) == ""
+    assert bench_wan.psi_target(bench_wan.psi_name(size, "rr22"), wan.LAN, figures, measured) == ""
+    assert (
+        bench_wan.psi_target(bench_wan.psi_name(100_000, "rr22"), wan.WAN, figures, measured) == ""
+    )
+    kkrt = bench_wan.psi_name(size, "kkrt")  # the target is the low-communication protocol's
+    assert kkrt == "PSI KKRT16 1,000,000 x 1,000,000"
+    assert bench_wan.psi_target(kkrt, wan.WAN, figures, measured) == ""
     assert bench_wan.bits_per_id(figures) == "280"
     assert bench_wan.bits_per_id({"sent": 1}) == ""  # not a PSI row

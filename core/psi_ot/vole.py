@@ -23,16 +23,18 @@ Scholl ("Efficient Pseudorandom Correlation Generators: Silent OT Extension and 
    ``gamma_i = sum_j v_j + b'_i`` it sets its leaf ``alpha_i`` to ``v_alpha + beta_i Delta``.
 4. *Compression* by the transpose of an expand-accumulate code (Boyle, Couteau, Gilboa, Ishai,
    Kohl, Resch, Scholl, "Correlated Pseudorandomness from Expand-Accumulate Codes", CRYPTO
-   2022): prefix-XOR the ``N = t L >= 2 m`` positions, then output ``j`` is the XOR of
-   ``W = 40`` positions drawn from a public code key (:func:`compress`; a 32-bit draw scaled
+   2022): prefix-XOR the ``N = t L >= 5 m`` positions, then output ``j`` is the XOR of
+   ``W = 41`` positions drawn from a public code key (:func:`compress`; a 32-bit draw scaled
    to ``[0, N)``, whose bias, below ``N / 2^32``, only skews a public code). Linear, so the
    sparse correlation becomes ``C = B + A Delta`` with ``A`` the compressed noise,
    pseudorandom under dual LPN for that code.
 
-Parameters: ``t = 256`` noise blocks. A linear test against dual LPN with regular noise has
-bias about ``(1 - 2 delta)^t`` for a code of relative minimum distance ``delta``; ``t = 256``
-puts it at 2^-128 for ``delta >= 0.15``, the distance expected of an EA code of rate 1/2 and
-expander weight 40 from the EA paper's analysis (not re-derived here).
+Parameters, as libOTe configures its expand-accumulate code "ExAcc40" for silent VOLE: rate
+1/5 (``N >= 5 m``), expander weight 41, an estimated relative minimum distance ``delta = 0.2``.
+A linear test against dual LPN with regular noise has bias about ``(1 - 2 delta)^t`` (the
+bound libOTe sizes its noise by), so :data:`NOISE` is the least ``t``, rounded up to a
+multiple of 8, that puts it below 2^-128: 176 trees. A rate-1/2 code would be cheaper, but we
+know of no published distance estimate for EA codes at that rate to size its noise by.
 
 What each party learns: the receiver sees the sender's level sums encrypted under OTs it
 cannot open on its path, and ``gamma`` masked by the leaf it lacks: nothing about ``Delta`` or
@@ -40,7 +42,7 @@ cannot open on its path, and ``gamma`` masked by the leaf it lacks: nothing abou
 holds only one of: nothing about ``alpha``, ``beta`` or ``A``. Randomness comes from one
 16-byte seed per party and bucket (:mod:`.primitives`), so a retried step recomputes its
 message. Communication (:func:`message_bytes`): ``16 (128 t + t d)`` bytes of ``u`` and
-``32 t d + 16 t`` of level sums and ``gamma``, about 0.6 MB at ``m = 2^17``.
+``32 t d + 16 t`` of level sums and ``gamma``, about 0.46 MB at ``m = 2^17``.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ from core.psi_ot.bitmatrix import transpose
 from core.psi_ot.primitives import aes_blocks, prg, prg_array
 
 WIDTH = 128  # base OTs: one per bit of Delta
-NOISE = 256  # t, noise blocks (one GGM tree each)
-EXPANDER = 40  # W, positions XORed per output of the code
+SECURITY = 128  # bits: the linear-test bias the noise weight is sized for
+RATE_INVERSE = 5  # N >= 5 m
+MIN_DISTANCE = 0.2  # the code's estimated relative minimum distance at that rate
+EXPANDER = 41  # W, positions XORed per output of the code
+NOISE = 8 * math.ceil(SECURITY / -math.log2(1 - 2 * MIN_DISTANCE) / 8)  # t: 176 GGM trees
 _LEFT, _RIGHT = b"privreg-ggm-left", b"privreg-ggm-rght"
 _PI = b"privreg-tccr-pi!"
 _ALPHAS, _BETAS, _TREES, _CODE = 1, 2, 3, 4  # streams of a per-bucket seed
@@ -91,8 +96,8 @@ class Shape:
 
 
 def shape(m: int) -> Shape:
-    """The smallest depth with ``N = t 2^d >= 2 m`` (at least one level)."""
-    return Shape(m, max(1, math.ceil(math.log2(max(2 * m, 1) / NOISE))))
+    """The smallest depth with ``N = t 2^d >= 5 m`` (at least one level)."""
+    return Shape(m, max(1, math.ceil(math.log2(max(RATE_INVERSE * m, 1) / NOISE))))
 
 
 def message_bytes(s: Shape) -> int:

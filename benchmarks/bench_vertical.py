@@ -420,9 +420,11 @@ def time_header() -> str:
     )
 
 
-def phe_encryption_seconds(samples: int = 15) -> float:
+def phe_encryption_seconds(samples: int = 31) -> float:
     """Median seconds of one python-paillier encryption at 2048 bits on this machine now
-    (the issue's yardstick: about 9 ms where the 15 s target was set)."""
+    (the issue's yardstick: about 9 ms where the 15 s target was set). Taken before the
+    temporary Prefect server starts: once it runs, its client threads share this process and
+    the same encryptions measured 11-13 ms, not 9.2, which would inflate the target."""
     public, _ = paillier.generate_paillier_keypair(n_length=2048)
     times = []
     for value in range(samples):
@@ -482,7 +484,7 @@ def print_wire(runs_measured: list[tuple[str, Epoch, float]]) -> None:
         print("\n".join(wire_rows(label, epoch, scale)))
 
 
-def credit_epoch(randomizer: str, pool: str, packing: str) -> None:
+def credit_epoch(randomizer: str, pool: str, packing: str, phe_seconds: float) -> None:
     guest = pd.read_csv(DATA / "default_credit_hetero_guest.csv.gz")
     host = pd.read_csv(DATA / "default_credit_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
     credit = TRAINING["default_credit"]
@@ -491,11 +493,11 @@ def credit_epoch(randomizer: str, pool: str, packing: str) -> None:
         "momentum": credit["momentum"],
         "clip_features": credit["clip"],
     }
-    phe_seconds = phe_encryption_seconds()
     print(
         f"\n### The vertical_lr flow, one epoch: default_credit ({len(guest):,} rows, 13 + 10 "
         f"features), 2048-bit, batch 4,096, arbiter, one host, randomizer {randomizer!r}\n\n"
-        f"One python-paillier encryption at 2048 bits, measured now: {1e3 * phe_seconds:.1f} ms "
+        f"One python-paillier encryption at 2048 bits, measured before Prefect started: "
+        f"{1e3 * phe_seconds:.1f} ms "
         f"(the issue's yardstick: about 9 ms for the 15 s target, i.e. "
         f"{CREDIT_TARGET_SECONDS / 0.009:,.0f} encryptions)\n"
     )
@@ -553,9 +555,10 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         print("\n".join(quality_rows()))
 
+    phe_seconds = phe_encryption_seconds()  # before Prefect's threads share this process
     server_warm_up()
     if not args.skip_credit:
-        credit_epoch(args.randomizer, args.pool, args.packing)
+        credit_epoch(args.randomizer, args.pool, args.packing, phe_seconds)
     if args.fate_keys:
         fate_epochs(args.fate_rows, args.fate_keys, args.randomizer, args.pool, args.packing)
 

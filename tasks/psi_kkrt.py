@@ -1,5 +1,6 @@
 """KKRT16 PSI alignment (the default protocol), one task per party step and bucket; maths in
-:mod:`core.psi_ot.protocol`.
+:mod:`core.psi_ot.protocol`. Its ids, digest tables, buckets, job key and written table are
+RR22's too (:mod:`tasks.psi_rr22` imports those helpers by their public names).
 
 More (the protocol, what each party learns, why): docs/protocols/psi.md.
 """
@@ -35,30 +36,30 @@ def _prefix(job_id: str) -> str:
     return f"psi/{job_id}/"
 
 
-def _tables(job_id: str) -> tuple[str, str]:
+def working_tables(job_id: str) -> tuple[str, str]:
     """This job's digest and match tables in the party's store."""
     tag = hashlib.sha256(job_id.encode()).hexdigest()[:16]
     return f"privreg_psi_ids_{tag}", f"privreg_psi_matches_{tag}"
 
 
-def _sealed(store: PartyStore, job_id: str) -> SealedArtifacts:
+def job_secrets(store: PartyStore, job_id: str) -> SealedArtifacts:
     return SealedArtifacts(store, _prefix(job_id).rstrip("/"))
 
 
 #: The job keys this process has read, so each bucket's step does not unseal it again; dropped
 #: when the job's secrets are destroyed.
-_KEYS: dict[tuple[str, str], bytes] = {}
+JOB_KEYS: dict[tuple[str, str], bytes] = {}
 
 
-def _key(store: PartyStore, job_id: str) -> bytes:
-    if (key := _KEYS.get((str(store.path), job_id))) is not None:
+def job_key(store: PartyStore, job_id: str) -> bytes:
+    if (key := JOB_KEYS.get((str(store.path), job_id))) is not None:
         return key
-    sealed = _sealed(store, job_id)
+    sealed = job_secrets(store, job_id)
     key = sealed.get(_prefix(job_id) + "key")
     if key is None:
         key = kkrt.new_party_key()
         sealed.put(_prefix(job_id) + "key", key)
-    _KEYS[(str(store.path), job_id)] = key
+    JOB_KEYS[(str(store.path), job_id)] = key
     return key
 
 
@@ -69,7 +70,7 @@ def _where(ref: TableRef) -> str:
 # ---- step 0: own ids into the digest table, sizes --------------------------------------------
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFrame) -> None:
+def insert_frame(con: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFrame) -> None:
     con.register("_privreg_psi_rows", frame)
     try:
         con.execute(f'INSERT INTO "{table}" SELECT * FROM _privreg_psi_rows')
@@ -124,7 +125,7 @@ def _digest_rows(store: PartyStore, ref: TableRef, table: str) -> DigestRows:
             frame = pd.DataFrame({"row": rowids})
             frame["d0"], frame["d1"] = words[:, 0], words[:, 1]
             with store.transaction() as con:
-                _insert(con, table, frame)
+                insert_frame(con, table, frame)
             fingerprint.update(chunk)
             count, pieces = count + len(chunk), pieces + 1
     return DigestRows(count, fingerprint.hexdigest(), pieces)
@@ -170,7 +171,7 @@ def prepare_ids(ref: TableRef, job_id: str) -> int:
         return int(done["size"])
     if not store.has_table(ref.table):
         raise psi.PsiError(f"{ref.party}: no table {ref.table!r} in {store.path.name}")
-    table = _tables(job_id)[0]
+    table = working_tables(job_id)[0]
     try:
         stored = _digest_rows(store, ref, table)
         if stored.pieces > 1:  # ids of different pieces have not met yet
@@ -184,7 +185,7 @@ def prepare_ids(ref: TableRef, job_id: str) -> int:
     return stored.rows
 
 
-def _source_digest(store: PartyStore, ref: TableRef, job_id: str) -> str:
+def table_source_digest(store: PartyStore, ref: TableRef, job_id: str) -> str:
     """The source table's fingerprint, taken when its ids were read (the rows this job
     matched), or now for a job that an older privreg started."""
     state = ArtifactStore(store).get(_prefix(job_id) + "ids") or {}
@@ -212,8 +213,8 @@ def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
     :data:`SLICE_ROWS` rows each, so no sort holds the whole table), which then replaces the
     old one in one transaction. Idempotent: a retry finds the column there (a step of this
     process, in a set), and a rewrite cut short is started again."""
-    table = _tables(job_id)[0]
-    if plan.buckets == 1 or (str(store.path), table) in _BUCKETED:
+    table = working_tables(job_id)[0]
+    if plan.buckets == 1 or (str(store.path), table) in BUCKETED:
         return  # one bucket: every row is in it, no order to make
     with store.connect() as con:
         columns = con.execute(
@@ -233,7 +234,7 @@ def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
         with store.transaction() as con:
             con.execute(f'DROP TABLE "{table}"')
             con.execute(f'ALTER TABLE "{ordered}" RENAME TO "{table}"')
-    _BUCKETED.add((str(store.path), table))
+    BUCKETED.add((str(store.path), table))
 
 
 def _insert_buckets(
@@ -248,15 +249,15 @@ def _insert_buckets(
 
 
 #: The digest tables this process has put in bucket order (dropped with the job's tables).
-_BUCKETED: set[tuple[str, str]] = set()
+BUCKETED: set[tuple[str, str]] = set()
 
 
-def _bucket(
+def bucket_rows(
     store: PartyStore, job_id: str, plan: Plan, bucket: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, digests)`` of one bucket (every id for ``None``), in row order (so a retry
     computes the same)."""
-    table = _tables(job_id)[0]
+    table = working_tables(job_id)[0]
     if bucket is not None:
         _by_bucket(store, job_id, plan)
     with store.connect() as con:
@@ -280,7 +281,7 @@ def _bucket(
 def send_hello(side: PsiSide) -> None:
     """Step 1 (receiver): base-OT setup."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
-    key = _key(PartyStore.of(ref), job_id)
+    key = job_key(PartyStore.of(ref), job_id)
     side.endpoint.send(peer, kkrt.KIND_HELLO, kkrt.hello(key))
 
 
@@ -288,7 +289,7 @@ def send_hello(side: PsiSide) -> None:
 def send_reply(side: PsiSide) -> None:
     """Step 2 (sender): base-OT choices and the code key."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
-    key = _key(PartyStore.of(ref), job_id)
+    key = job_key(PartyStore.of(ref), job_id)
     endpoint = side.endpoint
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
     endpoint.send(peer, kkrt.KIND_REPLY, kkrt.reply(key, hello, peer))
@@ -297,7 +298,7 @@ def send_reply(side: PsiSide) -> None:
 # ---- per bucket ------------------------------------------------------------------------------
 
 
-def _done(job_id: str, bucket: int) -> str:
+def bucket_done_key(job_id: str, bucket: int) -> str:
     return f"{_prefix(job_id)}bucket/{bucket:06d}"
 
 
@@ -314,8 +315,8 @@ def _receiver_bucket(side: PsiSide, bucket: int) -> tuple[np.ndarray, kkrt.Recei
     store = PartyStore.of(ref)
     with store.session():  # one opening of the database for the step's reads
         plan = plan_for(side)
-        key = _key(store, job_id)
-        rows, digests = _bucket(store, job_id, plan, None if plan.one_table else bucket)
+        key = job_key(store, job_id)
+        rows, digests = bucket_rows(store, job_id, plan, None if plan.one_table else bucket)
     table = kkrt.receiver_table(key, digests, plan, bucket)
     reply = side.endpoint.receive(peer, kkrt.KIND_REPLY)
     return rows, kkrt.extend(key, table, reply, plan, bucket, peer)
@@ -330,7 +331,7 @@ def send_matrix(side: PsiSide, bucket: int) -> None:
     ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     with store.session():
-        if ArtifactStore(store).has(_done(job_id, bucket)):
+        if ArtifactStore(store).has(bucket_done_key(job_id, bucket)):
             return  # matched by an earlier attempt: not redone
         if plan_for(side).matrix_round(bucket) != bucket:
             return  # one table for every bucket: bucket 0's matrix serves them all
@@ -349,18 +350,18 @@ def send_values(side: PsiSide, bucket: int) -> None:
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     with store.session():  # one opening of the database for the step's reads
-        if artifacts.has(_done(job_id, bucket)):
+        if artifacts.has(bucket_done_key(job_id, bucket)):
             return  # sent by an earlier attempt: not redone
-        key = _key(store, job_id)
+        key = job_key(store, job_id)
         plan = plan_for(side)
-        _, digests = _bucket(store, job_id, plan, bucket)
+        _, digests = bucket_rows(store, job_id, plan, bucket)
     prepared = kkrt.sender_bucket(key, digests, plan, bucket)
     endpoint = side.endpoint
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
     matrix = endpoint.receive(peer, kkrt.KIND_MATRIX, round=plan.matrix_round(bucket))
     message = kkrt.evaluate(key, prepared, hello, matrix, plan, bucket, peer)
     endpoint.send(peer, kkrt.KIND_VALUES, message, round=bucket)
-    artifacts.put(_done(job_id, bucket), {"sent": True}, "psi-state")
+    artifacts.put(bucket_done_key(job_id, bucket), {"sent": True}, "psi-state")
 
 
 @task(name="psi-kkrt-match", task_run_name="{side.ref.party}: match, bucket {bucket}", **PARTY_STEP)
@@ -370,7 +371,7 @@ def match_bucket(side: PsiSide, bucket: int) -> None:
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     with store.session():
-        if artifacts.has(_done(job_id, bucket)):
+        if artifacts.has(bucket_done_key(job_id, bucket)):
             return
         plan = plan_for(side)
     table = (str(store.path), job_id, plan.matrix_round(bucket))
@@ -385,23 +386,24 @@ def match_bucket(side: PsiSide, bucket: int) -> None:
     frame["pos"] = found.positions
     frame["row"] = rows[found.result.rows]
     with store.transaction() as con:
-        _matches_table(con, job_id)
-        _insert(con, _tables(job_id)[1], frame)
-        artifacts.put(_done(job_id, bucket), {"matched": found.result.size}, "psi-state", con=con)
+        create_matches_table(con, job_id)
+        insert_frame(con, working_tables(job_id)[1], frame)
+        artifacts.put(
+            bucket_done_key(job_id, bucket), {"matched": found.result.size}, "psi-state", con=con
+        )
     if not plan.one_table:  # the one table serves the next buckets too
         _RECEIVER_STATES.pop(table, None)
 
 
-def _matches_table(con: duckdb.DuckDBPyConnection, job_id: str) -> None:
-    con.execute(
-        f'CREATE TABLE IF NOT EXISTS "{_tables(job_id)[1]}" (bucket BIGINT, pos BIGINT, row BIGINT)'
-    )
+def create_matches_table(con: duckdb.DuckDBPyConnection, job_id: str) -> None:
+    matches = working_tables(job_id)[1]
+    con.execute(f'CREATE TABLE IF NOT EXISTS "{matches}" (bucket BIGINT, pos BIGINT, row BIGINT)')
 
 
 # ---- release and write -----------------------------------------------------------------------
 
 
-def _write(
+def write_aligned(
     store: PartyStore,
     ref: TableRef,
     job_id: str,
@@ -413,7 +415,7 @@ def _write(
     lineage; the job's working tables and secrets go in the same transaction."""
     size, own_size, peer_size = sizes
     table = aligned_table_name(ref)
-    ids, matches = _tables(job_id)
+    ids, matches = working_tables(job_id)
     con.execute(
         f'CREATE OR REPLACE TABLE "{table}" AS SELECT s.* FROM "{ref.table}" s '
         f'JOIN "{matches}" m ON s.rowid = m.row ORDER BY m.bucket, m.pos'
@@ -431,12 +433,12 @@ def _write(
 
 
 def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
-    _KEYS.pop((str(store.path), job_id), None)
+    JOB_KEYS.pop((str(store.path), job_id), None)
     kkrt.forget_base_ots()
-    _BUCKETED.discard((str(store.path), _tables(job_id)[0]))
+    BUCKETED.discard((str(store.path), working_tables(job_id)[0]))
     for held in [k for k in _RECEIVER_STATES if k[:2] == (str(store.path), job_id)]:
         del _RECEIVER_STATES[held]
-    _sealed(store, job_id).destroy()  # after the commit: a failed write keeps the job resumable
+    job_secrets(store, job_id).destroy()  # after the commit: a failed write keeps the job resumable
     get_run_logger().info(
         "%s aligned %d of %d rows into %s (KKRT16)",
         ref.party,
@@ -455,21 +457,24 @@ def release_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
     artifacts = ArtifactStore(store)
     with store.session():  # one opening of the database for the B reads
         plan = plan_for(side)
-        size = sum(int(artifacts.get(_done(job_id, b))["matched"]) for b in range(plan.buckets))
+        size = sum(
+            int(artifacts.get(bucket_done_key(job_id, b))["matched"]) for b in range(plan.buckets)
+        )
     endpoint = side.endpoint
     answer = kkrt.result_message(size, min_rows)
     endpoint.send(peer, kkrt.KIND_RESULT, answer)
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
-    source_digest = _source_digest(store, ref, job_id)
+    source_digest = table_source_digest(store, ref, job_id)
     with store.transaction() as con:
-        _matches_table(con, job_id)
+        create_matches_table(con, job_id)
         for bucket in range(plan.buckets):
             positions = con.execute(
-                f'SELECT pos FROM "{_tables(job_id)[1]}" WHERE bucket = ? ORDER BY pos', [bucket]
+                f'SELECT pos FROM "{working_tables(job_id)[1]}" WHERE bucket = ? ORDER BY pos',
+                [bucket],
             ).fetchnumpy()["pos"]
             endpoint.send(peer, kkrt.KIND_POSITIONS, kkrt.positions_message(positions), bucket)
         sizes = (size, plan.own_size, plan.peer_size)
-        summary = _write(store, ref, job_id, con, sizes, source_digest)
+        summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
     _finish(store, ref, job_id, summary)
     return summary
 
@@ -480,30 +485,30 @@ def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
     same order. Refuses a withheld, empty or small intersection and bad positions."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
-    key = _key(store, job_id)
+    key = job_key(store, job_id)
     plan = plan_for(side)
     endpoint = side.endpoint
     size = kkrt.released_size(endpoint.receive(peer, kkrt.KIND_RESULT), peer)
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
-    placed, source_digest = 0, _source_digest(store, ref, job_id)
+    placed, source_digest = 0, table_source_digest(store, ref, job_id)
     with store.transaction() as con:
-        con.execute(f'DROP TABLE IF EXISTS "{_tables(job_id)[1]}"')  # an earlier attempt's
-        _matches_table(con, job_id)
+        con.execute(f'DROP TABLE IF EXISTS "{working_tables(job_id)[1]}"')  # an earlier attempt's
+        create_matches_table(con, job_id)
         for bucket in range(plan.buckets):
             message = endpoint.receive(peer, kkrt.KIND_POSITIONS, round=bucket)
-            rows, _ = _bucket(store, job_id, plan, bucket)
+            rows, _ = bucket_rows(store, job_id, plan, bucket)
             at = kkrt.sender_rows(key, len(rows), plan, bucket, message, peer)
             frame = pd.DataFrame({"bucket": np.full(len(at), bucket, dtype=np.int64)})
             frame["pos"] = message["positions"]
             frame["row"] = rows[at]
-            _insert(con, _tables(job_id)[1], frame)
+            insert_frame(con, working_tables(job_id)[1], frame)
             placed += len(at)
         if placed != size:
             raise psi.PsiError(
                 f"{peer} announced {size} shared rows but sent {placed} positions: refused"
             )
         sizes = (size, plan.own_size, plan.peer_size)
-        summary = _write(store, ref, job_id, con, sizes, source_digest)
+        summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
     _finish(store, ref, job_id, summary)
     return summary
 

@@ -27,20 +27,20 @@ from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
 from tasks.psi import PsiSide
 from tasks.psi_kkrt import (
-    _BUCKETED,
-    _KEYS,
-    _bucket,
-    _done,
-    _insert,
-    _key,
-    _matches_table,
-    _sealed,
-    _source_digest,
-    _tables,
-    _write,
+    BUCKETED,
+    JOB_KEYS,
+    bucket_done_key,
+    bucket_rows,
+    create_matches_table,
+    insert_frame,
+    job_key,
+    job_secrets,
     plan_for,
     prepare_ids,
     send_size,
+    table_source_digest,
+    working_tables,
+    write_aligned,
 )
 
 #: Per-process state between a party's steps of one table, keyed by (store, job, table): R's
@@ -64,7 +64,7 @@ def start_side(side: PsiSide) -> Plan:
     choices (each idempotent: a retry redoes only what had not finished)."""
     send_size.fn(side, prepare_ids.fn(side.ref, side.job_id))
     plan = plan_for(side)
-    key = _key(PartyStore.of(side.ref), side.job_id)
+    key = job_key(PartyStore.of(side.ref), side.job_id)
     endpoint, peer = side.endpoint, side.peer
     if plan.receiver:
         endpoint.send(peer, rr22.KIND_HELLO, rr22.hello(key))
@@ -75,7 +75,7 @@ def start_side(side: PsiSide) -> Plan:
 
 
 def _receiver_vole(side: PsiSide, plan: Plan, table: int) -> rr22.ReceiverVole:
-    key = _key(PartyStore.of(side.ref), side.job_id)
+    key = job_key(PartyStore.of(side.ref), side.job_id)
     reply = side.endpoint.receive(side.peer, rr22.KIND_REPLY)
     message, kept = rr22.extend(key, reply, plan, table, side.peer)
     side.endpoint.send(side.peer, rr22.KIND_EXTEND, message, round=table)  # idempotent
@@ -88,7 +88,7 @@ def send_extend(side: PsiSide, table: int) -> None:
     """Step 3 (R): the correlated-OT columns of one table's VOLE."""
     store = PartyStore.of(side.ref)
     with store.session():
-        if ArtifactStore(store).has(_done(side.job_id, table)):
+        if ArtifactStore(store).has(bucket_done_key(side.job_id, table)):
             return
         plan = plan_for(side)
     _receiver_vole(side, plan, table)
@@ -99,10 +99,10 @@ def send_vole(side: PsiSide, table: int) -> None:
     """Step 4 (S): the VOLE message of one table; keeps its share ``B``."""
     store = PartyStore.of(side.ref)
     with store.session():
-        if ArtifactStore(store).has(_done(side.job_id, table)):
+        if ArtifactStore(store).has(bucket_done_key(side.job_id, table)):
             return
         plan = plan_for(side)
-        key = _key(store, side.job_id)
+        key = job_key(store, side.job_id)
     _sender_share(side, plan, table, key)
 
 
@@ -119,8 +119,8 @@ def _sender_share(side: PsiSide, plan: Plan, table: int, key: bytes) -> np.ndarr
 def _receiver_state(side: PsiSide, plan: Plan, table: int) -> tuple[np.ndarray, Any]:
     store = PartyStore.of(side.ref)
     with store.session():
-        key = _key(store, side.job_id)
-        rows, digests = _bucket(store, side.job_id, plan, None if plan.one_table else table)
+        key = job_key(store, side.job_id)
+        rows, digests = bucket_rows(store, side.job_id, plan, None if plan.one_table else table)
     kept = _RECEIVER_VOLES.pop(_held(side, table), None) or _receiver_vole(side, plan, table)
     message = side.endpoint.receive(side.peer, rr22.KIND_VOLE, round=table)
     okvs_message, state = rr22.encode(key, digests, kept, message, plan, table, side.peer)
@@ -134,7 +134,7 @@ def send_okvs(side: PsiSide, table: int) -> None:
     """Step 5 (R): finish the table's VOLE, send ``P + A``; keeps its outputs."""
     store = PartyStore.of(side.ref)
     with store.session():
-        if ArtifactStore(store).has(_done(side.job_id, table)):
+        if ArtifactStore(store).has(bucket_done_key(side.job_id, table)):
             return
         plan = plan_for(side)
     _receiver_state(side, plan, table)
@@ -148,11 +148,11 @@ def send_values(side: PsiSide, bucket: int) -> None:
     store = PartyStore.of(side.ref)
     artifacts = ArtifactStore(store)
     with store.session():
-        if artifacts.has(_done(side.job_id, bucket)):
+        if artifacts.has(bucket_done_key(side.job_id, bucket)):
             return
-        key = _key(store, side.job_id)
+        key = job_key(store, side.job_id)
         plan = plan_for(side)
-        _, digests = _bucket(store, side.job_id, plan, bucket)
+        _, digests = bucket_rows(store, side.job_id, plan, bucket)
     table = plan.matrix_round(bucket)
     held = _held(side, table)
     share = _SENDER_SHARES.get(held)
@@ -161,7 +161,7 @@ def send_values(side: PsiSide, bucket: int) -> None:
     okvs_message = side.endpoint.receive(side.peer, rr22.KIND_OKVS, round=table)
     message = rr22.values(key, digests, share, okvs_message, plan, bucket, side.peer)
     side.endpoint.send(side.peer, rr22.KIND_VALUES, message, round=bucket)
-    artifacts.put(_done(side.job_id, bucket), {"sent": True}, "psi-state")
+    artifacts.put(bucket_done_key(side.job_id, bucket), {"sent": True}, "psi-state")
     if not plan.one_table:
         _SENDER_SHARES.pop(held, None)
 
@@ -172,7 +172,7 @@ def match_bucket(side: PsiSide, bucket: int) -> None:
     store = PartyStore.of(side.ref)
     artifacts = ArtifactStore(store)
     with store.session():
-        if artifacts.has(_done(side.job_id, bucket)):
+        if artifacts.has(bucket_done_key(side.job_id, bucket)):
             return
         plan = plan_for(side)
     table = plan.matrix_round(bucket)
@@ -184,23 +184,23 @@ def match_bucket(side: PsiSide, bucket: int) -> None:
     frame["pos"] = found.positions
     frame["row"] = rows[found.result.rows]
     with store.transaction() as con:
-        _matches_table(con, side.job_id)
-        _insert(con, _tables(side.job_id)[1], frame)
+        create_matches_table(con, side.job_id)
+        insert_frame(con, working_tables(side.job_id)[1], frame)
         done = {"matched": found.result.size}
-        artifacts.put(_done(side.job_id, bucket), done, "psi-state", con=con)
+        artifacts.put(bucket_done_key(side.job_id, bucket), done, "psi-state", con=con)
     if not plan.one_table:
         _RECEIVER_STATES.pop(_held(side, table), None)
 
 
 def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
     """Forget every secret of the finished job in this process, then destroy its sealed key."""
-    _KEYS.pop((str(store.path), job_id), None)
+    JOB_KEYS.pop((str(store.path), job_id), None)
     rr22.forget_base_ots()
-    _BUCKETED.discard((str(store.path), _tables(job_id)[0]))
+    BUCKETED.discard((str(store.path), working_tables(job_id)[0]))
     for held in (_RECEIVER_VOLES, _RECEIVER_STATES, _SENDER_SHARES):
         for k in [k for k in held if k[:2] == (str(store.path), job_id)]:
             del held[k]
-    _sealed(store, job_id).destroy()
+    job_secrets(store, job_id).destroy()
     get_run_logger().info(
         "%s aligned %d of %d rows into %s (RR22)",
         ref.party,
@@ -219,22 +219,25 @@ def release_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
     artifacts = ArtifactStore(store)
     with store.session():
         plan = plan_for(side)
-        size = sum(int(artifacts.get(_done(job_id, b))["matched"]) for b in range(plan.buckets))
+        size = sum(
+            int(artifacts.get(bucket_done_key(job_id, b))["matched"]) for b in range(plan.buckets)
+        )
     endpoint = side.endpoint
     answer = {"size": size, "released": size == 0 or size >= min_rows}
     endpoint.send(peer, rr22.KIND_RESULT, answer)
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
-    source_digest = _source_digest(store, ref, job_id)
+    source_digest = table_source_digest(store, ref, job_id)
     with store.transaction() as con:
-        _matches_table(con, job_id)
+        create_matches_table(con, job_id)
         for bucket in range(plan.buckets):
             positions = con.execute(
-                f'SELECT pos FROM "{_tables(job_id)[1]}" WHERE bucket = ? ORDER BY pos', [bucket]
+                f'SELECT pos FROM "{working_tables(job_id)[1]}" WHERE bucket = ? ORDER BY pos',
+                [bucket],
             ).fetchnumpy()["pos"]
             message = rr22.matched_message(positions, plan.peer_padded)
             endpoint.send(peer, rr22.KIND_MATCHED, message, round=bucket)
         sizes = (size, plan.own_size, plan.peer_size)
-        summary = _write(store, ref, job_id, con, sizes, source_digest)
+        summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
     _finish(store, ref, job_id, summary)
     return summary
 
@@ -245,7 +248,7 @@ def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
     Refuses a withheld, empty or small intersection and a bad bitmap."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
-    key = _key(store, job_id)
+    key = job_key(store, job_id)
     plan = plan_for(side)
     endpoint = side.endpoint
     result = endpoint.receive(peer, rr22.KIND_RESULT)
@@ -259,24 +262,24 @@ def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise psi.PsiError(f"the result message from {peer} gives the invalid size {size!r}")
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
-    placed, source_digest = 0, _source_digest(store, ref, job_id)
+    placed, source_digest = 0, table_source_digest(store, ref, job_id)
     with store.transaction() as con:
-        con.execute(f'DROP TABLE IF EXISTS "{_tables(job_id)[1]}"')  # an earlier attempt's
-        _matches_table(con, job_id)
+        con.execute(f'DROP TABLE IF EXISTS "{working_tables(job_id)[1]}"')  # an earlier attempt's
+        create_matches_table(con, job_id)
         for bucket in range(plan.buckets):
             message = endpoint.receive(peer, rr22.KIND_MATCHED, round=bucket)
-            rows, _ = _bucket(store, job_id, plan, bucket)
+            rows, _ = bucket_rows(store, job_id, plan, bucket)
             positions, at = rr22.sender_rows(key, len(rows), plan, bucket, message, peer)
             frame = pd.DataFrame({"bucket": np.full(len(at), bucket, dtype=np.int64)})
             frame["pos"] = positions
             frame["row"] = rows[at]
-            _insert(con, _tables(job_id)[1], frame)
+            insert_frame(con, working_tables(job_id)[1], frame)
             placed += len(at)
         if placed != size:
             raise psi.PsiError(
                 f"{peer} announced {size} shared rows but marked {placed} positions: refused"
             )
-        summary = _write(
+        summary = write_aligned(
             store, ref, job_id, con, (size, plan.own_size, plan.peer_size), source_digest
         )
     _finish(store, ref, job_id, summary)

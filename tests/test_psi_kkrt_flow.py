@@ -48,7 +48,7 @@ def test_kkrt_flow_aligns_like_ecdh_and_leaks_no_id(workspace: Path) -> None:
     kkrt_a, kkrt_b = _ids(a, result, 0), _ids(b, result, 1)
     assert kkrt_a == kkrt_b and set(kkrt_a) == expected  # one order on both sides
     # no secret of the finished job stays in this process's memory: job keys, base-OT seeds
-    assert not [k for k in psi_kkrt._KEYS if k[1] == result["job_id"]]
+    assert not [k for k in psi_kkrt.JOB_KEYS if k[1] == result["job_id"]]
     assert kkrt._base_ot_pairs.cache_info().currsize == 0
     assert kkrt._base_ot_chosen.cache_info().currsize == 0
 

@@ -132,7 +132,7 @@ class PsiOptions(_Strict):
 
     min_rows: int = Field(100, ge=1, description="smallest intersection either party accepts")
     protocol: Literal["kkrt", "rr22", "ecdh"] = Field(
-        "kkrt", description="OT extension (KKRT16), VOLE and OKVS (RR22), or X25519"
+        "rr22", description="OT extension (KKRT16), VOLE and OKVS (RR22), or X25519"
     )
 
 

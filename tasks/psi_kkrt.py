@@ -1,4 +1,4 @@
-"""KKRT16 PSI alignment (the default protocol), one task per party step and bucket; maths in
+"""KKRT16 PSI alignment (``protocol: "kkrt"``), one task per party step and bucket; maths in
 :mod:`core.psi_ot.protocol`. Its ids, digest tables, buckets, job key and written table are
 RR22's too (:mod:`tasks.psi_rr22` imports those helpers by their public names).
 

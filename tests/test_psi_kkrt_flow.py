@@ -42,7 +42,7 @@ def _ids(ref: TableRef, result: dict, index: int) -> list[str]:
 
 def test_kkrt_flow_aligns_like_ecdh_and_leaks_no_id(workspace: Path) -> None:
     a, b, expected = make_parties(workspace)
-    result = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
+    result = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
     assert result["intersection_size"] == len(expected) == 150
     assert result["set_sizes"] == [190, 210]
     kkrt_a, kkrt_b = _ids(a, result, 0), _ids(b, result, 1)
@@ -70,7 +70,7 @@ def test_kkrt_flow_aligns_like_ecdh_and_leaks_no_id(workspace: Path) -> None:
     digests = kkrt.item_digests(sorted(everyone), "test")
     assert not any(d[:15].tobytes() in raw for d in digests)
 
-    again = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
+    again = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
     assert again["reused"] and again["job_id"] == result["job_id"]
     ecdh = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="ecdh")
     assert ecdh["job_id"] != result["job_id"]  # one job per protocol
@@ -80,7 +80,7 @@ def test_kkrt_flow_aligns_like_ecdh_and_leaks_no_id(workspace: Path) -> None:
 def test_small_intersection_is_refused_and_nothing_written(workspace: Path) -> None:
     a, b, _ = make_parties(workspace, shared=30)
     with pytest.raises(psi.PsiError, match="below min_rows=100"):
-        psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
+        psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
     assert not PartyStore.of(a).has_table("accounts_aligned")
     assert not PartyStore.of(b).has_table("orders_aligned")
 
@@ -94,7 +94,7 @@ def test_unknown_protocol_is_refused(workspace: Path) -> None:
 
 def _both(a: dict, b: dict, job: str, workspace: str) -> list[dict]:
     """Both sides of a KKRT job with a given id, in this process; each side's aligned table."""
-    aligned = psi_align(a, b, workspace=workspace, job_id=job)["aligned"]
+    aligned = psi_align(a, b, workspace=workspace, job_id=job, protocol="kkrt")["aligned"]
     return [{"table": side["table"]} for side in aligned]
 
 

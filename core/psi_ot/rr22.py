@@ -1,6 +1,6 @@
 """VOLE-based PSI at RR22's communication (244-264 bits per id counted from the messages here,
-the paper's own 251; KKRT16 here: 944), both parties learning the intersection, run bucket by bucket like
-KKRT16 (:mod:`.protocol`), as steps that exchange plain messages.
+the paper's own 251; KKRT16 here: 944), both parties learning the intersection, run bucket by
+bucket like KKRT16 (:mod:`.protocol`), as steps that exchange plain messages.
 
 Raghuraman and Rindal, "Blazing Fast PSI from Improved OKVS and Subfield VOLE", ACM CCS 2022,
 the semi-honest protocol: the receiver R encodes an OKVS ``P`` with ``Decode(P, y) = H(y)``

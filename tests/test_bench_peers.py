@@ -119,3 +119,16 @@ def test_bench_wan_prints_the_psi_target_beside_privregs_1m_rr22_row_at_wan():
     assert bench_wan.psi_target(kkrt, wan.WAN, figures, measured) == ""
     assert bench_wan.bits_per_id(figures) == "280"
     assert bench_wan.bits_per_id({"sent": 1}) == ""  # not a PSI row
+
+
+def test_bench_wan_prints_the_round_trip_target_beside_the_ten_hospital_row_at_wan():
+    from benchmarks import bench_wan, wan
+
+    name = "horizontal LR, 10 hospitals"
+    assert bench_wan.round_trip_target(name, wan.WAN, {"message round trips": 3}) == (
+        "≤ 4 round trips per round: met"
+    )
+    assert bench_wan.round_trip_target(name, wan.WAN, {"message round trips": 5}).endswith("missed")
+    assert bench_wan.round_trip_target(name, wan.WAN, None) == "not measured"
+    assert bench_wan.round_trip_target(name, wan.LAN, {"message round trips": 3}) == ""
+    assert bench_wan.round_trip_target("horizontal LR, 3 hospitals", wan.WAN, {}) == ""

@@ -233,6 +233,9 @@ def test_a_dp_run_is_charged_once_refused_over_budget_and_resumed_without_a_seco
 
     for ref in refs:
         PrivacyLedger(PartyStore.of(ref)).set_budget("patients", 5.0, 1e-5)
+    # every hospital answers from here on: a deadline of 30 s, not 10, so that a loaded machine
+    # (a full test run shares two cores) does not drop all three at the job's keys
+    options["stage_timeout"] = 30
     with pytest.raises(SimulatedCrashError):  # killed in round 1, its noisy inputs sent
         run(refs, workspace, job_id="hlr-dp", crash_after="1:mask_input", **options)
     charged = _ledgers(refs)

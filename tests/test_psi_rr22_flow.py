@@ -68,7 +68,7 @@ def test_rr22_flow_aligns_like_kkrt_and_leaks_no_id(workspace: Path) -> None:
 
     again = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="rr22")
     assert again["reused"] and again["job_id"] == result["job_id"]
-    kkrt_run = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace))
+    kkrt_run = psi_align(a.to_dict(), b.to_dict(), workspace=str(workspace), protocol="kkrt")
     assert kkrt_run["job_id"] != result["job_id"]  # one job per protocol
     assert set(_ids(a, kkrt_run, 0)) == set(rr22_a) and kkrt_run["intersection_size"] == 150
 

@@ -518,11 +518,12 @@ def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
 Step = Callable[..., Any]
 
 
-def _call(step: Any, *args: Any) -> Any:
+def run_step(step: Any, *args: Any) -> Any:
+    """A side's default ``call``: the step as a Prefect task run."""
     return step(*args)
 
 
-def party_side(side: PsiSide, min_rows: int, call: Step = _call) -> dict[str, Any]:
+def party_side(side: PsiSide, min_rows: int, call: Step = run_step) -> dict[str, Any]:
     """One party's whole side in its role's order. ``call(task, *args)`` runs each step (as a
     Prefect task by default; a benchmark passes one that calls ``task.fn``).
 

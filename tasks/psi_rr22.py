@@ -11,7 +11,6 @@ More: docs/protocols/psi.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from tasks.psi import PsiSide
 from tasks.psi_kkrt import (
     BUCKETED,
     JOB_KEYS,
+    Step,
     bucket_done_key,
     bucket_rows,
     create_matches_table,
@@ -37,6 +37,7 @@ from tasks.psi_kkrt import (
     job_secrets,
     plan_for,
     prepare_ids,
+    run_step,
     send_size,
     table_source_digest,
     working_tables,
@@ -288,14 +289,8 @@ def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
 
 # ---- whole sides -----------------------------------------------------------------------------
 
-Step = Callable[..., Any]
 
-
-def _call(step: Any, *args: Any) -> Any:
-    return step(*args)
-
-
-def party_side(side: PsiSide, min_rows: int, call: Step = _call) -> dict[str, Any]:
+def party_side(side: PsiSide, min_rows: int, call: Step = run_step) -> dict[str, Any]:
     """One party's whole side in its role's order (``call`` as in
     :func:`tasks.psi_kkrt.party_side`), the party's database open throughout."""
     with PartyStore.of(side.ref).session():

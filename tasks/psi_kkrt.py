@@ -448,10 +448,23 @@ def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, An
     )
 
 
-@task(name="psi-kkrt-release", task_run_name="{side.ref.party}: release and store", **PARTY_STEP)
-def release_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
-    """Step 5 (receiver), every bucket matched: the size, then (when released) the positions
-    per bucket; then the aligned table. Refuses an empty or small intersection."""
+@dataclass(frozen=True)
+class MatchedPositions:
+    """How a protocol carries R's matched positions (in S's order) to S once R releases them:
+    the kinds of its result and per-bucket messages, R's encoding of a bucket's positions and
+    S's decoding of it into ``(positions, indices among its bucket's rows)``, and the step that
+    forgets the job's secrets in this process once its table is written."""
+
+    result_kind: str
+    matched_kind: str
+    encode: Callable[[np.ndarray, Plan], Any]
+    decode: Callable[[bytes, int, Plan, int, Any, str], tuple[np.ndarray, np.ndarray]]
+    finish: Callable[[PartyStore, TableRef, str, dict[str, Any]], None]
+
+
+def release_matches(side: PsiSide, min_rows: int, carried: MatchedPositions) -> dict[str, Any]:
+    """R, every bucket matched: the size, then (when released) each bucket's matched positions;
+    then the aligned table. Refuses an empty or small intersection."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
@@ -461,8 +474,7 @@ def release_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
             int(artifacts.get(bucket_done_key(job_id, b))["matched"]) for b in range(plan.buckets)
         )
     endpoint = side.endpoint
-    answer = kkrt.result_message(size, min_rows)
-    endpoint.send(peer, kkrt.KIND_RESULT, answer)
+    endpoint.send(peer, carried.result_kind, kkrt.result_message(size, min_rows))
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
     source_digest = table_source_digest(store, ref, job_id)
     with store.transaction() as con:
@@ -472,45 +484,72 @@ def release_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
                 f'SELECT pos FROM "{working_tables(job_id)[1]}" WHERE bucket = ? ORDER BY pos',
                 [bucket],
             ).fetchnumpy()["pos"]
-            endpoint.send(peer, kkrt.KIND_POSITIONS, kkrt.positions_message(positions), bucket)
+            endpoint.send(peer, carried.matched_kind, carried.encode(positions, plan), bucket)
         sizes = (size, plan.own_size, plan.peer_size)
         summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
-    _finish(store, ref, job_id, summary)
+    carried.finish(store, ref, job_id, summary)
     return summary
 
 
-@task(name="psi-kkrt-finish", task_run_name="{side.ref.party}: store aligned rows", **PARTY_STEP)
-def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
-    """Step 6 (sender): own rows at the receiver's positions, bucket by bucket, written in the
-    same order. Refuses a withheld, empty or small intersection and bad positions."""
+def store_matched_rows(side: PsiSide, min_rows: int, carried: MatchedPositions) -> dict[str, Any]:
+    """S: own rows at R's matched positions, bucket by bucket, written in the same order.
+    Refuses a withheld, empty or small intersection and positions that do not decode."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     key = job_key(store, job_id)
     plan = plan_for(side)
     endpoint = side.endpoint
-    size = kkrt.released_size(endpoint.receive(peer, kkrt.KIND_RESULT), peer)
+    size = kkrt.released_size(endpoint.receive(peer, carried.result_kind), peer)
     psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
     placed, source_digest = 0, table_source_digest(store, ref, job_id)
     with store.transaction() as con:
         con.execute(f'DROP TABLE IF EXISTS "{working_tables(job_id)[1]}"')  # an earlier attempt's
         create_matches_table(con, job_id)
         for bucket in range(plan.buckets):
-            message = endpoint.receive(peer, kkrt.KIND_POSITIONS, round=bucket)
+            message = endpoint.receive(peer, carried.matched_kind, round=bucket)
             rows, _ = bucket_rows(store, job_id, plan, bucket)
-            at = kkrt.sender_rows(key, len(rows), plan, bucket, message, peer)
+            positions, at = carried.decode(key, len(rows), plan, bucket, message, peer)
             frame = pd.DataFrame({"bucket": np.full(len(at), bucket, dtype=np.int64)})
-            frame["pos"] = message["positions"]
+            frame["pos"] = positions
             frame["row"] = rows[at]
             insert_frame(con, working_tables(job_id)[1], frame)
             placed += len(at)
         if placed != size:
             raise psi.PsiError(
-                f"{peer} announced {size} shared rows but sent {placed} positions: refused"
+                f"{peer} announced {size} shared rows but matched {placed} positions: refused"
             )
         sizes = (size, plan.own_size, plan.peer_size)
         summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
-    _finish(store, ref, job_id, summary)
+    carried.finish(store, ref, job_id, summary)
     return summary
+
+
+def _positions(
+    key: bytes, real: int, plan: Plan, bucket: int, message: Any, peer: str
+) -> tuple[np.ndarray, np.ndarray]:
+    at = kkrt.sender_rows(key, real, plan, bucket, message, peer)
+    return np.asarray(message["positions"]), at
+
+
+KKRT_POSITIONS = MatchedPositions(
+    kkrt.KIND_RESULT,
+    kkrt.KIND_POSITIONS,
+    lambda positions, _plan: kkrt.positions_message(positions),
+    _positions,
+    _finish,
+)
+
+
+@task(name="psi-kkrt-release", task_run_name="{side.ref.party}: release and store", **PARTY_STEP)
+def release_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
+    """Step 5 (receiver): :func:`release_matches` with KKRT16's positions."""
+    return release_matches(side, min_rows, KKRT_POSITIONS)
+
+
+@task(name="psi-kkrt-finish", task_run_name="{side.ref.party}: store aligned rows", **PARTY_STEP)
+def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
+    """Step 6 (sender): :func:`store_matched_rows` from KKRT16's positions."""
+    return store_matched_rows(side, min_rows, KKRT_POSITIONS)
 
 
 # ---- whole sides -----------------------------------------------------------------------------

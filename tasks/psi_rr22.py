@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 from prefect import get_run_logger, task
 
-from core import psi
 from core.psi_ot import rr22
 from core.psi_ot.buckets import Plan
 from storage.artifacts import ArtifactStore
@@ -28,6 +27,7 @@ from tasks.psi import PsiSide
 from tasks.psi_kkrt import (
     BUCKETED,
     JOB_KEYS,
+    MatchedPositions,
     Step,
     bucket_done_key,
     bucket_rows,
@@ -37,11 +37,11 @@ from tasks.psi_kkrt import (
     job_secrets,
     plan_for,
     prepare_ids,
+    release_matches,
     run_step,
     send_size,
-    table_source_digest,
+    store_matched_rows,
     working_tables,
-    write_aligned,
 )
 
 #: Per-process state between a party's steps of one table, keyed by (store, job, table): R's
@@ -211,80 +211,26 @@ def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, An
     )
 
 
+#: RR22's matched positions travel as a bitmap over S's padded bucket
+RR22_BITMAP = MatchedPositions(
+    rr22.KIND_RESULT,
+    rr22.KIND_MATCHED,
+    lambda positions, plan: rr22.matched_message(positions, plan.peer_padded),
+    rr22.sender_rows,
+    _finish,
+)
+
+
 @task(name="psi-rr22-release", task_run_name="{side.ref.party}: release and store", **PARTY_STEP)
 def release_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
-    """Step 7 (R), every bucket matched: the size, then (when released) a bitmap of matched
-    positions per bucket; then the aligned table. Refuses an empty or small intersection."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
-    store = PartyStore.of(ref)
-    artifacts = ArtifactStore(store)
-    with store.session():
-        plan = plan_for(side)
-        size = sum(
-            int(artifacts.get(bucket_done_key(job_id, b))["matched"]) for b in range(plan.buckets)
-        )
-    endpoint = side.endpoint
-    answer = {"size": size, "released": size == 0 or size >= min_rows}
-    endpoint.send(peer, rr22.KIND_RESULT, answer)
-    psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
-    source_digest = table_source_digest(store, ref, job_id)
-    with store.transaction() as con:
-        create_matches_table(con, job_id)
-        for bucket in range(plan.buckets):
-            positions = con.execute(
-                f'SELECT pos FROM "{working_tables(job_id)[1]}" WHERE bucket = ? ORDER BY pos',
-                [bucket],
-            ).fetchnumpy()["pos"]
-            message = rr22.matched_message(positions, plan.peer_padded)
-            endpoint.send(peer, rr22.KIND_MATCHED, message, round=bucket)
-        sizes = (size, plan.own_size, plan.peer_size)
-        summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
-    _finish(store, ref, job_id, summary)
-    return summary
+    """Step 7 (R): :func:`tasks.psi_kkrt.release_matches` with a bitmap per bucket."""
+    return release_matches(side, min_rows, RR22_BITMAP)
 
 
 @task(name="psi-rr22-finish", task_run_name="{side.ref.party}: store aligned rows", **PARTY_STEP)
 def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
-    """Step 8 (S): own rows at the matched positions, bucket by bucket, in the same order.
-    Refuses a withheld, empty or small intersection and a bad bitmap."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
-    store = PartyStore.of(ref)
-    key = job_key(store, job_id)
-    plan = plan_for(side)
-    endpoint = side.endpoint
-    result = endpoint.receive(peer, rr22.KIND_RESULT)
-    if not isinstance(result, dict) or not result.get("released", False):
-        count = result.get("size") if isinstance(result, dict) else None
-        raise psi.PeerRefusedError(
-            f"{peer} refused to release the intersection of {count!r} rows (below its "
-            "min_rows or empty)"
-        )
-    size = result.get("size")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise psi.PsiError(f"the result message from {peer} gives the invalid size {size!r}")
-    psi.check_release_size(size, plan.own_size, plan.peer_size, min_rows)
-    placed, source_digest = 0, table_source_digest(store, ref, job_id)
-    with store.transaction() as con:
-        con.execute(f'DROP TABLE IF EXISTS "{working_tables(job_id)[1]}"')  # an earlier attempt's
-        create_matches_table(con, job_id)
-        for bucket in range(plan.buckets):
-            message = endpoint.receive(peer, rr22.KIND_MATCHED, round=bucket)
-            rows, _ = bucket_rows(store, job_id, plan, bucket)
-            positions, at = rr22.sender_rows(key, len(rows), plan, bucket, message, peer)
-            frame = pd.DataFrame({"bucket": np.full(len(at), bucket, dtype=np.int64)})
-            frame["pos"] = positions
-            frame["row"] = rows[at]
-            insert_frame(con, working_tables(job_id)[1], frame)
-            placed += len(at)
-        if placed != size:
-            raise psi.PsiError(
-                f"{peer} announced {size} shared rows but marked {placed} positions: refused"
-            )
-        summary = write_aligned(
-            store, ref, job_id, con, (size, plan.own_size, plan.peer_size), source_digest
-        )
-    _finish(store, ref, job_id, summary)
-    return summary
+    """Step 8 (S): :func:`tasks.psi_kkrt.store_matched_rows` from the bitmaps."""
+    return store_matched_rows(side, min_rows, RR22_BITMAP)
 
 
 # ---- whole sides -----------------------------------------------------------------------------

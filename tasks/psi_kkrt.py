@@ -432,34 +432,43 @@ def write_aligned(
     return summary
 
 
-def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
-    JOB_KEYS.pop((str(store.path), job_id), None)
-    kkrt.forget_base_ots()
-    BUCKETED.discard((str(store.path), working_tables(job_id)[0]))
-    for held in [k for k in _RECEIVER_STATES if k[:2] == (str(store.path), job_id)]:
-        del _RECEIVER_STATES[held]
-    job_secrets(store, job_id).destroy()  # after the commit: a failed write keeps the job resumable
-    get_run_logger().info(
-        "%s aligned %d of %d rows into %s (KKRT16)",
-        ref.party,
-        summary["size"],
-        summary["own_size"],
-        summary["table"],
-    )
-
-
 @dataclass(frozen=True)
 class MatchedPositions:
-    """How a protocol carries R's matched positions (in S's order) to S once R releases them:
-    the kinds of its result and per-bucket messages, R's encoding of a bucket's positions and
-    S's decoding of it into ``(positions, indices among its bucket's rows)``, and the step that
-    forgets the job's secrets in this process once its table is written."""
+    """What differs between the OT-based protocols at their end: the protocol's name (for the
+    log), how R's matched positions (in S's order) travel once released (the kinds of the result
+    and per-bucket messages, R's encoding of a bucket's positions, S's decoding of it into
+    ``(positions, indices among its bucket's rows)``), and the secrets a process keeps between
+    steps (the base-OT seeds' cache, the per-table states keyed ``(store, job, table)``)."""
 
+    name: str
     result_kind: str
     matched_kind: str
     encode: Callable[[np.ndarray, Plan], Any]
     decode: Callable[[bytes, int, Plan, int, Any, str], tuple[np.ndarray, np.ndarray]]
-    finish: Callable[[PartyStore, TableRef, str, dict[str, Any]], None]
+    forget_base_ots: Callable[[], None]
+    held: tuple[dict[tuple[str, str, int], Any], ...]
+
+
+def _finish(
+    store: PartyStore,
+    ref: TableRef,
+    job_id: str,
+    summary: dict[str, Any],
+    carried: MatchedPositions,
+) -> None:
+    """Forget every secret of the finished job in this process, then destroy its sealed key
+    (after the commit: a failed write keeps the job resumable)."""
+    JOB_KEYS.pop((str(store.path), job_id), None)
+    carried.forget_base_ots()
+    BUCKETED.discard((str(store.path), working_tables(job_id)[0]))
+    for held in carried.held:
+        for k in [k for k in held if k[:2] == (str(store.path), job_id)]:
+            del held[k]
+    job_secrets(store, job_id).destroy()
+    get_run_logger().info(
+        "%s aligned %d of %d rows into %s (%s)",
+        ref.party, summary["size"], summary["own_size"], summary["table"], carried.name,
+    )  # fmt: skip
 
 
 def release_matches(side: PsiSide, min_rows: int, carried: MatchedPositions) -> dict[str, Any]:
@@ -487,7 +496,7 @@ def release_matches(side: PsiSide, min_rows: int, carried: MatchedPositions) -> 
             endpoint.send(peer, carried.matched_kind, carried.encode(positions, plan), bucket)
         sizes = (size, plan.own_size, plan.peer_size)
         summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
-    carried.finish(store, ref, job_id, summary)
+    _finish(store, ref, job_id, summary, carried)
     return summary
 
 
@@ -520,7 +529,7 @@ def store_matched_rows(side: PsiSide, min_rows: int, carried: MatchedPositions) 
             )
         sizes = (size, plan.own_size, plan.peer_size)
         summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
-    carried.finish(store, ref, job_id, summary)
+    _finish(store, ref, job_id, summary, carried)
     return summary
 
 
@@ -532,11 +541,13 @@ def _positions(
 
 
 KKRT_POSITIONS = MatchedPositions(
+    "KKRT16",
     kkrt.KIND_RESULT,
     kkrt.KIND_POSITIONS,
     lambda positions, _plan: kkrt.positions_message(positions),
     _positions,
-    _finish,
+    kkrt.forget_base_ots,
+    (_RECEIVER_STATES,),
 )
 
 

@@ -15,18 +15,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from prefect import get_run_logger, task
+from prefect import task
 
 from core.psi_ot import rr22
 from core.psi_ot.buckets import Plan
 from storage.artifacts import ArtifactStore
-from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
 from tasks.psi import PsiSide
 from tasks.psi_kkrt import (
-    BUCKETED,
-    JOB_KEYS,
     MatchedPositions,
     Step,
     bucket_done_key,
@@ -34,7 +31,6 @@ from tasks.psi_kkrt import (
     create_matches_table,
     insert_frame,
     job_key,
-    job_secrets,
     plan_for,
     prepare_ids,
     release_matches,
@@ -193,31 +189,15 @@ def match_bucket(side: PsiSide, bucket: int) -> None:
         _RECEIVER_STATES.pop(_held(side, table), None)
 
 
-def _finish(store: PartyStore, ref: TableRef, job_id: str, summary: dict[str, Any]) -> None:
-    """Forget every secret of the finished job in this process, then destroy its sealed key."""
-    JOB_KEYS.pop((str(store.path), job_id), None)
-    rr22.forget_base_ots()
-    BUCKETED.discard((str(store.path), working_tables(job_id)[0]))
-    for held in (_RECEIVER_VOLES, _RECEIVER_STATES, _SENDER_SHARES):
-        for k in [k for k in held if k[:2] == (str(store.path), job_id)]:
-            del held[k]
-    job_secrets(store, job_id).destroy()
-    get_run_logger().info(
-        "%s aligned %d of %d rows into %s (RR22)",
-        ref.party,
-        summary["size"],
-        summary["own_size"],
-        summary["table"],
-    )
-
-
 #: RR22's matched positions travel as a bitmap over S's padded bucket
 RR22_BITMAP = MatchedPositions(
+    "RR22",
     rr22.KIND_RESULT,
     rr22.KIND_MATCHED,
     lambda positions, plan: rr22.matched_message(positions, plan.peer_padded),
     rr22.sender_rows,
-    _finish,
+    rr22.forget_base_ots,
+    (_RECEIVER_VOLES, _RECEIVER_STATES, _SENDER_SHARES),
 )
 
 

@@ -15,7 +15,7 @@ from federation.workspace import channel_for
 from flows.align import psi_align
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
-from tasks import psi_rr22
+from tasks import psi_kkrt, psi_rr22
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -40,7 +40,7 @@ def test_rr22_flow_aligns_like_kkrt_and_leaks_no_id(workspace: Path) -> None:
     assert result["set_sizes"] == [190, 210]
     rr22_a, rr22_b = _ids(a, result, 0), _ids(b, result, 1)
     assert rr22_a == rr22_b and set(rr22_a) == expected  # one order on both sides
-    assert not [k for k in psi_rr22.JOB_KEYS if k[1] == result["job_id"]]
+    assert not [k for k in psi_kkrt.JOB_KEYS if k[1] == result["job_id"]]  # one for both
     assert rr22._pairs.cache_info().currsize == rr22._chosen.cache_info().currsize == 0
     assert not (psi_rr22._RECEIVER_STATES or psi_rr22._SENDER_SHARES or psi_rr22._RECEIVER_VOLES)
 

@@ -298,6 +298,31 @@ def test_fixed_base_products_equal_powmod(name: str, kernel_path: str) -> None:
     assert table.nbytes == rows * 32 * 8 * -(-int(m).bit_length() // 64)
 
 
+@pytest.mark.parametrize("name", TABLE_MODULI)
+def test_a_table_built_on_several_threads_equals_the_one_thread_build(
+    name: str, kernel_path: str
+) -> None:
+    """Each thread starts its share of the rows from row 0's base by squarings: every entry
+    must equal the one-thread build's, for any split (more threads than rows included)."""
+    m = MODULI[name]
+    base = mpz(secrets.randbelow(int(m)))
+    window, rows = 4, 11
+    exponents = [
+        0,
+        1,
+        2 ** (window * rows) - 1,
+        *(secrets.randbits(window * rows) for _ in range(9)),
+    ]
+    digits = randomness._window_digits(exponents, window * rows, window)
+    expected = [gmpy2.powmod(base, e, m) for e in exponents]
+    for threads in (1, 2, 3, 11, 64):
+        table = native.FixedBaseTable(m, base, rows, window, threads=threads)
+        assert table.products(digits) == expected, threads
+    for threads in (0, 65):
+        with pytest.raises(ValueError, match="threads must be in"):
+            native.FixedBaseTable(m, base, rows, window, threads=threads)
+
+
 def test_table_path_equals_the_gmpy2_table_and_every_mode_decrypts(monkeypatch) -> None:
     public, private = generate_keypair(512, allow_insecure_key_size=True)
     m, h = mpz(public.nsquare), mpz(secrets.randbelow(public.nsquare))
@@ -337,6 +362,26 @@ def test_transpose_dot_equals_the_plaintext_product() -> None:
     encrypted = cipher.encrypt(public, d, private=private)
     result = cipher.decrypt(private, cipher.transpose_dot(public, X, encrypted))
     assert result == [sum(int(x) * v for x, v in zip(X[:, j], d, strict=True)) for j in range(4)]
+
+
+@needs_kernel
+def test_transpose_dot_runs_on_threads_where_the_kernel_does_it(monkeypatch) -> None:
+    """Given worker processes, X^T [[d]] on the kernel runs on this process's threads (the
+    kernel releases the GIL; nothing is shipped), by columns and by row blocks, exactly."""
+    from core.paillier.parallel import ProcessBackend
+
+    public, private = generate_keypair(1024, allow_insecure_key_size=True)
+    backend = ProcessBackend(2)
+    monkeypatch.setattr(cipher, "_parallel_backend", backend)
+    rng = np.random.default_rng(5)
+    rows = 2100  # enough work for the backend with one column
+    d = rng.integers(-(2**30), 2**30, rows).tolist()
+    encrypted = cipher.encrypt(public, d, private=private)
+    for columns in (6, 1):  # whole columns per thread; row blocks multiplied together
+        X = rng.integers(-(2**12), 2**12, (rows, columns)).astype(np.int64)
+        result = cipher.decrypt(private, cipher.transpose_dot(public, X, encrypted))
+        assert result == [int(np.dot(X[:, j].astype(object), d)) for j in range(columns)]
+    assert backend._executor is None
 
 
 @needs_kernel

@@ -49,6 +49,9 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if !defined(_WIN32)
+#include <pthread.h>
+#endif
 
 typedef uint64_t limb;
 typedef unsigned __int128 dlimb;
@@ -1182,13 +1185,93 @@ static void table_free(PyObject *capsule)
     }
 }
 
+/* rows [first, last) of a table; base: row first's base, to_mont'ed, in working form */
+static void fill_rows(fb_table *t, Py_ssize_t first, Py_ssize_t last, const limb *row_base)
+{
+    const mont_ctx *c = &t->ctx;
+    const Py_ssize_t s = c->s, width = (Py_ssize_t)1 << t->window;
+    limb base[MAX_WORDS] ALIGNED, power[MAX_WORDS] ALIGNED;
+    memcpy(base, row_base, sizeof(limb) * (size_t)c->w);
+    for (Py_ssize_t r = first; r < last; r++) {
+        limb *row = t->entries + r * width * s;
+        from_working(row, c->one, c);
+        memcpy(power, base, sizeof(limb) * (size_t)c->w);
+        from_working(row + s, power, c);
+        for (Py_ssize_t v = 2; v < width; v++) {
+            mont_mul(power, power, base, c);
+            from_working(row + v * s, power, c);
+        }
+        /* next row's base: base^(2^w) */
+        mont_mul(base, power, base, c);
+    }
+}
+
+/*
+ * A share of the rows, for one of several threads building a table at once: the share's
+ * first base is row 0's raised to 2^(w first) by squarings (w first of them: a few
+ * thousand products, against 2^w per row), so every entry equals the one-thread build's.
+ */
+typedef struct {
+    fb_table *t;
+    Py_ssize_t first, last;
+    const limb *base; /* row 0's base, Montgomery and working form */
+} table_share;
+
+static void *fill_share(void *arg)
+{
+    const table_share *share = arg;
+    const mont_ctx *c = &share->t->ctx;
+    limb base[MAX_WORDS] ALIGNED;
+    memcpy(base, share->base, sizeof(limb) * (size_t)c->w);
+    for (Py_ssize_t k = 0; k < share->first * share->t->window; k++)
+        mont_sqr(base, base, c);
+    fill_rows(share->t, share->first, share->last, base);
+    return NULL;
+}
+
+#define MAX_BUILD_THREADS 64
+
+/* all rows of t from row 0's base, on up to ``threads`` threads (this one included) */
+static void fill_table(fb_table *t, const limb *base, int threads)
+{
+    if (threads > t->rows)
+        threads = (int)t->rows;
+#if defined(_WIN32)
+    threads = 1;
+#endif
+    if (threads <= 1) {
+        fill_rows(t, 0, t->rows, base);
+        return;
+    }
+#if !defined(_WIN32)
+    table_share shares[MAX_BUILD_THREADS];
+    pthread_t ids[MAX_BUILD_THREADS];
+    int started[MAX_BUILD_THREADS] = {0};
+    for (int k = 0; k < threads; k++) {
+        shares[k].t = t;
+        shares[k].first = t->rows * k / threads;
+        shares[k].last = t->rows * (k + 1) / threads;
+        shares[k].base = base;
+    }
+    for (int k = 1; k < threads; k++)
+        started[k] = pthread_create(&ids[k], NULL, fill_share, &shares[k]) == 0;
+    fill_share(&shares[0]);
+    for (int k = 1; k < threads; k++) {
+        if (started[k])
+            pthread_join(ids[k], NULL);
+        else
+            fill_share(&shares[k]); /* no thread to be had: this one does the share */
+    }
+#endif
+}
+
 static PyObject *fixed_base_table(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer modulus, base_buf;
     Py_ssize_t rows;
-    int window;
-    if (!PyArg_ParseTuple(args, "y*y*ni", &modulus, &base_buf, &rows, &window))
+    int window, threads = 1;
+    if (!PyArg_ParseTuple(args, "y*y*ni|i", &modulus, &base_buf, &rows, &window, &threads))
         return NULL;
     PyObject *capsule = NULL;
     fb_table *t = NULL;
@@ -1200,8 +1283,13 @@ static PyObject *fixed_base_table(PyObject *self, PyObject *args)
                                        "%d and %zd", window, rows);
         goto done;
     }
+    if (threads < 1 || threads > MAX_BUILD_THREADS) {
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, %d], got %d", MAX_BUILD_THREADS,
+                     threads);
+        goto done;
+    }
     const Py_ssize_t s = c->s, width = (Py_ssize_t)1 << window;
-    limb base[MAX_WORDS] ALIGNED, power[MAX_WORDS] ALIGNED;
+    limb base[MAX_WORDS] ALIGNED;
     if (load_residues(base, &base_buf, 1, c, "base") < 0)
         goto done;
     t = aligned_block(sizeof(fb_table));
@@ -1220,18 +1308,7 @@ static PyObject *fixed_base_table(PyObject *self, PyObject *args)
     }
     Py_BEGIN_ALLOW_THREADS
     to_mont(base, c);
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        limb *row = t->entries + r * width * s;
-        from_working(row, c->one, c);
-        memcpy(power, base, sizeof(limb) * (size_t)c->w);
-        from_working(row + s, power, c);
-        for (Py_ssize_t v = 2; v < width; v++) {
-            mont_mul(power, power, base, c);
-            from_working(row + v * s, power, c);
-        }
-        /* next row's base: base^(2^w) */
-        mont_mul(base, power, base, c);
-    }
+    fill_table(t, base, threads);
     Py_END_ALLOW_THREADS
     capsule = PyCapsule_New(t, TABLE_CAPSULE, table_free);
     if (capsule)
@@ -1585,8 +1662,9 @@ static PyMethodDef methods[] = {
      "dense_multiexp(modulus, bases, exponents, windows) -> bytes\n\n"
      "prod_i bases[i]^exponents[i, j] mod modulus for every column j (bucket method)."},
     {"fixed_base_table", fixed_base_table, METH_VARARGS,
-     "fixed_base_table(modulus, base, rows, window) -> table\n\n"
-     "Window table of a fixed base in Montgomery form (an opaque capsule)."},
+     "fixed_base_table(modulus, base, rows, window[, threads]) -> table\n\n"
+     "Window table of a fixed base in Montgomery form (an opaque capsule), its rows shared "
+     "among ``threads`` threads (the same entries whatever the number)."},
     {"fixed_base_products", fixed_base_products, METH_VARARGS,
      "fixed_base_products(table, digits) -> bytes\n\n"
      "prod_t table[t][digits[i, t]] for every row i of the int64 digit matrix."},

@@ -157,7 +157,10 @@ class FixedBaseTable:
     """Window table of one fixed base modulo one modulus, held by the kernel in Montgomery
     form in one contiguous block (``rows * 2^window`` residues), opaque to Python."""
 
-    def __init__(self, modulus: int | mpz, base: int | mpz, rows: int, window: int) -> None:
+    def __init__(
+        self, modulus: int | mpz, base: int | mpz, rows: int, window: int, threads: int = 1
+    ) -> None:
+        """``threads`` share the rows of the build (the entries do not depend on it)."""
         _require()
         self.modulus = int(modulus)
         self.rows = rows
@@ -168,6 +171,7 @@ class FixedBaseTable:
             _pack([base], self.modulus, self._width),
             rows,
             window,
+            threads,
         )
 
     @property

@@ -414,7 +414,7 @@ def obfuscators_ahead(job: VerticalJob, ref: TableRef, count: int) -> None:
 
 def plan_obfuscators(job: VerticalJob, ref: TableRef, epochs: int) -> None:
     """Tell the party's in-memory pool how many obfuscators it draws in the job (waiting for
-    the key holder's ``n``), so that its workers size their tables for that once."""
+    the key holder's ``n``), so that its fixed-base table is sized for that once."""
     if epochs <= 0:
         return
     pool = _pool(job, ref, _public_key(job, ref))

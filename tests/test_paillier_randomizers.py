@@ -17,7 +17,7 @@ import pytest
 from gmpy2 import mpz
 from phe.paillier import PaillierPublicKey
 
-from core.paillier import cipher
+from core.paillier import cipher, native
 from core.paillier.errors import KeyMismatchError, PaillierError
 from core.paillier.keys import generate_keypair
 from core.paillier.randomness import (
@@ -209,7 +209,9 @@ SCRIPT = textwrap.dedent(
         guest_ref.to_dict(), [host_ref.to_dict()], epochs=1, batch_size=144, key_size=512,
         workspace=str(workspace),
     )
-    print("BACKEND", type(cipher._parallel_backend).__name__, "LOSSES", len(result["losses"]))
+    backend = cipher._parallel_backend
+    started = backend is not None and backend._executor is not None
+    print("BACKEND", type(backend).__name__, "WORKERS", started, "LOSSES", len(result["losses"]))
     """
 )
 
@@ -222,7 +224,12 @@ def test_a_script_without_main_guard_runs_a_vertical_job(tmp_path: Path) -> None
     script.write_text(SCRIPT)
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": PREFECT_API_URL.value()}
+    env = {  # on gmpy2, the job's X^T [[d]] runs in worker processes (the kernel's in threads)
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PRIVREG_PURE_PYTHON": "1",
+    }
     done = subprocess.run(
         [sys.executable, str(script), str(ROOT), str(workspace)],
         capture_output=True,
@@ -232,7 +239,35 @@ def test_a_script_without_main_guard_runs_a_vertical_job(tmp_path: Path) -> None
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "BACKEND ProcessBackend LOSSES" in done.stdout
+    assert "BACKEND ProcessBackend WORKERS True LOSSES" in done.stdout
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native kernel disabled")
+def test_the_kernel_draws_on_threads_sharing_one_table(monkeypatch, keys) -> None:
+    """Asked to run on worker processes, a fixed-base randomizer whose products the kernel
+    does runs on this process's threads instead: one table built once (not one per worker),
+    no worker started, and every value an n-th residue (it encrypts 0), none repeated."""
+    from core.paillier import randomness
+    from core.paillier.parallel import ProcessBackend
+
+    public, private = keys
+    built = []
+    build = randomness._built_table
+    monkeypatch.setattr(
+        randomness, "_built_table", lambda *args: built.append(args[3]) or build(*args)
+    )
+    randomness._TABLES.clear()
+    randomizer = FixedBaseRandomizer(public)
+    randomizer.plan(2048)
+    backend = ProcessBackend(2)
+    values = randomizer.obfuscators(1024, backend=backend) + randomizer.obfuscators(
+        1024, backend=backend
+    )
+    assert len(built) == 1  # eight chunks on two threads, one table
+    assert backend._executor is None
+    assert len(set(values)) == len(values) == 2048
+    assert cipher.decrypt(private, [int(v) for v in values[:64]]) == [0] * 64
+    randomness._TABLES.clear()
 
 
 def test_the_fixed_base_table_grows_with_the_values_drawn_and_powers_stay_exact(keys) -> None:

@@ -53,7 +53,9 @@ _parallel_backend: ProcessBackend | DaskBackend | None = None
 def _backend(work: int) -> Backend:
     """Where large calls run, chosen once per process.
 
-    By default a process pool over this machine's cores. When ``PRIVREG_DASK_ADDRESS`` names
+    By default a process pool over this machine's cores (work the C kernel does runs on as
+    many threads of this process instead: it releases the GIL, and threads share its tables and
+    need nothing shipped). When ``PRIVREG_DASK_ADDRESS`` names
     a Dask scheduler (``tcp://host:8786``), the same chunks run on that cluster instead; only
     public-key work is shipped (decryption stays local, so the private key never leaves).
     """
@@ -240,6 +242,8 @@ def _column_products(
     """
     nsq = _nsquare(public)
     backend = _backend(exponents.size // 8)
+    if isinstance(backend, ProcessBackend) and native.preferred(nsq):
+        backend = backend.threads()  # the kernel releases the GIL: nothing to ship
     columns = exponents.shape[1]
     if columns >= 2 * backend.parallelism > 2:
         # the same number of chunks for every worker (five on two workers made one do three),

@@ -1,4 +1,5 @@
-"""Chunk functions executed by the backends (serially, in worker processes or on Dask).
+"""Chunk functions executed by the backends (serially, in worker processes or threads, or on
+Dask).
 
 Each takes only plain data -- moduli as ints, ciphertexts as gmpy2/Python ints, exponents as
 int64 arrays or int lists -- and returns ints, so results are identical on every backend.

@@ -1,4 +1,5 @@
-"""Execution backends: run the same chunk function serially, in local processes or on Dask.
+"""Execution backends: run the same chunk function serially, in local processes or threads,
+or on Dask.
 
 Chunk functions are module-level and receive only plain data (moduli, ciphertext ints,
 int64 exponent arrays), so every backend computes bit-identical results for deterministic
@@ -16,7 +17,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -57,6 +58,40 @@ class SerialBackend:
         sensitive: bool = False,
     ) -> list[T]:
         return [function(*args) for args in arguments]
+
+
+class ThreadBackend:
+    """Threads of this process, for chunk functions whose time goes to C code that releases
+    the GIL and that gain from sharing this process's state: one fixed-base table serves
+    every thread, where each worker process would build its own."""
+
+    def __init__(self, max_workers: int) -> None:
+        if max_workers < 1:
+            raise BackendError(f"max_workers must be >= 1, got {max_workers}")
+        self._max_workers = max_workers
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def parallelism(self) -> int:
+        return self._max_workers
+
+    def run(
+        self,
+        function: Callable[..., T],
+        arguments: Sequence[tuple[Any, ...]],
+        *,
+        sensitive: bool = False,
+    ) -> list[T]:
+        if len(arguments) <= 1:
+            return [function(*args) for args in arguments]
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    self._max_workers, thread_name_prefix="privreg-kernel"
+                )
+        futures = [self._executor.submit(function, *args) for args in arguments]
+        return [future.result() for future in futures]
 
 
 _MAIN_SWAP = threading.Lock()
@@ -124,10 +159,15 @@ class ProcessBackend:
         self._max_workers = max_workers or os.cpu_count() or 1
         self._start_method = start_method
         self._executor: Executor | None = None
+        self._threads = ThreadBackend(self._max_workers)
 
     @property
     def parallelism(self) -> int:
         return self._max_workers
+
+    def threads(self) -> ThreadBackend:
+        """As many threads of this process as there are workers (see :class:`ThreadBackend`)."""
+        return self._threads
 
     def _pool(self) -> Executor:
         if self._executor is None:

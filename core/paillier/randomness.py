@@ -73,7 +73,7 @@ from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 from core.option_defaults import DEFAULT_RANDOMIZER, FULL, RANDOMIZER_MODES, SHORT, STANDARD
 from core.paillier import native
 from core.paillier.errors import PaillierError
-from core.paillier.parallel import SERIAL, Backend, chunk_bounds
+from core.paillier.parallel import SERIAL, Backend, ProcessBackend, ThreadBackend, chunk_bounds
 
 _ALIASES = {"djn": SHORT}
 DEFAULT_WINDOW_BITS = 12
@@ -235,19 +235,28 @@ class FixedBaseRandomizer:
     def plan(self, count: int) -> None:
         """Expect to draw about ``count`` values for this key in all (e.g. a whole job's).
 
-        Only a hint for the table's window: a worker's table otherwise starts small and is
-        rebuilt larger as it draws more, each worker on its own (four tables per worker in a
-        job of a few thousand values); with the total known, each worker builds the window
-        that suits its share once. The values are the same whatever the window."""
+        Only a hint for the table's window: a table otherwise starts small and is rebuilt
+        larger as the process draws more; with the total known, the window that suits it is
+        built once. The values are the same whatever the window."""
         _check_count(count)
         self._planned = max(self._planned, count)
 
     def _window(self, backend: Backend) -> int | None:
-        """The window asked for, else the planned draws' share per worker's (parallel calls
-        only: a small call in this process keeps the window that suits it)."""
+        """The window asked for, else the one that suits the planned draws: all of them where
+        this process's threads share one table, each worker process's share otherwise
+        (parallel calls only: a small call in this process keeps the window that suits it)."""
         if self._window_bits is not None or not self._planned or backend.parallelism <= 1:
             return self._window_bits
-        return _window_for(-(-self._planned // backend.parallelism), self.exponent_bits)
+        share = 1 if isinstance(backend, ThreadBackend) else backend.parallelism
+        return _window_for(-(-self._planned // share), self.exponent_bits)
+
+    def _local(self, backend: Backend) -> Backend:
+        """Threads of this process instead of its worker processes where the C kernel does the
+        products: it releases the GIL, and the threads share one table (built once, at the
+        window all draws repay) where each worker would build and fill its own."""
+        if isinstance(backend, ProcessBackend) and native.preferred(mpz(self._n) * self._n):
+            return backend.threads()
+        return backend
 
     def power(self, exponents: Sequence[int]) -> list[mpz]:
         """h_s^r mod n^2 for given exponents (serially; the tests use it as the reference)."""
@@ -255,7 +264,7 @@ class FixedBaseRandomizer:
 
     def obfuscators(self, count: int, *, backend: Backend | None = None) -> list[mpz]:
         _check_count(count)
-        backend = backend or SERIAL
+        backend = self._local(backend or SERIAL)
         fixed = (self._n, self._h_s, self.mode, self._factors, self._window(backend))
         return _parallel_generate(
             backend,
@@ -314,6 +323,7 @@ def fixed_base_powers(
 _TABLES: dict[tuple[int, int, int], list[list[mpz | None]] | native.FixedBaseTable] = {}
 _DRAWN: dict[tuple[int, int, int], int] = {}  # values this process computed per base so far
 _TABLES_LOCK = threading.Lock()
+_BUILDING: dict[tuple[int, int, int], threading.Lock] = {}  # one per table being built
 
 
 def _window_for(values: int, bits: int, largest: int = DEFAULT_WINDOW_BITS) -> int:
@@ -361,24 +371,23 @@ def _powers(
         table = _TABLES.get(key)
         drawn = _DRAWN[key] = _DRAWN.get(key, 0) + len(exponents)
         while len(_DRAWN) > 4 * _TABLE_CACHE_SIZE:
+            _BUILDING.pop(next(iter(_DRAWN)), None)
             _DRAWN.pop(next(iter(_DRAWN)))
+        building = _BUILDING.setdefault(key, threading.Lock())
     if table is None and len(exponents) < _TABLE_WORTH:
         # A table pays off only over many values; a few go through GMP's powmod directly.
         return list(gmpy2.powmod_exp_list(mpz(base), [mpz(e) for e in exponents], modulus))
-    window = _chosen_window(table, drawn, bits, window_bits)
-    if window is not None:
-        # One table per key: the C kernel's (Montgomery form, one block) where it is the
-        # faster path, else the mpz rows; never both.
-        rows = -(-bits // window)
-        if native.preferred(modulus):
-            table = native.FixedBaseTable(modulus, base, rows, window)
-        else:
-            table = _fixed_base_table(modulus, mpz(base), bits, window)
-        with _TABLES_LOCK:
-            _TABLES.pop(key, None)
-            while len(_TABLES) >= _TABLE_CACHE_SIZE:
-                _TABLES.pop(next(iter(_TABLES)))
-            _TABLES[key] = table
+    if _chosen_window(table, drawn, bits, window_bits) is not None:
+        with building:  # threads sharing the table build it once, not each its own
+            table = _TABLES.get(key)
+            window = _chosen_window(table, drawn, bits, window_bits)
+            if window is not None:
+                table = _built_table(modulus, base, bits, window)
+                with _TABLES_LOCK:
+                    _TABLES.pop(key, None)
+                    while len(_TABLES) >= _TABLE_CACHE_SIZE:
+                        _TABLES.pop(next(iter(_TABLES)))
+                    _TABLES[key] = table
     assert table is not None
     window = _table_window(table)
     digits = _window_digits(exponents, bits, window)
@@ -393,6 +402,26 @@ def _powers(
                 accumulator = entry if accumulator is None else accumulator * entry % modulus
         results.append(mpz(1) if accumulator is None else accumulator)
     return results
+
+
+def _built_table(
+    modulus: mpz, base: int | mpz, bits: int, window: int
+) -> list[list[mpz | None]] | native.FixedBaseTable:
+    """One table per key: the C kernel's (Montgomery form, one block) where it is the faster
+    path, else the mpz rows; never both. The kernel's is built on every core this process
+    may use: whoever draws from it waits for it meanwhile."""
+    if native.preferred(modulus):
+        rows = -(-bits // window)
+        return native.FixedBaseTable(modulus, base, rows, window, threads=_cores())
+    return _fixed_base_table(modulus, mpz(base), bits, window)
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), 64))
+    except AttributeError:  # no affinity on this platform
+        return max(1, min(os.cpu_count() or 1, 64))
 
 
 def _window_digits(exponents: Sequence[int], bits: int, window_bits: int) -> np.ndarray:

@@ -14,7 +14,8 @@ Three things Prefect 3.8.8 leaves to the caller, set here once for every process
 * a new SQLite connection of its waits up to :data:`DATABASE_TIMEOUT` seconds for the lock
   while it is set up (several sides connect at once; Prefect's 10 s default printed "database
   is locked" retries), unless ``PREFECT_SERVER_DATABASE_TIMEOUT`` is set; its writes then
-  wait :data:`privreg.prefect_sqlite.BUSY_TIMEOUT_MS`, not Prefect's 60 s.
+  wait :data:`privreg.prefect_sqlite.BUSY_TIMEOUT_MS`, not Prefect's 60 s;
+* flow runs send no heartbeats to it (:func:`_no_heartbeats`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ STARTUP_TIMEOUT = 120
 _STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 DATABASE_TIMEOUT = "60"
 _DATABASE_SETTING = "PREFECT_SERVER_DATABASE_TIMEOUT"
+_HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
 
 
 def _popen_under_watch(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
@@ -47,6 +49,17 @@ def _popen_under_watch(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
     return subprocess.Popen(args, **kwargs)
 
 
+def _no_heartbeats() -> None:
+    """Heartbeats let a server mark the runs of a process that died as crashed; a temporary
+    server dies with its process, so nobody would hear them. Prefect 3.8.8 also waits out the
+    heartbeat thread's current one-second sleep as each flow run ends: up to a second per
+    side flow and per job, on the run's critical path. Unless the environment asks for them."""
+    from prefect.settings import get_current_settings
+
+    if not any(name in os.environ for name in _HEARTBEAT_SETTINGS):
+        get_current_settings().flows.heartbeat_frequency = None
+
+
 def install() -> None:
     """Patch Prefect's temporary-server launcher (idempotent). With an API URL configured no
     temporary server starts, and its module (about 2.5 s to import) is not loaded."""
@@ -55,6 +68,7 @@ def install() -> None:
     if get_current_settings().api.url:
         return
     os.environ.setdefault(_DATABASE_SETTING, DATABASE_TIMEOUT)  # read by the server's process
+    _no_heartbeats()
     from prefect.server.api import server
 
     if getattr(server.SubprocessASGIServer, "_privreg_watched", False):

@@ -1,11 +1,13 @@
 """The Prefect servers privreg starts wait seconds, not a minute, for SQLite's write lock, and
 their writes wait for it rather than fail at once (:mod:`privreg.prefect_sqlite`); both
-launchers start them that way."""
+launchers start them that way. Flow runs send a temporary server no heartbeats
+(:mod:`flows.runtime`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
@@ -153,3 +155,33 @@ def test_the_module_runs_the_named_module_as_main(tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert out.strip() == "main ['a', 'b']"
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ({}, "None"),  # the temporary server: nobody would hear them
+        ({"PREFECT_API_URL": "http://127.0.0.1:9/api"}, "180"),  # a server: Prefect's default
+        ({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "60"}, "60"),  # asked for
+    ],
+)
+def test_flow_runs_send_a_temporary_server_no_heartbeats(
+    setting: dict[str, str], expected: str
+) -> None:
+    """Prefect waits out its heartbeat thread's one-second sleep as each flow run ends: up to
+    a second per side flow and per job of a local run, for heartbeats nobody hears."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("PREFECT_API_URL", *runtime._HEARTBEAT_SETTINGS)
+    }
+    code = "import flows; from prefect.settings import get_current_settings as s; "
+    code += "print(s().flows.heartbeat_frequency)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, **setting, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip().splitlines()[-1] == expected

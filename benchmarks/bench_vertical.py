@@ -484,7 +484,9 @@ def print_wire(runs_measured: list[tuple[str, Epoch, float]]) -> None:
         print("\n".join(wire_rows(label, epoch, scale)))
 
 
-def credit_epoch(randomizer: str, pool: str, packing: str, phe_seconds: float) -> None:
+def credit_epoch(
+    randomizer: str, pool: str, packing: str, phe_seconds: float, repeats: int = 1
+) -> None:
     guest = pd.read_csv(DATA / "default_credit_hetero_guest.csv.gz")
     host = pd.read_csv(DATA / "default_credit_hetero_host.csv.gz").set_index("id").loc[guest["id"]]
     credit = TRAINING["default_credit"]
@@ -503,15 +505,22 @@ def credit_epoch(randomizer: str, pool: str, packing: str, phe_seconds: float) -
     )
     print(time_header())
     notes, measured = [], []
+    limit = CREDIT_TARGET_SECONDS * phe_seconds / 0.009  # the target at this machine's pace
     for pooled, packed in runs(pool, packing):
-        with gradient_packing(packed):
-            epoch = flow_epoch(
-                guest, host.reset_index(), 2048, credit["batch_size"], randomizer, options, pooled
-            )
         label = run_label("default_credit", pooled, packed, packing)
-        limit = CREDIT_TARGET_SECONDS * phe_seconds / 0.009  # the target at this machine's pace
-        cell = f"15 s x {phe_seconds / 0.009:.2f} = " + target_cell(epoch.seconds, limit)
-        print(split_row(label, epoch, cell, phe_seconds))
+        epochs, batch = [], credit["batch_size"]
+        for _ in range(repeats):
+            with gradient_packing(packed):
+                epoch = flow_epoch(
+                    guest, host.reset_index(), 2048, batch, randomizer, options, pooled
+                )
+            epochs.append(epoch)
+            cell = f"15 s x {phe_seconds / 0.009:.2f} = " + target_cell(epoch.seconds, limit)
+            print(split_row(label, epoch, cell, phe_seconds))
+        epoch = sorted(epochs, key=lambda e: e.seconds)[(len(epochs) - 1) // 2]
+        if repeats > 1:  # the median run (the lower middle one of an even count), judged
+            cell = f"15 s x {phe_seconds / 0.009:.2f} = " + target_cell(epoch.seconds, limit)
+            print(split_row(f"{label}, median of {repeats}", epoch, cell, phe_seconds))
         measured.append((label, epoch, 1.0))
         if epoch.ahead is not None:
             notes.append(ahead_line(label, epoch.ahead))
@@ -545,6 +554,9 @@ def main() -> None:
     )
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--skip-credit", action="store_true", help="only the FATE-shape runs")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="default_credit epochs per setting (median judged)"
+    )
     args = parser.parse_args()
     if min(args.fate_keys, default=MIN_SECURE_KEY_BITS) < MIN_SECURE_KEY_BITS:
         os.environ[SMALL_KEYS_VARIABLE] = "1"  # FATE's 1024-bit comparison: a benchmark's opt-in
@@ -558,7 +570,7 @@ def main() -> None:
     phe_seconds = phe_encryption_seconds()  # before Prefect's threads share this process
     server_warm_up()
     if not args.skip_credit:
-        credit_epoch(args.randomizer, args.pool, args.packing, phe_seconds)
+        credit_epoch(args.randomizer, args.pool, args.packing, phe_seconds, args.repeats)
     if args.fate_keys:
         fate_epochs(args.fate_rows, args.fate_keys, args.randomizer, args.pool, args.packing)
 

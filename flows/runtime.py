@@ -15,7 +15,9 @@ Three things Prefect 3.8.8 leaves to the caller, set here once for every process
   while it is set up (several sides connect at once; Prefect's 10 s default printed "database
   is locked" retries), unless ``PREFECT_SERVER_DATABASE_TIMEOUT`` is set; its writes then
   wait :data:`privreg.prefect_sqlite.BUSY_TIMEOUT_MS`, not Prefect's 60 s;
-* flow runs send no heartbeats to it (:func:`_no_heartbeats`).
+* flow runs send no heartbeats to it (:func:`_no_heartbeats`), and it sends Prefect no
+  usage analytics (a party's machine often cannot reach the internet, where each attempt
+  logged an error), unless ``PREFECT_SERVER_ANALYTICS_ENABLED`` is set.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ STARTUP_TIMEOUT = 120
 _STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 DATABASE_TIMEOUT = "60"
 _DATABASE_SETTING = "PREFECT_SERVER_DATABASE_TIMEOUT"
+_ANALYTICS_SETTING = "PREFECT_SERVER_ANALYTICS_ENABLED"
 _HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
 
 
@@ -68,6 +71,7 @@ def install() -> None:
     if get_current_settings().api.url:
         return
     os.environ.setdefault(_DATABASE_SETTING, DATABASE_TIMEOUT)  # read by the server's process
+    os.environ.setdefault(_ANALYTICS_SETTING, "false")  # likewise
     _no_heartbeats()
     from prefect.server.api import server
 

@@ -68,9 +68,8 @@ def _demo(args: argparse.Namespace) -> None:
     job_file = _job_file(args.job)
     copied = list(bundled.copy_demo(folder))
     kept = [name for name, written in copied if not written]
-    # as make demo: Prefect's temporary API keeps its state beside the run, and reports nothing
+    # as make demo: Prefect's temporary API keeps its state beside the run
     os.environ.setdefault("PREFECT_HOME", str(folder / "var" / "prefect"))
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     note = f" ({len(kept)} already there were kept as they are)" if kept else ""
     print(f"privreg demo: {len(copied)} job and source files in {folder}{note}", file=sys.stderr)

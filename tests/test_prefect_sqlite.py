@@ -1,7 +1,7 @@
 """The Prefect servers privreg starts wait seconds, not a minute, for SQLite's write lock, and
 their writes wait for it rather than fail at once (:mod:`privreg.prefect_sqlite`); both
-launchers start them that way. Flow runs send a temporary server no heartbeats
-(:mod:`flows.runtime`)."""
+launchers start them that way. Flow runs send a temporary server no heartbeats, and it sends
+no analytics (:mod:`flows.runtime`)."""
 
 from __future__ import annotations
 
@@ -160,23 +160,26 @@ def test_the_module_runs_the_named_module_as_main(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("setting", "expected"),
     [
-        ({}, "None"),  # the temporary server: nobody would hear them
-        ({"PREFECT_API_URL": "http://127.0.0.1:9/api"}, "180"),  # a server: Prefect's default
-        ({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "60"}, "60"),  # asked for
+        ({}, "None false"),  # the temporary server: nobody hears either
+        ({"PREFECT_API_URL": "http://127.0.0.1:9/api"}, "180 None"),  # a server: Prefect's way
+        ({"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "60"}, "60 false"),  # asked for
     ],
 )
-def test_flow_runs_send_a_temporary_server_no_heartbeats(
+def test_a_temporary_server_hears_no_heartbeats_and_sends_no_analytics(
     setting: dict[str, str], expected: str
 ) -> None:
     """Prefect waits out its heartbeat thread's one-second sleep as each flow run ends: up to
-    a second per side flow and per job of a local run, for heartbeats nobody hears."""
+    a second per side flow and per job of a local run, for heartbeats nobody hears. And a
+    party's machine that cannot reach the internet logged an error for each analytics call."""
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in ("PREFECT_API_URL", *runtime._HEARTBEAT_SETTINGS)
+        if key not in ("PREFECT_API_URL", runtime._ANALYTICS_SETTING, *runtime._HEARTBEAT_SETTINGS)
     }
-    code = "import flows; from prefect.settings import get_current_settings as s; "
-    code += "print(s().flows.heartbeat_frequency)"
+    code = "import os, flows; from prefect.settings import get_current_settings as s; "
+    code += (
+        "print(s().flows.heartbeat_frequency, os.environ.get('PREFECT_SERVER_ANALYTICS_ENABLED'))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         env={**env, **setting, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},

@@ -15,6 +15,7 @@ Three things Prefect 3.8.8 leaves to the caller, set here once for every process
   while it is set up (several sides connect at once; Prefect's 10 s default printed "database
   is locked" retries), unless ``PREFECT_SERVER_DATABASE_TIMEOUT`` is set; its writes then
   wait :data:`privreg.prefect_sqlite.BUSY_TIMEOUT_MS`, not Prefect's 60 s;
+* it stops only once it has recorded the task runs of this process (:func:`_await_recorded`);
 * flow runs send no heartbeats to it (:func:`_no_heartbeats`), and it sends Prefect no
   usage analytics (a party's machine often cannot reach the internet, where each attempt
   logged an error), unless ``PREFECT_SERVER_ANALYTICS_ENABLED`` is set.
@@ -25,7 +26,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import types
+from datetime import UTC, datetime
 from typing import Any
 
 from privreg import prefect_sqlite
@@ -35,6 +38,8 @@ _STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 DATABASE_TIMEOUT = "60"
 _DATABASE_SETTING = "PREFECT_SERVER_DATABASE_TIMEOUT"
 _ANALYTICS_SETTING = "PREFECT_SERVER_ANALYTICS_ENABLED"
+RECORDING_GRACE = 3.0  # seconds a stopping server may take to record the last task runs
+_STARTED = datetime.now(UTC)
 _HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
 
 
@@ -63,6 +68,34 @@ def _no_heartbeats() -> None:
         get_current_settings().flows.heartbeat_frequency = None
 
 
+def _await_recorded(
+    api_url: str, since: datetime = _STARTED, grace: float = RECORDING_GRACE
+) -> None:
+    """Wait, at most ``grace`` seconds, until no task run of a flow run that started since
+    ``since`` is still running or pending at the server.
+
+    Why: a task run's states reach the server as events, recorded after they arrive. Stopped
+    while it recorded one, the server logged a traceback and lost it, so the UI showed that
+    task pending or running forever (seen at the end of local runs: the last steps' tasks)."""
+    import httpx
+
+    body = {
+        "flow_runs": {"start_time": {"after_": since.isoformat()}},
+        "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING"]}}},
+        "limit": 1,
+    }
+    deadline = time.monotonic() + grace
+    with httpx.Client(base_url=api_url, timeout=grace) as client:
+        while time.monotonic() < deadline:
+            try:
+                answer = client.post("/task_runs/filter", json=body)
+                if not answer.raise_for_status().json():
+                    return
+            except (httpx.HTTPError, ValueError):  # a server already going: nothing to wait for
+                return
+            time.sleep(0.05)
+
+
 def install() -> None:
     """Patch Prefect's temporary-server launcher (idempotent). With an API URL configured no
     temporary server starts, and its module (about 2.5 s to import) is not loaded."""
@@ -89,4 +122,12 @@ def install() -> None:
         start(self, timeout)
 
     server.SubprocessASGIServer.start = start_with_patience
+    stop = server.SubprocessASGIServer.stop
+
+    def stop_once_recorded(self: Any) -> None:
+        if self.server_process is not None:
+            _await_recorded(self.api_url)
+        stop(self)
+
+    server.SubprocessASGIServer.stop = stop_once_recorded
     server.SubprocessASGIServer._privreg_watched = True

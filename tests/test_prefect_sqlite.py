@@ -188,3 +188,51 @@ def test_a_temporary_server_hears_no_heartbeats_and_sends_no_analytics(
         check=True,
     ).stdout
     assert out.strip().splitlines()[-1] == expected
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_stopping_temporary_server_first_records_the_task_runs_of_its_process() -> None:
+    """A server stopped while it recorded a task run's state lost it (the UI showed the task
+    running forever); the stop waits for the task runs of flow runs this process started."""
+    from datetime import UTC, datetime
+
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    since, release, running = datetime.now(UTC), threading.Event(), threading.Event()
+
+    @task
+    def blocked() -> None:
+        running.set()
+        release.wait(30)
+
+    @flow
+    def one_task() -> None:
+        blocked()
+
+    worker = threading.Thread(target=one_task)
+    worker.start()
+    assert running.wait(30)
+    with get_client(sync_client=True) as client:  # once the server has recorded it running
+        for _ in range(600):
+            if client.read_task_runs(flow_run_filter=_started_since(since)):
+                break
+            time.sleep(0.05)
+    began = time.monotonic()
+    runtime._await_recorded(PREFECT_API_URL.value(), since, grace=1.0)
+    assert time.monotonic() - began >= 1.0  # its task still runs: waited the whole grace
+    release.set()
+    worker.join(30)
+    began = time.monotonic()
+    runtime._await_recorded(PREFECT_API_URL.value(), since, grace=20.0)
+    assert time.monotonic() - began < 20.0
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_task_runs(flow_run_filter=_started_since(since), task_run_filter=None)
+    assert run.state is not None and run.state.is_completed()
+
+
+def _started_since(since: Any) -> Any:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
+
+    return FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since))

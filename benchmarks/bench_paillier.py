@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import gmpy2
 import numpy as np
@@ -183,7 +184,7 @@ def _cycles_per_limb_product(ns: float, bits: int, path: str, ghz: float | None)
     return "" if ghz is None else f"{ns * ghz / limbs**2:.3f}"
 
 
-def product_section(figures: dict[str, float], heu: PeerResult, count: int = 20_000) -> None:
+def product_section(figures: dict[str, Any], heu: PeerResult, count: int = 20_000) -> None:
     """One Montgomery product per path at 2048 and 4096 bits, beside gmpy2 and HEU."""
     paths = native.supported_paths()
     ghz = clock_ghz()
@@ -214,14 +215,25 @@ def product_section(figures: dict[str, float], heu: PeerResult, count: int = 20_
         print(f"| {bits} | HEU ZPaillier, ciphertext addition per call | | {heu_text} | | | |")
         if bits == 4096 and "ifma" in single and "avx2" in single:
             figures["product_4096_avx2_over_ifma"] = single["avx2"] / single["ifma"]
+            previous = native.set_path("ifma")
+            try:  # as the kernel's loops run them at this size on this CPU
+                pairs = native.interleaves(modulus)
+            finally:
+                native.set_path(previous)
+            ifma = paired["ifma"] if pairs else single["ifma"]
+            figures["product_4096_in_loops"] = single["avx2"] / ifma
+            figures["product_4096_form"] = "two interleaved" if pairs else "one at a time"
 
 
-def print_targets(figures: dict[str, float]) -> None:
+def print_targets(figures: dict[str, Any]) -> None:
     """The issue's targets beside this run's figures."""
     print("\n### Targets\n\n| target | this run | met |\n|---|---|---|")
     rows = (
-        ("Montgomery product at 4096 bits: at least 2.5x the AVX2 path",
+        ("Montgomery product at 4096 bits: at least 2.5x the AVX2 path (one product alone)",
          "product_4096_avx2_over_ifma", lambda v: v >= 2.5, "{:.2f}x"),
+        ("The same, per product as the kernel's loops run them here "
+         f"({figures.get('product_4096_form', 'not measured')})",
+         "product_4096_in_loops", lambda v: v >= 2.5, "{:.2f}x"),
         ("Encryption with the default randomizer: at most 0.5x HEU's per core (today 1.17x)",
          "encrypt_full_over_heu", lambda v: v <= 0.5, "{:.2f}x HEU"),
     )  # fmt: skip
@@ -334,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     values = list(range(args.batch))
     workers = os.cpu_count() or 1
     fate_public, fate_private = generate_keypair(1024, allow_insecure_key_size=True)
-    figures: dict[str, float] = {}
+    figures: dict[str, Any] = {}
     heu = heu_figures(args.key_bits, args.count, args.batch)
     if native.AVAILABLE:
         product_section(figures, heu)

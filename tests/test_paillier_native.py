@@ -365,6 +365,22 @@ def test_transpose_dot_equals_the_plaintext_product() -> None:
 
 
 @needs_kernel
+def test_interleaving_is_reported_per_path_and_size() -> None:
+    """Up to 3072 bits the IFMA loops always run two products interleaved, other paths never;
+    above, IFMA's answer is a timing on this CPU, the same for the same size in a process."""
+    big = MODULI["4096-bit (n^4), 64 limbs"]
+    for path in native.supported_paths():
+        previous = native.set_path(path)
+        try:
+            assert native.interleaves(MODULI["p^2 (CRT)"]) == (path == "ifma")
+            assert native.interleaves(big) == native.interleaves(big)
+            if path != "ifma":
+                assert not native.interleaves(big)
+        finally:
+            native.set_path(previous)
+
+
+@needs_kernel
 def test_transpose_dot_runs_on_threads_where_the_kernel_does_it(monkeypatch) -> None:
     """Given worker processes, X^T [[d]] on the kernel runs on this process's threads (the
     kernel releases the GIL; nothing is shipped), by columns and by row blocks, exactly."""

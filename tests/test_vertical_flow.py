@@ -13,7 +13,7 @@ from helpers import chart_images
 from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 from prefect.artifacts import Artifact
 
-from core.paillier import cipher
+from core.paillier import cipher, native
 from core.paillier.errors import KeySizeError
 from core.paillier.keys import SMALL_KEYS_VARIABLE
 from core.paillier.randomness import pool_path
@@ -188,6 +188,28 @@ def test_encrypted_training_equals_plaintext_protocol(
     assert f"ROC on 20 held-out rows, AUC {result['metrics']['holdout_auc']:.4f}" in roc_svg
     # the encrypted Taylor loss is the real Taylor loss of the weights before each round
     assert result["losses"][0] == pytest.approx(np.log(2))
+
+
+@pytest.mark.skipif(len(native.supported_paths()) < 2, reason="one kernel path on this CPU")
+def test_every_kernel_path_trains_the_same_model_bit_for_bit(workspace: Path) -> None:
+    """Issue 39's "model unchanged": the job's Paillier work runs on this process's threads,
+    so forcing a path here forces it for the whole job; every path gives the same model."""
+    guest_ref, host_refs, *_ = breast(workspace)
+    models = set()
+    for path in native.supported_paths():
+        previous = native.set_path(path)
+        try:
+            result = vertical_lr(
+                guest_ref.to_dict(),
+                [h.to_dict() for h in host_refs],
+                workspace=str(workspace),
+                job_id=f"path-{path}",
+                **OPTIONS,
+            )
+        finally:
+            native.set_path(previous)
+        models.add(repr((result["intercept"], result["coefficients"], result["losses"])))
+    assert len(models) == 1
 
 
 def test_no_plaintext_residual_gradient_or_feature_crosses(workspace: Path) -> None:

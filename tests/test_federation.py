@@ -551,11 +551,43 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def test_pool_workers_end_with_their_killed_parent() -> None:
+    """A party's Paillier pool (gmpy2, or a large decryption) must not outlive its side: kill
+    -9 of the process that started it ends every worker within 10 s (core.lifetime)."""
+    code = (
+        "import os, time\n"
+        "from core.paillier.parallel import ProcessBackend\n"
+        "pids = ProcessBackend(2).run(os.getpid, [(), (), (), ()])\n"
+        "print(*sorted(set(pids)), flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": root},
+    )  # fmt: skip
+    try:
+        workers = {int(pid) for pid in parent.stdout.readline().split()}  # type: ignore[union-attr]
+        assert workers and all(_alive(pid) for pid in workers)
+        workers |= descendants(parent.pid)  # the forkserver too
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while alive := [pid for pid in workers if _alive(pid)]:
+            assert time.monotonic() < deadline, f"workers left running after 10 s: {alive}"
+            time.sleep(0.2)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
 def test_a_killed_proposed_side_resumes_at_its_party_and_trains_the_uninterrupted_model(
     orgs: dict[str, Org], tmp_path: Path
 ) -> None:
-    """The clinic proposes; kill -9 of the lab's side (started by its service) while its
-    Paillier pool works: every process it started is gone within 10 s and its peers wait.
+    """The clinic proposes; kill -9 of the lab's side (started by its service) once its vertical
+    stage has begun: it and every process it started are gone within 10 s (a Paillier
+    pool's workers too: :func:`test_pool_workers_end_with_their_killed_parent`), and its peers
+    wait.
     ``privreg job resume`` at the lab (whose peers' policies take no proposals from it)
     restarts that side, the lost run is marked Crashed in its Prefect, the job completes at
     every party, and the model equals a run on the same aligned rows that was never killed."""
@@ -569,15 +601,13 @@ def test_a_killed_proposed_side_resumes_at_its_party_and_trains_the_uninterrupte
     try:
         pid_file = orgs["lab"].folder / "home/runs/demo-killed/status/lab.flow_run"
         deadline = time.monotonic() + 240
-        family: set[int] = set()
-        while len(family) < 2:  # the side's Paillier pool: forkserver and workers
-            assert clinic.poll() is None and time.monotonic() < deadline, "no pool started"
-            if pid_file.exists():
-                family = descendants(int(pid_file.read_text().split()[1]))
-            time.sleep(0.2)
+        vertical = orgs["lab"].folder / "home/runs/demo-vertical-killed"  # its first message
+        while not vertical.exists():
+            assert clinic.poll() is None and time.monotonic() < deadline, "no vertical stage"
+            time.sleep(0.02)
         lost, pid = pid_file.read_text().split()
+        family = {int(pid), *descendants(int(pid))}
         os.kill(int(pid), signal.SIGKILL)
-        family.add(int(pid))
         deadline = time.monotonic() + 10
         while alive := [p for p in family if _alive(p)]:
             assert time.monotonic() < deadline, f"left running after 10 s: {alive}"

@@ -60,7 +60,33 @@ class SerialBackend:
         return [function(*args) for args in arguments]
 
 
-class ThreadBackend:
+class _LocalPool:
+    """What both local pools share: chunks mapped in order on the pool's executor, a call of
+    one chunk (or none) in the caller."""
+
+    _max_workers: int
+
+    @property
+    def parallelism(self) -> int:
+        return self._max_workers
+
+    def _pool(self) -> Executor:
+        raise NotImplementedError
+
+    def run(
+        self,
+        function: Callable[..., T],
+        arguments: Sequence[tuple[Any, ...]],
+        *,
+        sensitive: bool = False,
+    ) -> list[T]:
+        if len(arguments) <= 1:
+            return [function(*args) for args in arguments]
+        futures = [self._pool().submit(function, *args) for args in arguments]
+        return [future.result() for future in futures]
+
+
+class ThreadBackend(_LocalPool):
     """Threads of this process, for chunk functions whose time goes to C code that releases
     the GIL and that gain from sharing this process's state: one fixed-base table serves
     every thread, where each worker process would build its own."""
@@ -72,26 +98,13 @@ class ThreadBackend:
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    @property
-    def parallelism(self) -> int:
-        return self._max_workers
-
-    def run(
-        self,
-        function: Callable[..., T],
-        arguments: Sequence[tuple[Any, ...]],
-        *,
-        sensitive: bool = False,
-    ) -> list[T]:
-        if len(arguments) <= 1:
-            return [function(*args) for args in arguments]
+    def _pool(self) -> Executor:
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(
                     self._max_workers, thread_name_prefix="privreg-kernel"
                 )
-        futures = [self._executor.submit(function, *args) for args in arguments]
-        return [future.result() for future in futures]
+            return self._executor
 
 
 _MAIN_SWAP = threading.Lock()
@@ -145,7 +158,7 @@ def _worker_context(start_method: str) -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context(start_method)
 
 
-class ProcessBackend:
+class ProcessBackend(_LocalPool):
     """A local process pool, created lazily and reused across calls (start-up is costly).
 
     Uses the ``forkserver`` start method so that worker processes never inherit threads or
@@ -160,10 +173,6 @@ class ProcessBackend:
         self._start_method = start_method
         self._executor: Executor | None = None
         self._threads = ThreadBackend(self._max_workers)
-
-    @property
-    def parallelism(self) -> int:
-        return self._max_workers
 
     def threads(self) -> ThreadBackend:
         """As many threads of this process as there are workers (see :class:`ThreadBackend`)."""
@@ -184,18 +193,6 @@ class ProcessBackend:
             # flow run so) would otherwise wait forever for the idle workers
             multiprocessing.util.Finalize(self, self._end_workers, exitpriority=10)
         return self._executor
-
-    def run(
-        self,
-        function: Callable[..., T],
-        arguments: Sequence[tuple[Any, ...]],
-        *,
-        sensitive: bool = False,
-    ) -> list[T]:
-        if len(arguments) <= 1:
-            return [function(*args) for args in arguments]
-        futures = [self._pool().submit(function, *args) for args in arguments]
-        return [future.result() for future in futures]
 
     def close(self) -> None:
         """Shut the worker processes down."""

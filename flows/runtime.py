@@ -1,6 +1,6 @@
 """How a privreg process runs Prefect's temporary API server (the embedded default).
 
-Three things Prefect 3.8.8 leaves to the caller, set here once for every process that imports
+What Prefect 3.8.8 leaves to the caller, set here once for every process that imports
 ``flows`` (a party's pipeline, ``privreg run``, a served deployment's child):
 
 * the temporary server dies with the process that started it: it is started under

@@ -25,7 +25,14 @@ from phe import paillier
 from core.paillier import kernels, native
 from core.paillier.decryption import CrtDecryptor
 from core.paillier.errors import KeyMismatchError
-from core.paillier.parallel import SERIAL, Backend, DaskBackend, ProcessBackend, chunk_bounds
+from core.paillier.parallel import (
+    SERIAL,
+    Backend,
+    DaskBackend,
+    ProcessBackend,
+    chunk_bounds,
+    for_kernel,
+)
 from core.paillier.randomness import (
     DEFAULT_RANDOMIZER,
     RANDOMIZER_MODES,
@@ -241,9 +248,7 @@ def _column_products(
     weighted sum): row blocks, whose partial products are multiplied together.
     """
     nsq = _nsquare(public)
-    backend = _backend(exponents.size // 8)
-    if isinstance(backend, ProcessBackend) and native.preferred(nsq):
-        backend = backend.threads()  # the kernel releases the GIL: nothing to ship
+    backend = for_kernel(_backend(exponents.size // 8), native.preferred(nsq))
     columns = exponents.shape[1]
     if columns >= 2 * backend.parallelism > 2:
         # the same number of chunks for every worker (five on two workers made one do three),

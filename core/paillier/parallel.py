@@ -286,6 +286,15 @@ class DaskBackend:
 SERIAL = SerialBackend()
 
 
+def for_kernel(backend: Backend, in_kernel: bool) -> Backend:
+    """``backend``, or its process's threads when the chunks run ``in_kernel`` (C code that
+    releases the GIL): the threads then share the process's tables and need nothing shipped.
+    A Dask cluster and the serial backend stay as they are."""
+    if in_kernel and isinstance(backend, ProcessBackend):
+        return backend.threads()
+    return backend
+
+
 def chunk_bounds(length: int, parts: int) -> list[tuple[int, int]]:
     """Split ``range(length)`` into at most ``parts`` contiguous, near-equal, non-empty pieces."""
     parts = max(1, min(parts, length))

@@ -73,7 +73,7 @@ from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 from core.option_defaults import DEFAULT_RANDOMIZER, FULL, RANDOMIZER_MODES, SHORT, STANDARD
 from core.paillier import native
 from core.paillier.errors import PaillierError
-from core.paillier.parallel import SERIAL, Backend, ProcessBackend, ThreadBackend, chunk_bounds
+from core.paillier.parallel import SERIAL, Backend, ThreadBackend, chunk_bounds, for_kernel
 
 _ALIASES = {"djn": SHORT}
 DEFAULT_WINDOW_BITS = 12
@@ -250,21 +250,14 @@ class FixedBaseRandomizer:
         share = 1 if isinstance(backend, ThreadBackend) else backend.parallelism
         return _window_for(-(-self._planned // share), self.exponent_bits)
 
-    def _local(self, backend: Backend) -> Backend:
-        """Threads of this process instead of its worker processes where the C kernel does the
-        products: it releases the GIL, and the threads share one table (built once, at the
-        window all draws repay) where each worker would build and fill its own."""
-        if isinstance(backend, ProcessBackend) and native.preferred(mpz(self._n) * self._n):
-            return backend.threads()
-        return backend
-
     def power(self, exponents: Sequence[int]) -> list[mpz]:
         """h_s^r mod n^2 for given exponents (serially; the tests use it as the reference)."""
         return fixed_base_powers(self._n, self._h_s, self._factors, self._window_bits, exponents)
 
     def obfuscators(self, count: int, *, backend: Backend | None = None) -> list[mpz]:
         _check_count(count)
-        backend = self._local(backend or SERIAL)
+        # the kernel's products on this process's threads: one table for all of them
+        backend = for_kernel(backend or SERIAL, native.preferred(mpz(self._n) * self._n))
         fixed = (self._n, self._h_s, self.mode, self._factors, self._window(backend))
         return _parallel_generate(
             backend,
@@ -371,8 +364,9 @@ def _powers(
         table = _TABLES.get(key)
         drawn = _DRAWN[key] = _DRAWN.get(key, 0) + len(exponents)
         while len(_DRAWN) > 4 * _TABLE_CACHE_SIZE:
-            _BUILDING.pop(next(iter(_DRAWN)), None)
-            _DRAWN.pop(next(iter(_DRAWN)))
+            oldest = next(iter(_DRAWN))
+            del _DRAWN[oldest]
+            _BUILDING.pop(oldest, None)
         building = _BUILDING.setdefault(key, threading.Lock())
     if table is None and len(exponents) < _TABLE_WORTH:
         # A table pays off only over many values; a few go through GMP's powmod directly.
@@ -408,20 +402,13 @@ def _built_table(
     modulus: mpz, base: int | mpz, bits: int, window: int
 ) -> list[list[mpz | None]] | native.FixedBaseTable:
     """One table per key: the C kernel's (Montgomery form, one block) where it is the faster
-    path, else the mpz rows; never both. The kernel's is built on every core this process
-    may use: whoever draws from it waits for it meanwhile."""
+    path, else the mpz rows; never both. The kernel's is built on as many threads as the
+    pool that draws from it has (its threads wait for the table meanwhile)."""
     if native.preferred(modulus):
         rows = -(-bits // window)
-        return native.FixedBaseTable(modulus, base, rows, window, threads=_cores())
+        threads = min(os.cpu_count() or 1, 64)
+        return native.FixedBaseTable(modulus, base, rows, window, threads=threads)
     return _fixed_base_table(modulus, mpz(base), bits, window)
-
-
-def _cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return max(1, min(len(os.sched_getaffinity(0)), 64))
-    except AttributeError:  # no affinity on this platform
-        return max(1, min(os.cpu_count() or 1, 64))
 
 
 def _window_digits(exponents: Sequence[int], bits: int, window_bits: int) -> np.ndarray:

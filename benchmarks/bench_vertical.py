@@ -506,6 +506,11 @@ def credit_epoch(
     print(time_header())
     notes, measured = [], []
     limit = CREDIT_TARGET_SECONDS * phe_seconds / 0.009  # the target at this machine's pace
+
+    def judged(label: str, epoch: Epoch) -> str:
+        cell = f"15 s x {phe_seconds / 0.009:.2f} = " + target_cell(epoch.seconds, limit)
+        return split_row(label, epoch, cell, phe_seconds)
+
     for pooled, packed in runs(pool, packing):
         label = run_label("default_credit", pooled, packed, packing)
         epochs, batch = [], credit["batch_size"]
@@ -515,12 +520,10 @@ def credit_epoch(
                     guest, host.reset_index(), 2048, batch, randomizer, options, pooled
                 )
             epochs.append(epoch)
-            cell = f"15 s x {phe_seconds / 0.009:.2f} = " + target_cell(epoch.seconds, limit)
-            print(split_row(label, epoch, cell, phe_seconds))
+            print(judged(label, epoch))
         epoch = sorted(epochs, key=lambda e: e.seconds)[(len(epochs) - 1) // 2]
         if repeats > 1:  # the median run (the lower middle one of an even count), judged
-            cell = f"15 s x {phe_seconds / 0.009:.2f} = " + target_cell(epoch.seconds, limit)
-            print(split_row(f"{label}, median of {repeats}", epoch, cell, phe_seconds))
+            print(judged(f"{label}, median of {repeats}", epoch))
         measured.append((label, epoch, 1.0))
         if epoch.ahead is not None:
             notes.append(ahead_line(label, epoch.ahead))

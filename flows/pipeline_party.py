@@ -66,7 +66,7 @@ from tasks.reporting import job_named
 from tasks.scoring import promote_model
 from tasks.secure_sum import COORDINATOR
 
-ARBITER = "arbiter"  # the key holder's name in vertical_lr (one-process and party mode)
+ARBITER = "arbiter"  # the key holder's name in vertical_lr
 HOSPITAL_JOBS = ("horizontal_lr", "sparse_lda")  # sub-jobs of hospitals and a coordinator
 APPROVAL_TIMEOUT = 3600  # seconds a proposed job waits for a person's approval (manual policy)
 

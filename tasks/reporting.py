@@ -34,39 +34,15 @@ from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
 
-#: Short names of the flows, used in run names and artifact keys.
+#: Short names of the flows, used in run names and artifact keys; a side of a protocol
+#: (``<flow>_party``, ``<flow>_coordinator``) is named as its protocol, whichever way it runs.
 FLOW_SHORT = {
-    "psi_align": "psi",
-    "vertical_lr": "vertical",
-    "walr": "walr",
-    "label_dp_regression": "label-dp",
-    "horizontal_lr": "horizontal",
-    "sparse_lda": "sparse-lda",
-    "pipeline": "pipeline",
-    "score_vertical": "score-vertical",
-    "score_local": "score-local",
-    # a side of a protocol is named as the protocol: one name whichever way the job runs
-    "psi_align_party": "psi",
-    "vertical_lr_party": "vertical",
-    "walr_party": "walr",
-    "label_dp_party": "label-dp",
-    "horizontal_lr_party": "horizontal",
-    "horizontal_lr_coordinator": "horizontal",
-    "sparse_lda_party": "sparse-lda",
-    "sparse_lda_coordinator": "sparse-lda",
-}
+    "psi_align": "psi", "vertical_lr": "vertical", "label_dp_regression": "label-dp",
+    "horizontal_lr": "horizontal", "sparse_lda": "sparse-lda",
+}  # fmt: skip
 #: Flow parameters that hold table descriptors, in the order that names a run.
-_TABLE_PARAMETERS = (
-    "own",
-    "party_a",
-    "guest",
-    "features",
-    "labels",
-    "parties",
-    "table",
-    "party_b",
-    "hosts",
-)
+_TABLE_PARAMETERS = ("own", "party_a", "guest", "features", "labels", "parties", "table",
+                     "party_b", "hosts")  # fmt: skip
 _JOB_TAG = "job:"
 _JOB = contextvars.ContextVar[str | None]("privreg_job", default=None)
 
@@ -156,16 +132,21 @@ def _is_party_flow() -> bool:
     return (runtime_flow_run.flow_name or "").endswith(("_party", "_coordinator"))
 
 
+def short_flow(flow: str) -> str:
+    """``flow``'s short name (:data:`FLOW_SHORT`), its sides' alike."""
+    protocol = re.sub(r"_(party|coordinator)$", "", flow)
+    return FLOW_SHORT.get(protocol, _slug(protocol))
+
+
 def flow_short() -> str:
-    name = runtime_flow_run.flow_name or "flow"
-    return FLOW_SHORT.get(name, _slug(name))
+    return short_flow(runtime_flow_run.flow_name or "flow")
 
 
 def run_namer(flow: str) -> Callable[[], str]:
     """``flow_run_name`` for a flow: ``<job> <flow>: <party.table>, ...`` (job and flow first)."""
 
     def name() -> str:
-        job, short = job_name(), FLOW_SHORT.get(flow, flow)
+        job, short = job_name(), short_flow(flow)
         head = job if job == short or job.endswith(f"-{short}") else f"{job} {short}"
         tables = _tables(runtime_flow_run.parameters or {})
         return f"{head}: {', '.join(tables)}" if tables else head

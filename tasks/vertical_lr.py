@@ -920,10 +920,7 @@ def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     }
 
 
-# ---- what a party learns from its peers (one party per process) ------------------------------
-# In the one-process flow these facts are read from the parties' returns; a party service has
-# only its own store, so each arrives as a message. Every one is a deterministic plaintext, so
-# a restarted party re-sends the identical bytes.
+# ---- set-up facts from peers (deterministic: a restarted party re-sends identical bytes) ----
 def agreed_job(
     job: VerticalJob,
     rows: int,

@@ -10,7 +10,7 @@ import json
 import math
 import secrets
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -150,25 +150,13 @@ class FeaturesFacts:
     holdout_fraction: float = 0.0
 
     def as_message(self) -> dict[str, Any]:
-        return {
-            "columns": self.columns,
-            "mode": self.mode,
-            "clip_norm": self.clip_norm,
-            "fingerprint": self.fingerprint,
-            "holdout_fraction": self.holdout_fraction,
-        }
+        return asdict(self)
 
     @classmethod
     def from_message(cls, message: Any, sender: str) -> FeaturesFacts:
         try:
-            facts = cls(
-                message["columns"],
-                message["mode"],
-                message["clip_norm"],
-                message["fingerprint"],
-                message.get("holdout_fraction", 0.0),
-            )
-        except (KeyError, TypeError):
+            facts = cls(**message)
+        except TypeError:  # not a mapping, or other fields than these
             raise WalrSetupError(f"the features facts of {sender} are not readable") from None
         if isinstance(facts.columns, bool) or not isinstance(facts.columns, int):
             raise WalrSetupError(f"{sender} sent a column count that is not an integer")

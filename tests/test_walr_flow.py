@@ -352,3 +352,24 @@ def test_the_id_order_digest_is_fetched_with_the_features_facts(tmp_path: Path) 
     while "id_order_digest" not in log.asked and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sorted(log.asked) == ["id_order_digest", "walr_features"]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"columns": 3, "mode": "binary", "clip_norm": None},  # no fingerprint
+        {"columns": 3, "mode": "binary", "clip_norm": None, "fingerprint": "f", "rows": 9},
+        ["columns", 3],
+        {"columns": True, "mode": "binary", "clip_norm": None, "fingerprint": "f"},
+    ],
+)
+def test_unreadable_features_facts_are_refused_naming_the_sender(message: object) -> None:
+    with pytest.raises(WalrSetupError, match="publisher"):
+        FeaturesFacts.from_message(message, "publisher")
+
+
+def test_features_facts_round_trip_and_default_the_hold_out() -> None:
+    facts = FeaturesFacts(3, "clipped", 2.0, "f", 0.25)
+    assert FeaturesFacts.from_message(facts.as_message(), "publisher") == facts
+    old = {"columns": 3, "mode": "binary", "clip_norm": None, "fingerprint": "f"}
+    assert FeaturesFacts.from_message(old, "publisher").holdout_fraction == 0.0

@@ -106,24 +106,11 @@ def horizontal_lr(
 ) -> dict[str, Any] | State:
     """Train logistic regression on the parties' rows; the coordinator sees only masked sums.
 
-    ``local_epochs=0`` averages gradients (the same model as centralised full-batch GD);
-    ``k > 0`` runs FedAvg with k local epochs. Training stops after ``rounds`` rounds or once
-    the largest weight change falls below ``tol``. ``threshold`` (default: a strict majority)
-    is how many parties must remain at every stage. ``job_id`` defaults to a digest of the
-    parties' salted table digests and every option that shapes the model (not ``rounds`` or
-    ``tol``), so re-running resumes and asking for more rounds continues. Training is
-    deterministic (zero start, full-batch steps); ``seed`` only names the job, since masks
-    must come from fresh OS randomness. The options are :class:`HorizontalOptions`'s fields.
-
-    Fault injection, for tests only, comes from the job's test switches in this process's
-    environment (:mod:`core.test_switches`), which every side reads: ``PRIVREG_TEST_FAULTS``
-    makes a hospital's step fail or never answer (it is dropped, then rejoins),
-    ``PRIVREG_TEST_CRASH_AFTER`` makes the coordinator raise :class:`SimulatedCrashError` at a
-    point of a round, as if its process were killed.
-
-    A round whose loss is non-finite or far above the first round's stops the run with
+    Runs every hospital's and the coordinator's side flow in this process. ``seed`` only names
+    the job: masks must come from fresh OS randomness. A diverging loss raises
     ``DivergenceError``; a model no better than the class prior on held-out rows ends in the
-    COMPLETED state named "Below baseline" (its result is the same dictionary).
+    COMPLETED state "Below baseline" carrying the same result. More:
+    docs/protocols/horizontal-lr.md.
 
     Args:
         parties: Descriptors of every party's table (same columns, a label column each).
@@ -249,11 +236,8 @@ def horizontal_lr_coordinator(
 ) -> dict[str, Any]:
     """The coordinator's side: call each round, run its secure-sum stages, update the model.
 
-    A party that does not answer a stage by its deadline (``stage_timeout`` after the stage
-    opens), whatever the reason, is dropped from that round; the round goes on while at least
-    ``threshold`` remain and fails naming the missing parties otherwise. A re-run with the
-    same ``job_id`` resumes after the last round it committed (re-sending that round's
-    result); the parties resume from their own checkpoints.
+    A party silent past ``stage_timeout`` is dropped from the round while ``threshold``
+    remain; a re-run with the same ``job_id`` resumes after the last committed round.
 
     Args:
         parties: Names of the hospitals (as their certificates name them).
@@ -338,14 +322,9 @@ def horizontal_lr_party(
     """One hospital's side: join, then per round contribute its masked update and check and
     save the coordinator's model, until the coordinator's stop.
 
-    A re-run (e.g. after the process was killed) resumes after this party's last saved
-    round: rounds it missed are caught up from the coordinator's results (each one checked
-    against the previous model), and a round it already contributed to is re-sent from its
-    own records, never masked twice. The coordinator's call must state this hospital's
-    training options, threshold (default: a strict majority) and stage timeout, or it is
-    refused, naming what differs; ``holdout_fraction`` is this hospital's own choice. (Tests
-    kill or fail this process before a stage with the test switch
-    ``PRIVREG_TEST_PARTY_FAULT``; see :mod:`core.test_switches`.)
+    A re-run resumes after its last saved round; a round it already masked is re-sent from its
+    own records, never masked twice. A call that states other options (bar this hospital's
+    own ``holdout_fraction``) is refused.
 
     Args:
         own: Descriptor of this hospital's own table (with its label column).

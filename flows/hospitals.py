@@ -1,11 +1,8 @@
 """A local run of a job of hospitals and a coordinator (horizontal LR, sparse LDA).
 
-The protocol's only code is its side flows; this runs them at once in this process
-(:mod:`flows.local_run`), each hospital a party whose failure is a dropout the protocol
-survives while its threshold holds. One failure is not a dropout: a hospital that *refuses*
-(a protocol violation it detected, a budget refusal) stops the run with its own error, as
-the person who started every side must read that first, not the coordinator's report of a
-missing hospital that follows it.
+Runs the protocol's side flows at once in this process (:mod:`flows.local_run`): a hospital's
+failure is a dropout the protocol survives while its threshold holds, but a hospital's refusal
+(a protocol violation it detected, a budget refusal) stops the run with its own error.
 """
 
 from __future__ import annotations
@@ -69,8 +66,8 @@ def run_hospitals(
     hospitals: Mapping[str, Callable[[], Any]],
 ) -> tuple[Any, dict[str, Any]]:
     """Every side of ``job_id`` at once; returns the coordinator's result and each hospital's
-    (a dropped hospital's exception). Raises a hospital's refusal first, else the run's own
-    failure."""
+    (a dropped hospital's exception). Raises a hospital's refusal first (the cause, not the
+    coordinator's later report of a missing hospital), else the run's own failure."""
     refusals: dict[str, BaseException] = {}
 
     def side(party: str, run: Callable[[], Any]) -> LocalSide:

@@ -9,8 +9,7 @@ coordinator: fit on the noisy moments (row) or average and hard-threshold (party
         the model ──▶ every party keeps a copy ──▶ (hold-out) each scores its held-out rows
 
 ``sparse_lda_party`` is a site's column, ``sparse_lda_coordinator`` the coordinator's;
-``sparse_lda`` runs them all in this process (:mod:`flows.hospitals`); ``privreg run`` runs a
-job file.
+``sparse_lda`` runs them all in this process (:mod:`flows.hospitals`).
 More (the protocol, what each party learns, why): docs/protocols/sparse-lda.md.
 """
 
@@ -157,34 +156,12 @@ def sparse_lda(
     *,
     options: SparseLDAOptions,
 ) -> dict[str, Any]:
-    """Fit a sparse LDA model across parties; each party's release is (epsilon, delta)-DP.
+    """Fit a sparse LDA model across parties; each party's release is (epsilon, delta)-DP,
+    charged once to its own ledger.
 
-    ``epsilon``/``delta`` are charged once to every party's ledger. ``privacy_unit="row"``
-    (default) protects one row of one party: rows are clipped to ``row_clip_norm`` (about
-    sqrt(d) for standardised features; choose it without looking at the data) and the noisy
-    summed moments are fitted. ``privacy_unit="party"`` protects a whole party's table:
-    ``direction_clip_norm`` and ``mean_clip_norm`` bound what one party can move.
-    ``holdout_fraction`` keeps that share of every party's rows out of the release (a public
-    seeded split) and reports the model's error on them. ``lambda_scale`` sets the Dantzig
-    radius ``lambda_scale * sqrt(log d / n)``;
-    ``hard_threshold_scale`` and ``hard_threshold_noise_multiplier`` the threshold
-    ``max(scale sqrt(log d / N), multiplier * noise sd)`` (``None``: ``sqrt(2 log d)``).
-    ``threshold`` (default: a strict majority) is the fewest parties whose vectors the
-    coordinator may unmask; noise shares are sized so that any such sum minus
-    ``colluding_parties`` colluders' shares still carries the calibrated sigma. The options
-    are :class:`SparseLDAOptions`'s fields.
-
-    Every site and the coordinator run their side flows (``sparse_lda_party``,
-    ``sparse_lda_coordinator``) at once in this process, each as its own party
-    (:mod:`flows.hospitals`); every table, option, owner's permission and budget is checked
-    before any side starts. The result is the coordinator's, with each site's ``releases``.
-
-    Tests only, from the job's test switches in this process's environment
-    (:mod:`core.test_switches`), which every side reads: ``PRIVREG_TEST_NOISELESS`` sends
-    exact, unclipped vectors without noise and charges nothing (NOT private; logged as a
-    warning; each owner must allow it); ``PRIVREG_TEST_FAULTS`` replaces a site's step of the
-    secure sum by one that fails or hangs: it sends nothing more, is dropped past
-    ``stage_timeout`` and keeps the survivors' model.
+    Runs every site's and the coordinator's side flow in this process, after checking every
+    table, option, owner's permission and budget; returns the coordinator's result with each
+    site's ``releases``. More: docs/protocols/sparse-lda.md.
 
     Args:
         parties: Descriptors of every party's table (same columns, a 0/1 label each).
@@ -308,10 +285,8 @@ def sparse_lda_coordinator(
     """The coordinator's side: compare columns, pooled statistics, drive the secure sum, fit,
     send the model.
 
-    A site that does not answer a secure-sum stage by its deadline (``stage_timeout`` after
-    the stage opens), whatever the reason, is dropped; the sum goes on while at least
-    ``threshold`` remain and fails naming the missing sites otherwise. A re-run with the same
-    ``job_id`` resumes: the call already sent stands, a stored sum or model is not redone.
+    A site silent past ``stage_timeout`` is dropped while ``threshold`` remain; a re-run with
+    the same ``job_id`` resumes (a stored sum or model is not redone).
 
     Args:
         parties: Names of the sites (as their certificates name them).
@@ -355,10 +330,8 @@ def sparse_lda_party(
     """One site's side: check its table and budget, announce its columns, store (and charge,
     once) its noisy release, take part in the secure sum, keep the coordinator's model.
 
-    A re-run (e.g. after the process was killed) resumes: the stored release is reused and
-    charged nothing, the session steps already taken are re-sent from the site's own
-    records, and a site whose sum ended without it only keeps the model. The coordinator's
-    call must name this site's options, or it is refused.
+    A re-run resumes from the site's own records, charging nothing again; a coordinator's call
+    that names other options is refused.
 
     Args:
         own: Descriptor of this site's own table (with its 0/1 label column).

@@ -52,7 +52,7 @@ def psi_align(
 
     Returns the intersection size and each party's aligned descriptor. Re-running on
     unchanged inputs reuses the stored alignment (the job id is derived from both parties'
-    salted table fingerprints). The options are :class:`PsiOptions`'s fields.
+    salted table fingerprints).
 
     Args:
         party_a: Descriptor of the first party's table (database, table, party, id column).
@@ -116,10 +116,8 @@ def _current_alignment(a: TableRef, b: TableRef, min_rows: int) -> str | None:
 def psi_align_party(
     own: dict[str, Any], peer: str, job_id: str, options: PsiOptions
 ) -> dict[str, Any]:
-    """One party's side of the alignment; its result names only its own aligned table.
-
-    ``job_id`` is agreed between the parties (the job's name); a re-run of a finished job
-    reuses the stored alignment.
+    """One party's side of the alignment; its result names only its own aligned table. A
+    re-run of a finished job reuses the stored alignment.
 
     Args:
         own: Descriptor of this party's own table.

@@ -103,11 +103,8 @@ def label_dp_regression(
     """Train on epsilon-label-DP noisy labels, locally (both parties' ``label_dp_party``
     sides in this process); returns the model, the release and the budget.
 
-    The options are :class:`LabelDPOptions`'s fields. ``label_range`` (or the labels
-    descriptor's ``label_domain``) fixes the public grid; labels outside it are clipped, or
-    refused with ``clip=False``. ``prior_epsilon`` defaults to ``min(sqrt(k / n), epsilon /
-    2)`` for RR-on-Bins and to no prior for the baselines. ``evaluate`` sends the hold-out
-    predictions to the labels party for a test MSE on the true labels (outside the budget).
+    ``label_range`` (or the labels descriptor's ``label_domain``) fixes the public grid before
+    any label is read. More: docs/protocols/label-dp.md.
 
     Args:
         features: Descriptor of the features party's aligned table.
@@ -174,10 +171,8 @@ def label_dp_party(
 ) -> dict[str, Any]:
     """One party's side of label-DP regression; its result holds only what that party may see.
 
-    Both parties run it with the same agreed ``job_id`` and options; the labels party sends
-    the release's terms with its digest, and the features party trains for those. A killed
-    party re-runs it with the same arguments: the stored release is re-sent, never charged
-    again.
+    The features party trains for the release terms the labels party sends. A killed party
+    re-runs it with the same arguments: the stored release is re-sent, never charged again.
 
     Args:
         own: Descriptor of this party's own aligned table.

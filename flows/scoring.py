@@ -87,12 +87,8 @@ def score_vertical_party(
     options: ScoreOptions,
     model_job_id: str | None = None,
 ) -> dict[str, Any]:
-    """One party's side of scoring new rows with a vertical model it holds a share of.
-
-    The guest and each host align their new tables by PSI (``<job_id>-psi``: a re-run reuses
-    the alignment), the guest names the training job whose shares score, each host sends only
-    its score share ``X_h w_h`` of the aligned rows, and the guest adds its own share and the
-    intercept and stores ``<table>_scored``.
+    """One party's side of scoring new rows with a vertical model it holds a share of: a host
+    sends only its score share, the guest stores ``<table>_scored``.
 
     Args:
         own: Descriptor of this party's new table.

@@ -48,14 +48,9 @@ def vertical_lr(
     guest's slice (its coefficients, metrics, scores table) and the round history. Each host's
     coefficients stay in its own store (``models/vertical/...``).
 
-    The options are :class:`VerticalOptions`'s fields. ``job_id`` defaults to one derived
-    from the tables' salted fingerprints and every option except ``epochs`` and ``tol`` (so a
-    run with more epochs continues the same job); give the id a key and pools were prepared
-    for ahead of the run (``privreg paillier``). ``randomizer`` picks the Paillier
-    obfuscators (core/paillier/randomness.py states each one's security). A loss that becomes
-    non-finite or rises far above the first round's stops the run with ``DivergenceError``; a
-    model no better than the class prior on held-out rows ends in the COMPLETED state named
-    "Below baseline" (its result is the same dictionary).
+    A diverging loss raises ``DivergenceError``; a model no better than the class prior on
+    held-out rows ends in the COMPLETED state "Below baseline" carrying the same result.
+    More (job ids, keys prepared ahead, randomizers): docs/protocols/vertical-lr.md.
 
     Args:
         guest: Descriptor of the guest's aligned table (holds the labels and some features).
@@ -64,7 +59,6 @@ def vertical_lr(
         job_id: Job to continue; default derived from the tables and options.
         preprocessing: The job's preprocessing (scaling, imputation; default: standardise):
             each party fits it on its own columns, nothing leaves it.
-
     """
     check_key_size(options.key_size)  # below 2048 bits: this process's opt-in (tests only)
     spec = PreprocessingSpec.from_dict(preprocessing)

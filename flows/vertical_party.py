@@ -203,12 +203,10 @@ def _run_rounds(
     epoch_end: Callable[[int], bool],
     after: Callable[[int], None] = lambda _: None,
 ) -> int:
-    """Run the rounds this party still has to: after its own last checkpoint, up to
-    ``epochs``, until the key holder decides to stop; each round with its epoch's end is one
-    task run, and ``after(round)`` runs once it returned. ``epoch_end(round)`` runs a party's
-    end-of-epoch steps and returns the stop decision; a party restarted right after an
-    epoch's last round redoes that epoch's end first (idempotent: its messages are re-sent
-    byte for byte). Returns how many rounds ran."""
+    """Run this party's rounds after its last checkpoint, up to ``epochs`` or the key holder's
+    stop (``epoch_end``'s return), each with its epoch's end as one task run, then ``after``.
+    Restarted right after an epoch's last round, it redoes that epoch's end first (idempotent:
+    messages are re-sent byte for byte). Returns how many rounds ran."""
     total = epochs * job.schedule.batches_per_epoch
     redo_epoch_end = last >= 0 and _is_epoch_end(job, last)
     if total == 0 or (redo_epoch_end and _party_round(party, last, lambda: epoch_end(last))):
@@ -233,10 +231,10 @@ def _is_epoch_end(job: steps.VerticalJob, round_: int) -> bool:
 
 
 def _draws_after(job: steps.VerticalJob, role: str, round_: int, epochs: int) -> int:
-    """Obfuscators a party draws after this round's gradient: at an epoch's end the hold-out
-    step (the host's share of each row and its square; the guest's loss), then the next
-    round's (a share or a re-randomised [[d]] per row, plus one). A party computes them while
-    it waits for the key holder's decryption (``steps.obfuscators_ahead``)."""
+    """Obfuscators a party draws after this round's gradient, computed while it waits for the
+    key holder's decryption: at an epoch's end the hold-out step's (the host's share of each
+    row and its square; the guest's loss), then the next round's (a share or a re-randomised
+    [[d]] per row, plus one)."""
     schedule = job.schedule
     count = 0
     if _is_epoch_end(job, round_) and len(schedule.holdout_rows):

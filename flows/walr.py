@@ -236,12 +236,8 @@ def walr(
     """Train WALR: (epsilon, delta)-label-DP logistic regression from one noisy sum, locally:
     both parties' ``walr_party`` sides in this process.
 
-    ``features`` and ``labels`` are descriptors of the two parties' PSI-aligned tables; the
-    labels party uses only its label column, and charges its own source table (an aligned
-    copy's budget is its source table's). The options are :class:`WalrOptions`'s fields:
-    ``evaluate=True`` reveals every row's prediction to the labels party (not covered by the
-    DP guarantee); ``noise=False`` (tests only) needs the test switch
-    ``PRIVREG_TEST_NOISELESS=<job id>`` (core/test_switches.py) and the labels owner's policy.
+    The labels party charges its own source table. ``evaluate=True`` (without a hold-out)
+    shows it every row's score, outside the DP guarantee. More: docs/protocols/walr.md.
 
     Args:
         features: Descriptor of the features party's aligned table.
@@ -300,11 +296,8 @@ def walr_party(
 ) -> dict[str, Any]:
     """One party's side of WALR; its result holds only what that party may see.
 
-    Both parties run it with the same agreed ``job_id`` and options, each with its own table
-    and ``role``; a killed party re-runs it with the same arguments and resumes: messages
-    already sent stand, and a stored release is re-sent, never charged again. ``noise=False``
-    needs the test switch ``PRIVREG_TEST_NOISELESS`` naming the job in this party's
-    environment.
+    A killed party re-runs it with the same arguments and resumes: sent messages stand, a
+    stored release is re-sent, never charged again.
 
     Args:
         own: Descriptor of this party's own aligned table.

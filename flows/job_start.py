@@ -5,9 +5,8 @@
     pipeline_party(job file, run)  ◀══▶ pipeline_party(job file, run, proposed_by=initiator)
                                          (terms agreed, policy checked, approval if manual)
 
-A restart (``privreg job resume``, at any party) proposes the run only to peers whose side is
-not running, and a refusal or an unreachable peer is a warning: the live sides wait for this
-one within the job's restart grace, and a refused restart must not end a run they still hold.
+A restart (``privreg job resume``) proposes only to peers whose side is not running, and a
+refusal is a warning: the live sides still hold the run and wait within its restart grace.
 
 More: docs/federation.md (how the parties run a job, and why).
 """

@@ -1,24 +1,8 @@
 """How a privreg process runs Prefect's temporary API server (the embedded default).
 
-What Prefect 3.8.8 leaves to the caller, set here once for every process that imports
-``flows`` (a party's pipeline, ``privreg run``, a served deployment's child):
-
-* the temporary server dies with the process that started it: it is started under
-  ``python -m core.lifetime <pid>``, so a SIGKILLed flow process leaves no server behind
-  (Prefect's own clean-up runs only at a normal exit), and through
-  :mod:`privreg.prefect_sqlite`, so its SQLite writers do not stall a run for a minute;
-* its start-up may take longer than Prefect's 20 s default: several parties starting at once
-  on one machine each run the server's migrations (a fresh start took ~13 s alone). privreg
-  waits :data:`STARTUP_TIMEOUT` seconds unless ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``
-  is set in the environment;
-* a new SQLite connection of its waits up to :data:`DATABASE_TIMEOUT` seconds for the lock
-  while it is set up (several sides connect at once; Prefect's 10 s default printed "database
-  is locked" retries), unless ``PREFECT_SERVER_DATABASE_TIMEOUT`` is set; its writes then
-  wait :data:`privreg.prefect_sqlite.BUSY_TIMEOUT_MS`, not Prefect's 60 s;
-* it stops only once it has recorded the task runs of this process (:func:`_await_recorded`);
-* flow runs send no heartbeats to it (:func:`_no_heartbeats`), and it sends Prefect no
-  usage analytics (a party's machine often cannot reach the internet, where each attempt
-  logged an error), unless ``PREFECT_SERVER_ANALYTICS_ENABLED`` is set.
+:func:`install`, run by every process that imports ``flows``, sets what Prefect 3.8.8 leaves to
+the caller: the server dies with its process, waits longer to start and for its SQLite lock,
+stops once it recorded this process's task runs, hears no heartbeats and sends no analytics.
 """
 
 from __future__ import annotations
@@ -33,10 +17,17 @@ from typing import Any
 
 from privreg import prefect_sqlite
 
+# several parties starting at once on one machine each run the server's migrations (a fresh
+# start took ~13 s alone): more than Prefect's 20 s, unless the environment sets the setting
 STARTUP_TIMEOUT = 120
 _STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+# a new SQLite connection's wait for the lock while it is set up (several sides connect at once;
+# Prefect's 10 s printed "database is locked" retries); its writes then wait
+# prefect_sqlite.BUSY_TIMEOUT_MS, not Prefect's 60 s
 DATABASE_TIMEOUT = "60"
 _DATABASE_SETTING = "PREFECT_SERVER_DATABASE_TIMEOUT"
+# off unless set: a party's machine often cannot reach the internet, where each attempt logged
+# an error
 _ANALYTICS_SETTING = "PREFECT_SERVER_ANALYTICS_ENABLED"
 RECORDING_GRACE = 3.0  # seconds a stopping server may take to record the last task runs
 _STARTED = datetime.now(UTC)
@@ -45,7 +36,9 @@ _HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEAR
 
 def _popen_under_watch(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen`` of ``python -m MODULE ...`` run as ``python -m core.lifetime
-    <this pid> -m privreg.prefect_sqlite MODULE ...``."""
+    <this pid> -m privreg.prefect_sqlite MODULE ...``, so a SIGKILLed flow process leaves no
+    server behind (Prefect cleans up only at a normal exit) and the server's SQLite writers do
+    not stall a run for a minute."""
     if len(args) > 2 and args[0] == sys.executable and args[1] == "-m":
         module_argv = prefect_sqlite.server_command(args[2:])
         args = [sys.executable, "-m", "core.lifetime", str(os.getpid()), "-m", *module_argv]
@@ -58,10 +51,9 @@ def _popen_under_watch(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
 
 
 def _no_heartbeats() -> None:
-    """Heartbeats let a server mark the runs of a process that died as crashed; a temporary
-    server dies with its process, so nobody would hear them. Prefect 3.8.8 also waits out the
-    heartbeat thread's current one-second sleep as each flow run ends: up to a second per
-    side flow and per job, on the run's critical path. Unless the environment asks for them."""
+    """No heartbeats unless the environment asks: they mark a dead process's runs crashed, but a
+    temporary server dies with its process, and Prefect 3.8.8 waits out the heartbeat thread's
+    one-second sleep as each flow run ends (up to a second per side flow, on the run's path)."""
     from prefect.settings import get_current_settings
 
     if not any(name in os.environ for name in _HEARTBEAT_SETTINGS):
@@ -71,12 +63,9 @@ def _no_heartbeats() -> None:
 def _await_recorded(
     api_url: str, since: datetime = _STARTED, grace: float = RECORDING_GRACE
 ) -> None:
-    """Wait, at most ``grace`` seconds, until no task run of a flow run that started since
-    ``since`` is still running or pending at the server.
-
-    Why: a task run's states reach the server as events, recorded after they arrive. Stopped
-    while it recorded one, the server logged a traceback and lost it, so the UI showed that
-    task pending or running forever (seen at the end of local runs: the last steps' tasks)."""
+    """Wait, at most ``grace`` seconds, until no task run of a flow run started since ``since``
+    is running or pending at the server: stopped while it recorded a task run's state (events,
+    recorded after they arrive), it lost it and the UI showed that task running forever."""
     import httpx
 
     body = {

@@ -1,10 +1,8 @@
-"""A local runner's keyword options, generated from its stage's model in ``flows/job_schema.py``.
+"""A local runner's keyword options, generated from its stage's model in ``core/job_schema.py``.
 
-The stage's pydantic model is the one declaration of an option: name, type, default, bounds
-and description. Party flows take the model as one parameter (``options``); the public local
-runners (``walr(features, labels, epsilon=1.0, ...)``) keep their keyword parameters for the
-users who call them, and :func:`keyword_options` builds those keywords from the model, so
-Prefect's form, ``help()`` and the call itself all read the same declaration.
+The model is the one declaration of an option (name, type, default, bounds, description). Party
+flows take it whole (``options``); public local runners (``walr(features, labels, epsilon=1.0,
+...)``) keep keywords built from it, so Prefect's form, ``help()`` and the call agree.
 """
 
 from __future__ import annotations

@@ -1,36 +1,8 @@
-"""Many secure sums of one job at one key agreement (:mod:`core.secagg.multiround`), per holder.
-
-Why a module of its own: :mod:`tasks.secure_sum` runs one four-stage session (fresh keys, share
-exchange) per sum, which is what one-off sums (pooled statistics, sparse LDA) need; a training
-job sums once per round and must not pay key agreement every time. Here each holder keeps one
-record per job in its own store, sealed under the job's key file (:mod:`storage.secrets`):
-its multi-round state (private key, pair secrets, the round it masked and the request it
-answered) and what it sent from it. A step computes, stores the new record, and only then
-sends; a retry (or a process restarted after kill -9) finds the record and re-sends the same
-bytes, so no mask covers two inputs and no second, different unmask request is answered.
-
-Messages (``round`` is the training round; every kind is plain, the same on a re-run):
-
-=========================  ====================================  ===========================
-kind                        sender -> receiver                    when
-=========================  ====================================  ===========================
-``secagg_job_keys``         party -> coordinator                  once per job (round 0)
-``round`` (the call)        coordinator -> every party            each round: active + keys
-``secagg_masked``           party -> coordinator                  each round
-``secagg_unmask_request``   coordinator -> each sender            each round
-``secagg_masked_relay``     coordinator -> each sender            with the requests
-``secagg_view``             sender -> coordinator                 on its request
-``secagg_view_relay``       coordinator -> each sender            before any answer
-``secagg_unmask_response``  sender -> coordinator                 each round
-``secagg_unmask_response_   coordinator -> each sender            before the model
-relay``
-``rejoin``                  left-out party -> coordinator         with its new keys (re-key)
-=========================  ====================================  ===========================
-
-The view exchange (Bonawitz et al.'s ConsistencyCheck) and the relays that let every party
-check the announced sum: docs/protocols/horizontal-lr.md. A party's steps are
-:mod:`tasks.secure_rounds_party`, the coordinator's :mod:`tasks.secure_rounds_coordinator`.
-"""
+"""Many secure sums of one job at one key agreement (:mod:`core.secagg.multiround`): the job's
+terms, each holder's sealed record and the message kinds; a step stores its record, then sends,
+so a retry re-sends the same bytes (no mask covers two inputs, no second request is answered).
+Steps: :mod:`tasks.secure_rounds_party`, :mod:`tasks.secure_rounds_coordinator`.
+More: docs/secure-aggregation.md (the messages), docs/protocols/horizontal-lr.md (the checks)."""
 
 from __future__ import annotations
 

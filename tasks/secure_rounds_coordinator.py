@@ -59,12 +59,9 @@ def _seen_key(store: PartyStore, job: RoundsJob) -> tuple[str | None, str, str]:
 
 
 def remember(store: PartyStore, job: RoundsJob, record: dict[str, Any]) -> None:
-    """Keep the coordinator's record as last committed, for this flow run only.
-
-    Why: the coordinator reads its state at the start of every round, and an opening of its
-    database is a round's largest fixed cost; only its own process writes that record, and a
-    re-run (a new flow run) reads it afresh. Call only after the writing transaction
-    committed. It holds no secret (public keys, commitments, who sent)."""
+    """Keep the coordinator's record as last committed (call after the commit), for this flow
+    run only: opening its database is a round's largest fixed cost, only this process writes
+    the record, and a re-run reads it afresh. It holds no secret."""
     if len(_SEEN) > 16:
         _SEEN.clear()
     _SEEN[_seen_key(store, job)] = record
@@ -115,11 +112,9 @@ def coordinator_collect(
     inputs: Mapping[str, Any],
     views: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """Add the round's masked inputs and send each sender its unmask request, then relay the
-    senders' signed views (:func:`coordinator_relay_views`; ``views=False`` leaves that to
-    the caller, e.g. a test driving every side in one thread); returns the senders and the
-    dropped. Stored before sending: a restarted coordinator re-sends the
-    same requests (never different ones, which the parties would refuse)."""
+    """Add the round's masked inputs, send each sender its unmask request and relay the signed
+    views (``views=False``: the caller does); returns senders and dropped. Stored before sending:
+    a restart re-sends the same requests (never different ones, which the parties refuse)."""
     with store.transaction() as con:
         record = load_record(store, job, COORDINATOR, con)
         state = coordinator_state(record, job)
@@ -157,11 +152,10 @@ def _unmasking(state: Any, job: RoundsJob, round_: int) -> Any:
 def coordinator_relay_views(
     store: PartyStore, job: RoundsJob, endpoint: PartyEndpoint, round_: int
 ) -> list[str]:
-    """The consistency round's relay (Bonawitz et al. 2017, round 3): wait up to the stage
-    timeout for every sender's signed view, check each is the one this coordinator gave
-    (:func:`core.secagg.multiround.collect_views`), and relay all of them, with their
-    proofs, to every sender. Fewer than the quorum fail the round here, naming the missing;
-    nothing was revealed. A re-send is a no-op. Returns who signed."""
+    """The consistency round's relay (Bonawitz et al. 2017, round 3): the senders' signed views
+    that arrive within the stage timeout, each checked as the one this coordinator gave, go with
+    their proofs to every sender; fewer than the quorum fail here, naming the missing, before
+    anything is revealed. A re-send is a no-op; returns who signed."""
     state = _unmasking(coordinator_view(store, job), job, round_)
     senders = list(state.senders)
     deadline = time.monotonic() + job.stage_timeout

@@ -37,11 +37,10 @@ T = TypeVar("T")
 
 
 def party_state(record: dict[str, Any], job: RoundsJob | None = None) -> mr.JobPartyState:
-    """The stored state; with ``job``, under the job's configuration as the coordinator's call
-    states it, once that call is checked against the terms this party agreed when it joined
-    (its own options: parties, threshold, stage timeout). Why: the threshold sets how many
-    shares rebuild a self-mask and how many signed views a party needs before it answers; a
-    coordinator that lowered it, or the stage timeout, is refused, named."""
+    """The stored state; with ``job``, under the configuration the coordinator's call states,
+    once the call matches the terms this party joined with. Why: the threshold sets how many
+    shares rebuild a self-mask and how many signed views a party needs before it answers, so a
+    coordinator that lowers it (or the stage timeout) is refused, named."""
     state = wire.party_state_from_plain(record["state"])
     if job is None:
         return state
@@ -73,12 +72,10 @@ def _require_terms(record: dict[str, Any], job: RoundsJob, party: str) -> None:
 def party_join(
     store: PartyStore, job: RoundsJob, endpoint: PartyEndpoint, round_: int, agreed: bool = False
 ) -> None:
-    """Once per job: fresh keys; the public half to the coordinator, with ``round_`` as the
-    first round this party joins (a retry, or a restart, re-sends the same message).
-
-    ``agreed``: ``job`` carries this party's own terms (its options: parties, threshold,
-    stage timeout); they are stored and every later call must state them (:func:`party_state`).
-    Without it only the configuration is fixed once the party has masked a round."""
+    """Once per job: fresh keys, the public half to the coordinator under ``round_``, the first
+    round this party joins (a retry or restart re-sends the same message). ``agreed``: ``job``
+    holds this party's own terms, stored for every later call to state (:func:`party_state`);
+    without it only the configuration is fixed, once the party has masked a round."""
     party = endpoint.party
     with store.transaction() as con:
         record = load_record(store, job, party, con)
@@ -132,14 +129,10 @@ def party_mask(
     vector: np.ndarray,
     guard: Callable[[Any], Sequence[Artifact]] | None = None,
 ) -> dict[str, Any]:
-    """Mask ``vector`` (floats, encoded here, or an already encoded uint64 ring vector, e.g.
-    with a noise share added) for the started round, store, then send it to the coordinator
-    (who relays it to the other senders); a retry re-sends the stored message (a round is
-    masked once). Returns the stored record.
-
-    ``guard(con)`` runs in the same transaction before masking (e.g. one contribution per
-    model point) and may refuse; the artifacts it returns are stored with the record.
-    """
+    """Mask ``vector`` (floats, or an encoded uint64 ring vector, e.g. with a noise share) for
+    the started round, store, then send it; a retry re-sends the stored message (a round is
+    masked once). ``guard(con)`` runs first in the same transaction and may refuse; what it
+    returns is stored with the record, which is returned."""
     r, party = start.round, endpoint.party
     with store.transaction() as con:
         record = load_record(store, job, party, con)
@@ -184,12 +177,10 @@ def party_view(
     request_plain: Any,
     record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Sign this party's view of the round's request (the survivor and dropped sets) and send
-    it to the coordinator, which relays every sender's view to every sender (ConsistencyCheck,
-    :func:`core.secagg.multiround.sign_view`); reveals nothing. Returns the new record.
-
-    One view a round: a different request for the round is refused. With ``record`` nothing
-    is stored here (as :func:`party_answer` says why); a retry re-sends the same bytes."""
+    """Sign this party's view of the round's request (survivor and dropped sets) and send it,
+    for the coordinator to relay to every sender (ConsistencyCheck); reveals nothing. One view
+    a round: another request is refused. With ``record`` nothing is stored here
+    (:func:`party_answer`); a retry re-sends the same bytes. Returns the new record."""
     request = _request(request_plain, endpoint.party, round_)
     record, view = _advance(
         store, job, endpoint.party, record, lambda st: mr.sign_view(st, request)
@@ -229,17 +220,10 @@ def party_answer(
     request_plain: Any,
     record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Answer the round's unmask request (once: an identical retry gets the same answer), but
-    only after the consistency check: it signs its view (:func:`party_view`, unless done)
-    and waits for the coordinator's relay of the senders' signed views (:func:`party_views`).
-    Returns the new record.
-
-    With ``record`` (the one :func:`party_mask` just stored, held by the same task) nothing is
-    read or written here: the caller stores the returned record with the round's checkpoint.
-    That is safe: until then the stored state is "masked, not answered", and a restarted
-    party can only be asked the same request again (the channel keeps one message under a
-    round's key and refuses other bytes), which it signs and answers with the same bytes
-    (signing and answering are deterministic given the state and the request)."""
+    """Answer the round's unmask request once, after the consistency check (:func:`party_view`,
+    :func:`party_views`); returns the new record. With ``record`` the caller stores it with the
+    round's checkpoint: safe, as a restarted party can only get the same request again (the channel
+    keeps one message a key) and signs and answers it with the same bytes."""
     request = _request(request_plain, endpoint.party, round_)
     held = record is not None
     record = party_view(store, job, endpoint, round_, request_plain, record)
@@ -304,15 +288,10 @@ def party_sum(
     revealers: Sequence[str] | None,
     timeout: float,
 ) -> np.ndarray | None:
-    """The round's sum as this party unmasks it itself from its peers' messages (None if it
-    did not answer this round's request: it then has nothing to check).
-
-    Why: otherwise a coordinator could announce any sum (e.g. one that barely moves the
-    model, so that a later round with one party claimed dropped reveals that party's update).
-    It runs the coordinator's own steps on the peers' masked inputs and answers, as the
-    coordinator relayed them, each checked as its sender's (:func:`_relayed`); it learns the
-    sum (the coordinator's view), no more.
-    """
+    """The round's sum as this party unmasks it from the relayed, sender-checked messages (None
+    if it did not answer this round's request). Why: else a coordinator could announce any sum,
+    e.g. one that barely moves the model, so that a later round with one party claimed dropped
+    reveals that party's update."""
     if not record:
         return None
     party = endpoint.party

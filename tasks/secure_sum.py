@@ -1,32 +1,8 @@
-"""Secure summation of one vector per party (:mod:`core.secagg`), one task per party step.
+"""Secure summation of one vector per party (:mod:`core.secagg`), one task per party step,
+and the waits every coordinator-led protocol shares (:func:`collect`, :func:`survivors`,
+:func:`announced`, :func:`await_coordinator`). Training rounds use :mod:`tasks.secure_rounds`.
 
-Why a module of its own: several protocols need "the sum of the parties' vectors, and only the
-sum". A party's vector is read from *its own* store (an artifact its own earlier task wrote),
-so it never passes through the flow or the orchestrator; only key advertisements, encrypted
-shares and masked vectors cross the channel. The coordinator, a logical party with its own
-store, keeps the decoded sum there. (Training rounds sum through :mod:`tasks.secure_rounds`,
-keys agreed once per job.) The waits every coordinator-led protocol shares are here too:
-:func:`collect`, a stage's :func:`survivors`, the start's :func:`announced` columns and a
-party's :func:`await_coordinator`.
-
-Every step stores its new state and its outgoing message in the stepping party's artifacts
-*before* sending, and a retry re-sends what was stored instead of computing again, so one
-session's masks never cover two different inputs. A party also refuses to help unmask a
-(job, round) a second time for a different set of senders: the difference of two such sums
-would be one party's vector.
-
-One driver runs a session for every protocol (:func:`drive_session`): each stage has one
-deadline (``SumContext.stage_timeout`` after it opens), and the coordinator waits for the
-stage's message from every live party until then, all at once. A party whose message has not
-arrived by then, for whatever reason (its step raised, hung, its process was killed or is
-slow), is a dropout; the coordinator's next step reads only the messages of the parties that
-answered. Each party runs its steps in its own side (:func:`contribute`), whether its own
-process or a thread of a local run. While at least ``threshold`` remain the round goes on;
-below that it aborts, naming the missing parties and why, before anything is unmasked. A
-party that *refuses* (a protocol violation it detected, a budget refusal) stops its own side,
-naming the violation: that is an accusation or a data owner's decision, not a fault to route
-around.
-"""
+More (the stages, dropouts, why each step stores before it sends): docs/secure-aggregation.md."""
 
 from __future__ import annotations
 
@@ -114,9 +90,8 @@ class SumContext:
 
 
 def coordinator_store(root: str | None = None) -> PartyStore:
-    """The coordinator's own store, in the folder of the party this code runs as (a side of a
-    local run: the run's folder; the coordinator's process: its own folder), as
-    :func:`federation.workspace.channel_for` finds its messages; ``root`` only where no party
+    """The coordinator's own store, in the folder of the party this code runs as (where
+    :func:`federation.workspace.channel_for` finds its messages); ``root`` only where no party
     is active (a helper that reads a run's results)."""
     config = active_config()
     folder = workspace_root(root) if config is None else config.root
@@ -125,14 +100,8 @@ def coordinator_store(root: str | None = None) -> PartyStore:
 
 class SessionRecords:
     """A holder's secagg records of the current session, read and written in one transaction.
-
-    :meth:`once` stores a step's new state with its outgoing message, and commits, before
-    anything is sent; a retry gets the stored message back instead of a fresh computation.
-    A state holds the session's private keys, seeds and the shares it holds, so it is stored
-    sealed under the (protocol, job)'s key file (:mod:`storage.secrets`), which
-    :meth:`forget_older_sessions` shreds with the records: no copy of the database holds them
-    in the clear. The outgoing messages are what was sent anyway.
-    """
+    :meth:`once` commits a step's state (sealed: keys, seeds, shares) with its outgoing message
+    before it is sent, so a retry re-sends the stored message and never masks twice."""
 
     def __init__(self, store: PartyStore, con: Any, ctx: SumContext, who: str) -> None:
         self.artifacts, self.con, self.ctx, self.who = ArtifactStore(store), con, ctx, who
@@ -227,16 +196,10 @@ def collect(
     deadline: float,
     report_every: float | None = REPORT_EVERY,
 ) -> dict[str, Any]:
-    """The ``kind`` messages from ``parties`` that arrive before ``deadline``, by sender.
-
-    Why one deadline for all: with each party its own process, a sender that is gone (killed,
-    failed, slow) must cost a stage its deadline once, not a receive timeout per missing party
-    in turn. It waits in the channel's receive (which returns as soon as the message is
-    stored) on every missing sender at once, each in a thread of :func:`receivers` (over the
-    network one long poll per sender, none asked again and again), so no sleep of its own
-    delays a message. Every ``report_every`` seconds it logs who is still
-    missing and since when, so a party that never started is named while the wait goes on.
-    """
+    """The ``kind`` messages from ``parties`` that arrive before ``deadline``, by sender. It
+    waits in the channel's receive on every missing sender at once (threads of :func:`receivers`),
+    so a gone sender costs the stage its deadline once, not a timeout per party in turn; every
+    ``report_every`` seconds it logs who is still missing and since when."""
     found: dict[str, Any] = {}
     started, started_at = time.monotonic(), time.strftime("%H:%M:%S")
     report_at = started + report_every if report_every else math.inf
@@ -290,15 +253,10 @@ def receivers() -> ThreadPoolExecutor:
 def prefetch(
     endpoint: PartyEndpoint, sender: str, kind: str, round_: int = 0, timeout: float | None = None
 ) -> None:
-    """Start fetching ``sender``'s ``kind`` message of ``round_`` in the background, a wait
-    that returns when it arrives (or after ``timeout`` seconds, default the channel's);
-    returns at once.
-
-    Why: a message sent before (or with) the one a party waits for then arrives with it, not
-    one round trip after it; a fetched message is kept and read locally later, and a receive
-    that asks for one still being fetched waits for that fetch. On one shared folder there is
-    nothing to fetch. A fetch still pending when the side ends ends with it
-    (:class:`federation.status.SideEndedError`)."""
+    """Fetch ``sender``'s ``kind`` message of ``round_`` in the background (waiting up to
+    ``timeout``, default the channel's) and return at once, so it arrives with the one awaited,
+    not a round trip later; a receive then reads it locally or waits for the fetch. No-op on a
+    shared folder; a fetch pending when the side ends ends with it (``SideEndedError``)."""
     if sender != endpoint.party and endpoint.channel.transport.party is not None:
         wait = endpoint.channel.timeout if timeout is None else timeout
         receivers().submit(in_context(_fetch_quietly), endpoint, sender, kind, round_, wait)
@@ -372,12 +330,9 @@ def party_mask(store: PartyStore, ctx: SumContext, party: str, vector: np.ndarra
 
 
 def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
-    """Step 3: shares that unmask the sum of the senders (and only that).
-
-    A (job, round) re-run after an abort sums the same inputs again, so a party refuses to
-    help unmask it for a *different* set of senders: the difference of two such sums would
-    be the plain vector of the parties in one set and not the other.
-    """
+    """Step 3: shares that unmask the senders' sum (only that). A (job, round) re-run after an
+    abort sums the same inputs again, so this refuses to unmask it for a *different* set of
+    senders: the two sums' difference would be the vectors of the parties in one set only."""
     endpoint = ctx.endpoint(party)
     request = endpoint.receive(COORDINATOR, ctx.kind("secagg_unmask_request"), round=ctx.round)
     senders = sorted(request["input_senders"])
@@ -551,11 +506,8 @@ def collect_masked(ctx: SumContext, answered: list[str] | None = None) -> list[s
     **PARTY_STEP,
 )
 def unmask_sum(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
-    """Store the decoded sum under ``ctx.sum_key`` in the coordinator's store; return senders.
-
-    The sum and the dropping of the session's secrets are one transaction; a retry after it
-    returns what was stored.
-    """
+    """Store the decoded sum under ``ctx.sum_key`` (the coordinator's store, dropping the
+    session's secrets in the same transaction); return its senders, on a retry the stored ones."""
     store = coordinator_store(ctx.workspace)
     artifacts = ArtifactStore(store)
     stored = artifacts.get(ctx.sum_key)
@@ -591,15 +543,10 @@ class SimulatedCrashError(RuntimeError):
 
 @dataclass(frozen=True)
 class Faults:
-    """Test-only fault injection, from this job's test switches (:mod:`core.test_switches`);
-    empty in production. Each side reads its own part.
-
-    ``parties`` maps ``"<round or *>:<stage>"`` to ``{party: "raise" | "hang"}``: that party's
-    step is replaced by a stand-in task that raises, or that sleeps past the stage deadline
-    and never answers (:func:`step_fault`, in the party's side). ``crash_after``
-    (``"<round>:<stage or commit>"``) makes the coordinator raise there, as if its process
-    were killed.
-    """
+    """Test-only fault injection from the job's test switches (:mod:`core.test_switches`), empty
+    in production. ``parties``: ``"<round or *>:<stage>"`` -> ``{party: "raise" | "hang"}``, the
+    party's step failing or never answering (:func:`step_fault`); ``crash_after``
+    (``"<round>:<stage or commit>"``): the coordinator raises there, as if killed."""
 
     parties: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     crash_after: str | None = None
@@ -729,19 +676,10 @@ def drive_session(
     parties: Sequence[str] | None = None,
     absent: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The one driver of a secure-sum session, seen from the coordinator.
-
-    Each stage has one deadline, ``ctx.stage_timeout`` after it opens, and the coordinator
-    waits for the stage's message from every live party until then, all at once. A party
-    whose message has not arrived by the deadline, whatever the reason (its step raised,
-    hangs, its process was killed or is slow), has dropped: the coordinator's answer goes only
-    to those it heard. While at least ``threshold`` remain the round goes on; below that it
-    aborts naming each missing party and why, before anything is unmasked. The parties' steps
-    run in their own sides. Returns the parties whose unmask shares arrived: the caller's
-    coordinator step reconstructs from exactly those. ``absent`` names the parties
-    left out of the session beforehand (not waited for) with why, for the error below the
-    threshold.
-    """
+    """The one driver of a session, at the coordinator: a party silent at a stage's deadline
+    drops, and below the threshold :func:`survivors` aborts before anything is unmasked. Returns
+    those whose unmask shares arrived, for the caller to reconstruct from; ``absent``: parties
+    left out beforehand (not waited for), with why, for that error."""
     endpoint = ctx.endpoint(COORDINATOR)
     live, gone = list(parties if parties is not None else ctx.parties), dict(absent or {})
     for stage, kind, coordinator_step in SESSION_STAGES:
@@ -791,11 +729,10 @@ def contribute(
     fault: test_switches.PartyFault | None = None,
     faults: Faults = NO_FAULTS,
 ) -> None:
-    """Party mode: this party's four steps of the session, each once the coordinator's message
-    is there; stops early when ``ended()`` says the session is over without it (dropped at a
-    stage). ``mask_input`` is the protocol's masking step (its vector, its store). Test-only
-    ``faults`` replace a step by one that fails or hangs: the party then sends nothing more in
-    this session, as a dropped one."""
+    """Party mode: this party's four steps, each once the coordinator's message is there;
+    stops when ``ended()`` says the session is over without it (dropped). ``mask_input`` is the
+    protocol's masking step; test-only ``faults`` make a step fail or hang, after which the
+    party sends nothing more, as a dropped one."""
     endpoint = ctx.endpoint(ref.party)
     party_steps = {
         "advertise_keys": lambda: advertise_keys(ref, ctx),
@@ -821,18 +758,10 @@ def await_coordinator(
     ended: Callable[[], bool],
     stage_timeout: float = 0.0,
 ) -> bool:
-    """Party mode: wait for the coordinator's ``kind`` message of ``round_``; False once
-    ``ended()`` says the round is over without it (this party was dropped at a stage).
-
-    A plain function, not a task: waiting is not a step of the protocol. It waits in the
-    channel's receive (returning as soon as the message is stored) and asks ``ended()`` once a
-    second, for the job's ``stage_timeout`` and then the channel's receive timeout: the
-    coordinator sends once every live party answered or the stage's deadline passed, so a
-    party whose own receive timeout is shorter must not give up on a coordinator still
-    waiting for another party (it would fail the round naming the coordinator, not the party
-    that was cut off). Past both the channel's own error names the peer, job, round and kind
-    waited for; a coordinator that failed ends the wait sooner, through the job's status.
-    """
+    """Party mode, not a task: True once the coordinator's ``kind`` message of ``round_`` is
+    there, False once ``ended()`` (asked each second) says the round is over without it. Waits
+    ``stage_timeout``, then the receive timeout: the coordinator may still wait for another
+    party, and giving up first would blame it, not the party that was cut off."""
     deadline = time.monotonic() + stage_timeout + endpoint.channel.timeout
     while True:
         slice_end = min(deadline, time.monotonic() + _ENDED_CHECK)

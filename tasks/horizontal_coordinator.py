@@ -1,10 +1,7 @@
 """The coordinator's steps of horizontal logistic regression (:mod:`tasks.horizontal_lr` holds
-what it shares with the hospitals).
-
-The coordinator compares the hospitals' columns, admits their keys, then per round calls the
-active hospitals, adds their masked updates, has the sum unmasked and commits and sends the
-model: one task run a round. It sees only the row-weighted mean update, the mean loss and the
-total row count.
+what it shares with the hospitals): compare the columns, admit the keys, then per round (one
+task run) call the active hospitals, add their masked updates, have the sum unmasked, and commit
+and send the model. It sees only the row-weighted mean update, the mean loss and the row count.
 """
 
 from __future__ import annotations
@@ -77,14 +74,10 @@ def _schema_key(job_id: str) -> str:
 
 @task(name="hlr-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
 def open_job(side: Coordinator) -> dict[str, Any]:
-    """Refuse parties whose columns differ; send everyone the agreed feature order.
-
-    Waits for every party's columns until one deadline, ``join_timeout`` from now; the
-    parties that have not announced theirs by then are missing from the start (they may still
-    join a later round), and fewer than ``threshold`` announcing fails naming the missing
-    ones. Returns the agreed features, who announced, and the coordinator's last finished
-    round.
-    """
+    """Refuse parties whose columns differ; send everyone the agreed feature order. Parties
+    silent until ``join_timeout`` are missing from the start (they may join a later round), and
+    fewer than ``threshold`` fails, naming them. Returns the agreed features, who announced,
+    and the coordinator's last finished round."""
     job_id = side.job_id
     schemas = secure_sum.announced(side.endpoint, "schema", side, side.options.join_timeout)
     announced = list(schemas)
@@ -204,17 +197,10 @@ def _call_round(side: Coordinator, round_: int, stop: bool = False) -> RoundCall
 def coordinator_round(
     side: Coordinator, round_: int, faults: secure_sum.Faults = secure_sum.NO_FAULTS
 ) -> dict[str, Any]:
-    """The coordinator's whole round as one task run.
-
-    It calls the round (admitting parties back that asked with new keys), waits for the
-    active parties' masked inputs until one deadline, asks the senders to unmask, waits for
-    their answers until a second deadline, and commits and broadcasts the model. A party
-    that has not answered a stage by its deadline has dropped; below ``threshold`` the round
-    aborts naming each missing party and why, before anything is unmasked. Returns the
-    round's history entry, who was left out and who answered the unmasking. (``faults``,
-    tests only: ``PRIVREG_TEST_CRASH_AFTER`` stops the coordinator after a stage or its commit,
-    as if its process were killed.)
-    """
+    """The coordinator's whole round as one task run: the call, the masked inputs and then the
+    answers (one deadline each; below ``threshold`` it aborts before anything is unmasked), the
+    commit and the model. Returns the round's history entry, who was left out and who answered;
+    ``faults``: tests only (``PRIVREG_TEST_CRASH_AFTER``: a crash after a stage or the commit)."""
     started = time.time()
     call = _call_round(side, round_)
     active = list(call.protocol["active"]) if call.protocol else []
@@ -254,14 +240,10 @@ def _commit_round(
     responders: list[str] | None,
     faults: secure_sum.Faults = secure_sum.NO_FAULTS,
 ) -> dict[str, Any]:
-    """Unmask the round's sum, update the model, checkpoint, broadcast.
-
-    Only the weighted mean update, the mean loss and the total row count are ever in the
-    clear here; they go to the parties with the new model, which each party recomputes from
-    them (:func:`tasks.horizontal_party.verified_model`). The unmasking's new state and the
-    checkpoint are one transaction, the round's commit; a retry after it only re-sends.
-    (``faults``, tests only: a crash after the commit, before the model is sent.)
-    """
+    """Unmask the round's sum, update the model, checkpoint (with the new state: the round's
+    commit, after which a retry only re-sends), broadcast. The mean update goes with the model,
+    which each party recomputes (:func:`tasks.horizontal_party.verified_model`). ``faults``:
+    tests only (a crash after the commit, before the model is sent)."""
     store, endpoint, job = side.store, side.endpoint, side.job
     cps = checkpoints(store, side.job_id)
     with store.session():

@@ -1,15 +1,8 @@
-"""Horizontal logistic regression with secure aggregation: what both sides of a job share.
-
-The maths is in :mod:`core.horizontal_lr` (the model) and :mod:`core.secagg.multiround` (the
-masking, keys agreed once per job), wired to the stores and the channel by
-:mod:`tasks.secure_rounds`. A hospital's steps are :mod:`tasks.horizontal_party`, the
-coordinator's :mod:`tasks.horizontal_coordinator`; each side opens only its own store and
-endpoint (the coordinator is a logical party with its own store). Here: the job's terms, the
-round's call, the round checkpoints and the saved model's format.
-
-Tasks do not use Prefect's result cache (``NO_CACHE``): resuming is done by the parties' own
-round checkpoints, so nothing a party computes is kept in the orchestrator's result storage.
-"""
+"""Horizontal logistic regression with secure aggregation: what both sides of a job share (its
+terms, the round's call, the round checkpoints, the saved model's format). Maths:
+:mod:`core.horizontal_lr`; the sums: :mod:`tasks.secure_rounds`; each side, opening only its
+own store: :mod:`tasks.horizontal_party`, :mod:`tasks.horizontal_coordinator`.
+More: docs/protocols/horizontal-lr.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """A hospital's steps of horizontal logistic regression (:mod:`tasks.horizontal_lr` holds what
 it shares with the coordinator): check its table, announce its columns, join with its own
 terms, then per round mask its update, answer the unmasking, and check and save the model.
-
 More (why a party checks each model and contributes at one model once): the "across rounds"
-part of docs/protocols/horizontal-lr.md.
-"""
+part of docs/protocols/horizontal-lr.md."""
 
 from __future__ import annotations
 
@@ -107,11 +105,8 @@ class Hospital:
 
     @functools.cached_property
     def rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """The training rows (scaled, hold-out removed), read once per side.
-
-        Why: reading and validating the table from DuckDB every round cost more than the
-        round's own work; within a run the protocol takes the table as fixed (its digest named
-        the job)."""
+        """The training rows (scaled, hold-out removed), read once per side: reading them every
+        round cost more than the round's work, and a run takes the table as fixed."""
         fitted = stored_fitted(self.ref.database, self.job_id)  # pooled statistics, if any
         frame = self.store.read_table(self.ref, allow_missing=fitted is not None)
         X, y = hlr.party_arrays(frame, list(self.features), self.ref.label_column or "")
@@ -177,11 +172,9 @@ def agreed_features(endpoint: PartyEndpoint) -> list[str]:
 
 @task(name="hlr-join-rounds", task_run_name="{side.party}: job keys", **PARTY_STEP)
 def join_rounds(side: Hospital, round_: int) -> str | None:
-    """Once per job: this party's key pair; the public key to the coordinator, sent with the
-    first round it joins (``round_``). Its terms (parties, threshold, stage timeout) come from
-    its own options and are held: a coordinator's call that states others is refused
-    (:func:`tasks.rounds_party.party_state`). Under DP the job is charged first
-    (:func:`charge_privacy`); returns the charge's key."""
+    """Once per job: this party's key pair, sent with the first round it joins (``round_``),
+    under its own terms, which every call must state (:func:`rounds_party.party_state`). Under
+    DP the job is charged first (:func:`charge_privacy`); returns the charge's key."""
     charge = charge_privacy(side)
     rounds_party.party_join(side.store, side.agreed(), side.endpoint, round_, agreed=True)
     return charge
@@ -266,15 +259,9 @@ def _dp_input(side: Hospital, job: secure_rounds.RoundsJob, round_: int, weights
 def _mask(
     side: Hospital, job: secure_rounds.RoundsJob, round_: int, call: RoundCall
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Compute the local update at the round's model and send it masked (once a round);
-    returns that model and the party's stored record.
-
-    The packed vector is ``[rows * update, rows * loss, rows]`` (FedAvg weights by rows), so
-    the coordinator learns only the weighted means and the total row count; under DP it is
-    clipped per row and carries this party's noise share (:func:`_dp_input`). A party
-    contributes at one model in one round only: two sums at one model whose senders differ
-    by one party give that party's update, and a coordinator could get them across rounds.
-    """
+    """Send the local update at the round's model masked, once a round; returns that model and
+    the stored record. One round per model: two sums at one model whose senders differ by one
+    party give that party's update, and a coordinator could get them across rounds."""
     store, options = side.store, side.options
     with store.session():  # one opening of the database for the reads and the stored state
         weights = _weights_before(side, job, round_)
@@ -344,17 +331,10 @@ def verified_model(
     round_: int,
     own_sum: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The broadcast weights, if they are exactly the update of ``before`` by the mean update.
-
-    Why: a party must not compute its next update at whatever model the coordinator names.
-    With this check the model of round r+1 is the model of round r moved by the mean update
-    the coordinator says it unmasked; together with the one-model-one-round rule of
-    :func:`_mask`, the coordinator cannot have two rounds summed at the same model (whose
-    difference, with one party claimed dropped, is that party's update). ``own_sum`` is the
-    round's sum as this party unmasked it itself (:func:`tasks.rounds_party.party_sum`; None
-    if it did not help unmask): the mean update must be exactly that sum's, so the
-    coordinator cannot make one up.
-    """
+    """The broadcast weights, if exactly ``before`` moved by the mean update, itself exactly
+    that of ``own_sum`` (this party's own unmasking; None if it did not help). Why: with
+    :func:`_mask`'s rule the coordinator can neither make a sum up nor get two rounds summed at
+    one model (their difference, one party claimed dropped, is that party's update)."""
     where = f"{who}: coordinator's model of round {round_}"
     mean = np.asarray(message.get("mean_update", ()), dtype=np.float64)
     weights = np.asarray(message["weights"], dtype=np.float64)
@@ -438,13 +418,9 @@ def _party_round(
     fault: test_switches.PartyFault | None = None,
     faults: secure_sum.Faults = secure_sum.NO_FAULTS,
 ) -> bool:
-    """This hospital's whole round; False on the coordinator's stop.
-
-    It takes the call, masks its update (unless the call leaves it out: it then re-keys and
-    asks to rejoin), answers the unmask request, then checks and saves the round's model.
-    A round it already masked (a restarted process) is re-sent from its records; a round
-    whose model is already out (it missed it) is only checked and saved.
-    """
+    """This hospital's whole round; False on the coordinator's stop. Left out by the call, it
+    re-keys and asks to rejoin; a round it masked already (a restart) is re-sent from its
+    records, and one whose model is out (it missed it) is only checked and saved."""
     call = _checked_call(side, round_)
     if call.stop:
         return False
@@ -508,19 +484,10 @@ def party_rounds(
     faults: secure_sum.Faults = secure_sum.NO_FAULTS,
     group_seconds: float = ROUND_GROUP_SECONDS,
 ) -> RoundsRun:
-    """This hospital's rounds from ``first`` as one task run, until the coordinator's stop or
-    until the run has lasted ``group_seconds`` (a round that takes longer is a task run of
-    its own). A retry (a message that failed to go out, say) goes on after the last round
-    this hospital saved, re-sending what it stored: nothing is masked twice. Tests only:
-    ``fault`` fails this side before a stage, ``faults`` replaces a stage's step by one that
-    fails or hangs.
-
-    Why a group: a task run cost the Prefect API 28 ms of CPU here under load (its states,
-    events and log line), and ten hospitals each running one a round made the API the largest
-    cost of a fast round. Per-round detail stays where a person reads it: the coordinator's
-    task run per round and its rounds table, and this run's log, which names the rounds it
-    ran. Each round still commits its own checkpoint before the next begins, so a killed or
-    failed run resumes at the round it was in, as before."""
+    """This hospital's rounds from ``first`` as one task run, until the stop or ``group_seconds``
+    (a task run costs the Prefect API 28 ms of CPU: docs/protocols/horizontal-lr.md). Each round
+    commits its checkpoint, so a retry goes on after the last saved one, masking nothing twice.
+    ``fault``, ``faults``: tests only (:func:`_stage_fault`)."""
     started = time.monotonic()
     first = max(first, checkpoints(side.store, side.job_id).last_round() + 1)
     round_ = first

@@ -167,11 +167,9 @@ def release_key(table_fingerprint: str, job: LabelDPJob) -> str:
 
 
 def _read_labels(job: LabelDPJob, ref: TableRef) -> tuple[pd.DataFrame, np.ndarray]:
-    """The labels party's table and labels; refuses empty tables, NaN and out-of-range labels.
-
-    ``read_table`` already refuses empty tables and missing or non-finite labels, naming the
-    table, column and row; labels outside the declared range are refused here unless clipped.
-    """
+    """The labels party's table and labels: empty tables and missing or non-finite labels are
+    refused by ``read_table`` (naming table, column and row), labels outside the declared range
+    here unless clipped."""
     if ref.label_column is None:
         raise LabelDPSetupError(f"labels table {ref.table!r} declares no label column")
     frame = PartyStore.of(ref).read_table(ref)
@@ -192,12 +190,9 @@ def _read_labels(job: LabelDPJob, ref: TableRef) -> tuple[pd.DataFrame, np.ndarr
 
 
 def build_release(labels: np.ndarray, job: LabelDPJob) -> dict[str, Any]:
-    """Prior, mechanism and noisy labels as a storable dict (CSPRNG draws throughout).
-
-    RR-on-Bins goes through ``release_labels`` (the paper's Algorithm 3). A baseline spends
-    the whole budget on the labels unless ``prior_epsilon`` is given; then that share buys a
-    private prior, which the staircase uses to choose its step width.
-    """
+    """Prior, mechanism and noisy labels as a storable dict (CSPRNG draws throughout): RR-on-Bins
+    by ``release_labels`` (the paper's Algorithm 3); a baseline spends all on the labels unless
+    ``prior_epsilon`` buys a private prior (which sets the staircase's step width)."""
     grid = job.grid()
     if job.mechanism == "rr_on_bins":
         released = release_labels(
@@ -286,10 +281,8 @@ def check_alignment(job: LabelDPJob, ref: TableRef) -> None:
 @task(name="label-dp-release", task_run_name="{ref.party}: release noisy labels", **PARTY_STEP)
 def release_noisy_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Compute (or find) the release, charged once, and send its noisy labels: one message.
-
-    Returns only what is itself differentially private or public: the mechanism summary
-    (a function of the private prior) and the ledger status.
-    """
+    Returns only what is private or public: the mechanism summary (a function of the private
+    prior) and the ledger status."""
     _, labels = _read_labels(job, ref)
     key = release_key(fingerprint.fn(ref), job)
     ledger = PrivacyLedger(PartyStore.of(ref))
@@ -323,11 +316,9 @@ def release_noisy_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
 
 @task(name="label-dp-evaluate", task_run_name="{ref.party}: evaluate predictions", **PARTY_STEP)
 def evaluate(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
-    """Test error against the true labels, which only the labels party can compute.
-
-    Optional and outside the privacy budget: the labels party learns the model's predictions
-    on the evaluated rows, and whoever sees the result learns an exact (non-private) error.
-    """
+    """Test error against the true labels, which only the labels party can compute. Optional
+    and outside the budget: this party learns the predictions on the evaluated rows, and whoever
+    sees the result an exact (non-private) error."""
     _, labels = _read_labels(job, ref)
     rows = job.holdout_rows(len(labels))
     scope = "holdout"

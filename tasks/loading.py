@@ -26,18 +26,9 @@ def load_table(
     preprocessing: dict[str, Any] | None = None,
 ) -> int:
     """Validate and import ``source`` into ``ref``; replacing the table keeps re-runs idempotent.
-
-    A budget is its table owner's to grant, and a load only fills in one the owner's store
-    does not have yet (it never raises, resets or tops one up; ``privreg budget set`` does).
-    In party mode (the process runs as one organisation) the job file is shared and its author
-    may be a partner, so its ``privacy_budget`` (``initial_budget``) is not applied: the budget
-    comes from the owner's own party.toml (``[budgets.<table>]``, :mod:`storage.owner_budgets`)
-    or ``privreg budget set``, else releases are refused. In the embedded mode (one process,
-    ``make demo``) one operator owns every table and wrote the job file, so its
-    ``privacy_budget`` is that owner's own, and the log says so. ``preprocessing`` (the job's, with
-    the party's own ``missing_values`` and ``categorical``) says which values mean missing,
-    which columns are one-hot encoded, and whether missing cells may be stored (imputed later).
-    """
+    A budget is only filled in where the owner's store has none (never raised or reset), from
+    :func:`_owners_budget`: in party mode never the shared job file's (docs/privacy-budget.md).
+    ``preprocessing``: the job's, with this party's own ``missing_values`` and ``categorical``."""
     store = PartyStore.of(ref)
     rows = store.import_file(source, ref, PreprocessingSpec.from_dict(preprocessing))
     get_run_logger().info("%s: %d rows from %s into %s", ref.party, rows, source, ref.table)
@@ -69,10 +60,8 @@ def _owners_budget(
 
 @task(name="fingerprint", task_run_name="{ref.party}: fingerprint {ref.table}", **PARTY_STEP)
 def fingerprint(ref: TableRef) -> str:
-    """A salted digest of the party's table, so runs on unchanged inputs can be recognised.
-
-    The salt is the party's own secret, so the digest reveals only "changed or not".
-    """
+    """A salted digest of the party's table, so runs on unchanged inputs can be recognised; the
+    salt is the party's own secret, so the digest reveals only "changed or not"."""
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     salt = artifacts.get("fingerprint-salt")

@@ -1,10 +1,7 @@
-"""How every party step retries, in one place.
-
-Steps retry transient faults (a message not there yet, a locked file, an I/O hiccup) with
-backoff; a refused input, a protocol violation, a budget refusal or another party's failure
-(the job has ended there) would fail the same way again, so it fails at once. Steps never use
-Prefect's result cache: what a step reads (round checkpoints, stored releases, messages) lives
-in the parties' stores, which are the source of truth when a run resumes.
+"""How every party step retries, in one place: transient faults (a message not there yet, a
+locked file, an I/O hiccup) with backoff; a refused input, a protocol violation, a budget refusal
+or another party's failure would fail again, so it fails at once. No step uses Prefect's result
+cache: the parties' stores (checkpoints, releases, messages) are the truth when a run resumes.
 """
 
 from __future__ import annotations

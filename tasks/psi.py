@@ -47,7 +47,7 @@ def _prefix(job_id: str) -> str:
 
 
 def _scalar(store: PartyStore, job_id: str) -> SealedArtifacts:
-    """Where the party's secret scalar of this job is kept: sealed, see the module's note."""
+    """Where the party's secret scalar of this job is kept, sealed (:mod:`storage.secrets`)."""
     return SealedArtifacts(store, _prefix(job_id).rstrip("/"))
 
 
@@ -59,13 +59,10 @@ def aligned_table_name(ref: TableRef) -> str:
 def stored_alignment(
     ref: TableRef, job_id: str, refuse_changed: bool = True
 ) -> dict[str, Any] | None:
-    """The alignment stored by an earlier run of this job, if its table still exists.
-
-    It is reused only while the table it came from is unchanged and no other job has rewritten
-    the aligned copy (:mod:`storage.lineage`). Otherwise a party whose job id was agreed with
-    its peer refuses (:class:`StaleResultError`: a new run is needed), and a caller that runs
-    both sides (``refuse_changed=False``) gets ``{"changed": reason}`` and aligns again under a
-    fresh id: the old rows are never handed back under this id."""
+    """This job's stored alignment, if its copy exists, its source is unchanged and no other
+    job rewrote the copy (:mod:`storage.lineage`); else :class:`StaleResultError` (a new run is
+    needed), or with ``refuse_changed=False`` (a caller of both sides, which aligns again under a
+    fresh id) ``{"changed": reason}``: the old rows never come back under this id."""
     store = PartyStore.of(ref)
     result = ArtifactStore(store).get(_prefix(job_id) + "result")
     if result is None or not store.has_table(result["table"]):

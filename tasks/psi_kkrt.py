@@ -1,7 +1,6 @@
 """KKRT16 PSI alignment (``protocol: "kkrt"``), one task per party step and bucket; maths in
 :mod:`core.psi_ot.protocol`. Its ids, digest tables, buckets, job key and written table are
 RR22's too (:mod:`tasks.psi_rr22` imports those helpers by their public names).
-
 More (the protocol, what each party learns, why): docs/protocols/psi.md.
 """
 
@@ -207,12 +206,10 @@ def plan_for(side: PsiSide) -> Plan:
 
 
 def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
-    """Once the plan is known: the digest table gets each row's bucket and is stored in bucket
-    order, so reading one bucket touches only its own row groups (not a scan of every id per
-    bucket). Written into a new table a group of buckets at a time (about
-    :data:`SLICE_ROWS` rows each, so no sort holds the whole table), which then replaces the
-    old one in one transaction. Idempotent: a retry finds the column there (a step of this
-    process, in a set), and a rewrite cut short is started again."""
+    """Once the plan is known, rewrite the digest table in bucket order, so reading a bucket
+    touches only its own row groups: a group of about :data:`SLICE_ROWS` rows at a time (no sort
+    holds the whole table), swapped in in one transaction. Idempotent: a retry finds the bucket
+    column (or this process's mark), and a rewrite cut short starts again."""
     table = working_tables(job_id)[0]
     if plan.buckets == 1 or (str(store.path), table) in BUCKETED:
         return  # one bucket: every row is in it, no order to make
@@ -434,11 +431,10 @@ def write_aligned(
 
 @dataclass(frozen=True)
 class MatchedPositions:
-    """What differs between the OT-based protocols at their end: the protocol's name (for the
-    log), how R's matched positions (in S's order) travel once released (the kinds of the result
-    and per-bucket messages, R's encoding of a bucket's positions, S's decoding of it into
-    ``(positions, indices among its bucket's rows)``), and the secrets a process keeps between
-    steps (the base-OT seeds' cache, the per-table states keyed ``(store, job, table)``)."""
+    """What differs between the OT-based protocols at their end: the name (for the log), how R's
+    matched positions (in S's order) travel (result and per-bucket kinds, R's encoding, S's
+    decoding into ``(positions, indices among its bucket's rows)``), and the secrets a process
+    keeps between steps (base-OT seeds' cache, per-table states keyed ``(store, job, table)``)."""
 
     name: str
     result_kind: str
@@ -574,12 +570,9 @@ def run_step(step: Any, *args: Any) -> Any:
 
 
 def party_side(side: PsiSide, min_rows: int, call: Step = run_step) -> dict[str, Any]:
-    """One party's whole side in its role's order. ``call(task, *args)`` runs each step (as a
-    Prefect task by default; a benchmark passes one that calls ``task.fn``).
-
-    The party's database stays open through the side (one opening, not one per step and
-    read: an opening cost 30-90 ms of CPU, twenty of them a job at 100k ids); other processes
-    wait for it meanwhile, as in party-mode vertical LR."""
+    """One party's whole side in its role's order; ``call(task, *args)`` runs each step (as a
+    Prefect task by default; a benchmark's calls ``task.fn``). The database stays open through the
+    side (an opening cost 30-90 ms of CPU, twenty a job at 100k ids); other processes wait."""
     with PartyStore.of(side.ref).session():
         return _side(side, min_rows, call)
 

@@ -2,12 +2,7 @@
 maths in :mod:`core.psi_ot.rr22`. The ids, digest table, buckets, job key, release and written
 table are KKRT16's (:mod:`tasks.psi_kkrt`), so both protocols align the same rows in the same
 way; only the per-bucket messages differ (four, not two: the VOLE takes one round trip).
-
-Order, pipelined: R sends ``extend`` two tables ahead and ``okvs`` one table ahead of its
-match (``okvs`` of table ``k + 1`` before matching bucket ``k``), and S sends ``vole`` of table
-``k + 1`` before its values of bucket ``k``, so each party computes while the other does.
-More: docs/protocols/psi.md.
-"""
+More (the order they are pipelined in: :func:`party_side`): docs/protocols/psi.md."""
 
 from __future__ import annotations
 
@@ -218,7 +213,9 @@ def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
 
 def party_side(side: PsiSide, min_rows: int, call: Step = run_step) -> dict[str, Any]:
     """One party's whole side in its role's order (``call`` as in
-    :func:`tasks.psi_kkrt.party_side`), the party's database open throughout."""
+    :func:`tasks.psi_kkrt.party_side`), the database open throughout. Pipelined: R sends
+    ``extend`` two tables and ``okvs`` one table ahead of its match, S ``vole`` of table k + 1
+    before its values of bucket k, so each party computes while the other does."""
     with PartyStore.of(side.ref).session():
         plan = call(start_side, side)
         tables = 1 if plan.one_table else plan.buckets

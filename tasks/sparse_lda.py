@@ -1,13 +1,8 @@
-"""Sparse LDA across parties (Tian, Jayaraman, Gu & Evans 2016): what both sides share.
-
-The maths is in :mod:`core.sparse_lda`, the sum in :mod:`tasks.secure_sum`; a site's steps
-are :mod:`tasks.sparse_lda_party`, the coordinator's :mod:`tasks.sparse_lda_coordinator`.
-Here: the job every side agrees on, the release's calibration and key (a release is stored
-and charged once under a key naming the salted table digest and every parameter that shapes
-it), reading a site's rows, and the saved model's format.
-
-More (the privacy units, the noise shares, what is not protected): docs/protocols/sparse-lda.md.
-"""
+"""Sparse LDA across parties (Tian, Jayaraman, Gu & Evans 2016): what both sides share (the
+agreed job, the release's calibration and key, reading a site's rows, the saved model's format).
+Maths: :mod:`core.sparse_lda`; the sum: :mod:`tasks.secure_sum`; the sides:
+:mod:`tasks.sparse_lda_party`, :mod:`tasks.sparse_lda_coordinator`.
+More (privacy units, noise shares, what is not protected): docs/protocols/sparse-lda.md."""
 
 from __future__ import annotations
 
@@ -183,12 +178,9 @@ def noise_calibration(job: SparseLDAJob, n_features: int) -> NoiseCalibration:
 def contribution_vector(
     data: PartyData, job: SparseLDAJob, calibration: NoiseCalibration | None
 ) -> np.ndarray:
-    """The vector the party sends, checked (finite, bounded) before its noise share is added.
-
-    Row unit: clipped statistics. Party unit: ``direction | mu1 | mu2`` of the local fit,
-    clipped (exact and unclipped with noise disabled for testing). A vector that fails the
-    check is refused here, at its owner, naming the party: it never enters the sum.
-    """
+    """The vector the party sends (row unit: clipped statistics; party unit: the local fit's
+    ``direction | mu1 | mu2``, clipped unless noise is disabled for testing), checked (finite,
+    bounded) before its noise share is added: a failing one is refused here, naming the party."""
     privacy = job.privacy()
     if job.row_unit:
         exact = statistics_vector(data, privacy)
@@ -299,13 +291,9 @@ def read_party(
     job: SparseLDAJob | None = None,
     scaled: bool = True,
 ) -> PartyData:
-    """The party's rows as validated :class:`PartyData` (0/1 labels, d within the limit).
-
-    ``columns`` fixes the feature order (the coordinator's agreed one); by default every
-    column but the id and the label, in storage order. With ``job``, only the training rows
-    (the job's held-out rows removed), scaled with the job's pooled statistics (unless not
-    ``scaled``: before they exist).
-    """
+    """The party's rows as validated :class:`PartyData` (0/1 labels, d within the limit), in
+    ``columns`` order (default: all but the id and the label, as stored). With ``job``: the
+    training rows only, scaled with the job's pooled statistics (unless not ``scaled``)."""
     if ref.label_column is None:
         raise SparseLDASetupError(f"party {ref.party!r}: the descriptor names no label_column")
     _check_width(ref)

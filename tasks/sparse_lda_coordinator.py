@@ -73,12 +73,9 @@ def _schema_key(job_id: str) -> str:
 
 @task(name="sparse-lda-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
 def open_job(side: Coordinator) -> list[str]:
-    """Refuse parties whose feature columns differ; send everyone the agreed order.
-
-    The parties' columns are awaited until one deadline, ``join_timeout`` from now: those that
-    have not announced them by then are missing from the start (the secure sum drops them),
-    and fewer than the threshold fails naming the missing parties.
-    """
+    """Refuse parties whose feature columns differ; send everyone the agreed order. Parties
+    silent until ``join_timeout`` are missing from the start (the secure sum drops them), and
+    fewer than the threshold fails, naming them."""
     job = side.job
     messages = secure_sum.announced(side.endpoint, "schema", job, side.options.join_timeout)
     schemas = {p: message["feature_columns"] for p, message in messages.items()}
@@ -104,11 +101,9 @@ def open_job(side: Coordinator) -> list[str]:
 
 @task(name="sparse-lda-call-sum", task_run_name="coordinator: call the secure sum", **PARTY_STEP)
 def call_sum(side: Coordinator, n_features: int, rule: ThresholdRule) -> SumContext:
-    """Send every site the secure sum's call (a fresh session id and the job's parameters).
-
-    A coordinator restarted after sending it re-sends the call it sent (same session), so its
-    own session records and the sites' stay valid; a call is never changed once sent.
-    """
+    """Send every site the secure sum's call (a fresh session id and the job's parameters); a
+    restarted coordinator re-sends the call it sent, never a changed one, so its own session
+    records and the sites' stay valid."""
     job, endpoint = side.job, side.endpoint
     call = endpoint.sent(job.parties[0], "sum_call")
     if call is None:
@@ -132,12 +127,8 @@ def sum_done(side: Coordinator, ctx: SumContext) -> bool:
 )
 def build_model(side: Coordinator, ctx: SumContext, rule: ThresholdRule) -> dict[str, Any]:
     """Average the securely summed vectors, hard-threshold the direction, store and broadcast.
-
-    The coordinator sees only the (noisy) sum and how many vectors it holds; the threshold's
-    noise term uses public values only, so thresholding is post-processing. A model already
-    stored for the job (a restarted coordinator, a re-run) is the job's model: it is sent
-    again as it is (the channel would refuse another one under the same key anyway).
-    """
+    The threshold's noise term uses public values only (post-processing); a model stored
+    already (a restart, a re-run) is the job's and is sent again as it is."""
     job = side.job
     stored = ArtifactStore(side.store).get(model_key(job.job_id))
     if stored is not None:

@@ -79,15 +79,9 @@ def check_owner_allows(ref: TableRef, job: SparseLDAJob) -> None:
 @task(name="sparse-lda-check-table", task_run_name="{ref.party}: check {ref.table}", **PARTY_STEP)
 def check_table(ref: TableRef, job: SparseLDAJob) -> str:
     """Validate the own table before anything is computed or sent; return its salted digest.
-
-    Refuses labels other than 0/1, more features than the LP solver's limit, non-finite
-    values, missing cells unless the job imputes them (every affected column named with its
-    count and ``preprocessing.impute``), training rows whose columns are all constant within
-    classes and, for the party unit's local fit, a missing class (fewer than two training
-    rows of label 0 or 1), naming party and column. The row unit sums any site's rows, so a
-    site with one class takes part (a class missing at every site is refused from the
-    released counts). Nothing is charged yet.
-    """
+    Refuses, naming party and column: labels not 0/1, too many features, non-finite values,
+    missing cells the job does not impute, every column constant within classes, and (party unit
+    only: the row unit sums a one-class site too) fewer than two training rows of a class."""
     data = read_party(ref, job=job, scaled=False)  # before the pooled statistics exist
     if not job.row_unit:
         require_both_classes(data)
@@ -155,12 +149,9 @@ def _build_release(
     **PARTY_STEP,
 )
 def release_contribution(site: Site, features: list[str]) -> dict[str, Any]:
-    """Fit on own rows (in the agreed column order) and store (and charge, once) the noisy
-    vector the secure sum masks.
-
-    Over budget is refused before anything is computed. A stored release (a retry, a re-run)
-    is reused as it is: nothing is recomputed or charged. Returns only public values.
-    """
+    """Fit on own rows (agreed column order); store, charged once, the noisy vector the secure
+    sum masks. Over budget is refused before computing; a stored release (a retry, a re-run) is
+    reused, nothing recomputed or charged. Returns only public values."""
     ref, job = site.ref, site.job
     check_owner_allows(ref, job)
     store = PartyStore.of(ref)
@@ -207,10 +198,8 @@ def release_contribution(site: Site, features: list[str]) -> dict[str, Any]:
     **PARTY_STEP,
 )
 def send_rows_not_private(site: Site, features: list[str]) -> None:
-    """``centralized_reference`` only: the party's rows go to the coordinator in the clear.
-
-    This is what the protocol exists to avoid; it gives the accuracy pooled data could reach.
-    """
+    """``centralized_reference`` only: the party's rows go to the coordinator in the clear (what
+    the protocol exists to avoid), for the accuracy pooled data could reach."""
     ref, job = site.ref, site.job
     if job.method != "centralized_reference":
         raise SparseLDASetupError(f"refusing to send rows for method {job.method!r}")
@@ -233,12 +222,9 @@ def prefetch_sum_call(site: Site) -> None:
     cache_policy=PARTY_STEP["cache_policy"],
 )
 def await_sum_call(site: Site, rule: ThresholdRule, n_features: int) -> SumContext:
-    """The coordinator's call as this site's session context, if it names this site's job.
-
-    A coordinator asking for other parameters (a lower threshold or more colluders would
-    unmask sums with fewer noise shares than the calibration counts on; another method or
-    privacy unit, other peers) is refused, naming what differs.
-    """
+    """The coordinator's call as this site's session context, if it states this site's job: a
+    lower threshold or more colluders would unmask sums with fewer noise shares than calibrated,
+    so other parameters (method, unit, peers too) are refused, naming what differs."""
     job = site.job
     call = site.endpoint.receive(COORDINATOR, "sum_call")
     agreed = call_terms(job, rule)

@@ -203,7 +203,7 @@ class HorizontalOptions(_Strict):
     local_epochs: int = Field(0, ge=0, description="local passes per round (0: one gradient)")
     learning_rate: Positive = Field(0.2, description="step size")
     l2: NonNegative = Field(1e-3, description="ridge penalty")
-    tol: NonNegative = Field(1e-6, description="stop when the loss changes less than this")
+    tol: NonNegative = Field(1e-6, description="stop once no weight moves by more than this")
     seed: int = Field(0, ge=0, description="names a derived job id (local runs without a job file)")
     threshold: int | None = Field(None, ge=2, description="fewest parties a round accepts")
     stage_timeout: Positive = Field(60.0, description="seconds the coordinator waits per stage")

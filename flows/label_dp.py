@@ -27,13 +27,7 @@ from storage.descriptor import TableRef
 from tasks import label_dp as steps
 from tasks.charts import publish_training_charts
 from tasks.loading import fingerprint
-from tasks.reporting import (
-    artifact_key,
-    markdown_table,
-    publish_markdown,
-    publish_model_link,
-    run_namer,
-)
+from tasks.reporting import artifact_key, publish_model_link, run_namer
 from tasks.summaries import label_dp_summary
 
 
@@ -51,16 +45,11 @@ def _label_range(label_range: list[float] | None, labels: TableRef) -> tuple[flo
     )
 
 
-def _summary(
-    job: steps.LabelDPJob,
-    release: dict[str, Any],
-    model: dict[str, Any] | None,
-    evaluation: dict[str, Any] | None,
-) -> str:
-    """The UI's view: the mechanism, the budget, the metrics (all DP or public, except an
-    optional evaluation on true labels). ``model`` is ``None`` at the labels party."""
-    s, budget = release["summary"], release["budget"]
-    items = [
+def _release_details(release: dict[str, Any], evaluation: dict[str, Any]) -> list:
+    """The mechanism's public figures (and a loss other than squared on true labels, not DP),
+    as rows of the labels party's run summary."""
+    s = release["summary"]
+    return [
         ("how labels are randomised (mechanism)", f"{s['mechanism']} for {s['loss']} loss"),
         ("privacy split (epsilon)", f"{s['epsilon']:g} = {s['prior_epsilon']:.4g} (prior) + "
                           f"{s['label_epsilon']:.4g} (labels)"),
@@ -72,21 +61,9 @@ def _summary(
          f"{s['keep_probability']:.4f}" if "keep_probability" in s else "-"),
         ("error the noise adds, expected under the prior (loss)", f"{s['expected_loss']:.6g}"),
         ("release", "reused, not charged again" if release["reused"] else "new, charged once"),
-        ("epsilon spent / total", f"{budget['epsilon_spent']:g} / {budget['epsilon_total']:g}"),
-        ("epsilon left", f"{budget['epsilon_left']:g}"),
+        *((f"{k.removeprefix('test_').replace('_', ' ')} on {evaluation['evaluated_on']} "
+           "(not DP)", v) for k, v in evaluation.items() if k.endswith("_loss")),
     ]  # fmt: skip
-    metrics = {**(model["metrics"] if model else {}), **(evaluation or {})}
-    trained = f"on {model['train_rows']} rows" if model else "(its side, not shown here)"
-    return "\n\n".join(
-        [
-            f"# Label-DP regression, job {job.job_id}",
-            f"Protected table `{budget['protected_table']}` of **{job.labels_party}**; model "
-            f"trained by **{job.features_party}** {trained}.",
-            markdown_table([{"item": k, "value": v} for k, v in items]),
-            "## Metrics",
-            markdown_table([{"metric": k, "value": v} for k, v in metrics.items()]),
-        ]
-    )
 
 
 @flow(name="label_dp_regression", flow_run_name=run_namer("label_dp_regression"))
@@ -199,12 +176,8 @@ def label_dp_party(
     if evaluation:
         scope = f"{evaluation['test_rows']} rows, {evaluation['evaluated_on']}"
         publish_training_charts("label-dp", job_id, [], {scope: evaluation.pop("calibration")})
-    publish_markdown(
-        artifact_key("label-dp", job_id, "release"),
-        _summary(job, release, None, evaluation),
-        f"label-DP release of job {job_id} ({ref.party}'s side)",
-    )
-    label_dp_summary(job, peer, ref, checked["rows"], release["budget"], evaluation or {})
+    details = _release_details(release, evaluation or {})
+    label_dp_summary(job, peer, ref, checked["rows"], release["budget"], evaluation or {}, details)
     return {
         "job_id": job_id,
         "role": "labels",

@@ -33,13 +33,7 @@ from flows.stage_options import keyword_options
 from storage.descriptor import TableRef
 from tasks import walr as steps
 from tasks.loading import fingerprint
-from tasks.reporting import (
-    artifact_key,
-    markdown_table,
-    publish_markdown,
-    publish_model_link,
-    run_namer,
-)
+from tasks.reporting import artifact_key, publish_model_link, run_namer
 from tasks.summaries import walr_summary
 
 
@@ -88,76 +82,28 @@ def _noiseless_for_tests(noise: bool, job_id: str) -> bool:
     return True
 
 
-_CALIBRATION = {"binary": "exact delta for 0/1 shifts", "clipped": "zCDP bound"}
-
-
 def _sigma_text(value: float | None) -> str:
     return "not valid for epsilon > 1" if value is None else f"{value:.6g}"
 
 
-def _summary(
-    job: steps.WalrJob,
-    release: dict[str, Any],
-    model: dict[str, Any] | None,
-    metrics: dict[str, Any],
-    reused: bool,
-) -> str:
-    budget = release["budget"]
-    rows = [
-        {
-            "quantity": "rows in the sum (public, N)",
-            "value": f"{release['rows']}, {release.get('held_out_rows', 0)} held out",
-        },
-        {
-            "quantity": "how each row's reach is bounded (mode)",
-            "value": job.mode
-            + (f", clip norm {job.clip_norm:g}" if job.clip_norm is not None else ""),
-        },
-        {
-            "quantity": "most one row can move the sum (L2 sensitivity)",
-            "value": f"{release['sensitivity']:.6g}",
-        },
-        {
-            "quantity": "privacy of this release (epsilon, delta)",
-            "value": f"{job.epsilon:g}, {job.delta:g}",
-        },
-        {
-            "quantity": "noise added to each sum "
-            f"(sigma of a discrete Gaussian, {_CALIBRATION[job.mode]})",
-            "value": f"{release['sigma']:.6g}" + ("" if job.noise else " (NOT added: test mode)"),
-        },
-        {
-            "quantity": "noise a continuous Gaussian would need (sigma, analytic)",
-            "value": _sigma_text(release["sigma_analytic_continuous"]),
-        },
-        {
-            "quantity": "noise the classic bound would add "
-            "(sigma, sqrt(2 ln(1.25/delta)) S/epsilon)",
-            "value": _sigma_text(release["sigma_classic"]),
-        },
-        {"quantity": "release", "value": "reused, nothing charged" if reused else "new, charged"},
-        {
-            "quantity": f"budget of {budget['protected_table']}: epsilon spent / left",
-            "value": f"{budget['epsilon_spent']:g} / {budget['epsilon_left']:g}",
-        },
-        {
-            "quantity": f"budget of {budget['protected_table']}: the owner's delta",
-            "value": f"{budget['delta_total']:g} (epsilon is composed at it)",
-        },
-    ]
-    if model is not None:
-        converged = f"{model['converged']} ({model['n_iter']} iterations)"
-        rows.append({"quantity": "converged", "value": converged})
-    if metrics.get("log_loss") is not None:
-        auc = "-" if metrics["auc"] is None else f"{metrics['auc']:.4f}"
-        rows.append(
-            {
-                "quantity": f"AUC, log-loss at the labels party on {metrics['scope']} (not DP)",
-                "value": f"{auc}, {metrics['log_loss']:.4f} (class-prior baseline 0.5, "
-                f"{metrics['baseline_log_loss']:.4f})",
-            }
-        )
-    return f"# WALR {job.job_id}\n\n" + markdown_table(rows)
+def _release_details(job: steps.WalrJob, release: dict[str, Any], reused: bool) -> list:
+    """The release's public figures, as rows of the labels party's run summary."""
+    bound = {"binary": "exact delta for 0/1 shifts", "clipped": "zCDP bound"}[job.mode]
+    clip = "" if job.clip_norm is None else f", clip norm {job.clip_norm:g}"
+    sigma = f"{release['sigma']:.6g}" + ("" if job.noise else " (NOT added: test mode)")
+    return [
+        ("rows in the sum (public, N)", f"{release['rows']}, {release.get('held_out_rows', 0)} "
+         "held out"),
+        ("how each row's reach is bounded (mode)", job.mode + clip),
+        ("most one row can move the sum (L2 sensitivity)", f"{release['sensitivity']:.6g}"),
+        ("privacy of this release (epsilon, delta)", f"{job.epsilon:g}, {job.delta:g}"),
+        (f"noise added to each sum (sigma of a discrete Gaussian, {bound})", sigma),
+        ("noise a continuous Gaussian would need (sigma, analytic)",
+         _sigma_text(release["sigma_analytic_continuous"])),
+        ("noise the classic bound would add (sigma, sqrt(2 ln(1.25/delta)) S/epsilon)",
+         _sigma_text(release["sigma_classic"])),
+        ("release", "reused, nothing charged" if reused else "new, charged"),
+    ]  # fmt: skip
 
 
 def _make_job(
@@ -341,14 +287,9 @@ def _labels_side(
     steps.release_noisy_sums(job, ref)  # a stored release is kept as it is
     sent = steps.send_release(job, ref)
     metrics = steps.evaluate(job, ref) if evaluate else {}
-    publish_markdown(
-        artifact_key("walr", job.job_id, "release"),
-        _summary(job, sent, None, metrics, checked["reused"]),
-        f"WALR release of job {job.job_id} ({ref.party}'s side)",
-    )
     walr_summary(
-        job.job_id, job.features_party, ref, checked["rows"], sent["budget"], metrics, None,
-        sent["release_job_id"],
+        job.job_id, job.features_party, ref, checked["rows"], sent["budget"], metrics,
+        sent["release_job_id"], _release_details(job, sent, checked["reused"]),
     )  # fmt: skip
     return {
         "job_id": job.job_id,

@@ -298,19 +298,20 @@ def walr_summary(
     rows: int,
     budget: dict[str, Any],
     metrics: dict[str, Any],
-    workspace: str | None,
-    release_job_id: str | None = None,
+    release_job_id: str | None,
+    release: list[tuple[str, Any]],
 ) -> dict[str, Any]:
     """Quality: the labels party's figures on the rows it was sent scores for (held-out rows,
-    or every row in-sample when nothing is held out), next to the class-prior baseline."""
-    quality, details = [], []
+    or every row in-sample when nothing is held out), next to the class-prior
+    baseline; ``release``: the release's public figures, as detail rows."""
+    quality, details = [], list(release)
     if metrics.get("log_loss") is not None:
         baseline = {"auc": metrics["baseline_auc"], "log_loss": metrics["baseline_log_loss"]}
         quality = _classifier_quality(metrics, baseline, metrics["scope"])
-        details = [("rows scored at the labels party", metrics["evaluated_rows"])]
+        details.append(("rows scored at the labels party", metrics["evaluated_rows"]))
     jobs = [job_id, *([release_job_id] if release_job_id else [])]
     return _one_release_summary(
-        job_id, features_party, labels, rows, budget, quality, jobs, workspace, details
+        job_id, features_party, labels, rows, budget, quality, jobs, None, details
     )
 
 
@@ -321,9 +322,10 @@ def label_dp_summary(
     rows: int,
     budget: dict[str, Any],
     metrics: dict[str, Any],
+    release: list[tuple[str, Any]],
 ) -> dict[str, Any]:
-    """The labels party's summary of a label-DP release: its budget, and the test MSE beside
-    the mean-label baseline on the same held-out rows (where it evaluated)."""
+    """The labels party's summary of a label-DP release: its budget, the release's public
+    figures, and the test MSE beside the mean-label baseline on the same held-out rows."""
     quality = []
     if metrics.get("test_mse") is not None:
         holdout = [int(r) for r in job.holdout_rows(rows)]
@@ -332,7 +334,7 @@ def label_dp_summary(
         scope = str(metrics.get("evaluated_on", "held-out rows"))
         quality = [Quality("MSE", metrics["test_mse"], baseline, False, scope)]
     held_out = len(job.holdout_rows(rows))
-    split = [("training rows", rows - held_out), ("held-out rows", held_out)]
+    split = [("training rows", rows - held_out), ("held-out rows", held_out), *release]
     return _one_release_summary(
         job.job_id, features_party, labels, rows, budget, quality, [job.job_id], None, split
     )

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import FetchLog, summary_quality
+from prefect.artifacts import Artifact
 from prefect.exceptions import ParameterTypeError
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
@@ -296,6 +297,13 @@ def test_held_out_rows_stay_out_of_the_release_and_are_scored_for_the_summary(
         assert quality[metric][1] == pytest.approx(baseline, rel=1e-5)
         assert quality[metric][2] == "60 held-out rows"
     assert result["metrics"]["log_loss"] == pytest.approx(expected["log-loss"][0])
+    # one summary per run: the release's public figures are rows of it, no artifact of their own
+    summary = Artifact.get(f"impressions-walr-{short_id(result['job_id'])}-summary").data
+    assert f"| most one row can move the sum (L2 sensitivity) | {result['sensitivity']:.6g} |" in (
+        summary
+    )
+    assert "| rows in the sum (public, N) | 240, 60 held out |" in summary
+    assert Artifact.get(f"impressions-walr-{short_id(result['job_id'])}-release") is None
 
 
 def test_standardised_by_default_on_training_rows_and_the_model_carries_it(

@@ -51,20 +51,12 @@ from tasks.reporting import (
     Progress,
     artifact_key,
     flow_short,
-    kib,
-    loss_noise_column,
     publish_model_link,
     publish_table,
     run_namer,
 )
 from tasks.secure_sum import COORDINATOR, Faults, SimulatedCrashError, coordinator_store
-from tasks.summaries import (
-    attempt_columns,
-    current_attempt,
-    horizontal_party_summary,
-    horizontal_summary,
-    round_bytes,
-)
+from tasks.summaries import horizontal_party_summary, horizontal_rounds, horizontal_summary
 
 __all__ = [
     "SimulatedCrashError",
@@ -202,21 +194,7 @@ class _LossWatch:
 def _publish(side: coordinator_steps.Coordinator, model: dict[str, Any]) -> None:
     job_id = side.job_id
     short = job_id.removeprefix("horizontal-lr-")
-    now, traffic = current_attempt(), round_bytes(job_id)  # as its own channel saw them
-    rows = [
-        {
-            "round": e["round"],
-            "loss": e["loss"],
-            "seconds": e["seconds"],
-            "survivors": len(e["survivors"]),
-            "parties": ", ".join(e["survivors"]),
-            "max weight change": e["change"],
-            "KiB sent": kib(traffic.get(e["round"], 0)),
-            **loss_noise_column(e),
-            **attempt_columns(e.get("attempt"), now),
-        }
-        for e in model["history"]
-    ]
+    rows = horizontal_rounds(job_id, model["history"])  # as its own channel saw them
     publish_table(
         artifact_key("horizontal-lr", short, "rounds"),
         rows,

@@ -172,10 +172,26 @@ def _round_bytes(job_id: str, workspace: str | None) -> dict[int, int]:
     return totals
 
 
-def round_bytes(job_id: str) -> dict[int, int]:
-    """:func:`_round_bytes` as this side's own channel sees them: the horizontal coordinator's
-    rounds table reads it (in party mode, its own folder of sent and received messages)."""
-    return _round_bytes(job_id, None)
+def horizontal_rounds(
+    job_id: str, history: list[dict[str, Any]], workspace: str | None = None
+) -> list[dict[str, Any]]:
+    """Horizontal LR's rounds table, one row per committed round of the coordinator's
+    ``history``; bytes from ``workspace``'s log (None: this side's own channel)."""
+    traffic, now = _round_bytes(job_id, workspace), current_attempt()
+    return [
+        {
+            "round": e["round"],
+            "loss": e["loss"],
+            "seconds": e["seconds"],
+            "survivors": len(e["survivors"]),
+            "parties": ", ".join(e["survivors"]),
+            "max weight change": e["change"],
+            "KiB sent": kib(traffic.get(e["round"], 0)),
+            **loss_noise_column(e),
+            **attempt_columns(e.get("attempt"), now),
+        }
+        for e in history
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,24 +440,9 @@ def horizontal_summary(
         )
         for ref in refs
     }
-    traffic = _round_bytes(job_id, workspace)
     quality = horizontal_quality(evaluations)
     outcome = _outcome([q for q in quality if q.metric.startswith("log-loss")])
-    now = current_attempt()
-    history = [
-        {
-            "round": e["round"],
-            "loss": e["loss"],
-            "gradient_norm": None,
-            "max weight change": e["change"],
-            "parties": len(e["survivors"]),
-            "KiB sent": kib(traffic.get(e["round"], 0)),
-            "seconds": e["seconds"],
-            **loss_noise_column(e),
-            **attempt_columns(e.get("attempt"), now),
-        }
-        for e in model["history"]
-    ]
+    history = horizontal_rounds(job_id, model["history"], workspace)
     return publish_summary(
         RunSummary(
             job_id,

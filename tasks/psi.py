@@ -46,9 +46,21 @@ def _prefix(job_id: str) -> str:
     return f"psi/{job_id}/"
 
 
-def _scalar(store: PartyStore, job_id: str) -> SealedArtifacts:
-    """Where the party's secret scalar of this job is kept, sealed (:mod:`storage.secrets`)."""
-    return SealedArtifacts(store, _prefix(job_id).rstrip("/"))
+def sealed_scalars(store: PartyStore, prefix: str) -> SealedArtifacts:
+    """Where the party keeps its secret scalar of the job under ``prefix``, sealed
+    (:mod:`storage.secrets`); destroyed once the job's result is stored."""
+    return SealedArtifacts(store, prefix.rstrip("/"))
+
+
+def own_scalar(store: PartyStore, prefix: str) -> int:
+    """The party's secret scalar of the job under ``prefix``: drawn once, so a retried step
+    sends the same bytes."""
+    sealed = sealed_scalars(store, prefix)
+    key = sealed.get(prefix + "key")
+    if key is None:
+        key = psi.new_key()
+        sealed.put(prefix + "key", key)
+    return key
 
 
 def aligned_table_name(ref: TableRef) -> str:
@@ -89,12 +101,7 @@ def blind_own_ids(side: PsiSide) -> int:
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     ids = store.read_table(ref, allow_missing=True)[ref.id_column].tolist()
-    sealed = _scalar(store, job_id)
-    key = sealed.get(_prefix(job_id) + "key")
-    if key is None:
-        key = psi.new_key()
-        sealed.put(_prefix(job_id) + "key", key)
-    blinded = psi.prepare(ids, key)
+    blinded = psi.prepare(ids, own_scalar(store, _prefix(job_id)))
     artifacts.put(_prefix(job_id) + "rows", blinded.rows, "psi-state")
     side.endpoint.send(peer, "psi_blinded", blinded.blinded)
     get_run_logger().info("%s blinded %d ids", ref.party, len(ids))
@@ -109,8 +116,7 @@ def blind_peer_ids(side: PsiSide) -> int:
     artifacts = ArtifactStore(store)
     endpoint = side.endpoint
     peer_blinded = endpoint.receive(peer, "psi_blinded")
-    key = _scalar(store, job_id).get(_prefix(job_id) + "key")
-    doubled = psi.reblind(peer_blinded, key, peer=peer)
+    doubled = psi.reblind(peer_blinded, own_scalar(store, _prefix(job_id)), peer=peer)
     artifacts.put(_prefix(job_id) + "peer_double", doubled, "psi-state")
     endpoint.send(peer, "psi_double", doubled)
     return len(doubled)
@@ -146,7 +152,8 @@ def store_aligned_rows(side: PsiSide, min_rows: int) -> dict[str, Any]:
         record(store, _prefix(job_id), lineage, con)  # what a re-run may reuse it for
         for secret in ("key", "rows", "peer_double"):
             artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
-    _scalar(store, job_id).destroy()  # after the commit: a failed write keeps the job resumable
+    # after the commit: a failed write keeps the job resumable
+    sealed_scalars(store, _prefix(job_id)).destroy()
     get_run_logger().info(
         "%s aligned %d of %d rows into %s", ref.party, result.size, result.own_size, table
     )

@@ -1,7 +1,8 @@
 """Cardinality-only PSI, one task per party step; maths in :mod:`core.psi_count`.
 
-The secret scalar and the values computed for the peer are kept in the party's artifacts for
-the length of the job (a retried step sends the same bytes) and deleted with the result.
+The secret scalar (sealed, as in :mod:`tasks.psi`) and the values computed for the peer are
+kept in the party's store for the length of the job (a retried step sends the same bytes) and
+deleted with the result.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
-from tasks.psi import PsiSide
+from tasks.psi import PsiSide, own_scalar, sealed_scalars
 
 KIND_BLINDED, KIND_ANSWER = "psi_count_blinded", "psi_count_answer"
 
@@ -36,13 +37,8 @@ def blind_own_ids(side: PsiSide) -> int:
     """Step 1: blind and sort own ids, send them. Returns the own set size."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
-    artifacts = ArtifactStore(store)
     ids = store.read_table(ref)[ref.id_column].tolist()
-    key = artifacts.get(_prefix(job_id) + "key")
-    if key is None:
-        key = psi.new_key()
-        artifacts.put(_prefix(job_id) + "key", key, "secret")
-    blinded = psi.prepare(ids, key).blinded
+    blinded = psi.prepare(ids, own_scalar(store, _prefix(job_id))).blinded
     side.endpoint.send(peer, KIND_BLINDED, blinded)
     return len(ids)
 
@@ -51,11 +47,11 @@ def blind_own_ids(side: PsiSide) -> int:
 def answer_peer(side: PsiSide) -> None:
     """Step 2: blind the peer's values again and return them shuffled."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
-    artifacts = ArtifactStore(PartyStore.of(ref))
+    store = PartyStore.of(ref)
+    artifacts = ArtifactStore(store)
     endpoint = side.endpoint
-    shuffled = psi_count.answer(
-        endpoint.receive(peer, KIND_BLINDED), artifacts.get(_prefix(job_id) + "key"), peer
-    )
+    key = own_scalar(store, _prefix(job_id))
+    shuffled = psi_count.answer(endpoint.receive(peer, KIND_BLINDED), key, peer)
     artifacts.put(_prefix(job_id) + "peer_double", shuffled, "psi-state")
     endpoint.send(peer, KIND_ANSWER, shuffled)
 
@@ -75,5 +71,6 @@ def count_shared(side: PsiSide, own_size: int, min_rows: int) -> dict[str, Any]:
         artifacts.put(_prefix(job_id) + "result", summary, "psi-count", con=con)
         for secret in ("key", "peer_double"):
             artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
+    sealed_scalars(store, _prefix(job_id)).destroy()  # after the commit, as in tasks.psi
     get_run_logger().info("%s: %d ids shared with %s", ref.party, result.size, peer)
     return summary

@@ -26,6 +26,7 @@ from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.secrets import JobSecrets, SealedArtifacts, SecretFileError, SecretGoneError
 from tasks import psi as psi_steps
+from tasks import psi_count as psi_count_steps
 from tasks import secure_sum
 from tasks import walr as walr_steps
 
@@ -192,6 +193,34 @@ def test_psi_scalars_are_gone_once_the_rows_are_aligned(workspace: Path) -> None
             assert summary["size"] == 110
     assert all(len(s) == 32 for s in scalars.values())
     assert leaks([workspace], scalars) == []
+
+
+def test_psi_count_scalars_are_sealed_and_gone_once_counted(workspace: Path) -> None:
+    ids = [f"c{i}" for i in range(150)]
+    refs = {}
+    for party, rows in (("bank", ids[:130]), ("shop", ids[20:])):
+        refs[party] = TableRef(str(workspace / party / f"{party}.duckdb"), "t")
+        frame = pd.DataFrame({"id": rows, "v": np.arange(len(rows), dtype=float)})
+        PartyStore.of(refs[party]).import_frame(frame, refs[party])
+    peer = {"bank": "shop", "shop": "bank"}
+    channel = Channel(workspace, "count-secrets")
+    side = {p: psi_steps.PsiSide(r, peer[p], channel.endpoint(p)) for p, r in refs.items()}
+    scalars, sizes = {}, {}
+    with disable_run_logger():
+        for party, ref in refs.items():
+            sizes[party] = psi_count_steps.blind_own_ids.fn(side[party])
+            sealed = SealedArtifacts(PartyStore.of(ref), "psi-count/count-secrets")
+            scalars[party] = sealed.get("psi-count/count-secrets/key")
+            assert sealed.secrets.exists()  # kept sealed while the job runs
+        for party in refs:
+            psi_count_steps.answer_peer.fn(side[party])
+        for party in refs:
+            assert psi_count_steps.count_shared.fn(side[party], sizes[party], 100)["size"] == 110
+    assert all(len(s) == 32 for s in scalars.values())
+    assert leaks([workspace], scalars) == []
+    assert not any(
+        JobSecrets.of(PartyStore.of(r), "psi-count/count-secrets").exists() for r in refs.values()
+    )
 
 
 def test_secure_aggregation_keys_and_seeds_are_gone_after_the_sum(workspace: Path) -> None:

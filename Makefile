@@ -44,6 +44,7 @@ demo-parties: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: lint
 	mkdir -p "$(PREFECT_HOME)"

@@ -86,8 +86,10 @@ class PrefectSettings:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
             raise ValueError(f"prefect.port must be a port number, not {port!r}")
         if api_url and port:
-            raise ValueError("prefect.api_url and prefect.port exclude each other: a server "
-                             "that runs already, or the port of the one the service starts")
+            raise ValueError(
+                "prefect.api_url and prefect.port exclude each other: a server "
+                "that runs already, or the port of the one the service starts"
+            )
         return cls(api_url=api_url.rstrip("/"), port=port)
 
 

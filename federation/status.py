@@ -153,7 +153,6 @@ class PeerView:
         heard = "never" if self.heard is None else f"{now - self.heard:.0f} s ago"
         return f"{self.party:<16} {state}  [heard {heard}]"
 
-
     def judge_silence(self, now: float, down_after: float = DOWN_AFTER) -> None:
         """Mark the peer down as its own peers would: a live record not heard from for more
         than ``down_after`` seconds (``privreg job status`` reads it once, without a

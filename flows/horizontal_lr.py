@@ -67,9 +67,7 @@ __all__ = [
 ]
 
 
-def _check_options(
-    options: HorizontalOptions, names: list[str], spec: PreprocessingSpec
-) -> int:
+def _check_options(options: HorizontalOptions, names: list[str], spec: PreprocessingSpec) -> int:
     """What the schema cannot say alone: a hold-out below half, finite numbers, a safe
     threshold, what DP needs. Returns the threshold (default: a strict majority)."""
     if not options.holdout_fraction < 0.5:
@@ -233,9 +231,7 @@ def horizontal_lr_coordinator(
     )
     opened = coordinator_steps.open_job(side)
     start, features = opened["last_round"] + 1, opened["features"]
-    pre.coordinator_statistics(
-        job_id, features, spec, names, threshold, options.stage_timeout
-    )
+    pre.coordinator_statistics(job_id, features, spec, names, threshold, options.stage_timeout)
     side = replace(side, width=coordinator_steps.coordinator_width(side, features))
     rounds, tol = options.rounds, options.tol
     converged = opened["change"] is not None and opened["change"] < tol

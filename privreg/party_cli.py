@@ -285,7 +285,13 @@ def _vertical(args: argparse.Namespace) -> None:
 
     hosts = [h for h in args.hosts.split(",") if h]
     result = vertical_lr_party(
-        args.role, args.job, args.guest, hosts, options, own=own, arbiter=args.arbiter,
+        args.role,
+        args.job,
+        args.guest,
+        hosts,
+        options,
+        own=own,
+        arbiter=args.arbiter,
         preprocessing=_preprocessing(args),
     )
     print(json.dumps({k: v for k, v in result.items() if k != "history"}))

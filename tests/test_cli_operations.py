@@ -96,7 +96,6 @@ def test_an_ended_side_is_not_down_and_watch_ends_with_the_run(
     assert not any(p["down"] for p in json.loads(looks[0])["parties"])
 
 
-
 def test_watch_looks_again_while_a_side_is_live_and_ends_with_the_run(
     shared: FileTransport, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -112,6 +111,7 @@ def test_watch_looks_again_while_a_side_is_live_and_ends_with_the_run(
     assert len(looks) >= 3  # looked again while the sides ran, then stopped on its own
     assert [p["state"] for p in looks[0]["parties"]] == ["running"] * 3
     assert [p["state"] for p in looks[-1]["parties"]] == ["done"] * 3
+
 
 def _gone(pid: int, within: float = 20.0) -> bool:
     """Whether process ``pid`` ended and was reaped (no /proc entry, not even a zombie)."""
@@ -141,9 +141,10 @@ def test_sides_the_service_started_are_reaped_when_they_end(tmp_path: Path) -> N
         sides = {run: side.pid for run, (_, side) in service._sides.items()}
         os.kill(sides["demo-killed"], signal.SIGKILL)
         for run, pid in sides.items():
-            assert _gone(pid), f"{run}: process {pid} still there: " + Path(
-                f"/proc/{pid}/status"
-            ).read_text().splitlines()[1]
+            assert _gone(pid), (
+                f"{run}: process {pid} still there: "
+                + Path(f"/proc/{pid}/status").read_text().splitlines()[1]
+            )
         assert not service._sides  # forgotten as well: the limits count live sides only
     finally:
         service.stop()
@@ -187,7 +188,8 @@ def _looking_commands(folder: Path, issued: dict[str, certs.Issued]) -> list[lis
 
 
 def test_commands_that_only_look_do_not_load_prefect_or_scipy(
-    tmp_path: Path, pki: dict[str, certs.Issued]  # noqa: F811
+    tmp_path: Path,
+    pki: dict[str, certs.Issued],  # noqa: F811
 ) -> None:
     commands = _looking_commands(tmp_path, pki)
     done = subprocess.run(

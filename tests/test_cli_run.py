@@ -46,7 +46,10 @@ def test_run_prints_a_line_per_stage_and_keeps_prefect_s_lines_in_the_log(
     progress, other = _lines(captured.err)
     done = [re.match(r"\[ *[0-9.]+ s\] (\w+) demo/(\w+) \(", line) for line in progress]
     assert sorted(m.groups() for m in done if m) == [
-        ("clinic", "load"), ("clinic", "psi"), ("lab", "load"), ("lab", "psi")
+        ("clinic", "load"),
+        ("clinic", "psi"),
+        ("lab", "load"),
+        ("lab", "psi"),
     ], captured.err  # each party's stages, as each finishes
     assert len(other) == 1 and other[0].startswith("finished in"), captured.err
     assert "INFO" not in captured.err + captured.out and "470 shared rows" in captured.out

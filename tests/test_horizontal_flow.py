@@ -47,7 +47,11 @@ Loader = Callable[..., list[TableRef]]
 # what a hospital sends the coordinator: its columns' names, its job key, its masked input,
 # its signed view of the round's survivors (the consistency round) and its unmasking answer
 TO_COORDINATOR = {
-    "schema", "secagg_job_keys", "secagg_masked", "secagg_view", "secagg_unmask_response"
+    "schema",
+    "secagg_job_keys",
+    "secagg_masked",
+    "secagg_view",
+    "secagg_unmask_response",
 }
 
 

@@ -185,16 +185,15 @@ def test_party_processes_end_with_the_local_run_models(runs: dict[str, Any]) -> 
     }
     assert [s[1] for s in ran["arbiter"]] == ["vertical"]
     scoring = [("score_demo", s, f"score_demo-{s}") for s in ("load", "score_vertical")]
-    assert ran["lab"] == [
-        ("demo", s, f"demo-{s}") for s in ("load", "psi", "vertical", "walr")
-    ] + scoring
+    assert (
+        ran["lab"]
+        == [("demo", s, f"demo-{s}") for s in ("load", "psi", "vertical", "walr")] + scoring
+    )
     assert [s[1] for s in ran["clinic"]] == ["load", "psi", "vertical", "walr", "load", "psi",
                                              "label_dp", "load", "score_vertical"]  # fmt: skip
     assert [s[1] for s in ran["coordinator"]] == ["horizontal_lr", "sparse_lda"]
     assert ran["registry"][-1] == ("label_dp_demo", "label_dp", "label_dp_demo-label_dp")
-    local = {
-        p: [(s["job"], s["stage"], s["job_id"]) for s in r["stages"]] for p, r in one.items()
-    }
+    local = {p: [(s["job"], s["stage"], s["job_id"]) for s in r["stages"]] for p, r in one.items()}
     assert local["lab"] == [("demo", s, f"demo-{s}") for s in ("load", "psi", "walr")]  # no
     # vertical LR in the local copy (it is compared on the processes' own rows below): nothing
     # to score there

@@ -92,8 +92,14 @@ def local_run(folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setenv(
         FAULTS_VARIABLE, json.dumps({"slda-one": {"*:mask_input": {KILLED: "raise"}}})
     )
-    return sparse_lda(refs, workspace=str(folder), job_id="slda-one", stage_timeout=10,
-                      preprocessing=PREPROCESSING, **OPTIONS)
+    return sparse_lda(
+        refs,
+        workspace=str(folder),
+        job_id="slda-one",
+        stage_timeout=10,
+        preprocessing=PREPROCESSING,
+        **OPTIONS,
+    )
 
 
 class Parties:

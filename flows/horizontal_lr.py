@@ -25,11 +25,12 @@ from core import test_switches
 from core.job_schema import HorizontalOptions
 from core.outcomes import BELOW_BASELINE, check_loss, rising
 from core.preprocessing import PreprocessingSpec
-from federation.workspace import channel_for, derive_job_id
+from federation.workspace import channel_for
 from flows.hospitals import (
     agreed_threshold,
     hospital_names,
     hospital_tables,
+    local_job_id,
     own_table,
     run_hospitals,
 )
@@ -138,10 +139,6 @@ def _derived_job_id(
 ) -> str:
     """The tables' salted digests and every option that shapes the model (not ``rounds`` or
     ``tol``): re-running resumes, and asking for more rounds continues."""
-    described = [
-        {**ref.to_dict(), "database": None, "digest": digest}
-        for ref, digest in zip(refs, digests, strict=True)
-    ]
     shaping = options.model_dump(include={"local_epochs", "learning_rate", "l2"})
     shaping["preprocessing"] = spec.to_dict()
     if options.holdout_fraction:
@@ -149,7 +146,7 @@ def _derived_job_id(
     shaping |= {"seed": options.seed, "threshold": threshold}
     if options.dp_epsilon is not None:  # calibrated for its rounds: a new job, not a continuation
         shaping["dp"] = dp_terms(options)
-    return derive_job_id("horizontal-lr", {"parties": described, **shaping})
+    return local_job_id("horizontal-lr", refs, digests, shaping)
 
 
 def _ended(result: dict[str, Any]) -> dict[str, Any] | State:

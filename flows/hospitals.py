@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from core import secagg
+from federation.workspace import derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
 from storage.descriptor import TableRef
 from tasks.secure_sum import COORDINATOR, REFUSALS
@@ -37,6 +38,18 @@ def hospital_tables(parties: list[dict[str, Any]]) -> list[TableRef]:
         if ref.label_column is None:
             raise ValueError(f"party {ref.party!r}: the descriptor names no label_column")
     return refs
+
+
+def local_job_id(
+    protocol: str, refs: list[TableRef], digests: list[str], shaping: dict[str, Any]
+) -> str:
+    """A local run's job id: its tables' salted digests (not where their databases are) and
+    the options that shape the result, so a re-run with unchanged inputs resumes its job."""
+    described = [
+        {**ref.to_dict(), "database": None, "digest": digest}
+        for ref, digest in zip(refs, digests, strict=True)
+    ]
+    return derive_job_id(protocol, {"parties": described, **shaping})
 
 
 def own_table(own: dict[str, Any], names: list[str]) -> TableRef:

@@ -25,11 +25,12 @@ from prefect import flow, get_run_logger
 from core import test_switches
 from core.job_schema import SparseLDAOptions
 from core.sparse_lda import ThresholdRule
-from federation.workspace import channel_for, derive_job_id
+from federation.workspace import channel_for
 from flows.hospitals import (
     agreed_threshold,
     hospital_names,
     hospital_tables,
+    local_job_id,
     own_table,
     run_hospitals,
 )
@@ -198,12 +199,8 @@ def sparse_lda(
 def _derived_job_id(refs: list[TableRef], digests: list[str], job: steps.SparseLDAJob) -> str:
     """The tables' salted digests and every option that shapes the release: unchanged inputs
     reuse the stored releases (charged once)."""
-    described = [
-        {**ref.to_dict(), "database": None, "digest": digest}
-        for ref, digest in zip(refs, digests, strict=True)
-    ]
     shaping = {k: v for k, v in job.release_parameters().items() if k != "job_id"}
-    return derive_job_id("sparse-lda", {"parties": described, **shaping})
+    return local_job_id("sparse-lda", refs, digests, shaping)
 
 
 def _figures(

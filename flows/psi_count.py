@@ -22,6 +22,7 @@ from storage.descriptor import TableRef
 from tasks import psi_count as steps
 from tasks.loading import fingerprint
 from tasks.psi import PsiSide
+from tasks.summaries import psi_summary
 
 
 @flow(name="psi_count")
@@ -54,10 +55,12 @@ def psi_count(
         a, b, lambda own, peer, _: psi_count_party(own.to_dict(), peer, job_id, min_rows),
         workspace, job_id,
     )  # fmt: skip
+    sizes = [r["set_sizes"][0] for r in results]
+    psi_summary(job_id, [a, b], sizes, results[0]["intersection_size"], workspace)
     return {
         "job_id": job_id,
         "intersection_size": results[0]["intersection_size"],
-        "set_sizes": [r["set_sizes"][0] for r in results],
+        "set_sizes": sizes,
         "reused": all(r["reused"] for r in results),
     }
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prefect.artifacts import Artifact
 from test_psi_flow import make_parties
 
 from core import psi, psi_count
 from federation.workspace import channel_for
 from flows.psi_count import psi_count as psi_count_flow
 from storage.party_store import PartyStore
+from tasks.reporting import short_id
 
 
 def run_count(a: list[object], b: list[object]) -> tuple[psi_count.Cardinality, ...]:
@@ -67,6 +69,8 @@ def test_flow_counts_writes_no_table_and_guards_small_counts(workspace: Path) ->
     assert not PartyStore.of(b).has_table("orders_aligned")
     kinds = {r.kind for r in channel_for(result["job_id"], str(workspace)).log()}
     assert kinds == {"psi_count_blinded", "psi_count_answer"}
+    summary = Artifact.get(f"accounts-psi-count-{short_id(result['job_id'])}-summary")
+    assert summary is not None and "| shared rows | 150 |" in summary.data  # one summary per run
     assert psi_count_flow(a.to_dict(), b.to_dict(), workspace=str(workspace))["reused"]
     with pytest.raises(psi.PsiError, match="fewer than min_rows=151"):
         psi_count_flow(a.to_dict(), b.to_dict(), min_rows=151, workspace=str(workspace))

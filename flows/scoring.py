@@ -13,7 +13,7 @@ More (the protocol, what each party learns, why): docs/protocols/scoring.md.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from prefect import flow
@@ -68,10 +68,7 @@ def score_vertical(
             own.to_dict(), role, **parties, options=options, model_job_id=model_job_id),
         workspace, job_id, ("guest", "host"),
     )  # fmt: skip
-    scored = steps.ScoredRows(
-        result["rows"], result["scores_table"], result["model_key"], result["auc"],
-        result["in_training"],
-    )  # fmt: skip
+    scored = steps.ScoredRows(**{f.name: result[f.name] for f in fields(steps.ScoredRows)})
     rows = {guest_ref.party: scored.rows, host_refs[0].party: scored.rows}
     _summary(job_id, rows, scored, [job_id, f"{job_id}-psi"], workspace)
     return result
@@ -111,7 +108,7 @@ def score_vertical_party(
         steps.announce_model(run, ref, hosts)
         aligned = _align(run, ref, hosts[0], options.min_rows)
         scored = steps.guest_scores(run, aligned, hosts, f"{ref.table}_scored")
-        return {**_result(scored), "job_id": job_id, "model_job_id": model_job_id}
+        return {**asdict(scored), "job_id": job_id, "model_job_id": model_job_id}
     run = steps.ScoringJob(job_id, "", guest, channel_for(job_id))
     run = replace(run, model_job_id=steps.announced_model(run, ref))
     rows = steps.host_score_share(run, _align(run, ref, guest, options.min_rows))
@@ -152,17 +149,7 @@ def score_local(
     scored = steps.local_scores(ref, model_key)
     run_id = derive_job_id("score", {"table": f"{ref.party}.{ref.table}", "model": model_key})
     _summary(run_id, {ref.party: scored.rows}, scored, [], None)
-    return _result(scored)
-
-
-def _result(scored: steps.ScoredRows) -> dict[str, Any]:
-    return {
-        "rows": scored.rows,
-        "scores_table": scored.scores_table,
-        "model_key": scored.model_key,
-        "auc": scored.auc,
-        "in_training": scored.in_training,
-    }
+    return asdict(scored)
 
 
 def _summary(

@@ -277,19 +277,16 @@ def bucket_rows(
 @task(name="psi-kkrt-hello", task_run_name="{side.ref.party}: base-OT setup", **PARTY_STEP)
 def send_hello(side: PsiSide) -> None:
     """Step 1 (receiver): base-OT setup."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
-    key = job_key(PartyStore.of(ref), job_id)
-    side.endpoint.send(peer, kkrt.KIND_HELLO, kkrt.hello(key))
+    key = job_key(PartyStore.of(side.ref), side.job_id)
+    side.endpoint.send(side.peer, kkrt.KIND_HELLO, kkrt.hello(key))
 
 
 @task(name="psi-kkrt-reply", task_run_name="{side.ref.party}: base-OT choices", **PARTY_STEP)
 def send_reply(side: PsiSide) -> None:
     """Step 2 (sender): base-OT choices and the code key."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
-    key = job_key(PartyStore.of(ref), job_id)
-    endpoint = side.endpoint
-    hello = endpoint.receive(peer, kkrt.KIND_HELLO)
-    endpoint.send(peer, kkrt.KIND_REPLY, kkrt.reply(key, hello, peer))
+    key = job_key(PartyStore.of(side.ref), side.job_id)
+    hello = side.endpoint.receive(side.peer, kkrt.KIND_HELLO)
+    side.endpoint.send(side.peer, kkrt.KIND_REPLY, kkrt.reply(key, hello, side.peer))
 
 
 # ---- per bucket ------------------------------------------------------------------------------
@@ -297,6 +294,11 @@ def send_reply(side: PsiSide) -> None:
 
 def bucket_done_key(job_id: str, bucket: int) -> str:
     return f"{_prefix(job_id)}bucket/{bucket:06d}"
+
+
+def held_key(side: PsiSide, table: int) -> tuple[str, str, int]:
+    """Where a process keeps a side's secrets of one table (or bucket) between its steps."""
+    return (str(PartyStore.of(side.ref).path), side.job_id, table)
 
 
 #: R's OPRF outputs of a bucket between its matrix and its match, in this process only: a
@@ -334,7 +336,7 @@ def send_matrix(side: PsiSide, bucket: int) -> None:
             return  # one table for every bucket: bucket 0's matrix serves them all
     rows, extension = _receiver_bucket(side, bucket)
     side.endpoint.send(peer, kkrt.KIND_MATRIX, extension.message, round=bucket)
-    _RECEIVER_STATES[(str(store.path), job_id, bucket)] = (rows, extension.state())
+    _RECEIVER_STATES[held_key(side, bucket)] = (rows, extension.state())
 
 
 @task(
@@ -366,30 +368,42 @@ def match_bucket(side: PsiSide, bucket: int) -> None:
     """Step 5 (receiver): one bucket's matches, kept with the bucket's "done" mark."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
-    artifacts = ArtifactStore(store)
     with store.session():
-        if artifacts.has(bucket_done_key(job_id, bucket)):
+        if ArtifactStore(store).has(bucket_done_key(job_id, bucket)):
             return
         plan = plan_for(side)
-    table = (str(store.path), job_id, plan.matrix_round(bucket))
-    saved = _RECEIVER_STATES.get(table)
+    table = plan.matrix_round(bucket)
+    held = held_key(side, table)
+    saved = _RECEIVER_STATES.get(held)
     if saved is None:  # matched in another process than the matrix: recomputed
-        rows, extension = _receiver_bucket(side, table[2])
-        saved = _RECEIVER_STATES[table] = (rows, extension.state())
+        rows, extension = _receiver_bucket(side, table)
+        saved = _RECEIVER_STATES[held] = (rows, extension.state())
     rows, state = saved
     values = side.endpoint.receive(peer, kkrt.KIND_VALUES, round=bucket)
     found = kkrt.match(state, values, peer)
-    frame = pd.DataFrame({"bucket": np.full(found.result.size, bucket, dtype=np.int64)})
-    frame["pos"] = found.positions
-    frame["row"] = rows[found.result.rows]
+    store_bucket_matches(store, job_id, bucket, found.positions, rows[found.result.rows])
+    if not plan.one_table:  # the one table serves the next buckets too
+        _RECEIVER_STATES.pop(held, None)
+
+
+def store_bucket_matches(
+    store: PartyStore, job_id: str, bucket: int, positions: np.ndarray, rows: np.ndarray
+) -> None:
+    """R: one bucket's matches (S's positions, own rows) and the bucket's "done" mark, in one
+    transaction."""
     with store.transaction() as con:
         create_matches_table(con, job_id)
-        insert_frame(con, working_tables(job_id)[1], frame)
-        artifacts.put(
-            bucket_done_key(job_id, bucket), {"matched": found.result.size}, "psi-state", con=con
-        )
-    if not plan.one_table:  # the one table serves the next buckets too
-        _RECEIVER_STATES.pop(table, None)
+        insert_frame(con, working_tables(job_id)[1], _matches_frame(bucket, positions, rows))
+        done = {"matched": len(rows)}
+        ArtifactStore(store).put(bucket_done_key(job_id, bucket), done, "psi-state", con=con)
+
+
+def _matches_frame(bucket: int, positions: np.ndarray, rows: np.ndarray) -> pd.DataFrame:
+    """One bucket's rows of the match table: ``(bucket, position in S's order, own row)``."""
+    frame = pd.DataFrame({"bucket": np.full(len(rows), bucket, dtype=np.int64)})
+    frame["pos"] = positions
+    frame["row"] = rows
+    return frame
 
 
 def create_matches_table(con: duckdb.DuckDBPyConnection, job_id: str) -> None:
@@ -514,10 +528,9 @@ def store_matched_rows(side: PsiSide, min_rows: int, carried: MatchedPositions) 
             message = endpoint.receive(peer, carried.matched_kind, round=bucket)
             rows, _ = bucket_rows(store, job_id, plan, bucket)
             positions, at = carried.decode(key, len(rows), plan, bucket, message, peer)
-            frame = pd.DataFrame({"bucket": np.full(len(at), bucket, dtype=np.int64)})
-            frame["pos"] = positions
-            frame["row"] = rows[at]
-            insert_frame(con, working_tables(job_id)[1], frame)
+            insert_frame(
+                con, working_tables(job_id)[1], _matches_frame(bucket, positions, rows[at])
+            )
             placed += len(at)
         if placed != size:
             raise psi.PsiError(

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from prefect import task
 
 from core.psi_ot import rr22
@@ -23,16 +22,15 @@ from tasks.psi_kkrt import (
     Step,
     bucket_done_key,
     bucket_rows,
-    create_matches_table,
-    insert_frame,
+    held_key,
     job_key,
     plan_for,
     prepare_ids,
     release_matches,
     run_step,
     send_size,
+    store_bucket_matches,
     store_matched_rows,
-    working_tables,
 )
 
 #: Per-process state between a party's steps of one table, keyed by (store, job, table): R's
@@ -42,10 +40,6 @@ from tasks.psi_kkrt import (
 _RECEIVER_VOLES: dict[tuple[str, str, int], rr22.ReceiverVole] = {}
 _RECEIVER_STATES: dict[tuple[str, str, int], tuple[np.ndarray, rr22.ReceiverState]] = {}
 _SENDER_SHARES: dict[tuple[str, str, int], np.ndarray] = {}
-
-
-def _held(side: PsiSide, table: int) -> tuple[str, str, int]:
-    return (str(PartyStore.of(side.ref).path), side.job_id, table)
 
 
 @task(
@@ -71,7 +65,7 @@ def _receiver_vole(side: PsiSide, plan: Plan, table: int) -> rr22.ReceiverVole:
     reply = side.endpoint.receive(side.peer, rr22.KIND_REPLY)
     message, kept = rr22.extend(key, reply, plan, table, side.peer)
     side.endpoint.send(side.peer, rr22.KIND_EXTEND, message, round=table)  # idempotent
-    _RECEIVER_VOLES[_held(side, table)] = kept
+    _RECEIVER_VOLES[held_key(side, table)] = kept
     return kept
 
 
@@ -104,7 +98,7 @@ def _sender_share(side: PsiSide, plan: Plan, table: int, key: bytes) -> np.ndarr
     extend = endpoint.receive(peer, rr22.KIND_EXTEND, round=table)
     made = rr22.sender_vole(key, hello, extend, plan, table, peer)
     endpoint.send(peer, rr22.KIND_VOLE, made.message, round=table)
-    _SENDER_SHARES[_held(side, table)] = made.b
+    _SENDER_SHARES[held_key(side, table)] = made.b
     return made.b
 
 
@@ -113,11 +107,11 @@ def _receiver_state(side: PsiSide, plan: Plan, table: int) -> tuple[np.ndarray, 
     with store.session():
         key = job_key(store, side.job_id)
         rows, digests = bucket_rows(store, side.job_id, plan, None if plan.one_table else table)
-    kept = _RECEIVER_VOLES.pop(_held(side, table), None) or _receiver_vole(side, plan, table)
+    kept = _RECEIVER_VOLES.pop(held_key(side, table), None) or _receiver_vole(side, plan, table)
     message = side.endpoint.receive(side.peer, rr22.KIND_VOLE, round=table)
     okvs_message, state = rr22.encode(key, digests, kept, message, plan, table, side.peer)
     side.endpoint.send(side.peer, rr22.KIND_OKVS, okvs_message, round=table)
-    _RECEIVER_STATES[_held(side, table)] = (rows, state)
+    _RECEIVER_STATES[held_key(side, table)] = (rows, state)
     return rows, state
 
 
@@ -146,7 +140,7 @@ def send_values(side: PsiSide, bucket: int) -> None:
         plan = plan_for(side)
         _, digests = bucket_rows(store, side.job_id, plan, bucket)
     table = plan.matrix_round(bucket)
-    held = _held(side, table)
+    held = held_key(side, table)
     share = _SENDER_SHARES.get(held)
     if share is None:
         share = _sender_share(side, plan, table, key)
@@ -162,26 +156,18 @@ def send_values(side: PsiSide, bucket: int) -> None:
 def match_bucket(side: PsiSide, bucket: int) -> None:
     """Step 7 (R): one bucket's matches, kept with the bucket's "done" mark."""
     store = PartyStore.of(side.ref)
-    artifacts = ArtifactStore(store)
     with store.session():
-        if artifacts.has(bucket_done_key(side.job_id, bucket)):
+        if ArtifactStore(store).has(bucket_done_key(side.job_id, bucket)):
             return
         plan = plan_for(side)
     table = plan.matrix_round(bucket)
-    saved = _RECEIVER_STATES.get(_held(side, table)) or _receiver_state(side, plan, table)
+    saved = _RECEIVER_STATES.get(held_key(side, table)) or _receiver_state(side, plan, table)
     rows, state = saved
     values = side.endpoint.receive(side.peer, rr22.KIND_VALUES, round=bucket)
     found = rr22.match(state, values, side.peer)
-    frame = pd.DataFrame({"bucket": np.full(found.result.size, bucket, dtype=np.int64)})
-    frame["pos"] = found.positions
-    frame["row"] = rows[found.result.rows]
-    with store.transaction() as con:
-        create_matches_table(con, side.job_id)
-        insert_frame(con, working_tables(side.job_id)[1], frame)
-        done = {"matched": found.result.size}
-        artifacts.put(bucket_done_key(side.job_id, bucket), done, "psi-state", con=con)
+    store_bucket_matches(store, side.job_id, bucket, found.positions, rows[found.result.rows])
     if not plan.one_table:
-        _RECEIVER_STATES.pop(_held(side, table), None)
+        _RECEIVER_STATES.pop(held_key(side, table), None)
 
 
 #: RR22's matched positions travel as a bitmap over S's padded bucket

@@ -58,6 +58,11 @@ BASELINES = {
     "staircase": staircase_mechanism,
 }
 MECHANISMS = ("rr_on_bins", *BASELINES)
+#: Everything that changes the release (not the hold-out split, not the job id).
+_RELEASE_PARAMETERS = ("epsilon", "loss", "label_range", "mechanism", "prior_epsilon", "grid_size",
+                       "integer_labels", "clip")  # fmt: skip
+#: What the features party receives: the release's parameters and the public hold-out split.
+_TERMS = (*_RELEASE_PARAMETERS, "holdout_fraction", "seed")
 
 
 class LabelDPSetupError(ValueError):
@@ -93,9 +98,7 @@ class LabelDPJob:
 
     def release_parameters(self) -> dict[str, Any]:
         """Everything that changes the release (not the hold-out split, not the job id)."""
-        keys = ("epsilon", "loss", "label_range", "mechanism", "prior_epsilon", "grid_size",
-                "integer_labels", "clip")  # fmt: skip
-        return {key: getattr(self, key) for key in keys}
+        return {key: getattr(self, key) for key in _RELEASE_PARAMETERS}
 
     def split(self, rows: int) -> tuple[float, float]:
         """``(prior epsilon, label epsilon)``: public, as it depends only on sizes."""
@@ -109,6 +112,14 @@ class LabelDPJob:
 
     def train_rows(self, rows: int) -> np.ndarray:
         return np.setdiff1d(np.arange(rows), self.holdout_rows(rows))
+
+    def evaluated_rows(self, rows: int) -> tuple[np.ndarray, str]:
+        """The rows predictions are evaluated on, and which they are: the hold-out rows, or
+        every row (in-sample) when nothing is held out."""
+        held_out = self.holdout_rows(rows)
+        if held_out.size:
+            return held_out, "holdout"
+        return np.arange(rows), "all rows (in-sample)"
 
     def terms(self) -> dict[str, Any]:
         """What the labels party tells the features party: the release's public parameters
@@ -320,10 +331,7 @@ def evaluate(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     and outside the budget: this party learns the predictions on the evaluated rows, and whoever
     sees the result an exact (non-private) error."""
     _, labels = _read_labels(job, ref)
-    rows = job.holdout_rows(len(labels))
-    scope = "holdout"
-    if rows.size == 0:
-        rows, scope = np.arange(len(labels)), "all rows (in-sample)"
+    rows, scope = job.evaluated_rows(len(labels))
     predictions = np.asarray(job.endpoint(ref.party).receive(job.features_party, "predictions"))
     if predictions.shape != rows.shape:
         raise LabelDPSetupError(
@@ -366,10 +374,6 @@ def model_inputs(model: dict[str, Any], X: np.ndarray, where: str = "table") -> 
 
 def model_key(job_id: str) -> str:
     return models.model_key(PROTOCOL, job_id)
-
-
-_TERMS = ("epsilon", "loss", "label_range", "mechanism", "prior_epsilon", "grid_size",
-          "integer_labels", "clip", "holdout_fraction", "seed")  # fmt: skip
 
 
 @task(name="label-dp-terms", task_run_name="{ref.party}: the release's terms", **PARTY_STEP)
@@ -485,9 +489,7 @@ def send_predictions(job: LabelDPJob, ref: TableRef) -> int:
     is no hold-out) go to the labels party. Documented leak: they reveal the predictions."""
     _, X, _ = _read_features(ref)
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
-    rows = job.holdout_rows(len(X))
-    if rows.size == 0:
-        rows = np.arange(len(X))
+    rows, _ = job.evaluated_rows(len(X))
     X = model_inputs(model, X[rows], f"party {ref.party}, table {ref.table!r}")
     job.endpoint(ref.party).send(job.labels_party, "predictions", predict(model, X))
     return int(rows.size)

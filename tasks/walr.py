@@ -232,6 +232,11 @@ def model_key(job_id: str) -> str:
     return models.model_key("walr", job_id)
 
 
+def _mask_key(job_id: str, mask_id: str) -> str:
+    """Where the features party keeps the mask of the sums it sent with ``mask_id``."""
+    return "/".join([PROTOCOL, job_id, "mask", mask_id])
+
+
 class ReleaseRefusalError(ValueError):
     """The labels party refused to decrypt or release (the offending party is named)."""
 
@@ -432,7 +437,7 @@ def masked_sums(job: WalrJob, ref: TableRef) -> int:
         sums = cipher.transpose_dot(public, units, encrypted)
         masks = cipher.random_masks(len(sums))
         mask_id = secrets.token_hex(16)
-        ArtifactStore(PartyStore.of(ref)).put(job.key("mask", mask_id), masks, "secret")
+        ArtifactStore(PartyStore.of(ref)).put(_mask_key(job.job_id, mask_id), masks, "secret")
         hidden = cipher.rerandomize(public, cipher.add_plain(public, sums, masks), job.randomizer)
         return {"mask_id": mask_id, "sums": hidden}
 
@@ -473,9 +478,8 @@ def _noise_units(job: WalrJob, sigma: float, granularity: float, size: int) -> l
     and grid, converted to steps (exact: a power-of-two scale of integers below 2^53) and added
     as integers.
     """
-    zeros = np.zeros(size)
     noise = release_noise(
-        zeros, sigma, granularity, noise=job.noise, testing=job.noiseless_for_tests
+        np.zeros(size), sigma, granularity, noise=job.noise, testing=job.noiseless_for_tests
     )
     return [int(v) for v in np.rint(noise / granularity).astype(np.int64)]
 
@@ -533,8 +537,7 @@ def _decrypt_once(job: WalrJob, ref: TableRef, message: Any) -> list[int]:
 def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
     """Decrypt the masked sums, add calibrated noise, store the release and charge the ledger
     in one transaction. A release already stored under the key is kept as it is."""
-    store = PartyStore.of(ref)
-    ledger = PrivacyLedger(store)
+    ledger = PrivacyLedger(PartyStore.of(ref))
     if ledger.stored_release(job.release_key) is not None:
         return
     table = _budget_table(job, ref)
@@ -583,8 +586,7 @@ def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
 )
 def send_release(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     """Send the stored release (new or reused); return its public facts and the budget left."""
-    store = PartyStore.of(ref)
-    ledger = PrivacyLedger(store)
+    ledger = PrivacyLedger(PartyStore.of(ref))
     release = ledger.stored_release(job.release_key)
     if release is None:
         raise WalrSetupError(f"no release is stored under {job.release_key}")
@@ -605,7 +607,7 @@ def train(job: WalrJob, ref: TableRef, l2: float) -> dict[str, Any]:
     """Remove the mask, fit logistic regression on the noisy sum in the clear, save the model."""
     artifacts = ArtifactStore(PartyStore.of(ref))
     release = job.endpoint(ref.party).receive(job.labels_party, "walr_release")
-    masks = artifacts.get("/".join([PROTOCOL, release["job_id"], "mask", release["mask_id"]]))
+    masks = artifacts.get(_mask_key(release["job_id"], release["mask_id"]))
     if masks is None:
         raise WalrSetupError(
             f"the release was masked in job {release['job_id']}, whose mask is not in "

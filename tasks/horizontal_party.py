@@ -295,11 +295,6 @@ def _mask(
     return weights, record
 
 
-def _model_out(endpoint: PartyEndpoint, round_: int) -> bool:
-    """Whether the round's model is out (a party without an unmask request was dropped)."""
-    return bool(secure_sum.collect(endpoint, "model", [COORDINATOR], round_, 0, None))
-
-
 def _await_request(endpoint: PartyEndpoint, job: secure_rounds.RoundsJob, round_: int) -> bool:
     """Wait for the round's unmask request (the stage's deadline first,
     :func:`tasks.secure_sum.await_coordinator` says why); False once the round's model is
@@ -308,7 +303,7 @@ def _await_request(endpoint: PartyEndpoint, job: secure_rounds.RoundsJob, round_
         endpoint,
         secure_rounds.REQUEST,
         round_,
-        lambda: _model_out(endpoint, round_),
+        lambda: secure_sum.coordinator_sent(endpoint, "model", round_),
         job.stage_timeout,
     )
 
@@ -425,7 +420,7 @@ def _party_round(
     if call.stop:
         return False
     job, endpoint = side.called(call), side.endpoint
-    model_out = _model_out(endpoint, round_)
+    model_out = secure_sum.coordinator_sent(endpoint, "model", round_)
     if side.party in call.out:
         with side.store.session():
             rounds_party.party_rejoin(side.store, job, endpoint, round_)

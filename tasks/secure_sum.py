@@ -159,20 +159,16 @@ def arrived(
     """This session's messages of ``kind`` from ``parties`` (those that answered the stage in
     time; default all); a party with none (or a stale one) has dropped. Waits for all of them
     together, until one deadline (``ctx.stage_timeout``), not for each in turn."""
-    wanted = list(ctx.parties if parties is None else parties)
-    deadline = time.monotonic() + ctx.stage_timeout
-    return list(gather(endpoint, ctx, kind, wanted, deadline).values())
+    return list(gather(endpoint, ctx, kind, ctx.parties if parties is None else parties).values())
 
 
 def gather(
-    endpoint: PartyEndpoint,
-    ctx: SumContext,
-    kind: str,
-    parties: Sequence[str],
-    deadline: float,
+    endpoint: PartyEndpoint, ctx: SumContext, kind: str, parties: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
-    """This session's ``kind`` messages from ``parties`` that arrive before ``deadline``
-    (``time.monotonic()``), by sender; a stale message (another attempt's) counts as none."""
+    """This session's ``kind`` messages from ``parties`` that arrive within the stage's
+    deadline (``ctx.stage_timeout`` from now), by sender; a stale message (another attempt's)
+    counts as none."""
+    deadline = time.monotonic() + ctx.stage_timeout
     found = collect(endpoint, ctx.kind(kind), parties, ctx.round, deadline)
     return {
         party: found[party]
@@ -509,9 +505,8 @@ def unmask_sum(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
     """Store the decoded sum under ``ctx.sum_key`` (the coordinator's store, dropping the
     session's secrets in the same transaction); return its senders, on a retry the stored ones."""
     store = coordinator_store(ctx.workspace)
-    artifacts = ArtifactStore(store)
-    stored = artifacts.get(ctx.sum_key)
-    if stored is not None and stored["session_id"] == ctx.session_id:
+    stored = session_sum(store, ctx)
+    if stored is not None:
         return list(stored["senders"])
     total, senders = coordinator_reconstruct(store, ctx, answered)
     record = {"session_id": ctx.session_id, "total": total, "senders": senders}
@@ -521,10 +516,16 @@ def unmask_sum(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
     return senders
 
 
+def session_sum(store: PartyStore, ctx: SumContext) -> dict[str, Any] | None:
+    """The coordinator's stored sum record of ``ctx.sum_key``, if this session's (else None)."""
+    stored = ArtifactStore(store).get(ctx.sum_key)
+    return stored if stored is not None and stored["session_id"] == ctx.session_id else None
+
+
 def stored_sum(ctx: SumContext) -> tuple[np.ndarray, list[str]]:
     """The coordinator's decoded sum of this session and its senders (coordinator side only)."""
-    stored = ArtifactStore(coordinator_store(ctx.workspace)).get(ctx.sum_key)
-    if stored is None or stored["session_id"] != ctx.session_id:
+    stored = session_sum(coordinator_store(ctx.workspace), ctx)
+    if stored is None:
         raise RoundStateError(f"coordinator: no sum of session {ctx.session_id}")
     return np.asarray(stored["total"], dtype=np.float64), list(stored["senders"])
 
@@ -683,7 +684,7 @@ def drive_session(
     endpoint = ctx.endpoint(COORDINATOR)
     live, gone = list(parties if parties is not None else ctx.parties), dict(absent or {})
     for stage, kind, coordinator_step in SESSION_STAGES:
-        found = gather(endpoint, ctx, kind, live, time.monotonic() + ctx.stage_timeout)
+        found = gather(endpoint, ctx, kind, live)
         answered = survivors(ctx, ctx.round, stage, live, found, ctx.stage_timeout, gone)
         if coordinator_step is None:
             return answered
@@ -771,6 +772,12 @@ def await_coordinator(
             return False
         if time.monotonic() >= deadline:
             endpoint.receive(COORDINATOR, kind, round=round_, timeout=0)
+
+
+def coordinator_sent(endpoint: PartyEndpoint, kind: str, round_: int = 0) -> bool:
+    """Party mode: whether the coordinator's ``kind`` message of ``round_`` is there already
+    (no wait), e.g. the model, which tells a party the coordinator went on without it."""
+    return bool(collect(endpoint, kind, [COORDINATOR], round_, 0, None))
 
 
 #: How often a waiting party asks whether its session ended without it (seconds).

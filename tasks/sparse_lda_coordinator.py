@@ -118,8 +118,7 @@ def call_sum(side: Coordinator, n_features: int, rule: ThresholdRule) -> SumCont
 def sum_done(side: Coordinator, ctx: SumContext) -> bool:
     """Whether the coordinator already holds this session's sum (a restarted coordinator
     then goes straight to the model)."""
-    stored = ArtifactStore(side.store).get(ctx.sum_key)
-    return stored is not None and stored["session_id"] == ctx.session_id
+    return secure_sum.session_sum(side.store, ctx) is not None
 
 
 @task(

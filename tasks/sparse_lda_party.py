@@ -241,7 +241,7 @@ def await_sum_call(site: Site, rule: ThresholdRule, n_features: int) -> SumConte
 
 def model_out(endpoint: PartyEndpoint) -> bool:
     """Whether the coordinator has sent this site the job's model (the sum is over)."""
-    return bool(secure_sum.collect(endpoint, "model", [COORDINATOR], 0, 0))
+    return secure_sum.coordinator_sent(endpoint, "model")
 
 
 def _model_rows(

@@ -13,6 +13,7 @@ import numpy as np
 from prefect import task
 
 from core import preprocessing as pp
+from federation.channel import PartyEndpoint
 from federation.workspace import channel_for
 from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
@@ -43,6 +44,11 @@ def channel_job(job_id: str) -> str:
     """The statistics' own message job, so their sessions never share a round number (and a
     message key) with the training job's rounds."""
     return f"{job_id}.pre"
+
+
+def _endpoint(job_id: str, party: str) -> PartyEndpoint:
+    """``party``'s end of the statistics' channel (:func:`channel_job`)."""
+    return channel_for(channel_job(job_id)).endpoint(party)
 
 
 def wide(values: np.ndarray) -> np.ndarray:
@@ -151,7 +157,7 @@ def fit_and_send(
 def send_fitted(job_id: str, parties: Sequence[str]) -> dict[str, Any]:
     """(Re-)send the stored statistics (a resumed coordinator sends the same bytes)."""
     fitted = ArtifactStore(coordinator_store()).get(_key(job_id, "fitted"))
-    endpoint = channel_for(channel_job(job_id)).endpoint(COORDINATOR)
+    endpoint = _endpoint(job_id, COORDINATOR)
     for party in parties:
         endpoint.send(party, PROTOCOL, fitted)
     return fitted
@@ -172,7 +178,7 @@ def keep_fitted(
 ) -> dict[str, Any]:
     """Receive the coordinator's statistics, refuse them unless they are for this job's spec
     and columns, and keep them for training and scoring."""
-    data = channel_for(channel_job(job_id)).endpoint(ref.party).receive(COORDINATOR, PROTOCOL)
+    data = _endpoint(job_id, ref.party).receive(COORDINATOR, PROTOCOL)
     fitted = pp.FittedPreprocessing.from_dict(data)
     if fitted.spec != spec or fitted.input_names != list(features):
         raise PreprocessingRefusalError(
@@ -234,7 +240,7 @@ def coordinator_statistics(
         return None
     if ArtifactStore(coordinator_store()).get(_key(job_id, "fitted")) is not None:
         return send_fitted(job_id, parties)
-    endpoint = channel_for(channel_job(job_id)).endpoint(COORDINATOR)
+    endpoint = _endpoint(job_id, COORDINATOR)
     call = endpoint.sent(parties[0], CALL)
     if call is None:
         first, second = sessions(job_id, features, spec, parties, threshold, 0.0)
@@ -251,15 +257,18 @@ def coordinator_statistics(
     first, second = sessions(
         job_id, features, spec, parties, threshold, stage_timeout, call["sessions"]
     )
-    secure_sum.unmask_sum(first, secure_sum.drive_session(first))
-    moments_sum, _ = secure_sum.stored_sum(first)
+
+    def summed(ctx: SumContext) -> np.ndarray:
+        secure_sum.unmask_sum(ctx, secure_sum.drive_session(ctx))
+        return secure_sum.stored_sum(ctx)[0]
+
+    moments_sum = summed(first)
     histogram_sum, edges = None, None
     if second is not None:
         edges = edges_from(moments_sum, len(features))
         for party in parties:
             endpoint.send(party, EDGES, edges)
-        secure_sum.unmask_sum(second, secure_sum.drive_session(second))
-        histogram_sum, _ = secure_sum.stored_sum(second)
+        histogram_sum = summed(second)
     return fit_and_send(job_id, features, spec, moments_sum, histogram_sum, edges, parties)
 
 
@@ -279,7 +288,7 @@ def party_statistics(
     kept = ArtifactStore(PartyStore.of(ref)).get(_key(job_id, "fitted"))
     if kept is not None:
         return kept
-    endpoint = channel_for(channel_job(job_id)).endpoint(ref.party)
+    endpoint = _endpoint(job_id, ref.party)
     call = endpoint.receive(COORDINATOR, CALL)
     if call["spec"] != spec.to_dict() or list(call["features"]) != list(features):
         raise PreprocessingRefusalError(
@@ -290,24 +299,20 @@ def party_statistics(
     threshold, timeout = int(call["threshold"]), float(call["stage_timeout"])
     first, second = sessions(job_id, features, spec, parties, threshold, timeout, call["sessions"])
 
-    def over(kind: str) -> bool:  # the coordinator went on without this party
-        return bool(secure_sum.collect(endpoint, kind, [COORDINATOR], 0, 0))
+    def take_part(ctx: SumContext, after: str) -> None:
+        """Add the stored vector to ``ctx``; the coordinator's ``after`` message, once there,
+        says the session went on without this party."""
+        secure_sum.contribute(
+            ref,
+            ctx,
+            lambda: secure_sum.mask_stored_input(ref, ctx, input_key(job_id, ctx)),
+            lambda: secure_sum.coordinator_sent(endpoint, after),
+        )
 
     store_moments(ref, job_id, features, holdout)
-    after_first = EDGES if second is not None else PROTOCOL
-    secure_sum.contribute(
-        ref,
-        first,
-        lambda: secure_sum.mask_stored_input(ref, first, input_key(job_id, first)),
-        lambda: over(after_first),
-    )
+    take_part(first, EDGES if second is not None else PROTOCOL)
     if second is not None:
         edges = np.asarray(endpoint.receive(COORDINATOR, EDGES), dtype=float)
         store_histogram(ref, job_id, features, holdout, edges)
-        secure_sum.contribute(
-            ref,
-            second,
-            lambda: secure_sum.mask_stored_input(ref, second, input_key(job_id, second)),
-            lambda: over(PROTOCOL),
-        )
+        take_part(second, PROTOCOL)
     return keep_fitted(ref, job_id, features, spec)

@@ -416,6 +416,17 @@ def horizontal_quality(evaluations: dict[str, dict[str, Any]]) -> list[Quality]:
     return quality
 
 
+def _evaluate_shared(
+    ref: TableRef, model: dict[str, Any], holdout_fraction: float, job_id: str
+) -> dict[str, Any]:
+    """:func:`evaluate_own_rows` at ``ref``'s party with the horizontal model every party holds."""
+    weights = [float(model["coefficients"][f]) for f in model["features"]]
+    features, stats = list(model["features"]), model.get("preprocessing")
+    return evaluate_own_rows(
+        ref, features, weights, model["intercept"], holdout_fraction, job_id, stats
+    )
+
+
 def horizontal_summary(
     job_id: str,
     refs: list[TableRef],
@@ -427,19 +438,7 @@ def horizontal_summary(
     """Quality: each party scores its own held-out rows (all its rows, in-sample, without a
     hold-out) with the shared final model and reports aggregates only; see
     :func:`horizontal_quality`."""
-    weights = [float(model["coefficients"][f]) for f in model["features"]]
-    evaluations = {
-        ref.party: evaluate_own_rows(
-            ref,
-            list(model["features"]),
-            weights,
-            model["intercept"],
-            holdout_fraction,
-            job_id,
-            model.get("preprocessing"),
-        )
-        for ref in refs
-    }
+    evaluations = {r.party: _evaluate_shared(r, model, holdout_fraction, job_id) for r in refs}
     quality = horizontal_quality(evaluations)
     outcome = _outcome([q for q in quality if q.metric.startswith("log-loss")])
     history = horizontal_rounds(job_id, model["history"], workspace)
@@ -481,16 +480,7 @@ def horizontal_party_summary(
 ) -> dict[str, Any]:
     """One hospital's summary in party mode: its own figures only (it learns no other
     hospital's), its own traffic, the rounds of the model it kept."""
-    weights = [float(model["coefficients"][f]) for f in model["features"]]
-    evaluation = evaluate_own_rows(
-        ref,
-        list(model["features"]),
-        weights,
-        model["intercept"],
-        holdout_fraction,
-        job_id,
-        model.get("preprocessing"),
-    )
+    evaluation = _evaluate_shared(ref, model, holdout_fraction, job_id)
     return publish_summary(
         RunSummary(
             job_id,

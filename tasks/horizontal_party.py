@@ -140,10 +140,7 @@ def check_table(ref: TableRef) -> str:
         if salt is None:
             salt = secrets.token_bytes(32)
             artifacts.put(f"{PROTOCOL}/fingerprint-salt", salt, "secret", con=con)
-    # validated against the descriptor; missing cells are imputed or refused before training
-    frame = store.read_table(ref, allow_missing=True)
-    label = ref.label_column or ""
-    hlr.validate_party_tables({ref.party: frame}, label, ref.id_column, allow_missing=True)
+    frame, _ = _own_table(ref, store)
     digest = hashlib.sha256(salt)
     digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
     digest.update(",".join(map(str, frame.columns)).encode())
@@ -157,12 +154,21 @@ def join_job(ref: TableRef, endpoint: PartyEndpoint) -> dict[str, Any]:
     Returns the party's last finished round of this job, so a re-run can resume.
     """
     store = PartyStore.of(ref)
-    frame = store.read_table(ref, allow_missing=True)  # imputed or refused before training
-    label = ref.label_column or ""
-    features = hlr.validate_party_tables({ref.party: frame}, label, ref.id_column, True)
+    features = _own_table(ref, store)[1]
     schema = {"label_column": ref.label_column, "feature_columns": features}
     endpoint.send(COORDINATOR, "schema", schema)
     return status(store, endpoint.channel.run)
+
+
+def _own_table(ref: TableRef, store: PartyStore) -> tuple[pd.DataFrame, list[str]]:
+    """The party's table, validated against its descriptor, and its feature columns; missing
+    cells pass here (they are imputed or refused before training)."""
+    frame = store.read_table(ref, allow_missing=True)
+    label = ref.label_column or ""
+    features = hlr.validate_party_tables(
+        {ref.party: frame}, label, ref.id_column, allow_missing=True
+    )
+    return frame, features
 
 
 def agreed_features(endpoint: PartyEndpoint) -> list[str]:
@@ -393,20 +399,6 @@ def _finish(
             cps.save(round_, state, con=con)
 
 
-def _stage_fault(
-    party: str,
-    job: secure_rounds.RoundsJob,
-    round_: int,
-    stage: str,
-    fault: test_switches.PartyFault | None,
-    faults: secure_sum.Faults,
-) -> bool:
-    """Tests only: this side fails before ``stage`` (``fault``), or its step of the stage
-    fails or hangs and it sends nothing then (``faults``: True), as a dropped hospital."""
-    secure_sum.party_fault(fault, round_, stage)
-    return secure_sum.step_fault(faults, party, round_, stage, job.stage_timeout)
-
-
 def _party_round(
     side: Hospital,
     round_: int,
@@ -421,15 +413,19 @@ def _party_round(
         return False
     job, endpoint = side.called(call), side.endpoint
     model_out = secure_sum.coordinator_sent(endpoint, "model", round_)
+
+    def faulted(stage: str) -> bool:  # tests only: :func:`tasks.secure_sum.stage_fault`
+        return secure_sum.stage_fault(fault, faults, side.party, round_, stage, job.stage_timeout)
+
     if side.party in call.out:
         with side.store.session():
             rounds_party.party_rejoin(side.store, job, endpoint, round_)
-    elif not model_out and not _stage_fault(side.party, job, round_, "mask_input", fault, faults):
+    elif not model_out and not faulted("mask_input"):
         before, record = _mask(side, job, round_, call)
         relay = functools.partial(secure_sum.prefetch, endpoint, COORDINATOR)
         relay(secure_rounds.MASKED_RELAY, round_, job.stage_timeout)
         if _await_request(endpoint, job, round_):
-            if not _stage_fault(side.party, job, round_, "reveal_shares", fault, faults):
+            if not faulted("reveal_shares"):
                 record = _answer(side, job, round_, record)  # stored with the checkpoint below
                 relay(secure_rounds.RESPONSE_RELAY, round_, job.stage_timeout)
             _finish(side, job, round_, call, (before, record))
@@ -482,7 +478,7 @@ def party_rounds(
     """This hospital's rounds from ``first`` as one task run, until the stop or ``group_seconds``
     (a task run costs the Prefect API 28 ms of CPU: docs/protocols/horizontal-lr.md). Each round
     commits its checkpoint, so a retry goes on after the last saved one, masking nothing twice.
-    ``fault``, ``faults``: tests only (:func:`_stage_fault`)."""
+    ``fault``, ``faults``: tests only (:func:`tasks.secure_sum.stage_fault`)."""
     started = time.monotonic()
     first = max(first, checkpoints(side.store, side.job_id).last_round() + 1)
     round_ = first

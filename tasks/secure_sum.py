@@ -546,7 +546,7 @@ class SimulatedCrashError(RuntimeError):
 class Faults:
     """Test-only fault injection from the job's test switches (:mod:`core.test_switches`), empty
     in production. ``parties``: ``"<round or *>:<stage>"`` -> ``{party: "raise" | "hang"}``, the
-    party's step failing or never answering (:func:`step_fault`); ``crash_after``
+    party's step failing or never answering (:func:`stage_fault`); ``crash_after``
     (``"<round>:<stage or commit>"``): the coordinator raises there, as if killed."""
 
     parties: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -701,20 +701,23 @@ PARTY_STAGES: tuple[tuple[str, str | None], ...] = (
 )
 
 
-def party_fault(fault: test_switches.PartyFault | None, round_: int, stage: str) -> None:
-    """Test-only (``PRIVREG_TEST_PARTY_FAULT``): ``kill`` kills this process (SIGKILL) just
-    before ``stage`` of ``round_``, ``raise`` fails the party's flow there."""
-    if fault is None or (fault.round, fault.stage) != (round_, stage):
-        return
-    if fault.kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    raise SimulatedCrashError(f"injected failure before {stage} in round {round_}")
-
-
-def step_fault(faults: Faults, party: str, round_: int, stage: str, timeout: float) -> bool:
-    """Test-only (``PRIVREG_TEST_FAULTS``), in a party's own side: True when this party's step
-    of ``stage`` is replaced by one that fails or hangs past the stage's ``timeout`` (a task
-    run the UI shows); the party then sends nothing at that stage, as a dropped party."""
+def stage_fault(
+    fault: test_switches.PartyFault | None,
+    faults: Faults,
+    party: str,
+    round_: int,
+    stage: str,
+    timeout: float,
+) -> bool:
+    """Test-only, in a party's own side just before its step of ``stage`` in ``round_``.
+    ``fault`` (``PRIVREG_TEST_PARTY_FAULT``): ``kill`` kills this process (SIGKILL), ``raise``
+    fails the party's flow. ``faults`` (``PRIVREG_TEST_FAULTS``): True when the step is replaced
+    by one that fails or hangs past the stage's ``timeout`` (a task run the UI shows); the party
+    then sends nothing at that stage, as a dropped party."""
+    if fault is not None and (fault.round, fault.stage) == (round_, stage):
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise SimulatedCrashError(f"injected failure before {stage} in round {round_}")
     kind = faults.at(round_, stage).get(party)
     if kind is None:
         return False
@@ -746,8 +749,7 @@ def contribute(
             endpoint, ctx.kind(awaited), ctx.round, ended, ctx.stage_timeout
         ):
             return
-        party_fault(fault, ctx.round, stage)
-        if step_fault(faults, ref.party, ctx.round, stage, ctx.stage_timeout):
+        if stage_fault(fault, faults, ref.party, ctx.round, stage, ctx.stage_timeout):
             return
         party_steps[stage]()
 

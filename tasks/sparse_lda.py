@@ -234,7 +234,8 @@ def model_key(job_id: str) -> str:
     return models.model_key(PROTOCOL, job_id)
 
 
-def _schema_key(job_id: str) -> str:
+def schema_key(job_id: str) -> str:
+    """Where the coordinator keeps the agreed column order."""
     return f"{PROTOCOL}/{job_id}/schema"
 
 

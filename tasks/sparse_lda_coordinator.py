@@ -30,12 +30,12 @@ from tasks.policy import PARTY_STEP
 from tasks.preprocessing import stored_fitted
 from tasks.secure_sum import SumContext
 from tasks.sparse_lda import (
-    PROTOCOL,
     SparseLDAJob,
     call_terms,
     model_key,
     model_record,
     noise_calibration,
+    schema_key,
     sum_context,
 )
 
@@ -52,7 +52,7 @@ class Coordinator:
 
     def features(self) -> list[str]:
         """The agreed column order (stored by :func:`open_job`)."""
-        return ArtifactStore(self.store).get(_schema_key(self.job.job_id))
+        return ArtifactStore(self.store).get(schema_key(self.job.job_id))
 
     def publish(self, record: dict[str, Any]) -> None:
         """Store the job's model and send it to every site."""
@@ -65,10 +65,6 @@ class Coordinator:
         fitted = stored_fitted(str(self.store.path), self.job.job_id)
         statistics = None if fitted is None else fitted.to_dict()
         return model_record(self.job, features, model, statistics, **extra)
-
-
-def _schema_key(job_id: str) -> str:
-    return f"{PROTOCOL}/{job_id}/schema"
 
 
 @task(name="sparse-lda-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
@@ -93,7 +89,7 @@ def open_job(side: Coordinator) -> list[str]:
             )
     flat = {p: m["degenerate_columns"] for p, m in messages.items() if "degenerate_columns" in m}
     check_columns_usable(flat, expected)
-    ArtifactStore(side.store).put(_schema_key(job.job_id), expected, "schema")
+    ArtifactStore(side.store).put(schema_key(job.job_id), expected, "schema")
     for party in job.parties:
         side.endpoint.send(party, "schema_agreed", expected)
     return expected

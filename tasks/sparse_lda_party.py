@@ -279,11 +279,12 @@ def score_holdout(site: Site) -> dict[str, Any]:
     ref, job = site.ref, site.job
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
     features, labels = read_holdout(ref, list(model["features"]), job)
-    wrong = int(np.count_nonzero(discriminant(model).predict(features) != labels))
+    rule = discriminant(model)
+    wrong = int(np.count_nonzero(rule.predict(features) != labels))
     positives = int(np.count_nonzero(labels == 1))
     score = {"rows": int(labels.size), "errors": wrong, "positives": positives}
     site.endpoint.send(COORDINATOR, "holdout_score", score)
     # the ROC of its held-out rows stays with this party (its own chart), never sent to the
     # coordinator
-    roc = held_out_roc(labels.astype(float), discriminant(model).decision_scores(features))
+    roc = held_out_roc(labels.astype(float), rule.decision_scores(features))
     return {**score, "roc": roc}

@@ -232,8 +232,7 @@ def party_answer(
         store, job, endpoint.party, record if held else None,
         lambda st: mr.answer_unmask(st, request, views),
     )  # fmt: skip
-    plain = wire.response_to_plain(response)
-    endpoint.send(COORDINATOR, RESPONSE, plain, round=round_)
+    endpoint.send(COORDINATOR, RESPONSE, wire.response_to_plain(response), round=round_)
     return record
 
 

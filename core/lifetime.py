@@ -21,9 +21,6 @@ import threading
 import time
 from pathlib import Path
 
-OWNER_ENV = "PRIVREG_OWNER_PID"
-"""Set by a process whose helpers must die with it; read by helpers started without argv."""
-
 
 def exit_with(pid: int) -> None:
     """End this process at once (exit status 70) when process ``pid`` has ended."""
@@ -43,17 +40,6 @@ def exit_with(pid: int) -> None:
         os._exit(70)
 
     threading.Thread(target=watch, name=f"exit-with-{pid}", daemon=True).start()
-
-
-def exit_with_owner() -> None:
-    """``exit_with`` the process named by :data:`OWNER_ENV`, if any (pool initializers)."""
-    if pid := os.environ.get(OWNER_ENV):
-        exit_with(int(pid))
-
-
-def become_owner() -> None:
-    """Make this process the one its helpers (started from now on) die with."""
-    os.environ[OWNER_ENV] = str(os.getpid())
 
 
 def descendants(pid: int) -> set[int]:

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
 from core.paillier import native
-from core.paillier.decryption import CrtDecryptor
-from core.paillier.errors import PaillierError
 from core.paillier.multiexp import multiexp_columns
 
 
@@ -35,15 +32,3 @@ def montgomery_path() -> str:
     environment), not from a parent's :func:`native.set_path`. Results are the same bit for
     bit on every product; this only says which one did the work (benchmarks, logs)."""
     return (native.current_path() if native.AVAILABLE else None) or "gmpy2"
-
-
-def decrypt_chunk(p: int, q: int, ciphertexts: Sequence[int | mpz]) -> list[mpz]:
-    """Raw CRT decryption of a block of ciphertexts (carries the private key: sensitive)."""
-    return CrtDecryptor(p, q).decrypt_many(ciphertexts)
-
-
-def _inverse(ciphertext: mpz, modulus: mpz, position: int) -> mpz:
-    try:
-        return gmpy2.invert(ciphertext, modulus)
-    except ZeroDivisionError as exc:
-        raise PaillierError(f"ciphertext at position {position} is not invertible mod n^2") from exc

@@ -61,7 +61,6 @@ from tasks.reporting import provenance
 from tasks.summaries import log_loss
 
 PROTOCOL = "vertical"
-# Rows a mini-batch must have beyond a host's feature count; see check_batches.
 KEEP_SENT_ROUNDS = 3  # sent messages kept for re-sending, as many as round checkpoints
 
 
@@ -115,6 +114,11 @@ class VerticalJob:
     def with_arbiter(self) -> bool:
         return self.key_holder != self.guest
 
+    @property
+    def key_holder_peers(self) -> tuple[str, ...]:
+        """Every party but the key holder: each gets ``n`` and the stop decision from it."""
+        return tuple(p for p in (self.guest, *self.hosts) if p != self.key_holder)
+
     def width(self, party: str) -> int:
         for name, width in self.widths:
             if name == party:
@@ -134,6 +138,15 @@ def _artifacts(database: str) -> ArtifactStore:
 
 def _key(job: VerticalJob, *parts: object) -> str:
     return "/".join([PROTOCOL, job.job_id, *map(str, parts)])
+
+
+def _model_key(job: VerticalJob, ref: TableRef) -> str:
+    return model_key(PROTOCOL, job.job_id, ref.party)
+
+
+def _saved_model(job: VerticalJob, ref: TableRef) -> dict[str, Any] | None:
+    """The party's saved share of the model (None while the job trains)."""
+    return _artifacts(ref.database).get(_model_key(job, ref))
 
 
 def job_secrets(job: VerticalJob) -> SealedArtifacts:
@@ -449,9 +462,8 @@ def prepare_key(job: VerticalJob, key_size: int) -> int:
             f"job {job.job_id} already has a {int(stored['n']).bit_length()}-bit key, not "
             f"{key_size} bits: use the key size it was prepared with, or another job_id"
         )
-    for party in (job.guest, *job.hosts):
-        if party != job.key_holder:
-            job.endpoint(job.key_holder).send(party, "public_key", stored["n"])
+    for party in job.key_holder_peers:
+        job.endpoint(job.key_holder).send(party, "public_key", stored["n"])
     return int(stored["n"]).bit_length()
 
 
@@ -843,7 +855,7 @@ def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[
     guest) in its own database, with the ids it trained on and held out."""
     X, names, _ = _guest_matrix(ref, job) if role == "guest" else _features(ref, job)
     artifacts = _artifacts(ref.database)
-    key = model_key("vertical", job.job_id, ref.party)
+    key = _model_key(job, ref)
     with artifacts.store.session():
         weights = np.asarray(_state(job, ref, round_, X.shape[1])["weights"], dtype=np.float64)
         fitted = party_features(ref, job.clip_features, preprocessing=job.preprocessing)
@@ -885,7 +897,7 @@ def _share_weights(model: dict[str, Any]) -> np.ndarray:
 def host_scores(job: VerticalJob, ref: TableRef) -> None:
     """Scoring: a host sends the guest its plaintext score share ``X_h w_h`` (as FATE's
     predict does); the guest learns these sums, never the host's features or weights."""
-    model = _artifacts(ref.database).get(model_key("vertical", job.job_id, ref.party))
+    model = _saved_model(job, ref)
     X, _, _ = _features(ref, job)
     job.endpoint(ref.party).send(job.guest, "scores", X @ _share_weights(model), round=0)
 
@@ -895,7 +907,7 @@ def host_scores(job: VerticalJob, ref: TableRef) -> None:
 )
 def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     """The guest's probabilities for every aligned row, stored in its database, and metrics."""
-    model = _artifacts(ref.database).get(model_key("vertical", job.job_id, ref.party))
+    model = _saved_model(job, ref)
     X, _, labels = _guest_matrix(ref, job)
     scores = X @ _share_weights(model)
     wanted = [(host, "scores") for host in job.hosts]
@@ -949,12 +961,9 @@ def guest_agree(
     and sends the hosts the row count and the key holder the gradient lengths."""
     endpoint = job.endpoint(ref.party)
     host_features = {host: int(endpoint.receive(host, "features")) for host in job.hosts}
-    check_batches(
-        Schedule(info["rows"], min(batch_size, info["rows"]), job.schedule.seed, holdout_fraction),
-        host_features,
-    )
     widths = {ref.party: info["features"] + 1, **host_features}
     agreed = agreed_job(job, info["rows"], widths, batch_size, holdout_fraction)
+    check_batches(agreed.schedule, host_features)
     for host in job.hosts:
         endpoint.send(host, "setup", {"rows": info["rows"]})
     if job.with_arbiter:
@@ -978,7 +987,7 @@ def receive_setup(
 def share_loss(job: VerticalJob, round_: int, phase: str, loss: float) -> None:
     """The key holder records a decrypted loss (its stop decisions read it) and tells the guest."""
     db = job.key_holder_database
-    _artifacts(db).put(_key(job, _LOSS_KINDS[phase], f"{round_:07d}"), loss, "metric")
+    _artifacts(db).put(_loss_key(job, phase, round_), loss, "metric")
     _deliver(job, job.key_holder, db, job.guest, f"loss_value_{phase}", loss, round_)
 
 
@@ -994,13 +1003,17 @@ def guest_loss(
     if phase == "train":
         record_round(job, ref.database, round_, loss, metrics)
     else:
-        _artifacts(ref.database).put(_key(job, _LOSS_KINDS[phase], f"{round_:07d}"), loss, "metric")
+        _artifacts(ref.database).put(_loss_key(job, phase, round_), loss, "metric")
     return float(loss)
 
 
 _LOSS_KINDS = {"train": "loss", "holdout": "holdout-loss"}
 """Where each phase's loss is stored under the job's key (the training loss is the round
 checkpoint: early stopping and resume read it)."""
+
+
+def _loss_key(job: VerticalJob, phase: str, round_: int) -> str:
+    return _key(job, _LOSS_KINDS[phase], f"{round_:07d}")
 
 
 def record_round(
@@ -1010,7 +1023,7 @@ def record_round(
     guest's own record), together: what early stopping and the round history read."""
     artifacts = _artifacts(database)
     with artifacts.store.transaction() as con:
-        artifacts.put(_key(job, "loss", f"{round_:07d}"), loss, "metric", con=con)
+        artifacts.put(_loss_key(job, "train", round_), loss, "metric", con=con)
         artifacts.put(_key(job, "round-metrics", f"{round_:07d}"), metrics, "metric", con=con)
 
 
@@ -1055,9 +1068,8 @@ def decide_stop(job: VerticalJob, round_: int, tol: float, tell: bool = False) -
         if stop:
             _artifacts(job.key_holder_database).put(_key(job, "stopped"), round_, "marker")
             get_run_logger().info("converged after epoch %d (loss change < %g)", epoch, tol)
-    for party in (job.guest, *job.hosts) if tell else ():
-        if party != job.key_holder:
-            job.endpoint(job.key_holder).send_once(party, "stop", lambda: stop, round=round_)
+    for party in job.key_holder_peers if tell else ():
+        job.endpoint(job.key_holder).send_once(party, "stop", lambda: stop, round=round_)
     return stop
 
 
@@ -1068,5 +1080,5 @@ def receive_stop(job: VerticalJob, party: str, round_: int) -> bool:
 
 def model_round(job: VerticalJob, ref: TableRef) -> int | None:
     """The round of the party's saved model slice, or None while the job trains."""
-    model = _artifacts(ref.database).get(model_key("vertical", job.job_id, ref.party))
+    model = _saved_model(job, ref)
     return None if model is None else int(model["round"])

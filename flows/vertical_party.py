@@ -108,16 +108,15 @@ def vertical_lr_party(
         preprocessing=PreprocessingSpec.from_dict(preprocessing),
         key_size=o.key_size,
     )
-    epochs, tol, key_size = o.epochs, o.tol, o.key_size
     shape = {"batch_size": o.batch_size, "holdout_fraction": o.holdout_fraction}
     started = time.time()
     if ref is None:
-        steps.create_keys(job, key_size)
+        steps.create_keys(job, o.key_size)
         with PartyStore(job.key_holder_database).session():  # held through the job
-            result = _arbiter(steps.receive_setup(job, job.key_holder, **shape), epochs, tol)
+            result = _arbiter(steps.receive_setup(job, job.key_holder, **shape), o.epochs, o.tol)
     elif role == "host":
         with PartyStore.of(ref).session():  # held through the job: no opening per step
-            result = _host(_host_setup(job, ref, shape), ref, epochs)
+            result = _host(_host_setup(job, ref, shape), ref, o.epochs)
     else:
         with PartyStore.of(ref).session():
             info = steps.check_party(job, ref, "guest")
@@ -127,8 +126,8 @@ def vertical_lr_party(
             steps.check_alignment(job, ref)
             job = steps.guest_agree(job, ref, info, **shape)
             if not job.with_arbiter:
-                steps.create_keys(job, key_size)
-            result = _guest(job, ref, epochs, tol)
+                steps.create_keys(job, o.key_size)
+            result = _guest(job, ref, o.epochs, o.tol)
     result = {**result, "started_at": started, "finished_at": time.time()}
     if str(result.get("outcome", "")).startswith(BELOW_BASELINE):  # COMPLETED, named so
         return Completed(name=BELOW_BASELINE, message=result["outcome"], data=result)
@@ -330,12 +329,13 @@ def _host_epoch_end(job: steps.VerticalJob, ref: TableRef, round_: int) -> bool:
 def _host(job: steps.VerticalJob, ref: TableRef, epochs: int) -> dict[str, Any]:
     last = steps.last_round(job, ref)
     ended = steps.model_round(job, ref) is not None  # a finished job: re-send the scores only
-    steps.plan_obfuscators(job, ref, 0 if ended else epochs)
+    to_run = 0 if ended else epochs
+    steps.plan_obfuscators(job, ref, to_run)
     rounds = _run_rounds(
         job,
         ref.party,
         last,
-        0 if ended else epochs,
+        to_run,
         lambda r: _host_round(job, ref, r, ahead=_draws_after(job, "host", r, epochs)),
         lambda r: _host_epoch_end(job, ref, r),
     )
@@ -420,8 +420,9 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
         first = history[-1]["loss"] if first is None else first
         check_loss("vertical_lr", job.job_id, round_, history[-1]["loss"], first)
 
-    steps.plan_obfuscators(job, ref, 0 if ended else epochs)
-    _run_rounds(job, ref.party, last, 0 if ended else epochs, round_body, epoch_end, checked)
+    to_run = 0 if ended else epochs
+    steps.plan_obfuscators(job, ref, to_run)
+    _run_rounds(job, ref.party, last, to_run, round_body, epoch_end, checked)
     final = steps.last_round(job, ref)
     # the guest's own record of the rounds: losses the key holder sent it, its own metrics
     own_record = replace(job, key_holder_database=ref.database)

@@ -129,7 +129,7 @@ class PartyJob:
         the threshold holds): their failure is not the job's. None where the threshold
         requires every hospital: one that fails or is cut off past the restart grace then
         fails the job at every party, named, as in a protocol without dropouts."""
-        if self.kind not in ("horizontal_lr", "sparse_lda"):
+        if self.kind not in HOSPITAL_JOBS:
             return ()
         hospitals = tuple(p for p in self.participants() if p != COORDINATOR)
         threshold = self.options(self.kind).threshold
@@ -300,11 +300,7 @@ def _main_stages(job: PartyJob) -> Iterator[StageResult]:
     aligned, peer = None, host if role == "guest" else guest
     preprocessing = job.preprocessing().to_dict()
     if role is not None:
-        psi = yield from _stage(
-            job, "psi", role, psi_align_party, own[role].to_dict(), peer, job.job_id("psi"),
-            job.options("psi"),
-        )  # fmt: skip
-        aligned = psi["aligned"]
+        aligned = yield from _align(job, role, own[role], peer)
     if vertical is not None and (role is not None or (vertical.arbiter and job.party == ARBITER)):
         yield from _stage(
             job, "vertical", role or "arbiter", vertical_lr_party, role or "arbiter",
@@ -319,6 +315,17 @@ def _main_stages(job: PartyJob) -> Iterator[StageResult]:
         )  # fmt: skip
 
 
+def _align(
+    job: PartyJob, role: str, ref: TableRef, peer: str
+) -> Generator[StageResult, None, dict[str, Any]]:
+    """The PSI stage of the guest or the host with its peer; returns the aligned table."""
+    psi = yield from _stage(
+        job, "psi", role, psi_align_party, ref.to_dict(), peer, job.job_id("psi"),
+        job.options("psi"),
+    )  # fmt: skip
+    return psi["aligned"]
+
+
 # ---- sub-jobs ----------------------------------------------------------------------------------
 def _label_dp_stages(job: PartyJob) -> Iterator[StageResult]:
     """The guest holds the protected labels, the host the features (as in ``label_dp_job``)."""
@@ -327,12 +334,9 @@ def _label_dp_stages(job: PartyJob) -> Iterator[StageResult]:
     for role, ref in own.items():
         side = "labels" if role == "guest" else "features"
         peer = parties["host"] if role == "guest" else parties["guest"]
-        psi = yield from _stage(
-            job, "psi", role, psi_align_party, ref.to_dict(), peer, job.job_id("psi"),
-            job.options("psi"),
-        )  # fmt: skip
+        aligned = yield from _align(job, role, ref, peer)
         yield from _stage(
-            job, "label_dp", side, label_dp_party, psi["aligned"], side, peer,
+            job, "label_dp", side, label_dp_party, aligned, side, peer,
             job.job_id("label_dp"), job.options("label_dp"), job.preprocessing().to_dict(),
         )  # fmt: skip
 

@@ -68,15 +68,6 @@ class PeerGate:
             self._fetches[peer] = held + 1
         return Ticket(self, peer)
 
-    def in_use(self, peer: str) -> tuple[int, int, int]:
-        """(fetches, long polls, bytes in flight) ``peer`` holds now."""
-        with self._lock:
-            return (
-                self._fetches.get(peer, 0),
-                self._polls.get(peer, 0),
-                self._bytes.get(peer, 0),
-            )
-
     def _refusal(self, peer: str, limit: str, state: str) -> LimitExceededError:
         value = getattr(self.limits, limit)
         return LimitExceededError(

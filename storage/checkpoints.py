@@ -54,14 +54,6 @@ class RoundCheckpoints:
         """The round's state, None if it is not stored (one lookup, not a listing)."""
         return self.artifacts.get(self._key(round_))
 
-    def rollback_to(self, round_: int) -> int:
-        """Forget rounds after ``round_``; returns how many were dropped."""
-        dropped = [r for r in self.rounds() if r > round_]
-        with self.artifacts.store.transaction() as con:
-            for r in dropped:
-                self.artifacts.delete_prefix(self._key(r), con=con)
-        return len(dropped)
-
     def prune(self, keep_last: int = 2, con: duckdb.DuckDBPyConnection | None = None) -> None:
         """Keep only the most recent rounds (older ones are never needed to resume); joins the
         caller's transaction when ``con`` is given (e.g. the one that saves the newest round)."""

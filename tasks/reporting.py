@@ -186,17 +186,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def plain(value: Any) -> Any:
-    """A JSON-friendly copy: numpy scalars and arrays become Python numbers and lists."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
 def publish_table(key: str, rows: list[dict[str, Any]], description: str) -> None:
     create_table_artifact(
         key=key,

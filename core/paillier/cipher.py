@@ -35,7 +35,6 @@ from core.paillier.parallel import (
 )
 from core.paillier.randomness import (
     DEFAULT_RANDOMIZER,
-    RANDOMIZER_MODES,
     FixedBaseRandomizer,
     ObfuscatorFile,
     ObfuscatorPool,
@@ -82,9 +81,6 @@ def _backend(work: int) -> Backend:
 
 def _nsquare(public: paillier.PaillierPublicKey) -> gmpy2.mpz:
     return gmpy2.mpz(public.nsquare)
-
-
-RANDOMIZERS = RANDOMIZER_MODES
 
 
 @functools.lru_cache(maxsize=8)

@@ -507,11 +507,6 @@ class ObfuscatorPool:
         if self._background_error is not None:
             raise PaillierError("background obfuscator fill failed") from self._background_error
 
-    def stop_background_fill(self) -> None:
-        """Ask the background thread to stop after its current batch and wait for it."""
-        self._stop.set()
-        self.wait_for_background_fill()
-
     def plan(self, count: int) -> None:
         """Pass the expected total draws on to a source that sizes its tables by it."""
         plan = getattr(self._source, "plan", None)

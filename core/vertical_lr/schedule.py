@@ -48,9 +48,6 @@ class Schedule:
         order = _order(len(rows), self.seed, epoch)
         return np.sort(rows[order[index * self.batch_size : (index + 1) * self.batch_size]])
 
-    def round_of(self, epoch: int, index: int) -> int:
-        return epoch * self.batches_per_epoch + index
-
     def position(self, round_: int) -> tuple[int, int]:
         return divmod(round_, self.batches_per_epoch)
 

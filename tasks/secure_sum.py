@@ -672,17 +672,13 @@ SESSION_STAGES: tuple[tuple[str, str, Any], ...] = (
 )
 
 
-def drive_session(
-    ctx: SumContext,
-    parties: Sequence[str] | None = None,
-    absent: Mapping[str, str] | None = None,
-) -> list[str]:
+def drive_session(ctx: SumContext) -> list[str]:
     """The one driver of a session, at the coordinator: a party silent at a stage's deadline
     drops, and below the threshold :func:`survivors` aborts before anything is unmasked. Returns
-    those whose unmask shares arrived, for the caller to reconstruct from; ``absent``: parties
-    left out beforehand (not waited for), with why, for that error."""
+    those whose unmask shares arrived, for the caller to reconstruct from."""
     endpoint = ctx.endpoint(COORDINATOR)
-    live, gone = list(parties if parties is not None else ctx.parties), dict(absent or {})
+    live = list(ctx.parties)
+    gone: dict[str, str] = {}  # who dropped, and why (:func:`survivors`)
     for stage, kind, coordinator_step in SESSION_STAGES:
         found = gather(endpoint, ctx, kind, live)
         answered = survivors(ctx, ctx.round, stage, live, found, ctx.stage_timeout, gone)

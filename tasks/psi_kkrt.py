@@ -296,6 +296,15 @@ def bucket_done_key(job_id: str, bucket: int) -> str:
     return f"{_prefix(job_id)}bucket/{bucket:06d}"
 
 
+def pending_plan(side: PsiSide, bucket: int) -> Plan | None:
+    """The plan, or None when an earlier attempt finished the bucket (its "done" mark)."""
+    store = PartyStore.of(side.ref)
+    with store.session():
+        if ArtifactStore(store).has(bucket_done_key(side.job_id, bucket)):
+            return None
+        return plan_for(side)
+
+
 def held_key(side: PsiSide, table: int) -> tuple[str, str, int]:
     """Where a process keeps a side's secrets of one table (or bucket) between its steps."""
     return (str(PartyStore.of(side.ref).path), side.job_id, table)
@@ -366,12 +375,8 @@ def send_values(side: PsiSide, bucket: int) -> None:
 @task(name="psi-kkrt-match", task_run_name="{side.ref.party}: match, bucket {bucket}", **PARTY_STEP)
 def match_bucket(side: PsiSide, bucket: int) -> None:
     """Step 5 (receiver): one bucket's matches, kept with the bucket's "done" mark."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
-    store = PartyStore.of(ref)
-    with store.session():
-        if ArtifactStore(store).has(bucket_done_key(job_id, bucket)):
-            return
-        plan = plan_for(side)
+    if (plan := pending_plan(side, bucket)) is None:
+        return
     table = plan.matrix_round(bucket)
     held = held_key(side, table)
     saved = _RECEIVER_STATES.get(held)
@@ -379,18 +384,19 @@ def match_bucket(side: PsiSide, bucket: int) -> None:
         rows, extension = _receiver_bucket(side, table)
         saved = _RECEIVER_STATES[held] = (rows, extension.state())
     rows, state = saved
-    values = side.endpoint.receive(peer, kkrt.KIND_VALUES, round=bucket)
-    found = kkrt.match(state, values, peer)
-    store_bucket_matches(store, job_id, bucket, found.positions, rows[found.result.rows])
+    values = side.endpoint.receive(side.peer, kkrt.KIND_VALUES, round=bucket)
+    found = kkrt.match(state, values, side.peer)
+    store_bucket_matches(side, bucket, found.positions, rows[found.result.rows])
     if not plan.one_table:  # the one table serves the next buckets too
         _RECEIVER_STATES.pop(held, None)
 
 
 def store_bucket_matches(
-    store: PartyStore, job_id: str, bucket: int, positions: np.ndarray, rows: np.ndarray
+    side: PsiSide, bucket: int, positions: np.ndarray, rows: np.ndarray
 ) -> None:
     """R: one bucket's matches (S's positions, own rows) and the bucket's "done" mark, in one
     transaction."""
+    store, job_id = PartyStore.of(side.ref), side.job_id
     with store.transaction() as con:
         create_matches_table(con, job_id)
         insert_frame(con, working_tables(job_id)[1], _matches_frame(bucket, positions, rows))

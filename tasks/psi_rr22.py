@@ -24,6 +24,7 @@ from tasks.psi_kkrt import (
     bucket_rows,
     held_key,
     job_key,
+    pending_plan,
     plan_for,
     prepare_ids,
     release_matches,
@@ -72,12 +73,8 @@ def _receiver_vole(side: PsiSide, plan: Plan, table: int) -> rr22.ReceiverVole:
 @task(name="psi-rr22-extend", task_run_name="{side.ref.party}: extend, table {table}", **PARTY_STEP)
 def send_extend(side: PsiSide, table: int) -> None:
     """Step 3 (R): the correlated-OT columns of one table's VOLE."""
-    store = PartyStore.of(side.ref)
-    with store.session():
-        if ArtifactStore(store).has(bucket_done_key(side.job_id, table)):
-            return
-        plan = plan_for(side)
-    _receiver_vole(side, plan, table)
+    if (plan := pending_plan(side, table)) is not None:
+        _receiver_vole(side, plan, table)
 
 
 @task(name="psi-rr22-vole", task_run_name="{side.ref.party}: VOLE, table {table}", **PARTY_STEP)
@@ -118,12 +115,8 @@ def _receiver_state(side: PsiSide, plan: Plan, table: int) -> tuple[np.ndarray, 
 @task(name="psi-rr22-okvs", task_run_name="{side.ref.party}: OKVS, table {table}", **PARTY_STEP)
 def send_okvs(side: PsiSide, table: int) -> None:
     """Step 5 (R): finish the table's VOLE, send ``P + A``; keeps its outputs."""
-    store = PartyStore.of(side.ref)
-    with store.session():
-        if ArtifactStore(store).has(bucket_done_key(side.job_id, table)):
-            return
-        plan = plan_for(side)
-    _receiver_state(side, plan, table)
+    if (plan := pending_plan(side, table)) is not None:
+        _receiver_state(side, plan, table)
 
 
 @task(
@@ -155,17 +148,14 @@ def send_values(side: PsiSide, bucket: int) -> None:
 @task(name="psi-rr22-match", task_run_name="{side.ref.party}: match, bucket {bucket}", **PARTY_STEP)
 def match_bucket(side: PsiSide, bucket: int) -> None:
     """Step 7 (R): one bucket's matches, kept with the bucket's "done" mark."""
-    store = PartyStore.of(side.ref)
-    with store.session():
-        if ArtifactStore(store).has(bucket_done_key(side.job_id, bucket)):
-            return
-        plan = plan_for(side)
+    if (plan := pending_plan(side, bucket)) is None:
+        return
     table = plan.matrix_round(bucket)
     saved = _RECEIVER_STATES.get(held_key(side, table)) or _receiver_state(side, plan, table)
     rows, state = saved
     values = side.endpoint.receive(side.peer, rr22.KIND_VALUES, round=bucket)
     found = rr22.match(state, values, side.peer)
-    store_bucket_matches(store, side.job_id, bucket, found.positions, rows[found.result.rows])
+    store_bucket_matches(side, bucket, found.positions, rows[found.result.rows])
     if not plan.one_table:
         _RECEIVER_STATES.pop(held_key(side, table), None)
 

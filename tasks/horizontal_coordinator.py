@@ -339,6 +339,8 @@ def coordinator_model(side: Coordinator) -> dict[str, Any]:
     store, job_id = side.store, side.job_id
     artifacts, cps = ArtifactStore(store), checkpoints(store, job_id)
     last = cps.last_round()
+    if last < 0:
+        raise RoundStateError(f"coordinator: job {job_id} stopped before any round finished")
     saved = cps.load(last)
     fitted = stored_fitted(str(store.path), job_id)
     schema = artifacts.get(_schema_key(job_id))

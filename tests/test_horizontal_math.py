@@ -166,3 +166,19 @@ def test_non_numeric_or_missing_feature_names_first_row() -> None:
     guest.loc[2, "x0"] = np.nan
     with pytest.raises(InvalidFeatureError, match=r"party 'guest', column 'x0', row 2"):
         validate_party_tables({"guest": guest, "host": table()})
+
+
+def test_a_coordinator_with_no_finished_round_refuses_to_save_a_model(tmp_path) -> None:
+    """A model needs a committed round: the coordinator says so, as a hospital does, rather
+    than failing on a checkpoint lookup."""
+    from core.job_schema import HorizontalOptions
+    from federation.channel import Channel
+    from storage.party_store import PartyStore
+    from tasks.horizontal_coordinator import Coordinator, coordinator_model
+    from tasks.secure_sum import COORDINATOR, RoundStateError
+
+    endpoint = Channel(tmp_path, "horizontal-lr-empty").endpoint(COORDINATOR)
+    store = PartyStore(tmp_path / "coordinator.duckdb")
+    side = Coordinator(endpoint, store, ("a", "b"), 2, HorizontalOptions())
+    with pytest.raises(RoundStateError, match="horizontal-lr-empty stopped before any round"):
+        coordinator_model.fn(side)

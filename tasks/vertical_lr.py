@@ -61,7 +61,7 @@ from tasks.reporting import provenance
 from tasks.summaries import log_loss
 
 PROTOCOL = "vertical"
-KEEP_SENT_ROUNDS = 3  # sent messages kept for re-sending, as many as round checkpoints
+KEEP_ROUNDS = 3  # round checkpoints kept, and the sent messages (and masks) of as many rounds
 
 
 class VerticalSetupError(ValueError):
@@ -208,7 +208,7 @@ def _forget_sent(
 ) -> None:
     """Drop sent messages (and masks) of rounds no rollback can return to, in the caller's
     transaction (the one that checkpoints ``round_``)."""
-    old = round_ - KEEP_SENT_ROUNDS
+    old = round_ - KEEP_ROUNDS
     if old >= 0:
         artifacts = _artifacts(ref.database)
         for kind in ("masked_gradient", "loss_train", "loss_holdout"):
@@ -831,7 +831,7 @@ def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> f
         # the round's checkpoint and the clean-up it allows: one transaction, all or nothing
         with store.transaction() as con:
             checkpoints.save(round_, {"weights": weights, "velocity": optimizer.velocity}, con)
-            checkpoints.prune(keep_last=3, con=con)
+            checkpoints.prune(keep_last=KEEP_ROUNDS, con=con)
             _forget_sent(job, ref, round_, con)
     return float(np.sum(gradient**2))
 

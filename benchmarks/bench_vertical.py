@@ -64,6 +64,7 @@ from core.vertical_lr.schedule import Schedule
 from core.vertical_lr.steps import Optimizer
 from federation.channel import Channel, FileTransport, PartyEndpoint
 from flows.vertical_lr import vertical_lr
+from storage import secrets as job_secrets
 from storage.artifacts import ArtifactStore
 from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
@@ -134,7 +135,7 @@ class Split:
 
     WAIT = "wait"
     TARGETS: ClassVar[dict[str, list[tuple[object, str]]]] = {
-        "key generation": [(vertical_steps, "generate_keypair")],
+        "key generation": [(job_secrets, "generate_keypair")],
         "encryption": [(cipher, "encrypt"), (cipher, "rerandomize"), (cipher, "fill_ahead")],
         "X^T [[d]]": [(cipher, "transpose_dot"), (cipher, "weighted_sum")],
         "packing": [(cipher, "pack")],  # masked gradients folded several to a ciphertext

@@ -32,7 +32,9 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from phe.paillier import PaillierPrivateKey, PaillierPublicKey
 
+from core.paillier.keys import generate_keypair
 from storage import codec
 from storage.artifacts import Artifact, ArtifactStore
 from storage.party_store import PartyStore, private_dirs
@@ -208,3 +210,57 @@ class SealedArtifacts:
 
     def destroy(self) -> bool:
         return self.secrets.destroy()
+
+
+class JobKeyPair:
+    """A party's Paillier key pair for one job: ``n`` in its store in the clear, ``p`` and
+    ``q`` sealed under the job's key file (written in one transaction), so shredding that
+    file retires them whatever the database's pages still hold."""
+
+    def __init__(self, store: PartyStore, scope: str) -> None:
+        self.scope = scope  # e.g. "vertical/<job id>": the keys below it and the key file's
+        self.sealed = SealedArtifacts(store, scope)
+        self.artifacts = self.sealed.artifacts
+
+    def key(self, part: str) -> str:
+        return f"{self.scope}/{part}"
+
+    def n(self) -> int | None:
+        stored = self.artifacts.get(self.key("keypair"))
+        return None if stored is None else int(stored["n"])
+
+    def create(self, key_size: int, allow_insecure_key_size: bool) -> int:
+        """The job's ``n``: the stored one, else a new key pair's, stored with its factors."""
+        n = self.n()
+        if n is None:
+            public, private = generate_keypair(
+                key_size, allow_insecure_key_size=allow_insecure_key_size
+            )
+            with self.artifacts.store.transaction() as con:
+                self.artifacts.put(self.key("keypair"), {"n": public.n}, "public-key", con=con)
+                self.sealed.put(self.key("factors"), {"p": private.p, "q": private.q}, con)
+            n = public.n
+        return n
+
+    def private(self) -> PaillierPrivateKey | None:
+        """The private key, or None: never created, or retired."""
+        n = self.n()
+        try:
+            factors = self.sealed.get(self.key("factors"))
+        except SecretGoneError:
+            factors = None
+        if n is None or factors is None:
+            return None
+        return PaillierPrivateKey(PaillierPublicKey(n), int(factors["p"]), int(factors["q"]))
+
+    def retired(self) -> bool:
+        """The key pair was created and its factors are destroyed."""
+        return self.n() is not None and not self.sealed.secrets.exists()
+
+    def retire(self, *parts: str) -> None:
+        """Delete the sealed factors (and the records under ``parts``), then shred the key
+        file; again (a re-run after a crash in between) is a no-op."""
+        with self.artifacts.store.transaction() as con:
+            for part in ("factors", *parts):
+                self.artifacts.delete_prefix(self.key(part), con=con)
+        self.sealed.destroy()

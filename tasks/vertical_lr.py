@@ -30,7 +30,6 @@ from core.paillier.keys import (
     DEFAULT_KEY_BITS,
     check_key_size,
     check_peer_modulus,
-    generate_keypair,
     small_keys_allowed,
 )
 from core.paillier.randomness import ObfuscatorFile, ObfuscatorPool, discard_pool, pool_path
@@ -53,7 +52,7 @@ from storage.checkpoints import RoundCheckpoints
 from storage.descriptor import TableRef
 from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
-from storage.secrets import SealedArtifacts, SecretGoneError
+from storage.secrets import JobKeyPair
 from tasks import secure_sum
 from tasks.feature_cache import party_features
 from tasks.policy import PARTY_STEP
@@ -149,10 +148,10 @@ def _saved_model(job: VerticalJob, ref: TableRef) -> dict[str, Any] | None:
     return _artifacts(ref.database).get(_model_key(job, ref))
 
 
-def job_secrets(job: VerticalJob) -> SealedArtifacts:
-    """The key holder's p, q for this job: sealed under a key file that :func:`retire_key`
-    shreds, so they never sit in its database in the clear (see :mod:`storage.secrets`)."""
-    return SealedArtifacts(PartyStore(job.key_holder_database), _key(job))
+def job_key_pair(job: VerticalJob) -> JobKeyPair:
+    """The key holder's key pair for this job: p, q sealed under a key file that
+    :func:`retire_key` shreds, never in its database in the clear."""
+    return JobKeyPair(PartyStore(job.key_holder_database), _key(job))
 
 
 def _deliver(
@@ -361,7 +360,9 @@ def _public_key(
     n = stored if stored is not None else artifacts.get(_key(job, "public_key"))
     if n is None:
         if ref.party == job.key_holder:
-            n = _artifacts(job.key_holder_database).get(_key(job, "keypair"))["n"]
+            n = job_key_pair(job).n()
+            if n is None:
+                raise VerticalSetupError(f"job {job.job_id}: {job.key_holder} has no key pair")
         else:
             n = check_peer_modulus(
                 job.endpoint(ref.party).receive(job.key_holder, "public_key"),
@@ -447,24 +448,18 @@ def prepare_key(job: VerticalJob, key_size: int) -> int:
     ``n`` to every other party (the same bytes each time). Returns the modulus bits. Keys
     below 2048 bits need the key holder's own opt-in (``core.paillier.keys``)."""
     check_key_size(key_size)
-    artifacts = _artifacts(job.key_holder_database)
-    stored = artifacts.get(_key(job, "keypair"))
-    if stored is not None and key_retired(job):
+    pair = job_key_pair(job)
+    if pair.retired():
         get_run_logger().info("job %s has ended: its private key is deleted", job.job_id)
-    if stored is None:
-        public, private = generate_keypair(key_size, allow_insecure_key_size=small_keys_allowed())
-        stored = {"n": public.n}
-        with artifacts.store.transaction() as con:  # n in the clear, p and q sealed: together
-            artifacts.put(_key(job, "keypair"), stored, "public-key", con=con)
-            job_secrets(job).put(_key(job, "factors"), {"p": private.p, "q": private.q}, con)
-    if int(stored["n"]).bit_length() != key_size:
+    n = pair.create(key_size, allow_insecure_key_size=small_keys_allowed())
+    if n.bit_length() != key_size:
         raise VerticalSetupError(
-            f"job {job.job_id} already has a {int(stored['n']).bit_length()}-bit key, not "
-            f"{key_size} bits: use the key size it was prepared with, or another job_id"
+            f"job {job.job_id} already has a {n.bit_length()}-bit key, not {key_size} bits: "
+            "use the key size it was prepared with, or another job_id"
         )
     for party in job.key_holder_peers:
-        job.endpoint(job.key_holder).send(party, "public_key", stored["n"])
-    return int(stored["n"]).bit_length()
+        job.endpoint(job.key_holder).send(party, "public_key", n)
+    return n.bit_length()
 
 
 def keys_job(
@@ -770,18 +765,13 @@ def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> f
 
 
 def _private_key(job: VerticalJob) -> paillier.PaillierPrivateKey:
-    stored = _artifacts(job.key_holder_database).get(_key(job, "keypair"))
-    try:
-        factors = job_secrets(job).get(_key(job, "factors"))
-    except SecretGoneError:
-        factors = None
-    if stored is None or factors is None:
+    private = job_key_pair(job).private()
+    if private is None:
         raise KeyHolderRefusalError(
             f"job {job.job_id} has ended and {job.key_holder} deleted its private key; "
             "training cannot continue in this job: start a new job (another job_id)"
         )
-    public = paillier.PaillierPublicKey(int(stored["n"]))
-    return paillier.PaillierPrivateKey(public, int(factors["p"]), int(factors["q"]))
+    return private
 
 
 @task(name="vertical-retire-key", task_run_name="{job.key_holder}: delete p, q", **PARTY_STEP)
@@ -792,17 +782,12 @@ def retire_key(job: VerticalJob) -> None:
     file is shredded: whatever the database's pages still hold of them is ciphertext under a
     key that no longer exists. Shredding again (a re-run after a crash in between) is a no-op.
     """
-    artifacts = _artifacts(job.key_holder_database)
-    with artifacts.store.transaction() as con:
-        artifacts.delete_prefix(_key(job, "factors"), con=con)
-        artifacts.delete_prefix(_key(job, "decrypted"), con=con)
-    job_secrets(job).destroy()
+    job_key_pair(job).retire("decrypted")
 
 
 def key_retired(job: VerticalJob) -> bool:
     """The job's key pair was created and its p, q are destroyed."""
-    stored = _artifacts(job.key_holder_database).get(_key(job, "keypair"))
-    return stored is not None and not job_secrets(job).secrets.exists()
+    return job_key_pair(job).retired()
 
 
 @task(

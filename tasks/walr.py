@@ -29,7 +29,6 @@ from core.paillier.keys import (
     DEFAULT_KEY_BITS,
     check_key_size,
     check_peer_modulus,
-    generate_keypair,
     small_keys_allowed,
 )
 from core.preprocessing import FittedPreprocessing, PreprocessingSpec, fit_local
@@ -52,7 +51,7 @@ from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
 from storage.policy import OwnerPolicy
-from storage.secrets import SealedArtifacts, SecretGoneError
+from storage.secrets import JobKeyPair
 from tasks import secure_sum
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
@@ -107,10 +106,10 @@ class WalrJob:
     def key(self, *parts: object) -> str:
         return "/".join([PROTOCOL, self.job_id, *map(str, parts)])
 
-    def secrets(self, ref: TableRef) -> SealedArtifacts:
-        """The labels party's p, q for this job, sealed under a key file shredded when the
-        release is sent (see :mod:`storage.secrets`)."""
-        return SealedArtifacts(PartyStore.of(ref), self.key())
+    def key_pair(self, ref: TableRef) -> JobKeyPair:
+        """The labels party's key pair for this job: p, q sealed under a key file shredded
+        when the release is sent."""
+        return JobKeyPair(PartyStore.of(ref), self.key())
 
     @property
     def release_key(self) -> str:
@@ -384,21 +383,14 @@ def receive_plan(job: WalrJob, ref: TableRef) -> bool:
 def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int) -> int:
     """The labels party's own key pair (kept in its store only) and its encrypted labels."""
     check_key_size(key_size)
-    artifacts = ArtifactStore(PartyStore.of(ref))
-    stored = artifacts.get(job.key("keypair"))
-    if stored is None:
-        public, private = generate_keypair(key_size, allow_insecure_key_size=small_keys_allowed())
-        stored = {"n": public.n}
-        with artifacts.store.transaction() as con:  # n in the clear, p and q sealed: together
-            artifacts.put(job.key("keypair"), stored, "public-key", con=con)
-            job.secrets(ref).put(job.key("factors"), {"p": private.p, "q": private.q}, con)
+    n = job.key_pair(ref).create(key_size, allow_insecure_key_size=small_keys_allowed())
     _, labels = _labels(ref)
     labels = labels[job.split(labels.size)[0]]  # held-out rows stay out of the sum
     # Its own key: the same obfuscators, computed modulo p^2 and q^2 (CRT).
     private = _private_key(job, ref)
     public = private.public_key
     endpoint = job.endpoint(ref.party)
-    endpoint.send(job.features_party, "walr_public_key", stored["n"])  # stored: same bytes
+    endpoint.send(job.features_party, "walr_public_key", n)  # stored: the same bytes
     # fresh obfuscators each time: a re-run keeps the ciphertexts already sent
     endpoint.send_once(
         job.features_party,
@@ -406,7 +398,7 @@ def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int) -> int:
         lambda: cipher.encrypt(public, labels.tolist(), job.randomizer, private=private),
     )
     get_run_logger().info("%s encrypted the labels of %d training rows", ref.party, labels.size)
-    return int(stored["n"]).bit_length()
+    return n.bit_length()
 
 
 @task(name="walr-masked-sums", task_run_name="{ref.party}: [[X^T y]] + mask", **PARTY_STEP)
@@ -447,27 +439,18 @@ def masked_sums(job: WalrJob, ref: TableRef) -> int:
 
 def _private_key(job: WalrJob, ref: TableRef) -> paillier.PaillierPrivateKey:
     """The labels party's own key pair of this job; refused once the job retired it."""
-    stored = ArtifactStore(PartyStore.of(ref)).get(job.key("keypair"))
-    try:
-        factors = job.secrets(ref).get(job.key("factors"))
-    except SecretGoneError:
-        factors = None
-    if stored is None or factors is None:
+    private = job.key_pair(ref).private()
+    if private is None:
         raise ReleaseRefusalError(
             f"{ref.party} has no private key for job {job.job_id} (never created, or deleted "
             "when the job's release was sent): start a new job"
         )
-    public = paillier.PaillierPublicKey(int(stored["n"]))
-    return paillier.PaillierPrivateKey(public, int(factors["p"]), int(factors["q"]))
+    return private
 
 
 def retire_key(job: WalrJob, ref: TableRef) -> None:
     """Drop the key pair and shred the job's key file: p, q are unreadable from now on."""
-    artifacts = ArtifactStore(PartyStore.of(ref))
-    with artifacts.store.transaction() as con:
-        for part in ("keypair", "factors"):
-            artifacts.delete_prefix(job.key(part), con=con)
-    job.secrets(ref).destroy()
+    job.key_pair(ref).retire("keypair")
 
 
 def _noise_units(job: WalrJob, sigma: float, granularity: float, size: int) -> list[int]:

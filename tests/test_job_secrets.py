@@ -24,7 +24,13 @@ from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.ledger import PrivacyLedger
 from storage.party_store import PartyStore
-from storage.secrets import JobSecrets, SealedArtifacts, SecretFileError, SecretGoneError
+from storage.secrets import (
+    JobKeyPair,
+    JobSecrets,
+    SealedArtifacts,
+    SecretFileError,
+    SecretGoneError,
+)
 from tasks import psi as psi_steps
 from tasks import psi_count as psi_count_steps
 from tasks import secure_sum
@@ -161,12 +167,12 @@ def test_walr_key_is_gone_after_the_release(workspace: Path) -> None:
     with disable_run_logger():
         walr_steps.encrypt_labels.fn(job, labels, KEY_BITS)
         walr_steps.masked_sums.fn(job, features)
-        factors = job.secrets(labels).get(job.key("factors"))
+        factors = job.key_pair(labels).sealed.get(job.key("factors"))
         walr_steps.release_noisy_sums.fn(job, labels)
         walr_steps.send_release.fn(job, labels)
         walr_steps.train.fn(job, features, 1.0)
     assert set(factors) == {"p", "q"}
-    assert not job.secrets(labels).secrets.exists()
+    assert not job.key_pair(labels).sealed.secrets.exists()
     assert leaks([workspace], factors) == []
 
 
@@ -271,3 +277,20 @@ def test_a_key_file_others_may_read_is_refused(tmp_path: Path) -> None:
     assert secrets.destroy() and not secrets.path.exists()
     with pytest.raises(SecretGoneError, match="destroyed"):
         secrets.open(sealed, "label")
+
+
+def test_a_job_key_pair_is_made_once_sealed_and_retired_for_good(workspace: Path) -> None:
+    store = PartyStore(workspace / "lab" / "lab.duckdb")
+    pair = JobKeyPair(store, "walr/kp")
+    assert pair.n() is None and pair.private() is None and not pair.retired()
+    n = pair.create(512, allow_insecure_key_size=True)
+    assert n.bit_length() == 512 and pair.create(512, allow_insecure_key_size=True) == n
+    private = pair.private()
+    assert private is not None and private.p * private.q == n
+    assert ArtifactStore(store).get("walr/kp/keypair") == {"n": n}  # only n in the clear
+    assert leaks([workspace], {"p": private.p, "q": private.q}) == []
+    pair.retire()
+    pair.retire()  # again, as a re-run after a crash: a no-op
+    assert pair.retired() and pair.private() is None and pair.n() == n
+    pair.retire("keypair")
+    assert pair.n() is None

@@ -201,7 +201,7 @@ def _walr(workspace: Path, keypair, noise: bool = True, protected: str = "conver
         columns=COLUMNS,
     )
     ArtifactStore(store).put(job.key("keypair"), {"n": public.n}, "public-key")
-    job.secrets(ref).put(job.key("factors"), {"p": private.p, "q": private.q})
+    job.key_pair(ref).sealed.put(job.key("factors"), {"p": private.p, "q": private.q})
     return job, ref
 
 

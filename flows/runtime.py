@@ -7,12 +7,14 @@ stops once it recorded this process's task runs, hears no heartbeats and sends n
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from privreg import prefect_sqlite
@@ -29,8 +31,7 @@ _DATABASE_SETTING = "PREFECT_SERVER_DATABASE_TIMEOUT"
 # off unless set: a party's machine often cannot reach the internet, where each attempt logged
 # an error
 _ANALYTICS_SETTING = "PREFECT_SERVER_ANALYTICS_ENABLED"
-RECORDING_GRACE = 3.0  # seconds a stopping server may take to record the last task runs
-_STARTED = datetime.now(UTC)
+RECORDING_GRACE = 10.0  # seconds a stopping server may take to record the last task runs
 _HEARTBEAT_SETTINGS = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
 
 
@@ -60,29 +61,72 @@ def _no_heartbeats() -> None:
         get_current_settings().flows.heartbeat_frequency = None
 
 
-def _await_recorded(
-    api_url: str, since: datetime = _STARTED, grace: float = RECORDING_GRACE
-) -> None:
-    """Wait, at most ``grace`` seconds, until no task run of a flow run started since ``since``
-    is running or pending at the server: stopped while it recorded a task run's state (events,
-    recorded after they arrive), it lost it and the UI showed that task running forever."""
+#: The timestamp of the last state this process emitted for each of its task runs, by id:
+#: what a stopping temporary server must have recorded first (see :func:`_await_recorded`).
+_EMITTED: dict[str, datetime] = {}
+_EMITTED_LOCK = threading.Lock()
+
+
+def _remember_emitted() -> None:
+    """Keep :data:`_EMITTED` as the task engine emits each state event (idempotent)."""
+    from prefect import task_engine
+
+    emit = task_engine.emit_task_run_state_change_event
+    if getattr(emit, "_privreg_remembers", False):
+        return
+
+    signature = inspect.signature(emit)
+
+    def remembering(*args: Any, **kwargs: Any) -> Any:
+        event = emit(*args, **kwargs)
+        called = signature.bind(*args, **kwargs).arguments
+        with _EMITTED_LOCK:
+            _EMITTED[str(called["task_run"].id)] = called["validated_state"].timestamp
+            if len(_EMITTED) > _KEPT:  # a long-lived process: older states are recorded
+                for key in [k for k, stamp in _EMITTED.items() if stamp < _recent()]:
+                    del _EMITTED[key]
+        return event
+
+    remembering._privreg_remembers = True  # type: ignore[attr-defined]
+    task_engine.emit_task_run_state_change_event = remembering
+
+
+def _await_recorded(api_url: str, grace: float = RECORDING_GRACE) -> None:
+    """Wait, at most ``grace`` seconds, until the server holds every task run's last state
+    this process emitted: the server records them from events, after they arrive, and one
+    stopped meanwhile lost them (the last task of a run missing, or shown running forever)."""
     import httpx
 
-    body = {
-        "flow_runs": {"start_time": {"after_": since.isoformat()}},
-        "task_runs": {"state": {"type": {"any_": ["RUNNING", "PENDING"]}}},
-        "limit": 1,
-    }
+    with _EMITTED_LOCK:
+        waiting = {key: stamp for key, stamp in _EMITTED.items() if stamp >= _recent()}
     deadline = time.monotonic() + grace
     with httpx.Client(base_url=api_url, timeout=grace) as client:
-        while time.monotonic() < deadline:
+        while waiting and time.monotonic() < deadline:
+            ids = list(waiting)
             try:
-                answer = client.post("/task_runs/filter", json=body)
-                if not answer.raise_for_status().json():
-                    return
+                for start in range(0, len(ids), _PAGE):
+                    page = {"id": {"any_": ids[start : start + _PAGE]}}
+                    body = {"task_runs": page, "limit": _PAGE}
+                    for run in (
+                        client.post("/task_runs/filter", json=body).raise_for_status().json()
+                    ):
+                        state = run.get("state") or {}
+                        stamp = state.get("timestamp")
+                        if stamp and datetime.fromisoformat(stamp) >= waiting[run["id"]]:
+                            del waiting[run["id"]]
             except (httpx.HTTPError, ValueError):  # a server already going: nothing to wait for
                 return
-            time.sleep(0.05)
+            if waiting:
+                time.sleep(0.05)
+
+
+_PAGE = 200  # task runs per filter request (the API's largest page)
+_KEPT = 5000  # states remembered before those older than _RECENT_SECONDS are dropped
+_RECENT_SECONDS = 300  # a state emitted longer ago than this is recorded (or never will be)
+
+
+def _recent() -> datetime:
+    return datetime.now(UTC) - timedelta(seconds=_RECENT_SECONDS)
 
 
 def install() -> None:
@@ -90,6 +134,7 @@ def install() -> None:
     temporary server starts, and its module (about 2.5 s to import) is not loaded."""
     from prefect.settings import get_current_settings
 
+    _remember_emitted()
     if get_current_settings().api.url:
         return
     os.environ.setdefault(_DATABASE_SETTING, DATABASE_TIMEOUT)  # read by the server's process

@@ -191,10 +191,11 @@ def test_a_temporary_server_hears_no_heartbeats_and_sends_no_analytics(
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_a_stopping_temporary_server_first_records_the_task_runs_of_its_process() -> None:
-    """A server stopped while it recorded a task run's state lost it (the UI showed the task
-    running forever); the stop waits for the task runs of flow runs this process started."""
-    from datetime import UTC, datetime
+def test_a_stopping_temporary_server_first_records_every_state_this_process_emitted() -> None:
+    """A server stopped while events of this process were still on their way lost them (the
+    run's last task missing, or shown running forever); the stop waits until the server holds
+    each task run's last state this process emitted, and no longer."""
+    from datetime import UTC, datetime, timedelta
 
     from prefect import flow, task
     from prefect.client.orchestration import get_client
@@ -214,22 +215,26 @@ def test_a_stopping_temporary_server_first_records_the_task_runs_of_its_process(
     worker = threading.Thread(target=one_task)
     worker.start()
     assert running.wait(30)
-    with get_client(sync_client=True) as client:  # once the server has recorded it running
-        for _ in range(600):
-            if client.read_task_runs(flow_run_filter=_started_since(since)):
-                break
-            time.sleep(0.05)
     began = time.monotonic()
-    runtime._await_recorded(PREFECT_API_URL.value(), since, grace=1.0)
-    assert time.monotonic() - began >= 1.0  # its task still runs: waited the whole grace
-    release.set()
-    worker.join(30)
-    began = time.monotonic()
-    runtime._await_recorded(PREFECT_API_URL.value(), since, grace=20.0)
+    runtime._await_recorded(PREFECT_API_URL.value(), grace=20.0)  # until it is recorded running
     assert time.monotonic() - began < 20.0
     with get_client(sync_client=True) as client:
-        (run,) = client.read_task_runs(flow_run_filter=_started_since(since), task_run_filter=None)
-    assert run.state is not None and run.state.is_completed()
+        (run,) = client.read_task_runs(flow_run_filter=_started_since(since))
+    assert run.state is not None and run.state.is_running()
+    release.set()
+    worker.join(30)
+    runtime._await_recorded(PREFECT_API_URL.value(), grace=20.0)
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_task_runs(flow_run_filter=_started_since(since))
+    assert run.state is not None and run.state.is_completed()  # not read again: recorded
+    # a state the server does not hold (a later one, or an unknown run): waits the whole grace
+    with runtime._EMITTED_LOCK:
+        runtime._EMITTED[str(run.id)] = datetime.now(UTC) + timedelta(days=1)
+    began = time.monotonic()
+    runtime._await_recorded(PREFECT_API_URL.value(), grace=1.0)
+    assert time.monotonic() - began >= 1.0
+    with runtime._EMITTED_LOCK:
+        runtime._EMITTED.pop(str(run.id))
 
 
 def _started_since(since: Any) -> Any:

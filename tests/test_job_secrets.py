@@ -176,7 +176,10 @@ def test_walr_key_is_gone_after_the_release(workspace: Path) -> None:
     assert leaks([workspace], factors) == []
 
 
-def test_psi_scalars_are_gone_once_the_rows_are_aligned(workspace: Path) -> None:
+def _two_sides(
+    workspace: Path, job_id: str
+) -> tuple[dict[str, TableRef], dict[str, psi_steps.PsiSide]]:
+    """A bank and a shop, 130 and 130 ids of which 110 are shared, each a side of ``job_id``."""
     ids = [f"c{i}" for i in range(150)]
     refs = {}
     for party, rows in (("bank", ids[:130]), ("shop", ids[20:])):
@@ -184,8 +187,13 @@ def test_psi_scalars_are_gone_once_the_rows_are_aligned(workspace: Path) -> None
         frame = pd.DataFrame({"id": rows, "v": np.arange(len(rows), dtype=float)})
         PartyStore.of(refs[party]).import_frame(frame, refs[party])
     peer = {"bank": "shop", "shop": "bank"}
-    channel = Channel(workspace, "psi-secrets")
+    channel = Channel(workspace, job_id)
     side = {p: psi_steps.PsiSide(r, peer[p], channel.endpoint(p)) for p, r in refs.items()}
+    return refs, side
+
+
+def test_psi_scalars_are_gone_once_the_rows_are_aligned(workspace: Path) -> None:
+    refs, side = _two_sides(workspace, "psi-secrets")
     scalars = {}
     with disable_run_logger():
         for party, ref in refs.items():
@@ -202,15 +210,7 @@ def test_psi_scalars_are_gone_once_the_rows_are_aligned(workspace: Path) -> None
 
 
 def test_psi_count_scalars_are_sealed_and_gone_once_counted(workspace: Path) -> None:
-    ids = [f"c{i}" for i in range(150)]
-    refs = {}
-    for party, rows in (("bank", ids[:130]), ("shop", ids[20:])):
-        refs[party] = TableRef(str(workspace / party / f"{party}.duckdb"), "t")
-        frame = pd.DataFrame({"id": rows, "v": np.arange(len(rows), dtype=float)})
-        PartyStore.of(refs[party]).import_frame(frame, refs[party])
-    peer = {"bank": "shop", "shop": "bank"}
-    channel = Channel(workspace, "count-secrets")
-    side = {p: psi_steps.PsiSide(r, peer[p], channel.endpoint(p)) for p, r in refs.items()}
+    refs, side = _two_sides(workspace, "count-secrets")
     scalars, sizes = {}, {}
     with disable_run_logger():
         for party, ref in refs.items():

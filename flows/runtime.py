@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import types
+from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -61,14 +62,15 @@ def _no_heartbeats() -> None:
         get_current_settings().flows.heartbeat_frequency = None
 
 
-#: The timestamp of the last state this process emitted for each of its task runs, by id:
-#: what a stopping temporary server must have recorded first (see :func:`_await_recorded`).
-_EMITTED: dict[str, datetime] = {}
+#: The timestamp of the last state this process emitted for each of its task runs, by id, in
+#: the order they were emitted: what a stopping temporary server must have recorded first.
+_EMITTED: OrderedDict[str, datetime] = OrderedDict()
 _EMITTED_LOCK = threading.Lock()
 
 
 def _remember_emitted() -> None:
-    """Keep :data:`_EMITTED` as the task engine emits each state event (idempotent)."""
+    """Keep :data:`_EMITTED` as the task engine emits each state event (idempotent); states
+    older than :data:`_RECENT_SECONDS` are dropped as new ones come."""
     from prefect import task_engine
 
     emit = task_engine.emit_task_run_state_change_event
@@ -80,11 +82,13 @@ def _remember_emitted() -> None:
     def remembering(*args: Any, **kwargs: Any) -> Any:
         event = emit(*args, **kwargs)
         called = signature.bind(*args, **kwargs).arguments
+        key, stamp = str(called["task_run"].id), called["validated_state"].timestamp
         with _EMITTED_LOCK:
-            _EMITTED[str(called["task_run"].id)] = called["validated_state"].timestamp
-            if len(_EMITTED) > _KEPT:  # a long-lived process: older states are recorded
-                for key in [k for k, stamp in _EMITTED.items() if stamp < _recent()]:
-                    del _EMITTED[key]
+            _EMITTED[key] = stamp
+            _EMITTED.move_to_end(key)
+            recent = _recent()
+            while _EMITTED and next(iter(_EMITTED.values())) < recent:
+                _EMITTED.popitem(last=False)
         return event
 
     remembering._privreg_remembers = True  # type: ignore[attr-defined]
@@ -98,7 +102,8 @@ def _await_recorded(api_url: str, grace: float = RECORDING_GRACE) -> None:
     import httpx
 
     with _EMITTED_LOCK:
-        waiting = {key: stamp for key, stamp in _EMITTED.items() if stamp >= _recent()}
+        recent = _recent()
+        waiting = {key: stamp for key, stamp in _EMITTED.items() if stamp >= recent}
     deadline = time.monotonic() + grace
     with httpx.Client(base_url=api_url, timeout=grace) as client:
         while waiting and time.monotonic() < deadline:
@@ -121,7 +126,6 @@ def _await_recorded(api_url: str, grace: float = RECORDING_GRACE) -> None:
 
 
 _PAGE = 200  # task runs per filter request (the API's largest page)
-_KEPT = 5000  # states remembered before those older than _RECENT_SECONDS are dropped
 _RECENT_SECONDS = 300  # a state emitted longer ago than this is recorded (or never will be)
 
 
@@ -134,7 +138,6 @@ def install() -> None:
     temporary server starts, and its module (about 2.5 s to import) is not loaded."""
     from prefect.settings import get_current_settings
 
-    _remember_emitted()
     if get_current_settings().api.url:
         return
     os.environ.setdefault(_DATABASE_SETTING, DATABASE_TIMEOUT)  # read by the server's process
@@ -153,6 +156,7 @@ def install() -> None:
     def start_with_patience(self: Any, timeout: int | None = None) -> None:
         if timeout is None and _STARTUP_SETTING not in os.environ:
             timeout = STARTUP_TIMEOUT
+        _remember_emitted()  # what its stop waits to be recorded
         start(self, timeout)
 
     server.SubprocessASGIServer.start = start_with_patience

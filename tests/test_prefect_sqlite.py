@@ -202,6 +202,10 @@ def test_a_stopping_temporary_server_first_records_every_state_this_process_emit
     from prefect.settings import PREFECT_API_URL
 
     since, release, running = datetime.now(UTC), threading.Event(), threading.Event()
+    runtime._remember_emitted()  # as a temporary server's start does
+    with runtime._EMITTED_LOCK:  # a state emitted an hour ago: dropped once the next comes
+        runtime._EMITTED["an-old-run"] = since - timedelta(hours=1)
+        runtime._EMITTED.move_to_end("an-old-run", last=False)
 
     @task
     def blocked() -> None:
@@ -221,6 +225,7 @@ def test_a_stopping_temporary_server_first_records_every_state_this_process_emit
     with get_client(sync_client=True) as client:
         (run,) = client.read_task_runs(flow_run_filter=_started_since(since))
     assert run.state is not None and run.state.is_running()
+    assert "an-old-run" not in runtime._EMITTED
     release.set()
     worker.join(30)
     runtime._await_recorded(PREFECT_API_URL.value(), grace=20.0)

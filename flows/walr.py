@@ -92,18 +92,24 @@ def _release_details(job: steps.WalrJob, release: dict[str, Any], reused: bool) 
     clip = "" if job.clip_norm is None else f", clip norm {job.clip_norm:g}"
     sigma = f"{release['sigma']:.6g}" + ("" if job.noise else " (NOT added: test mode)")
     return [
-        ("rows in the sum (public, N)", f"{release['rows']}, {release.get('held_out_rows', 0)} "
-         "held out"),
+        (
+            "rows in the sum (public, N)",
+            f"{release['rows']}, {release.get('held_out_rows', 0)} held out",
+        ),
         ("how each row's reach is bounded (mode)", job.mode + clip),
         ("most one row can move the sum (L2 sensitivity)", f"{release['sensitivity']:.6g}"),
         ("privacy of this release (epsilon, delta)", f"{job.epsilon:g}, {job.delta:g}"),
         (f"noise added to each sum (sigma of a discrete Gaussian, {bound})", sigma),
-        ("noise a continuous Gaussian would need (sigma, analytic)",
-         _sigma_text(release["sigma_analytic_continuous"])),
-        ("noise the classic bound would add (sigma, sqrt(2 ln(1.25/delta)) S/epsilon)",
-         _sigma_text(release["sigma_classic"])),
+        (
+            "noise a continuous Gaussian would need (sigma, analytic)",
+            _sigma_text(release["sigma_analytic_continuous"]),
+        ),
+        (
+            "noise the classic bound would add (sigma, sqrt(2 ln(1.25/delta)) S/epsilon)",
+            _sigma_text(release["sigma_classic"]),
+        ),
         ("release", "reused, nothing charged" if reused else "new, charged"),
-    ]  # fmt: skip
+    ]
 
 
 def _make_job(

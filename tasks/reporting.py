@@ -37,12 +37,24 @@ from tasks.policy import PARTY_STEP
 #: Short names of the flows, used in run names and artifact keys; a side of a protocol
 #: (``<flow>_party``, ``<flow>_coordinator``) is named as its protocol, whichever way it runs.
 FLOW_SHORT = {
-    "psi_align": "psi", "vertical_lr": "vertical", "label_dp_regression": "label-dp",
-    "horizontal_lr": "horizontal", "sparse_lda": "sparse-lda",
-}  # fmt: skip
+    "psi_align": "psi",
+    "vertical_lr": "vertical",
+    "label_dp_regression": "label-dp",
+    "horizontal_lr": "horizontal",
+    "sparse_lda": "sparse-lda",
+}
 #: Flow parameters that hold table descriptors, in the order that names a run.
-_TABLE_PARAMETERS = ("own", "party_a", "guest", "features", "labels", "parties", "table",
-                     "party_b", "hosts")  # fmt: skip
+_TABLE_PARAMETERS = (
+    "own",
+    "party_a",
+    "guest",
+    "features",
+    "labels",
+    "parties",
+    "table",
+    "party_b",
+    "hosts",
+)
 _JOB_TAG = "job:"
 _JOB = contextvars.ContextVar[str | None]("privreg_job", default=None)
 

@@ -60,9 +60,9 @@ class SerialBackend:
         return [function(*args) for args in arguments]
 
 
-class _LocalPool:
+class _LocalPool(SerialBackend):
     """What both local pools share: chunks mapped in order on the pool's executor, a call of
-    one chunk (or none) in the caller."""
+    one chunk (or none) in the caller, as the serial backend runs it."""
 
     _max_workers: int
 
@@ -81,7 +81,7 @@ class _LocalPool:
         sensitive: bool = False,
     ) -> list[T]:
         if len(arguments) <= 1:
-            return [function(*args) for args in arguments]
+            return super().run(function, arguments)
         futures = [self._pool().submit(function, *args) for args in arguments]
         return [future.result() for future in futures]
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -172,7 +174,10 @@ def test_progress_is_shown_at_most_once_a_second_and_always_at_the_end(
     )
     monkeypatch.setattr(reporting, "get_run_logger", lambda: logging.getLogger("test"))
     clock = iter([0.0, 0.3, 0.6, 1.2, 1.3, 1.4])  # seconds at each update
-    monkeypatch.setattr(reporting.time, "monotonic", lambda: next(clock))
+    # reporting's own clock only: patching time.monotonic itself fed this clock to any other
+    # thread of the process that read the time meanwhile, and the test failed now and then
+    fake_time = types.SimpleNamespace(monotonic=lambda: next(clock), time=time.time)
+    monkeypatch.setattr(reporting, "time", fake_time)
     caplog.set_level(logging.INFO, logger="test")
     bar = reporting.Progress(6, "rounds")
     for done in range(1, 7):

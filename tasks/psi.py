@@ -52,11 +52,14 @@ def sealed_scalars(store: PartyStore, prefix: str) -> SealedArtifacts:
     return SealedArtifacts(store, prefix.rstrip("/"))
 
 
-def own_scalar(store: PartyStore, prefix: str) -> int:
-    """The party's secret scalar of the job under ``prefix``: drawn once, so a retried step
-    sends the same bytes."""
+def own_scalar(store: PartyStore, prefix: str, *, create: bool = False) -> int:
+    """The party's secret scalar of the job under ``prefix``: drawn once, by the step that
+    blinds its own ids (``create``), so a retried step sends the same bytes; a later step
+    that finds none is refused rather than blinding with a scalar of its own."""
     sealed = sealed_scalars(store, prefix)
     key = sealed.get(prefix + "key")
+    if key is None and not create:
+        raise psi.PsiError(f"no secret scalar under {prefix!r}: its ids were never blinded")
     if key is None:
         key = psi.new_key()
         sealed.put(prefix + "key", key)
@@ -101,7 +104,7 @@ def blind_own_ids(side: PsiSide) -> int:
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     ids = store.read_table(ref, allow_missing=True)[ref.id_column].tolist()
-    blinded = psi.prepare(ids, own_scalar(store, _prefix(job_id)))
+    blinded = psi.prepare(ids, own_scalar(store, _prefix(job_id), create=True))
     artifacts.put(_prefix(job_id) + "rows", blinded.rows, "psi-state")
     side.endpoint.send(peer, "psi_blinded", blinded.blinded)
     get_run_logger().info("%s blinded %d ids", ref.party, len(ids))

@@ -38,7 +38,7 @@ def blind_own_ids(side: PsiSide) -> int:
     ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
     ids = store.read_table(ref)[ref.id_column].tolist()
-    blinded = psi.prepare(ids, own_scalar(store, _prefix(job_id))).blinded
+    blinded = psi.prepare(ids, own_scalar(store, _prefix(job_id), create=True)).blinded
     side.endpoint.send(peer, KIND_BLINDED, blinded)
     return len(ids)
 

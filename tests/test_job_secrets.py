@@ -18,6 +18,7 @@ import pytest
 from helpers import found_in
 from prefect.logging import disable_run_logger
 
+from core.psi import PsiError
 from federation.channel import Channel
 from flows.vertical_lr import FAULT_VARIABLE, InjectedFaultError, vertical_lr
 from storage.artifacts import ArtifactStore
@@ -294,3 +295,15 @@ def test_a_job_key_pair_is_made_once_sealed_and_retired_for_good(workspace: Path
     assert pair.retired() and pair.private() is None and pair.n() == n
     pair.retire("keypair")
     assert pair.n() is None
+
+
+def test_a_step_after_the_blinding_never_draws_a_scalar_of_its_own(workspace: Path) -> None:
+    """Reblinding (or answering) uses the scalar the party blinded its own ids with; with none
+    stored it is refused, not done with a fresh one the peer's values would not match."""
+    _, side = _two_sides(workspace, "no-scalar")
+    with disable_run_logger():
+        psi_steps.blind_own_ids.fn(side["shop"])  # the peer's ids arrive; the bank blinded none
+        with pytest.raises(PsiError, match="never blinded"):
+            psi_steps.blind_peer_ids.fn(side["bank"])
+        with pytest.raises(PsiError, match="never blinded"):
+            psi_count_steps.answer_peer.fn(side["bank"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -60,34 +61,50 @@ def psi_align(
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
         job_id: The job to run or reuse; default derived from the tables (see above).
     """
+    a, b = two_tables(party_a, party_b)
+    job_id = job_id or _local_job_id(a, b, options.min_rows, options.protocol)
+    outcome, results = run_both(
+        a, b, job_id, lambda own, peer: psi_align_party(own, peer, job_id, options), workspace
+    )
+    return {**outcome, "aligned": [r["aligned"] for r in results]}
+
+
+def two_tables(party_a: dict[str, Any], party_b: dict[str, Any]) -> tuple[TableRef, TableRef]:
+    """The two descriptors of a local PSI, refused if one party holds both."""
     a, b = TableRef.from_dict(party_a), TableRef.from_dict(party_b)
     if a.party == b.party:
         raise ValueError(f"both tables belong to party {a.party!r}; PSI needs two parties")
-    job_id = job_id or _local_job_id(a, b, options.min_rows, options.protocol)
-    results = run_pair(
-        a, b, lambda own, peer, _: psi_align_party(own.to_dict(), peer, job_id, options),
-        workspace, job_id,
-    )  # fmt: skip
+    return a, b
+
+
+def table_inputs(a: TableRef, b: TableRef) -> dict[str, Any]:
+    """What names a local PSI's job: both tables and their salted fingerprints."""
+    return {"a": [a.party, a.table, fingerprint(a)], "b": [b.party, b.table, fingerprint(b)]}
+
+
+def run_both(
+    a: TableRef,
+    b: TableRef,
+    job_id: str,
+    side: Callable[[dict[str, Any], str], dict[str, Any]],
+    workspace: str | None,
+) -> tuple[dict[str, Any], tuple[dict[str, Any], dict[str, Any]]]:
+    """Both sides of a PSI flow run locally, then the run's summary; returns the figures both
+    learn (the size, both set sizes, reused or not) and each side's own result."""
+    results = run_pair(a, b, lambda own, peer, _: side(own.to_dict(), peer), workspace, job_id)
     sizes = [r["set_sizes"][0] for r in results]
-    psi_summary(job_id, [a, b], sizes, results[0]["intersection_size"], workspace)
-    return {
-        "job_id": job_id,
-        "intersection_size": results[0]["intersection_size"],
-        "reused": all(r["reused"] for r in results),
-        "aligned": [r["aligned"] for r in results],
-        "set_sizes": sizes,
-    }
+    shared = results[0]["intersection_size"]
+    psi_summary(job_id, [a, b], sizes, shared, workspace)
+    reused = all(r["reused"] for r in results)
+    figures = {"job_id": job_id, "intersection_size": shared, "set_sizes": sizes, "reused": reused}
+    return figures, results
 
 
 def _local_job_id(a: TableRef, b: TableRef, min_rows: int, protocol: str) -> str:
     """The job id of a local alignment: derived from both tables' salted fingerprints, so
     unchanged tables reuse their alignment (or another job's standing alignment of the same
     tables); a fresh id if a stored one no longer matches."""
-    inputs: dict[str, Any] = {
-        "a": [a.party, a.table, fingerprint(a)],
-        "b": [b.party, b.table, fingerprint(b)],
-        "min_rows": min_rows,
-    }
+    inputs: dict[str, Any] = {**table_inputs(a, b), "min_rows": min_rows}
     if protocol != "ecdh":  # ECDH jobs keep the ids they had before the option existed
         inputs["protocol"] = protocol
     job_id = derive_job_id("psi", inputs)
@@ -131,9 +148,9 @@ def psi_align_party(
     reused = result is not None
     side = steps.PsiSide.of(ref, peer, job_id)
     if result is None and options.protocol == "kkrt":
-        result = psi_kkrt.run_party(side, min_rows)
+        result = psi_kkrt.party_side(side, min_rows)
     elif result is None and options.protocol == "rr22":
-        result = psi_rr22.run_party(side, min_rows)
+        result = psi_rr22.party_side(side, min_rows)
     elif result is None:
         steps.blind_own_ids(side)
         steps.blind_peer_ids(side)

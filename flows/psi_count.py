@@ -12,17 +12,16 @@ More (the protocol, what each party learns, why): docs/protocols/psi.md.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from federation.workspace import derive_job_id
-from flows.local_run import run_pair
+from flows.align import run_both, table_inputs, two_tables
 from storage.descriptor import TableRef
 from tasks import psi_count as steps
-from tasks.loading import fingerprint
 from tasks.psi import PsiSide
-from tasks.summaries import psi_summary
 
 
 @flow(name="psi_count")
@@ -40,29 +39,10 @@ def psi_count(
         min_rows: Refuse to release a count below this.
         workspace: Folder for the run's messages (default: var or PRIVREG_HOME).
     """
-    a, b = TableRef.from_dict(party_a), TableRef.from_dict(party_b)
-    if a.party == b.party:
-        raise ValueError(f"both tables belong to party {a.party!r}; PSI needs two parties")
-    job_id = derive_job_id(
-        "psi-count",
-        {
-            "a": [a.party, a.table, fingerprint(a)],
-            "b": [b.party, b.table, fingerprint(b)],
-            "min_rows": min_rows,
-        },
-    )
-    results = run_pair(
-        a, b, lambda own, peer, _: psi_count_party(own.to_dict(), peer, job_id, min_rows),
-        workspace, job_id,
-    )  # fmt: skip
-    sizes = [r["set_sizes"][0] for r in results]
-    psi_summary(job_id, [a, b], sizes, results[0]["intersection_size"], workspace)
-    return {
-        "job_id": job_id,
-        "intersection_size": results[0]["intersection_size"],
-        "set_sizes": sizes,
-        "reused": all(r["reused"] for r in results),
-    }
+    a, b = two_tables(party_a, party_b)
+    job_id = derive_job_id("psi-count", {**table_inputs(a, b), "min_rows": min_rows})
+    side = functools.partial(psi_count_party, job_id=job_id, min_rows=min_rows)
+    return run_both(a, b, job_id, side, workspace)[0]
 
 
 @flow(name="psi_count_party", flow_run_name="psi_count {job_id}: {own[party]} with {peer}")

@@ -645,8 +645,3 @@ def _side(side: PsiSide, min_rows: int, call: Step) -> dict[str, Any]:
     for bucket in range(plan.buckets):
         call(send_values, side, bucket)
     return call(finish_and_store, side, min_rows)
-
-
-def run_party(side: PsiSide, min_rows: int) -> dict[str, Any]:
-    """One party's whole side (for ``psi_align_party``)."""
-    return party_side(side, min_rows)

@@ -212,8 +212,3 @@ def party_side(side: PsiSide, min_rows: int, call: Step = run_step) -> dict[str,
                 call(send_vole, side, bucket + 1)
             call(send_values, side, bucket)
         return call(finish_and_store, side, min_rows)
-
-
-def run_party(side: PsiSide, min_rows: int) -> dict[str, Any]:
-    """One party's whole side (for ``psi_align_party``)."""
-    return party_side(side, min_rows)

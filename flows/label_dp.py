@@ -111,16 +111,9 @@ def label_dp_regression(
     )  # fmt: skip
     return {
         "job_id": job_id,
-        "rows": released["rows"],
-        "release_key": released["release_key"],
-        "reused": released["reused"],
-        "mechanism": released["mechanism"],
-        "budget": released["budget"],
-        "coefficients": trained["coefficients"],
-        "intercept": trained["intercept"],
+        **{k: released[k] for k in ("rows", "release_key", "reused", "mechanism", "budget")},
+        **{k: trained[k] for k in ("coefficients", "intercept", "model_key", "database")},
         "metrics": {**trained["metrics"], **released["metrics"]},
-        "model_key": trained["model_key"],
-        "database": trained["database"],
     }
 
 

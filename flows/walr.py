@@ -146,32 +146,15 @@ def _make_job(
     )
 
 
-def _release_facts(sent: dict[str, Any], reused: bool) -> dict[str, Any]:
-    """The labels party's public view of its release (no value of it)."""
-    return {
-        "reused_release": reused,
-        "release_job_id": sent["release_job_id"],
-        "sensitivity": sent["sensitivity"],
-        "sigma": sent["sigma"],
-        "sigma_analytic_continuous": sent["sigma_analytic_continuous"],
-        "sigma_classic": sent["sigma_classic"],
-        "budget": sent["budget"],
-    }
-
-
-def _model_facts(model: dict[str, Any], ref: TableRef) -> dict[str, Any]:
-    """The features party's model: its own, fitted on the (DP) noisy sum."""
-    return {
-        "features": list(model["coefficients"]),
-        "coefficients": model["coefficients"],
-        "intercept": model["intercept"],
-        "converged": model["converged"],
-        "n_iter": model["n_iter"],
-        "noisy_sum": model["noisy_sum"],
-        "granularity": model["granularity"],
-        "model_key": model["model_key"],
-        "database": str(Path(ref.database)),
-    }
+#: The labels party's public view of its release (no value of it), from what it sent.
+_RELEASE_FACTS = (
+    "release_job_id",
+    "sensitivity",
+    "sigma",
+    "sigma_analytic_continuous",
+    "sigma_classic",
+    "budget",
+)
 
 
 @flow(name="walr", flow_run_name=run_namer("walr"))
@@ -301,7 +284,8 @@ def _labels_side(
         "job_id": job.job_id,
         "role": "labels",
         "rows": checked["rows"],
-        **_release_facts(sent, checked["reused"]),
+        "reused_release": checked["reused"],
+        **{k: sent[k] for k in _RELEASE_FACTS},
         "metrics": metrics,
     }
 
@@ -319,5 +303,7 @@ def _features_side(job: steps.WalrJob, ref: TableRef, l2: float, evaluate: bool)
         "job_id": job.job_id,
         "role": "features",
         "rows": shape["rows"],
-        **_model_facts(model, ref),
+        "features": list(model["coefficients"]),
+        **model,  # its own, fitted on the (DP) noisy sum
+        "database": str(Path(ref.database)),
     }

@@ -100,9 +100,6 @@ class PipelineResult:
     run: str | None
     stages: list[StageResult]
 
-    def stage(self, job: str, stage: str) -> StageResult:
-        return next(s for s in self.stages if (s.job, s.stage) == (job, stage))
-
 
 @dataclass(frozen=True)
 class PartyJob:
@@ -359,14 +356,6 @@ def _hospitals(job: PartyJob, party_flow: Any, coordinator_flow: Any) -> Iterato
         )  # fmt: skip
 
 
-def _horizontal_stages(job: PartyJob) -> Iterator[StageResult]:
-    return _hospitals(job, horizontal_lr_party, horizontal_lr_coordinator)
-
-
-def _sparse_lda_stages(job: PartyJob) -> Iterator[StageResult]:
-    return _hospitals(job, sparse_lda_party, sparse_lda_coordinator)
-
-
 #: The models each kind of job trains: (model flow, stage, split into party shares).
 MODELS: dict[str, tuple[tuple[str, str, bool], ...]] = {
     "main": (("vertical", "vertical", True), ("walr", "walr", False)),
@@ -405,8 +394,12 @@ def _score_vertical_stages(job: PartyJob) -> Iterator[StageResult]:
 STAGES: dict[str, Callable[[PartyJob], Iterator[StageResult]]] = {
     "main": _main_stages,
     "label_dp": _label_dp_stages,
-    "horizontal_lr": _horizontal_stages,
-    "sparse_lda": _sparse_lda_stages,
+    "horizontal_lr": functools.partial(
+        _hospitals, party_flow=horizontal_lr_party, coordinator_flow=horizontal_lr_coordinator
+    ),
+    "sparse_lda": functools.partial(
+        _hospitals, party_flow=sparse_lda_party, coordinator_flow=sparse_lda_coordinator
+    ),
     "score_vertical": _score_vertical_stages,
 }
 

@@ -68,9 +68,7 @@ class SumContext:
         )
 
     def kind(self, name: str) -> str:
-        """``name`` as a message kind of this session: every attempt at a round has messages
-        of its own, so a restarted session never sends under a key an aborted one used (the
-        channel refuses other bytes under a key already sent)."""
+        """``name`` as a message kind of this session (why: docs/secure-aggregation.md)."""
         return f"{name}.{hashlib.sha256(self.session_id.encode()).hexdigest()[:12]}"
 
     @property
@@ -99,9 +97,8 @@ def coordinator_store(root: str | None = None) -> PartyStore:
 
 
 class SessionRecords:
-    """A holder's secagg records of the current session, read and written in one transaction.
-    :meth:`once` commits a step's state (sealed: keys, seeds, shares) with its outgoing message
-    before it is sent, so a retry re-sends the stored message and never masks twice."""
+    """A holder's secagg records of the current session, in one transaction; :meth:`once`
+    stores a step's sealed state with its message before it is sent (a retry re-sends it)."""
 
     def __init__(self, store: PartyStore, con: Any, ctx: SumContext, who: str) -> None:
         self.artifacts, self.con, self.ctx, self.who = ArtifactStore(store), con, ctx, who
@@ -140,9 +137,7 @@ class SessionRecords:
         return record["outbox"]
 
     def forget_older_sessions(self) -> None:
-        """Drop what an aborted attempt left behind (or this session's secrets, once done):
-        the records, and the key their states are sealed under (a new one is made for the
-        next state sealed)."""
+        """Drop the records of an aborted attempt (or of this one, once done) and their key."""
         self.artifacts.delete_prefix(self.ctx.prefix, con=self.con)
         self.secrets.destroy()
 
@@ -156,18 +151,15 @@ def session(store: PartyStore, ctx: SumContext, who: str) -> Iterator[SessionRec
 def arrived(
     endpoint: PartyEndpoint, ctx: SumContext, kind: str, parties: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
-    """This session's messages of ``kind`` from ``parties`` (those that answered the stage in
-    time; default all); a party with none (or a stale one) has dropped. Waits for all of them
-    together, until one deadline (``ctx.stage_timeout``), not for each in turn."""
+    """:func:`gather`'s messages, from ``parties`` (default all)."""
     return list(gather(endpoint, ctx, kind, ctx.parties if parties is None else parties).values())
 
 
 def gather(
     endpoint: PartyEndpoint, ctx: SumContext, kind: str, parties: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
-    """This session's ``kind`` messages from ``parties`` that arrive within the stage's
-    deadline (``ctx.stage_timeout`` from now), by sender; a stale message (another attempt's)
-    counts as none."""
+    """This session's ``kind`` messages from ``parties`` that arrive within ``ctx.stage_timeout``,
+    by sender (another attempt's count as none)."""
     deadline = time.monotonic() + ctx.stage_timeout
     found = collect(endpoint, ctx.kind(kind), parties, ctx.round, deadline)
     return {
@@ -192,10 +184,8 @@ def collect(
     deadline: float,
     report_every: float | None = REPORT_EVERY,
 ) -> dict[str, Any]:
-    """The ``kind`` messages from ``parties`` that arrive before ``deadline``, by sender. It
-    waits in the channel's receive on every missing sender at once (threads of :func:`receivers`),
-    so a gone sender costs the stage its deadline once, not a timeout per party in turn; every
-    ``report_every`` seconds it logs who is still missing and since when."""
+    """The ``kind`` messages from ``parties`` that arrive before ``deadline``, by sender, waited
+    for all at once; every ``report_every`` seconds it logs who is still missing, since when."""
     found: dict[str, Any] = {}
     started, started_at = time.monotonic(), time.strftime("%H:%M:%S")
     report_at = started + report_every if report_every else math.inf
@@ -238,8 +228,7 @@ _RECEIVERS_LOCK = threading.Lock()
 
 
 def receivers() -> ThreadPoolExecutor:
-    """The process's threads that wait for messages side by side (started once: a thread
-    start costs milliseconds here, and a round waits on every party at each stage)."""
+    """The threads that wait for messages side by side (started once: a start costs ms)."""
     with _RECEIVERS_LOCK:
         if not _RECEIVERS:
             _RECEIVERS.append(ThreadPoolExecutor(max_workers=64, thread_name_prefix="receive"))
@@ -249,10 +238,9 @@ def receivers() -> ThreadPoolExecutor:
 def prefetch(
     endpoint: PartyEndpoint, sender: str, kind: str, round_: int = 0, timeout: float | None = None
 ) -> None:
-    """Fetch ``sender``'s ``kind`` message of ``round_`` in the background (waiting up to
-    ``timeout``, default the channel's) and return at once, so it arrives with the one awaited,
-    not a round trip later; a receive then reads it locally or waits for the fetch. No-op on a
-    shared folder; a fetch pending when the side ends ends with it (``SideEndedError``)."""
+    """Fetch ``sender``'s ``kind`` message of ``round_`` in the background (up to ``timeout``,
+    default the channel's) for a later receive to read locally; no-op on a shared folder, and a
+    fetch pending when the side ends ends with it."""
     if sender != endpoint.party and endpoint.channel.transport.party is not None:
         wait = endpoint.channel.timeout if timeout is None else timeout
         receivers().submit(in_context(_fetch_quietly), endpoint, sender, kind, round_, wait)
@@ -326,9 +314,8 @@ def party_mask(store: PartyStore, ctx: SumContext, party: str, vector: np.ndarra
 
 
 def party_reveal(store: PartyStore, ctx: SumContext, party: str) -> None:
-    """Step 3: shares that unmask the senders' sum (only that). A (job, round) re-run after an
-    abort sums the same inputs again, so this refuses to unmask it for a *different* set of
-    senders: the two sums' difference would be the vectors of the parties in one set only."""
+    """Step 3: shares that unmask the senders' sum (only that), for one set of senders a (job,
+    round) (why: docs/secure-aggregation.md)."""
     endpoint = ctx.endpoint(party)
     request = endpoint.receive(COORDINATOR, ctx.kind("secagg_unmask_request"), round=ctx.round)
     senders = sorted(request["input_senders"])
@@ -622,10 +609,8 @@ def survivors(
     timeout: float,
     gone: dict[str, str],
 ) -> list[str]:
-    """Those of ``live`` whose message of ``stage`` is in ``found`` (it arrived by the stage's
-    deadline, ``timeout`` after it opened); every other one has dropped out, whatever the
-    reason: logged, and added to ``gone`` with why. Fewer than the threshold abort the round
-    before anything is unmasked or committed, naming each missing party and why."""
+    """Those of ``live`` whose message of ``stage`` is in ``found``; the others dropped (logged,
+    added to ``gone`` with why). Fewer than the threshold abort, naming each missing party."""
     late = f"no answer within {timeout:g} s"
     for party in live:
         if party not in found:
@@ -647,9 +632,8 @@ def survivors(
 
 
 def announced(endpoint: PartyEndpoint, kind: str, terms: Terms, timeout: float) -> dict[str, Any]:
-    """The parties' ``kind`` messages of a job's start (their columns), by party in the job's
-    order, that arrive within ``timeout``: those missing by then are left out from the start
-    (named in the log), and fewer than the threshold fail, naming them."""
+    """The parties' ``kind`` messages of a job's start that arrive within ``timeout``, in the
+    job's order; those missing are left out (logged), and fewer than the threshold fail."""
     found = collect(endpoint, kind, terms.parties, 0, time.monotonic() + timeout)
     missing = [p for p in terms.parties if p not in found]
     if len(found) < terms.threshold:
@@ -673,9 +657,8 @@ SESSION_STAGES: tuple[tuple[str, str, Any], ...] = (
 
 
 def drive_session(ctx: SumContext) -> list[str]:
-    """The one driver of a session, at the coordinator: a party silent at a stage's deadline
-    drops, and below the threshold :func:`survivors` aborts before anything is unmasked. Returns
-    those whose unmask shares arrived, for the caller to reconstruct from."""
+    """The one driver of a session's stages, at the coordinator (:func:`survivors` at each);
+    returns those whose unmask shares arrived, for the caller to reconstruct from."""
     endpoint = ctx.endpoint(COORDINATOR)
     live = list(ctx.parties)
     gone: dict[str, str] = {}  # who dropped, and why (:func:`survivors`)
@@ -688,15 +671,6 @@ def drive_session(ctx: SumContext) -> list[str]:
     raise AssertionError("unreachable")
 
 
-#: A party's stages in party mode: the coordinator message it waits for, then its own step.
-PARTY_STAGES: tuple[tuple[str, str | None], ...] = (
-    ("advertise_keys", None),
-    ("share_keys", "secagg_directory"),
-    ("mask_input", "secagg_shares"),
-    ("reveal_shares", "secagg_unmask_request"),
-)
-
-
 def stage_fault(
     fault: test_switches.PartyFault | None,
     faults: Faults,
@@ -705,11 +679,9 @@ def stage_fault(
     stage: str,
     timeout: float,
 ) -> bool:
-    """Test-only, in a party's own side just before its step of ``stage`` in ``round_``.
-    ``fault`` (``PRIVREG_TEST_PARTY_FAULT``): ``kill`` kills this process (SIGKILL), ``raise``
-    fails the party's flow. ``faults`` (``PRIVREG_TEST_FAULTS``): True when the step is replaced
-    by one that fails or hangs past the stage's ``timeout`` (a task run the UI shows); the party
-    then sends nothing at that stage, as a dropped party."""
+    """Test-only, just before a party's step of ``stage`` in ``round_``: ``fault`` kills or
+    fails its side; True when ``faults`` replace the step by one that fails or hangs past
+    ``timeout`` (docs/operator.md#test-switches)."""
     if fault is not None and (fault.round, fault.stage) == (round_, stage):
         if fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -729,25 +701,24 @@ def contribute(
     fault: test_switches.PartyFault | None = None,
     faults: Faults = NO_FAULTS,
 ) -> None:
-    """Party mode: this party's four steps, each once the coordinator's message is there;
-    stops when ``ended()`` says the session is over without it (dropped). ``mask_input`` is the
-    protocol's masking step; test-only ``faults`` make a step fail or hang, after which the
-    party sends nothing more, as a dropped one."""
+    """Party mode: this party's four steps (``mask_input`` the protocol's), each once the
+    coordinator's message is there; stops when ``ended()`` says the session ended without it,
+    or after a test fault (:func:`stage_fault`)."""
     endpoint = ctx.endpoint(ref.party)
-    party_steps = {
-        "advertise_keys": lambda: advertise_keys(ref, ctx),
-        "share_keys": lambda: share_keys(ref, ctx),
-        "mask_input": mask_input,
-        "reveal_shares": lambda: reveal_shares(ref, ctx),
-    }
-    for stage, awaited in PARTY_STAGES:
+    party_steps = (  # the stage, the coordinator's message it waits for, the party's step
+        ("advertise_keys", None, lambda: advertise_keys(ref, ctx)),
+        ("share_keys", "secagg_directory", lambda: share_keys(ref, ctx)),
+        ("mask_input", "secagg_shares", mask_input),
+        ("reveal_shares", "secagg_unmask_request", lambda: reveal_shares(ref, ctx)),
+    )
+    for stage, awaited, step in party_steps:
         if awaited is not None and not await_coordinator(
             endpoint, ctx.kind(awaited), ctx.round, ended, ctx.stage_timeout
         ):
             return
         if stage_fault(fault, faults, ref.party, ctx.round, stage, ctx.stage_timeout):
             return
-        party_steps[stage]()
+        step()
 
 
 def await_coordinator(
@@ -757,10 +728,9 @@ def await_coordinator(
     ended: Callable[[], bool],
     stage_timeout: float = 0.0,
 ) -> bool:
-    """Party mode, not a task: True once the coordinator's ``kind`` message of ``round_`` is
-    there, False once ``ended()`` (asked each second) says the round is over without it. Waits
-    ``stage_timeout``, then the receive timeout: the coordinator may still wait for another
-    party, and giving up first would blame it, not the party that was cut off."""
+    """Party mode: True once the coordinator's ``kind`` message of ``round_`` is there, False
+    once ``ended()`` (asked each second) says the round is over without it; waits
+    ``stage_timeout``, then the receive timeout (why: docs/secure-aggregation.md)."""
     deadline = time.monotonic() + stage_timeout + endpoint.channel.timeout
     while True:
         slice_end = min(deadline, time.monotonic() + _ENDED_CHECK)

@@ -1,7 +1,5 @@
 """Many secure sums of one job at one key agreement (:mod:`core.secagg.multiround`): the job's
-terms, each holder's sealed record and the message kinds; a step stores its record, then sends,
-so a retry re-sends the same bytes (no mask covers two inputs, no second request is answered).
-Steps: :mod:`tasks.secure_rounds_party`, :mod:`tasks.secure_rounds_coordinator`.
+terms, each holder's sealed record (stored before a step sends) and the message kinds.
 More: docs/secure-aggregation.md (the messages), docs/protocols/horizontal-lr.md (the checks)."""
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The coordinator's side of many secure sums at one key agreement (:mod:`tasks.secure_rounds`
-holds the job's terms, its records and its messages): admit the parties' keys, add each
-round's masked inputs, relay the inputs, the signed views and the answers, and unmask only
-the sum."""
+"""The coordinator's side of many secure sums at one key agreement (:mod:`tasks.secure_rounds`):
+admit keys, add the masked inputs, relay inputs, views and answers, unmask only the sum."""
 
 from __future__ import annotations
 
@@ -59,9 +57,8 @@ def _seen_key(store: PartyStore, job: RoundsJob) -> tuple[str | None, str, str]:
 
 
 def remember(store: PartyStore, job: RoundsJob, record: dict[str, Any]) -> None:
-    """Keep the coordinator's record as last committed (call after the commit), for this flow
-    run only: opening its database is a round's largest fixed cost, only this process writes
-    the record, and a re-run reads it afresh. It holds no secret."""
+    """Keep the coordinator's record as last committed (no secret), for this flow run only:
+    only this process writes it, and opening the database is a round's largest fixed cost."""
     if len(_SEEN) > 16:
         _SEEN.clear()
     _SEEN[_seen_key(store, job)] = record
@@ -112,9 +109,8 @@ def coordinator_collect(
     inputs: Mapping[str, Any],
     views: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """Add the round's masked inputs, send each sender its unmask request and relay the signed
-    views (``views=False``: the caller does); returns senders and dropped. Stored before sending:
-    a restart re-sends the same requests (never different ones, which the parties refuse)."""
+    """Add the round's masked inputs, store, then send each sender its unmask request and relay
+    the signed views (``views=False``: the caller does); returns senders and dropped."""
     with store.transaction() as con:
         record = load_record(store, job, COORDINATOR, con)
         state = coordinator_state(record, job)
@@ -152,10 +148,8 @@ def _unmasking(state: Any, job: RoundsJob, round_: int) -> Any:
 def coordinator_relay_views(
     store: PartyStore, job: RoundsJob, endpoint: PartyEndpoint, round_: int
 ) -> list[str]:
-    """The consistency round's relay (Bonawitz et al. 2017, round 3): the senders' signed views
-    that arrive within the stage timeout, each checked as the one this coordinator gave, go with
-    their proofs to every sender; fewer than the quorum fail here, naming the missing, before
-    anything is revealed. A re-send is a no-op; returns who signed."""
+    """The consistency check's relay of the senders' signed views that arrive in time (fewer
+    than the quorum fail, naming the missing); returns who signed."""
     state = _unmasking(coordinator_view(store, job), job, round_)
     senders = list(state.senders)
     deadline = time.monotonic() + job.stage_timeout
@@ -169,18 +163,16 @@ def coordinator_relay_views(
 def coordinator_relay_answers(
     endpoint: PartyEndpoint, round_: int, senders: Sequence[str], responders: Sequence[str]
 ) -> None:
-    """Before the round's model: relay the answers it was unmasked with to every sender, so
-    each that answered can check the sum (:func:`tasks.secure_rounds_party.party_sum`); a
-    re-send is a no-op."""
+    """Before the round's model: relay the answers it was unmasked with to every sender (for
+    :func:`tasks.secure_rounds_party.party_sum`)."""
     endpoint.relay(senders, RESPONSE_RELAY, RESPONSE, responders, round=round_)
 
 
 def coordinator_unmask(
     store: PartyStore, job: RoundsJob, round_: int, responses: Mapping[str, Any], con: Any
 ) -> RoundSum:
-    """The round's exact sum from the answers, read in ``con`` (the caller's transaction,
-    which commits the round). The caller stores ``record``, the new state, in that same
-    transaction (:func:`save_record`, with the round's checkpoint in one statement)."""
+    """The round's exact sum from the answers, read in ``con``, the caller's transaction, which
+    stores the new ``record`` with the round's checkpoint."""
     record = load_record(store, job, COORDINATOR, con)
     state = _unmasking(coordinator_state(record, job), job, round_)
     senders = list(state.senders)
@@ -192,7 +184,6 @@ def coordinator_unmask(
 
 
 def forget(store: PartyStore, job: RoundsJob) -> None:
-    """At the job's end: :func:`tasks.secure_rounds.forget_job`, and this flow run's copy of
-    the record."""
+    """At the job's end: :func:`tasks.secure_rounds.forget_job`, and this run's copy."""
     _SEEN.pop(_seen_key(store, job), None)
     forget_job(store, job)

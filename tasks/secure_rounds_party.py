@@ -1,7 +1,5 @@
-"""A party's side of many secure sums at one key agreement (:mod:`tasks.secure_rounds` holds
-the job's terms, its records and its messages): join with fresh keys, mask each round once,
-sign its view of the round and answer the unmask request once, re-key when left out, and
-unmask the round's sum itself from the coordinator's relays to check the announced one."""
+"""A party's side of many secure sums at one key agreement (:mod:`tasks.secure_rounds`): join,
+mask, sign its view, answer, re-key when left out, and check the announced sum."""
 
 from __future__ import annotations
 
@@ -38,9 +36,7 @@ T = TypeVar("T")
 
 def party_state(record: dict[str, Any], job: RoundsJob | None = None) -> mr.JobPartyState:
     """The stored state; with ``job``, under the configuration the coordinator's call states,
-    once the call matches the terms this party joined with. Why: the threshold sets how many
-    shares rebuild a self-mask and how many signed views a party needs before it answers, so a
-    coordinator that lowers it (or the stage timeout) is refused, named."""
+    if it matches the terms this party joined with (else refused, naming what differs)."""
     state = wire.party_state_from_plain(record["state"])
     if job is None:
         return state
@@ -72,10 +68,8 @@ def _require_terms(record: dict[str, Any], job: RoundsJob, party: str) -> None:
 def party_join(
     store: PartyStore, job: RoundsJob, endpoint: PartyEndpoint, round_: int, agreed: bool = False
 ) -> None:
-    """Once per job: fresh keys, the public half to the coordinator under ``round_``, the first
-    round this party joins (a retry or restart re-sends the same message). ``agreed``: ``job``
-    holds this party's own terms, stored for every later call to state (:func:`party_state`);
-    without it only the configuration is fixed, once the party has masked a round."""
+    """Once per job: fresh keys, the public half sent under ``round_`` (a retry re-sends it);
+    ``agreed``: ``job`` holds this party's own terms, which every call must state."""
     party = endpoint.party
     with store.transaction() as con:
         record = load_record(store, job, party, con)
@@ -129,10 +123,8 @@ def party_mask(
     vector: np.ndarray,
     guard: Callable[[Any], Sequence[Artifact]] | None = None,
 ) -> dict[str, Any]:
-    """Mask ``vector`` (floats, or an encoded uint64 ring vector, e.g. with a noise share) for
-    the started round, store, then send it; a retry re-sends the stored message (a round is
-    masked once). ``guard(con)`` runs first in the same transaction and may refuse; what it
-    returns is stored with the record, which is returned."""
+    """Mask ``vector`` (floats, or a uint64 ring vector) once for the round, store, send it;
+    ``guard(con)`` may refuse first, and what it returns is stored with the returned record."""
     r, party = start.round, endpoint.party
     with store.transaction() as con:
         record = load_record(store, job, party, con)
@@ -177,10 +169,8 @@ def party_view(
     request_plain: Any,
     record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Sign this party's view of the round's request (survivor and dropped sets) and send it,
-    for the coordinator to relay to every sender (ConsistencyCheck); reveals nothing. One view
-    a round: another request is refused. With ``record`` nothing is stored here
-    (:func:`party_answer`); a retry re-sends the same bytes. Returns the new record."""
+    """Sign and send this party's one view of the round's request (survivor and dropped sets)
+    for the coordinator to relay; returns the new record (with ``record``: unstored)."""
     request = _request(request_plain, endpoint.party, round_)
     record, view = _advance(
         store, job, endpoint.party, record, lambda st: mr.sign_view(st, request)
@@ -196,9 +186,8 @@ def _advance(
     record: dict[str, Any] | None,
     step: Callable[[Any], tuple[Any, T]],
 ) -> tuple[dict[str, Any], T]:
-    """``step`` applied to the party's state: to ``record`` where the caller holds it (and
-    stores it with the round's checkpoint), else to the stored record in one transaction,
-    saved when the state changed. Returns the new record and what the step returned."""
+    """``step`` applied to ``record`` (the caller stores it), else to the stored record, saved
+    when the state changed; returns the new record and what the step returned."""
     if record is not None:
         state, out = step(party_state(record, job))
         return {**record, "state": wire.party_state_to_plain(state)}, out
@@ -220,10 +209,8 @@ def party_answer(
     request_plain: Any,
     record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Answer the round's unmask request once, after the consistency check (:func:`party_view`,
-    :func:`party_views`); returns the new record. With ``record`` the caller stores it with the
-    round's checkpoint: safe, as a restarted party can only get the same request again (the channel
-    keeps one message a key) and signs and answers it with the same bytes."""
+    """Answer the round's unmask request once, after the consistency check; returns the new
+    record (with ``record``: the caller stores it, as a restart gets the same request again)."""
     request = _request(request_plain, endpoint.party, round_)
     held = record is not None
     record = party_view(store, job, endpoint, round_, request_plain, record)
@@ -239,8 +226,7 @@ def party_answer(
 def party_views(
     job: RoundsJob, endpoint: PartyEndpoint, round_: int, timeout: float
 ) -> dict[str, mr.SurvivorView]:
-    """The senders' signed views of the round from the coordinator's relay, each checked as
-    its signer's (over mTLS its certificate's signature; on a shared folder the original);
+    """The senders' signed views from the coordinator's relay, each checked as its signer's;
     a relay that fails the check is refused, naming the coordinator."""
     try:
         entries = endpoint.receive(COORDINATOR, VIEW_RELAY, round=round_, timeout=timeout)
@@ -261,8 +247,7 @@ def party_views(
 def _relayed(
     endpoint: PartyEndpoint, kind: str, senders: Sequence[str], round_: int, deadline: float
 ) -> dict[str, Any]:
-    """The senders' ``kind`` messages from the coordinator's relay, each checked as its
-    sender's; the coordinator's sum is refused, naming the sender, if one is not."""
+    """The senders' ``kind`` messages from the relay; one not its sender's refuses the sum."""
     try:
         return endpoint.receive_relayed(
             COORDINATOR,
@@ -287,10 +272,8 @@ def party_sum(
     revealers: Sequence[str] | None,
     timeout: float,
 ) -> np.ndarray | None:
-    """The round's sum as this party unmasks it from the relayed, sender-checked messages (None
-    if it did not answer this round's request). Why: else a coordinator could announce any sum,
-    e.g. one that barely moves the model, so that a later round with one party claimed dropped
-    reveals that party's update."""
+    """The round's sum as this party unmasks it from the relayed messages (None if it did not
+    answer this round's request), to check the announced one (docs/protocols/horizontal-lr.md)."""
     if not record:
         return None
     party = endpoint.party

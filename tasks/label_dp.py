@@ -46,6 +46,7 @@ from tasks.charts import held_out_calibration
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
+from tasks.summaries import model_matrix
 
 if TYPE_CHECKING:
     from sklearn.pipeline import Pipeline
@@ -363,15 +364,6 @@ def _read_features(ref: TableRef) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
     return frame, frame[names].to_numpy(dtype=float), names
 
 
-def model_inputs(model: dict[str, Any], X: np.ndarray, where: str = "table") -> np.ndarray:
-    """Raw feature rows as the saved model takes them: its stored preprocessing applied."""
-    if model.get("preprocessing") is None:
-        return X
-    fitted = FittedPreprocessing.from_dict(model["preprocessing"])
-    transformed = fitted.transform(X, where)
-    return transformed[:, [fitted.output_names.index(f) for f in model["features"]]]
-
-
 def model_key(job_id: str) -> str:
     return models.model_key(PROTOCOL, job_id)
 
@@ -487,9 +479,11 @@ def _mean_loss(job: LabelDPJob, predicted: np.ndarray, label: np.ndarray) -> flo
 def send_predictions(job: LabelDPJob, ref: TableRef) -> int:
     """For ``evaluate`` only: the model's predictions on the hold-out rows (all rows if there
     is no hold-out) go to the labels party. Documented leak: they reveal the predictions."""
-    _, X, _ = _read_features(ref)
+    frame, _, _ = _read_features(ref)
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
-    rows, _ = job.evaluated_rows(len(X))
-    X = model_inputs(model, X[rows], f"party {ref.party}, table {ref.table!r}")
+    rows, _ = job.evaluated_rows(len(frame))
+    fitted = FittedPreprocessing.from_dict(model["preprocessing"])  # train_model stores it
+    where = f"party {ref.party}, table {ref.table!r}"
+    X = model_matrix(frame.iloc[rows], model["features"], fitted, where)
     job.endpoint(ref.party).send(job.labels_party, "predictions", predict(model, X))
     return int(rows.size)

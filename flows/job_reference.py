@@ -56,16 +56,13 @@ def markdown() -> str:
         "is recognised by its stage key.",
     ]
     for title, model in SECTIONS:
-        lines += ["", f"## {title}", "", _first_line(model.__doc__), ""]
+        summary = " ".join((model.__doc__ or "").strip().split("\n\n")[0].split())
+        lines += ["", f"## {title}", "", summary.replace("``", "`"), ""]
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             kind = _type_text(field.annotation, field.metadata)
             lines.append(f"| `{name}` | {kind} | {_default(field)} | {field.description or ''} |")
     return "\n".join(lines) + "\n"
-
-
-def _first_line(doc: str | None) -> str:
-    return " ".join((doc or "").strip().split("\n\n")[0].split()).replace("``", "`")
 
 
 def _default(field: Any) -> str:

@@ -113,7 +113,8 @@ def job_name() -> str:
     deployment = _deployment_name()
     if deployment:
         return _slug(deployment)
-    if _is_party_flow() and parameters.get("job_id"):  # the id every party agreed on
+    side = (runtime_flow_run.flow_name or "").endswith(("_party", "_coordinator"))
+    if side and parameters.get("job_id"):  # one party's side: the id every party agreed on
         return _slug(str(parameters["job_id"]))
     tables = _tables(parameters)
     return _slug(tables[0].split(".", 1)[1]) if tables else "adhoc"
@@ -137,11 +138,6 @@ def _deployment_name() -> str | None:
     if key not in _DEPLOYMENT_NAMES:
         _DEPLOYMENT_NAMES[key] = runtime_deployment.name if run.deployment_id else None
     return _DEPLOYMENT_NAMES[key]
-
-
-def _is_party_flow() -> bool:
-    """One party's side of a protocol (``*_party``, ``*_coordinator``): its job id is explicit."""
-    return (runtime_flow_run.flow_name or "").endswith(("_party", "_coordinator"))
 
 
 def short_flow(flow: str) -> str:

@@ -327,7 +327,7 @@ def walr_summary(
         details.append(("rows scored at the labels party", metrics["evaluated_rows"]))
     jobs = [job_id, *([release_job_id] if release_job_id else [])]
     return _one_release_summary(
-        job_id, features_party, labels, rows, budget, quality, jobs, None, details
+        job_id, features_party, labels, rows, budget, quality, jobs, details
     )
 
 
@@ -352,7 +352,7 @@ def label_dp_summary(
     held_out = len(job.holdout_rows(rows))
     split = [("training rows", rows - held_out), ("held-out rows", held_out), *release]
     return _one_release_summary(
-        job.job_id, features_party, labels, rows, budget, quality, [job.job_id], None, split
+        job.job_id, features_party, labels, rows, budget, quality, [job.job_id], split
     )
 
 
@@ -372,20 +372,19 @@ def _one_release_summary(
     budget: dict[str, Any],
     quality: list[Quality],
     jobs: list[str],
-    workspace: str | None,
-    details: list[tuple[str, Any]] | None = None,
+    details: list[tuple[str, Any]],
 ) -> dict[str, Any]:
     """The summary of a flow that releases once (WALR, label DP): both parties' aligned rows,
-    the labels party's ledger, the traffic of ``jobs``."""
+    the labels party's ledger, the traffic of ``jobs`` (as the labels party's channel saw it)."""
     return publish_summary(
         RunSummary(
             job_id,
             {features_party: rows, labels.party: rows},
             quality=quality,
             budgets=[BudgetLine.from_status(labels.party, budget)],
-            bytes_sent=bytes_sent(dict.fromkeys(jobs), workspace),
+            bytes_sent=bytes_sent(dict.fromkeys(jobs), None),
             rounds=1,
-            details=details or [],
+            details=details,
         )
     )
 

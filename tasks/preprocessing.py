@@ -110,22 +110,22 @@ def _training_matrix(
     return frame.loc[:, features].to_numpy(dtype=float)[train]
 
 
-@task(name="pre-party-moments", task_run_name="{ref.party}: column moments", **PARTY_STEP)
-def store_moments(ref: TableRef, job_id: str, features: list[str], holdout: Holdout) -> None:
-    """This party's [count | sum | sum of squares] per column and its row count, for the sum."""
-    X = _training_matrix(ref, job_id, features, holdout)
-    vector = wide(np.append(pp.moments(X), len(X)))
-    ArtifactStore(PartyStore.of(ref)).put(_key(job_id, "moments"), vector, "secure-sum-input")
-
-
-@task(name="pre-party-histogram", task_run_name="{ref.party}: column histogram", **PARTY_STEP)
-def store_histogram(
-    ref: TableRef, job_id: str, features: list[str], holdout: Holdout, edges: np.ndarray
+@task(name="pre-party-input", task_run_name="{ref.party}: own column statistics", **PARTY_STEP)
+def store_input(
+    ref: TableRef,
+    job_id: str,
+    features: list[str],
+    holdout: Holdout,
+    edges: np.ndarray | None = None,
 ) -> None:
-    """This party's counts per bin of the public grid, per column, for the sum."""
+    """This party's vector for a sum: [count | sum | sum of squares] per column and its row
+    count, or (given the public grid's ``edges``) its counts per bin, per column."""
     X = _training_matrix(ref, job_id, features, holdout)
-    vector = pp.histogram(X, edges)
-    ArtifactStore(PartyStore.of(ref)).put(_key(job_id, "histogram"), vector, "secure-sum-input")
+    if edges is None:
+        vector, name = wide(np.append(pp.moments(X), len(X))), "moments"
+    else:
+        vector, name = pp.histogram(X, edges), "histogram"
+    ArtifactStore(PartyStore.of(ref)).put(_key(job_id, name), vector, "secure-sum-input")
 
 
 @task(name="pre-coordinator-fit", task_run_name="coordinator: fit pooled statistics", **PARTY_STEP)
@@ -215,12 +215,6 @@ def input_key(job_id: str, ctx: SumContext) -> str:
     return _key(job_id, "moments" if ctx.round == 0 else "histogram")
 
 
-def edges_from(moments_sum: np.ndarray, columns: int) -> np.ndarray:
-    """The public histogram grid read from the first session's sum."""
-    total = narrow(np.asarray(moments_sum, dtype=float))[:-1]
-    return pp.histogram_edges(pp.PooledMoments.from_sum(total, columns))
-
-
 # ---- party mode: the coordinator and each party in their own processes ------------------------
 CALL = "preprocessing_call"
 EDGES = "preprocessing_edges"
@@ -265,7 +259,8 @@ def coordinator_statistics(
     moments_sum = summed(first)
     histogram_sum, edges = None, None
     if second is not None:
-        edges = edges_from(moments_sum, len(features))
+        total = narrow(np.asarray(moments_sum, dtype=float))[:-1]  # the public grid from it
+        edges = pp.histogram_edges(pp.PooledMoments.from_sum(total, len(features)))
         for party in parties:
             endpoint.send(party, EDGES, edges)
         histogram_sum = summed(second)
@@ -309,10 +304,10 @@ def party_statistics(
             lambda: secure_sum.coordinator_sent(endpoint, after),
         )
 
-    store_moments(ref, job_id, features, holdout)
+    store_input(ref, job_id, features, holdout)
     take_part(first, EDGES if second is not None else PROTOCOL)
     if second is not None:
         edges = np.asarray(endpoint.receive(COORDINATOR, EDGES), dtype=float)
-        store_histogram(ref, job_id, features, holdout, edges)
+        store_input(ref, job_id, features, holdout, edges)
         take_part(second, PROTOCOL)
     return keep_fitted(ref, job_id, features, spec)

@@ -88,9 +88,8 @@ class SumContext:
 
 
 def coordinator_store(root: str | None = None) -> PartyStore:
-    """The coordinator's own store, in the folder of the party this code runs as (where
-    :func:`federation.workspace.channel_for` finds its messages); ``root`` only where no party
-    is active (a helper that reads a run's results)."""
+    """The coordinator's own store, in the folder of the party this code runs as; ``root`` only
+    where no party is active (a helper that reads a run's results)."""
     config = active_config()
     folder = workspace_root(root) if config is None else config.root
     return PartyStore(folder / "parties" / f"{COORDINATOR}.duckdb")
@@ -148,18 +147,12 @@ def session(store: PartyStore, ctx: SumContext, who: str) -> Iterator[SessionRec
         yield SessionRecords(store, con, ctx, who)
 
 
-def arrived(
-    endpoint: PartyEndpoint, ctx: SumContext, kind: str, parties: Sequence[str] | None = None
-) -> list[dict[str, Any]]:
-    """:func:`gather`'s messages, from ``parties`` (default all)."""
-    return list(gather(endpoint, ctx, kind, ctx.parties if parties is None else parties).values())
-
-
 def gather(
-    endpoint: PartyEndpoint, ctx: SumContext, kind: str, parties: Sequence[str]
+    endpoint: PartyEndpoint, ctx: SumContext, kind: str, parties: Sequence[str] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """This session's ``kind`` messages from ``parties`` that arrive within ``ctx.stage_timeout``,
-    by sender (another attempt's count as none)."""
+    """This session's ``kind`` messages from ``parties`` (default all) that arrive within
+    ``ctx.stage_timeout``, by sender (another attempt's count as none)."""
+    parties = ctx.parties if parties is None else parties
     deadline = time.monotonic() + ctx.stage_timeout
     found = collect(endpoint, ctx.kind(kind), parties, ctx.round, deadline)
     return {
@@ -352,7 +345,7 @@ def coordinator_directory(
 ) -> list[str]:
     """Step 0: the directory of public keys, to every advertiser; returns the advertisers."""
     endpoint = ctx.endpoint(COORDINATOR)
-    advertisements = arrived(endpoint, ctx, "secagg_keys", answered)
+    advertisements = list(gather(endpoint, ctx, "secagg_keys", answered).values())
     with session(store, ctx, COORDINATOR) as records:
 
         def directory() -> tuple[Any, Any]:
@@ -372,7 +365,7 @@ def coordinator_route(
 ) -> list[str]:
     """Step 1: forward the encrypted shares it cannot open; returns the share senders."""
     endpoint = ctx.endpoint(COORDINATOR)
-    messages = arrived(endpoint, ctx, "secagg_shares", answered)
+    messages = list(gather(endpoint, ctx, "secagg_shares", answered).values())
     with session(store, ctx, COORDINATOR) as records:
         deliveries = records.once(
             "route", lambda: secagg.route_encrypted_shares(records.state("directory"), messages)
@@ -387,7 +380,7 @@ def coordinator_collect(
 ) -> list[str]:
     """Step 2: add the masked inputs; ask the senders to help unmask the sum."""
     endpoint = ctx.endpoint(COORDINATOR)
-    messages = arrived(endpoint, ctx, "secagg_masked", answered)
+    messages = list(gather(endpoint, ctx, "secagg_masked", answered).values())
     with session(store, ctx, COORDINATOR) as records:
         request = records.once(
             "collect", lambda: secagg.collect_masked_inputs(records.state("route"), messages)
@@ -403,7 +396,8 @@ def coordinator_reconstruct(
     """Step 3: the decoded sum of the input senders, and who they are (deterministic)."""
     with session(store, ctx, COORDINATOR) as records:
         state = records.state("collect")
-    responses = arrived(ctx.endpoint(COORDINATOR), ctx, "secagg_unmask_response", answered)
+    endpoint = ctx.endpoint(COORDINATOR)
+    responses = list(gather(endpoint, ctx, "secagg_unmask_response", answered).values())
     _, aggregate = secagg.reconstruct_sum(state, responses)
     total = secagg.decode(aggregate["ring_sum"], state["config"]["scale_bits"])
     return total, list(aggregate["input_senders"])
@@ -413,22 +407,36 @@ def coordinator_reconstruct(
 # Tasks: a vector that each party stored in its own store, summed at the coordinator
 
 
-@task(
-    name="secagg-advertise-keys",
-    task_run_name="round {ctx.round}: {ref.party} advertise keys",
-    **PARTY_STEP,
-)
-def advertise_keys(ref: TableRef, ctx: SumContext) -> None:
-    party_advertise(PartyStore.of(ref), ctx, ref.party)
+def _party_task(name: str, step: Callable[[PartyStore, SumContext, str], None]) -> Any:
+    """Task ``secagg-<name>``: ``step`` on the store of the party ``ref`` names."""
+
+    def run(ref: TableRef, ctx: SumContext) -> None:
+        step(PartyStore.of(ref), ctx, ref.party)
+
+    run.__qualname__ = name.replace("-", "_")  # the task's key: each step's runs are its own
+    what = f"round {{ctx.round}}: {{ref.party}} {name.replace('-', ' ')}"
+    return task(name=f"secagg-{name}", task_run_name=what, **PARTY_STEP)(run)
 
 
-@task(
-    name="secagg-share-keys",
-    task_run_name="round {ctx.round}: {ref.party} share keys",
-    **PARTY_STEP,
-)
-def share_keys(ref: TableRef, ctx: SumContext) -> None:
-    party_share(PartyStore.of(ref), ctx, ref.party)
+def _coordinator_task(
+    name: str, what: str, step: Callable[[PartyStore, SumContext, Any], list[str]]
+) -> Any:
+    """Task ``secagg-<name>``: ``step`` on the coordinator's store, for those that answered."""
+
+    def run(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
+        return step(coordinator_store(ctx.workspace), ctx, answered)
+
+    run.__qualname__ = name.replace("-", "_")
+    run_name = f"round {{ctx.round}}: coordinator {what}"
+    return task(name=f"secagg-{name}", task_run_name=run_name, **PARTY_STEP)(run)
+
+
+advertise_keys = _party_task("advertise-keys", party_advertise)
+share_keys = _party_task("share-keys", party_share)
+reveal_shares = _party_task("reveal-shares", party_reveal)
+publish_key_directory = _coordinator_task("key-directory", "publish keys", coordinator_directory)
+route_shares = _coordinator_task("route-shares", "route shares", coordinator_route)
+collect_masked = _coordinator_task("collect-masked", "add masked", coordinator_collect)
 
 
 @task(
@@ -445,42 +453,6 @@ def mask_stored_input(ref: TableRef, ctx: SumContext, input_key: str) -> None:
             f"{ref.party}: no vector of length {ctx.dimension} stored under {input_key!r}"
         )
     party_mask(store, ctx, ref.party, vector)
-
-
-@task(
-    name="secagg-reveal-shares",
-    task_run_name="round {ctx.round}: {ref.party} reveal shares",
-    **PARTY_STEP,
-)
-def reveal_shares(ref: TableRef, ctx: SumContext) -> None:
-    party_reveal(PartyStore.of(ref), ctx, ref.party)
-
-
-@task(
-    name="secagg-key-directory",
-    task_run_name="round {ctx.round}: coordinator publish keys",
-    **PARTY_STEP,
-)
-def publish_key_directory(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
-    return coordinator_directory(coordinator_store(ctx.workspace), ctx, answered)
-
-
-@task(
-    name="secagg-route-shares",
-    task_run_name="round {ctx.round}: coordinator route shares",
-    **PARTY_STEP,
-)
-def route_shares(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
-    return coordinator_route(coordinator_store(ctx.workspace), ctx, answered)
-
-
-@task(
-    name="secagg-collect-masked",
-    task_run_name="round {ctx.round}: coordinator add masked",
-    **PARTY_STEP,
-)
-def collect_masked(ctx: SumContext, answered: list[str] | None = None) -> list[str]:
-    return coordinator_collect(coordinator_store(ctx.workspace), ctx, answered)
 
 
 @task(
@@ -531,10 +503,8 @@ class SimulatedCrashError(RuntimeError):
 
 @dataclass(frozen=True)
 class Faults:
-    """Test-only fault injection from the job's test switches (:mod:`core.test_switches`), empty
-    in production. ``parties``: ``"<round or *>:<stage>"`` -> ``{party: "raise" | "hang"}``, the
-    party's step failing or never answering (:func:`stage_fault`); ``crash_after``
-    (``"<round>:<stage or commit>"``): the coordinator raises there, as if killed."""
+    """Test-only fault injection from the job's test switches (empty in production):
+    ``PRIVREG_TEST_FAULTS`` and ``PRIVREG_TEST_CRASH_AFTER``, docs/operator.md#test-switches."""
 
     parties: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     crash_after: str | None = None
@@ -543,9 +513,8 @@ class Faults:
     def of_job(
         cls, job_id: str, names: Sequence[str], stages: Sequence[str] = secagg.DROPOUT_STAGES
     ) -> Faults:
-        """``job_id``'s faults from ``PRIVREG_TEST_FAULTS`` and ``PRIVREG_TEST_CRASH_AFTER``,
-        checked against the protocol's ``stages`` (default: the single-session ones) and the
-        job's parties: an unknown one is refused naming the variable."""
+        """``job_id``'s faults, checked against the protocol's ``stages`` (default: the
+        single-session ones) and the job's parties (an unknown one is refused)."""
         stages = tuple(stages)
         parties = test_switches.step_faults(job_id)
         for key, faults in parties.items():

@@ -67,6 +67,9 @@ __all__ = [
     "predict_proba",
 ]
 
+#: The model's fields every side's result carries.
+_MODEL_FIELDS = ("features", "coefficients", "intercept", "weights")
+
 
 def _check_options(options: HorizontalOptions, names: list[str], spec: PreprocessingSpec) -> int:
     """What the schema cannot say alone: a hold-out below half, finite numbers, a safe
@@ -229,7 +232,7 @@ def horizontal_lr_coordinator(
     opened = coordinator_steps.open_job(side)
     start, features = opened["last_round"] + 1, opened["features"]
     pre.coordinator_statistics(job_id, features, spec, names, threshold, options.stage_timeout)
-    side = replace(side, width=coordinator_steps.coordinator_width(side, features))
+    side = replace(side, width=model_width(str(side.store.path), job_id, features))
     rounds, tol = options.rounds, options.tol
     converged = opened["change"] is not None and opened["change"] < tol
     progress = Progress(rounds, f"horizontal_lr {job_id}: rounds finished")
@@ -262,11 +265,7 @@ def horizontal_lr_coordinator(
     publish_training_charts(flow_short(), job_id, [e["loss"] for e in model["history"]])
     return {
         "job_id": job_id,
-        "features": model["features"],
-        "coefficients": model["coefficients"],
-        "intercept": model["intercept"],
-        "weights": model["weights"],
-        "history": model["history"],
+        **{k: model[k] for k in (*_MODEL_FIELDS, "history")},
         "dropped": [[p for p in names if p not in e["survivors"]] for e in model["history"]],
         "left_out": left_out,
         "preprocessing": model.get("preprocessing"),
@@ -332,10 +331,7 @@ def horizontal_lr_party(
     return {
         "job_id": job_id,
         "party": ref.party,
-        "features": model["features"],
-        "coefficients": model["coefficients"],
-        "intercept": model["intercept"],
-        "weights": model["weights"],
+        **{k: model[k] for k in _MODEL_FIELDS},
         "rounds_completed": model["rounds"],
         "quality": summary["quality"],
     }

@@ -1,9 +1,5 @@
-"""A local run of a job of hospitals and a coordinator (horizontal LR, sparse LDA).
-
-Runs the protocol's side flows at once in this process (:mod:`flows.local_run`): a hospital's
-failure is a dropout the protocol survives while its threshold holds, but a hospital's refusal
-(a protocol violation it detected, a budget refusal) stops the run with its own error.
-"""
+"""A local run of a job of hospitals and a coordinator (horizontal LR, sparse LDA): every side
+flow at once in this process (:mod:`flows.local_run`), a hospital's failure a dropout."""
 
 from __future__ import annotations
 
@@ -79,8 +75,9 @@ def run_hospitals(
     hospitals: Mapping[str, Callable[[], Any]],
 ) -> tuple[Any, dict[str, Any]]:
     """Every side of ``job_id`` at once; returns the coordinator's result and each hospital's
-    (a dropped hospital's exception). Raises a hospital's refusal first (the cause, not the
-    coordinator's later report of a missing hospital), else the run's own failure."""
+    (a dropped hospital's exception). Raises a hospital's refusal (a protocol violation it
+    detected, a budget refusal) first, the cause, not the coordinator's later report of a
+    missing hospital; else the run's own failure."""
     refusals: dict[str, BaseException] = {}
 
     def side(party: str, run: Callable[[], Any]) -> LocalSide:

@@ -1,8 +1,6 @@
-"""The coordinator's steps of horizontal logistic regression (:mod:`tasks.horizontal_lr` holds
-what it shares with the hospitals): compare the columns, admit the keys, then per round (one
-task run) call the active hospitals, add their masked updates, have the sum unmasked, and commit
-and send the model. It sees only the row-weighted mean update, the mean loss and the row count.
-"""
+"""The coordinator's steps of horizontal logistic regression: compare the columns, admit the
+keys, then per round (one task run) call, add the masked updates, unmask, commit and send the
+model. It sees only the row-weighted mean update, the mean loss and the row count."""
 
 from __future__ import annotations
 
@@ -30,7 +28,6 @@ from tasks.horizontal_lr import (
     model_key,
     model_record,
     model_weights,
-    model_width,
     n_features,
     rounds_job,
     status,
@@ -45,9 +42,8 @@ from tasks.summaries import current_attempt
 
 @dataclass(frozen=True)
 class Coordinator:
-    """The coordinator's side of a job, built once by its flow: its endpoint (the job, its own
-    name, the transport), its own store, the job's hospitals and threshold, the options it
-    trains with and, once the columns and statistics are agreed, the model's width."""
+    """The coordinator's side of a job, built once by its flow (``width``: the model's, once the
+    columns and statistics are agreed)."""
 
     endpoint: PartyEndpoint = field(compare=False, repr=False)
     store: PartyStore = field(compare=False, repr=False)
@@ -74,10 +70,8 @@ def _schema_key(job_id: str) -> str:
 
 @task(name="hlr-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
 def open_job(side: Coordinator) -> dict[str, Any]:
-    """Refuse parties whose columns differ; send everyone the agreed feature order. Parties
-    silent until ``join_timeout`` are missing from the start (they may join a later round), and
-    fewer than ``threshold`` fails, naming them. Returns the agreed features, who announced,
-    and the coordinator's last finished round."""
+    """Refuse parties whose columns differ, send everyone the agreed order; returns the agreed
+    features, who announced in time, and the coordinator's last finished round."""
     job_id = side.job_id
     schemas = secure_sum.announced(side.endpoint, "schema", side, side.options.join_timeout)
     announced = list(schemas)
@@ -107,16 +101,10 @@ def open_job(side: Coordinator) -> dict[str, Any]:
     return {"features": features, "announced": announced, **status(side.store, job_id)}
 
 
-def coordinator_width(side: Coordinator, features: list[str]) -> int:
-    """:func:`tasks.horizontal_lr.model_width` at the coordinator (its own store)."""
-    return model_width(str(side.store.path), side.job_id, features)
-
-
 @task(name="hlr-admit-keys", task_run_name="coordinator: job keys", **PARTY_STEP)
 def admit_keys(side: Coordinator, round_: int, parties: list[str]) -> list[str]:
-    """Once per job (and after a finished job is continued): the parties' public keys, sent
-    with ``round_`` as the first round they join. Waits for the parties the coordinator has
-    no keys of until one deadline; returns the parties in the session."""
+    """Once per job: the public keys of the parties it has none of, sent with ``round_``, until
+    one deadline; returns the parties in the session."""
     store, job, timeout = side.store, side.job, side.options.stage_timeout
     with store.session():
         state = rounds_coordinator.coordinator_admit(store, job, {})
@@ -124,8 +112,7 @@ def admit_keys(side: Coordinator, round_: int, parties: list[str]) -> list[str]:
     if wanted:
         deadline = time.monotonic() + timeout
         found = secure_sum.collect(side.endpoint, secure_rounds.JOB_KEYS, wanted, round_, deadline)
-        missing = [p for p in wanted if p not in found]
-        if missing:
+        if missing := [p for p in wanted if p not in found]:
             run_logger().warning(
                 "job %s: %s sent no keys within %g s; left out until they ask to rejoin",
                 job.job_id,
@@ -153,9 +140,8 @@ def refuse_if_stopped(side: Coordinator, round_: int) -> None:
 
 
 def _call_round(side: Coordinator, round_: int, stop: bool = False) -> RoundCall:
-    """Send every party the round's call (or the stop); a call already sent is re-sent as it
-    was. Before calling, the coordinator admits the left-out parties that asked to rejoin
-    (with new keys) on the previous round's call."""
+    """Send every party the round's call (or the stop), a sent one as it was; first admit the
+    left-out parties that asked to rejoin with new keys on the previous call."""
     store, endpoint, job = side.store, side.endpoint, side.job
     parties = list(side.parties)
     already = endpoint.sent(parties[0], "round", round=round_)
@@ -197,10 +183,8 @@ def _call_round(side: Coordinator, round_: int, stop: bool = False) -> RoundCall
 def coordinator_round(
     side: Coordinator, round_: int, faults: secure_sum.Faults = secure_sum.NO_FAULTS
 ) -> dict[str, Any]:
-    """The coordinator's whole round as one task run: the call, the masked inputs and then the
-    answers (one deadline each; below ``threshold`` it aborts before anything is unmasked), the
-    commit and the model. Returns the round's history entry, who was left out and who answered;
-    ``faults``: tests only (``PRIVREG_TEST_CRASH_AFTER``: a crash after a stage or the commit)."""
+    """The coordinator's whole round as one task run; returns the round's history entry, who was
+    left out and who answered. ``faults``: tests only (a crash after a stage or the commit)."""
     started = time.time()
     call = _call_round(side, round_)
     active = list(call.protocol["active"]) if call.protocol else []
@@ -240,10 +224,8 @@ def _commit_round(
     responders: list[str] | None,
     faults: secure_sum.Faults = secure_sum.NO_FAULTS,
 ) -> dict[str, Any]:
-    """Unmask the round's sum, update the model, checkpoint (with the new state: the round's
-    commit, after which a retry only re-sends), broadcast. The mean update goes with the model,
-    which each party recomputes (:func:`tasks.horizontal_party.verified_model`). ``faults``:
-    tests only (a crash after the commit, before the model is sent)."""
+    """Unmask the round's sum, update the model, commit (a retry only re-sends), broadcast with
+    the mean update (:func:`tasks.horizontal_party.verified_model`). ``faults``: tests only."""
     store, endpoint, job = side.store, side.endpoint, side.job
     cps = checkpoints(store, side.job_id)
     with store.session():
@@ -318,8 +300,7 @@ def _unmask_and_update(
     **PARTY_STEP,
 )
 def resend_model(side: Coordinator, round_: int) -> dict[str, Any]:
-    """A restarted coordinator: the committed round's result again (a party may not have
-    it yet)."""
+    """A restarted coordinator: the committed round's result again (a party may lack it)."""
     return _commit_round(side, round_, time.time(), None)
 
 

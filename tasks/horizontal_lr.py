@@ -1,8 +1,6 @@
-"""Horizontal logistic regression with secure aggregation: what both sides of a job share (its
-terms, the round's call, the round checkpoints, the saved model's format). Maths:
-:mod:`core.horizontal_lr`; the sums: :mod:`tasks.secure_rounds`; each side, opening only its
-own store: :mod:`tasks.horizontal_party`, :mod:`tasks.horizontal_coordinator`.
-More: docs/protocols/horizontal-lr.md."""
+"""Horizontal logistic regression: what both sides of a job share (its terms, the round's call,
+the checkpoints, the saved model's format). Maths: :mod:`core.horizontal_lr`; the sums:
+:mod:`tasks.secure_rounds`. More: docs/protocols/horizontal-lr.md."""
 
 from __future__ import annotations
 
@@ -53,9 +51,8 @@ def n_features(job: secure_rounds.RoundsJob) -> int:
 
 @dataclass(frozen=True)
 class RoundCall:
-    """The coordinator's call for one round (or the stop after the last): what every holder
-    must agree on before it contributes, and the round's active parties with their public
-    keys. Sent once per round and never changed (a restarted coordinator re-sends it)."""
+    """The coordinator's call for one round (or the stop after the last): the agreed terms and
+    the round's active parties with their keys; sent once per round, never changed."""
 
     stop: bool  # training is over, keep the last model
     parties: tuple[str, ...]
@@ -121,10 +118,8 @@ def dp_terms(options: HorizontalOptions) -> dict[str, Any] | None:
 
 
 def check_dp(options: HorizontalOptions, threshold: int, pooled_statistics: bool) -> None:
-    """What DP needs beyond the schema, refused before anything runs: one gradient a round
-    (local epochs have no per-row bound), no pooled preprocessing statistics (exact sums,
-    outside the guarantee: standardise beforehand, ``scaling: none``), and shares left
-    outside the colluders."""
+    """What DP needs beyond the schema, refused before anything runs (the errors say why; also
+    docs/protocols/horizontal-lr.md): one gradient a round, no pooled statistics, honest shares."""
     if options.dp_epsilon is None:
         return
     if options.local_epochs:
@@ -172,7 +167,7 @@ def _calibrated(
 
 def dp_release_key(table_fingerprint: str, job: secure_rounds.RoundsJob, terms: dict) -> str:
     """Names a hospital's charge for the job's rounds by its salted table digest and every
-    term that shapes the noise: a retry or a resumed run finds it and is not charged again."""
+    term that shapes the noise (a retry finds it)."""
     text = json.dumps(
         {"table": table_fingerprint, "job": job.job_id, "threshold": job.threshold,
          "parties": list(job.parties), **terms},
@@ -209,10 +204,8 @@ def model_record(
     preprocessing: dict[str, Any] | None = None,
     origin: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The saved model in the common format (``core.model_format``): ``weights`` is the
-    training's vector, coefficients then the intercept. With ``preprocessing`` (the pooled
-    statistics it was trained with) scoring applies them; ``origin`` is the holder's
-    :func:`tasks.reporting.provenance` (its job and the digest of its table)."""
+    """The saved model in the common format from the training's ``weights`` (coefficients, then
+    the intercept), its ``preprocessing`` and the holder's ``origin`` (its provenance)."""
     weights = np.asarray(weights, dtype=np.float64)
     record = ModelRecord.linear(
         PROTOCOL,
@@ -247,13 +240,11 @@ def predict_proba(model: dict[str, Any], X: pd.DataFrame | np.ndarray) -> np.nda
 
 
 def trained_columns(fitted: FittedPreprocessing | None, features: list[str]) -> list[str]:
-    """The model's columns: the agreed ``features``, then a ``<name>_missing`` indicator for
-    each column the job's pooled statistics flag (``missing_indicator``); the same at every
-    holder, since all keep the same statistics."""
+    """The model's columns: the agreed ``features``, then the missing indicators the job's
+    pooled statistics add (the same at every holder)."""
     return list(features) if fitted is None else fitted.output_names
 
 
 def model_width(database: str, job_id: str, features: list[str]) -> int:
-    """How many columns the job's model has at a holder of its pooled statistics (read from
-    its store once per side, before the first round)."""
+    """How many columns the job's model has at a holder of its pooled statistics."""
     return len(trained_columns(stored_fitted(database, job_id), features))

@@ -1,8 +1,6 @@
-"""A hospital's steps of horizontal logistic regression (:mod:`tasks.horizontal_lr` holds what
-it shares with the coordinator): check its table, announce its columns, join with its own
-terms, then per round mask its update, answer the unmasking, and check and save the model.
-More (why a party checks each model and contributes at one model once): the "across rounds"
-part of docs/protocols/horizontal-lr.md."""
+"""A hospital's steps of horizontal logistic regression: check its table, announce its columns,
+join, then per round mask its update, answer the unmasking, and check and save the model.
+More (why it checks each model): "across rounds" in docs/protocols/horizontal-lr.md."""
 
 from __future__ import annotations
 
@@ -62,10 +60,8 @@ STAGES = ("mask_input", "reveal_shares")
 
 @dataclass(frozen=True)
 class Hospital:
-    """One hospital's side of a job, built once by its flow when the columns are agreed: its
-    table, its endpoint (the job, its own name, the transport), the hospitals and columns it
-    agreed to, the model's width and its own options (its hold-out is its own choice, never
-    sent)."""
+    """One hospital's side of a job, built once by its flow when the columns are agreed (its
+    options' hold-out is its own choice, never sent)."""
 
     ref: TableRef
     endpoint: PartyEndpoint = field(compare=False, repr=False)
@@ -122,10 +118,8 @@ class Hospital:
 
 @task(name="hlr-check-table", task_run_name="{ref.party}: check {ref.table}", **PARTY_STEP)
 def check_table(ref: TableRef) -> str:
-    """Validate the party's own table; return a salted digest of it (for the job id).
-
-    The salt is the party's secret, so the digest only tells a later run "changed or not".
-    """
+    """Validate the party's own table; return a digest of it (for the job id), salted with the
+    party's secret, so it only tells a later run "changed or not"."""
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     with store.transaction() as con:
@@ -149,10 +143,8 @@ def check_table(ref: TableRef) -> str:
 
 @task(name="hlr-join-job", task_run_name="{ref.party}: announce columns", **PARTY_STEP)
 def join_job(ref: TableRef, endpoint: PartyEndpoint) -> dict[str, Any]:
-    """Send the coordinator the label and feature column names (no rows, no row count).
-
-    Returns the party's last finished round of this job, so a re-run can resume.
-    """
+    """Send the coordinator the label and feature column names (no rows, no row count); return
+    the party's last finished round of this job, so a re-run can resume."""
     store = PartyStore.of(ref)
     features = _own_table(ref, store)[1]
     schema = {"label_column": ref.label_column, "feature_columns": features}
@@ -178,19 +170,16 @@ def agreed_features(endpoint: PartyEndpoint) -> list[str]:
 
 @task(name="hlr-join-rounds", task_run_name="{side.party}: job keys", **PARTY_STEP)
 def join_rounds(side: Hospital, round_: int) -> str | None:
-    """Once per job: this party's key pair, sent with the first round it joins (``round_``),
-    under its own terms, which every call must state (:func:`rounds_party.party_state`). Under
-    DP the job is charged first (:func:`charge_privacy`); returns the charge's key."""
+    """Once per job: this party's key pair under its own terms, sent with ``round_``; under DP
+    the job is charged first (:func:`charge_privacy`), and the charge's key returned."""
     charge = charge_privacy(side)
     rounds_party.party_join(side.store, side.agreed(), side.endpoint, round_, agreed=True)
     return charge
 
 
 def charge_privacy(side: Hospital) -> str | None:
-    """Under DP: book every round of the job on this hospital's table, once, in the ledger's
-    transaction, before its first noisy sum leaves; a run the budget cannot pay for is refused
-    here, with nothing sent. A retry or a resumed run finds the charge and pays nothing again.
-    Returns the charge's key (None without DP)."""
+    """Under DP: book every round of the job on this hospital's table once, before its first
+    noisy sum leaves (docs/protocols/horizontal-lr.md); returns the key (None without DP)."""
     noise, terms = side.noise, dp_terms(side.options)
     if noise is None or terms is None:
         return None
@@ -226,9 +215,8 @@ def model_point(weights: np.ndarray) -> str:
 
 
 def _checked_call(side: Hospital, round_: int) -> RoundCall:
-    """The coordinator's call for ``round_``, if it names the parties this party agreed to and
-    its own training options (a coordinator changing the learning rate or the peers is
-    refused, naming what differs)."""
+    """The coordinator's call for ``round_``, if it names the parties and the training options
+    this party agreed to (else refused, naming what differs)."""
     call = RoundCall.from_message(side.endpoint.receive(COORDINATOR, "round", round=round_))
     where = f"{side.party}: the coordinator's call for round {round_} of job {side.job_id}"
     if sorted(call.parties) != sorted(side.parties):
@@ -265,9 +253,8 @@ def _dp_input(side: Hospital, job: secure_rounds.RoundsJob, round_: int, weights
 def _mask(
     side: Hospital, job: secure_rounds.RoundsJob, round_: int, call: RoundCall
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Send the local update at the round's model masked, once a round; returns that model and
-    the stored record. One round per model: two sums at one model whose senders differ by one
-    party give that party's update, and a coordinator could get them across rounds."""
+    """Send the local update at the round's model masked, once a round and once a model (why:
+    docs/protocols/horizontal-lr.md); returns that model and the stored record."""
     store, options = side.store, side.options
     with store.session():  # one opening of the database for the reads and the stored state
         weights = _weights_before(side, job, round_)
@@ -302,9 +289,8 @@ def _mask(
 
 
 def _await_request(endpoint: PartyEndpoint, job: secure_rounds.RoundsJob, round_: int) -> bool:
-    """Wait for the round's unmask request (the stage's deadline first,
-    :func:`tasks.secure_sum.await_coordinator` says why); False once the round's model is
-    out without it (this party was dropped)."""
+    """Wait for the round's unmask request; False once the round's model is out without it
+    (dropped)."""
     return secure_sum.await_coordinator(
         endpoint,
         secure_rounds.REQUEST,
@@ -317,9 +303,7 @@ def _await_request(endpoint: PartyEndpoint, job: secure_rounds.RoundsJob, round_
 def _answer(
     side: Hospital, job: secure_rounds.RoundsJob, round_: int, record: dict[str, Any]
 ) -> dict[str, Any]:
-    """Answer the coordinator's unmask request of the round (once); returns the party's new
-    record (what its masking stored, moved on), stored with the round's checkpoint
-    (:func:`tasks.rounds_party.party_answer` says why)."""
+    """Answer the round's unmask request (once); returns the new record, for the checkpoint."""
     request = side.endpoint.receive(COORDINATOR, secure_rounds.REQUEST, round=round_)
     return rounds_party.party_answer(side.store, job, side.endpoint, round_, request, record)
 
@@ -332,10 +316,8 @@ def verified_model(
     round_: int,
     own_sum: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The broadcast weights, if exactly ``before`` moved by the mean update, itself exactly
-    that of ``own_sum`` (this party's own unmasking; None if it did not help). Why: with
-    :func:`_mask`'s rule the coordinator can neither make a sum up nor get two rounds summed at
-    one model (their difference, one party claimed dropped, is that party's update)."""
+    """The broadcast weights, if exactly ``before`` moved by the mean update, itself exactly that
+    of ``own_sum`` (its own unmasking, if it helped; why: docs/protocols/horizontal-lr.md)."""
     where = f"{who}: coordinator's model of round {round_}"
     mean = np.asarray(message.get("mean_update", ()), dtype=np.float64)
     weights = np.asarray(message["weights"], dtype=np.float64)
@@ -366,14 +348,10 @@ def _finish(
     call: RoundCall,
     known: tuple[np.ndarray, dict[str, Any]] | None = None,
 ) -> None:
-    """Receive the round's model, verify it (against the sum this party unmasked itself, if
-    it helped), and checkpoint the round (the model is kept after the stop,
-    :func:`keep_model`). ``known``: the round's model before and this party's record, as its
-    own earlier steps of the round left them (else read from its store)."""
+    """Receive the round's model, verify it and checkpoint the round. ``known``: the model
+    before and this party's record, as its own earlier steps left them (else read)."""
     store, endpoint = side.store, side.endpoint
-    # the model is out at most two stage deadlines after the call (the masked inputs, then the
-    # answers, each waited for until the job's stage_timeout): waited for that long first, as
-    # :func:`tasks.secure_sum.await_coordinator` says why, then the receive timeout as before
+    # out at most two stage deadlines after the call (masked inputs, answers), then as usual
     wait = 2 * job.stage_timeout + endpoint.channel.timeout
     message = endpoint.receive(COORDINATOR, "model", round=round_, timeout=wait)
     if message["round"] != round_:
@@ -444,8 +422,7 @@ ROUND_GROUP_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class RoundsRun:
-    """What one task run of a hospital's rounds did: the round it stopped before, and whether
-    that is because the coordinator called the stop."""
+    """What one task run of a hospital's rounds did: the round it stopped before, and why."""
 
     next_round: int
     stopped: bool
@@ -476,8 +453,7 @@ def party_rounds(
     group_seconds: float = ROUND_GROUP_SECONDS,
 ) -> RoundsRun:
     """This hospital's rounds from ``first`` as one task run, until the stop or ``group_seconds``
-    (a task run costs the Prefect API 28 ms of CPU: docs/protocols/horizontal-lr.md). Each round
-    commits its checkpoint, so a retry goes on after the last saved one, masking nothing twice.
+    (why: docs/protocols/horizontal-lr.md); a retry goes on after the last saved round.
     ``fault``, ``faults``: tests only (:func:`tasks.secure_sum.stage_fault`)."""
     started = time.monotonic()
     first = max(first, checkpoints(side.store, side.job_id).last_round() + 1)

@@ -306,7 +306,7 @@ def sparse_lda_coordinator(
             model = coordinator_steps.fit_pooled_reference(side)
         else:
             ctx = coordinator_steps.call_sum(side, len(features), rule)
-            if not coordinator_steps.sum_done(side, ctx):  # a restarted one goes to the model
+            if secure_sum.session_sum(side.store, ctx) is None:  # else restarted: to the model
                 secure_sum.unmask_sum(ctx, secure_sum.drive_session(ctx))
             model = coordinator_steps.build_model(side, ctx, rule)  # and sends it to every site
         dropped = [p for p in names if p not in model["contributors"]]

@@ -1,8 +1,6 @@
 """Sparse LDA across parties (Tian, Jayaraman, Gu & Evans 2016): what both sides share (the
 agreed job, the release's calibration and key, reading a site's rows, the saved model's format).
-Maths: :mod:`core.sparse_lda`; the sum: :mod:`tasks.secure_sum`; the sides:
-:mod:`tasks.sparse_lda_party`, :mod:`tasks.sparse_lda_coordinator`.
-More (privacy units, noise shares, what is not protected): docs/protocols/sparse-lda.md."""
+Maths: :mod:`core.sparse_lda`. More: docs/protocols/sparse-lda.md."""
 
 from __future__ import annotations
 
@@ -179,8 +177,7 @@ def contribution_vector(
     data: PartyData, job: SparseLDAJob, calibration: NoiseCalibration | None
 ) -> np.ndarray:
     """The vector the party sends (row unit: clipped statistics; party unit: the local fit's
-    ``direction | mu1 | mu2``, clipped unless noise is disabled for testing), checked (finite,
-    bounded) before its noise share is added: a failing one is refused here, naming the party."""
+    ``direction | mu1 | mu2``), checked, naming the party, before its noise share is added."""
     privacy = job.privacy()
     if job.row_unit:
         exact = statistics_vector(data, privacy)
@@ -255,10 +252,8 @@ def job_statistics(ref: TableRef, job: SparseLDAJob) -> FittedPreprocessing | No
 
 
 def _own_fill(X: np.ndarray, columns: list[str], spec: PreprocessingSpec) -> np.ndarray:
-    """``X`` with its missing cells filled by the job's rule from this party's own observed
-    cells, unscaled: for its checks before the pooled statistics exist (which classes, which
-    columns are flat), never for a release. A column it never observes is filled with 0 (flat
-    at this party whatever the pooled fill)."""
+    """``X`` filled by the job's rule from this party's own observed cells (0 where a column
+    has none), unscaled: for its checks before the pooled statistics exist, never a release."""
     seen = ~np.isnan(X).all(axis=0)
     names = [c for c, s in zip(columns, seen, strict=True) if s]
     own = fit_own_statistics(X[:, seen], names, replace(spec, scaling="none"))
@@ -270,10 +265,8 @@ def _own_fill(X: np.ndarray, columns: list[str], spec: PreprocessingSpec) -> np.
 def _frame_and_features(
     ref: TableRef, columns: list[str] | None, job: SparseLDAJob | None, scaled: bool
 ) -> tuple[Any, np.ndarray, list[str]]:
-    """The party's table and its feature matrix in ``columns`` order (default: every column
-    but the id and the label), scaled and imputed with the job's pooled statistics when
-    ``scaled``. Missing cells are refused (naming every column) unless the job imputes;
-    unscaled, they are filled with the party's own statistics (:func:`_own_fill`)."""
+    """The party's table and its features in ``columns`` order (default: all but the id and the
+    label), with the job's pooled statistics when ``scaled`` (else :func:`_own_fill`)."""
     fitted = job_statistics(ref, job) if job is not None and scaled else None
     imputes = job is not None and job.spec.impute != "none"
     frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None or imputes)
@@ -292,9 +285,8 @@ def read_party(
     job: SparseLDAJob | None = None,
     scaled: bool = True,
 ) -> PartyData:
-    """The party's rows as validated :class:`PartyData` (0/1 labels, d within the limit), in
-    ``columns`` order (default: all but the id and the label, as stored). With ``job``: the
-    training rows only, scaled with the job's pooled statistics (unless not ``scaled``)."""
+    """The party's rows as validated :class:`PartyData` in ``columns`` order (as
+    :func:`_frame_and_features`); with ``job``: the training rows only."""
     if ref.label_column is None:
         raise SparseLDASetupError(f"party {ref.party!r}: the descriptor names no label_column")
     _check_width(ref)
@@ -341,8 +333,7 @@ def model_record(
     **extra: Any,
 ) -> dict[str, Any]:
     """The saved model in the common format: the score ``x @ direction + intercept`` is the
-    discriminant's ``(x - (mu1 + mu2)/2) @ direction``, positive for label 1. With
-    ``preprocessing`` (the job's pooled statistics) scoring applies them."""
+    discriminant's ``(x - (mu1 + mu2)/2) @ direction``, positive for label 1."""
     direction = np.asarray(model.direction, dtype=np.float64)
     midpoint = (np.asarray(model.mean_positive) + np.asarray(model.mean_negative)) / 2.0
     record = ModelRecord.linear(

@@ -1,6 +1,5 @@
-"""The coordinator's steps of sparse LDA (:mod:`tasks.sparse_lda` holds what it shares with
-the sites): compare the sites' columns, call the secure sum, fit the model on the noisy sum
-(or average and hard-threshold the local fits), send it, and collect the held-out counts."""
+"""The coordinator's steps of sparse LDA: compare the sites' columns, call the secure sum, fit
+the model on the noisy sum, send it, and collect the held-out counts."""
 
 from __future__ import annotations
 
@@ -69,9 +68,8 @@ class Coordinator:
 
 @task(name="sparse-lda-open-job", task_run_name="coordinator: compare columns", **PARTY_STEP)
 def open_job(side: Coordinator) -> list[str]:
-    """Refuse parties whose feature columns differ; send everyone the agreed order. Parties
-    silent until ``join_timeout`` are missing from the start (the secure sum drops them), and
-    fewer than the threshold fails, naming them."""
+    """Refuse parties whose feature columns differ; send everyone the agreed order (those
+    silent until ``join_timeout``: :func:`tasks.secure_sum.announced`)."""
     job = side.job
     messages = secure_sum.announced(side.endpoint, "schema", job, side.options.join_timeout)
     schemas = {p: message["feature_columns"] for p, message in messages.items()}
@@ -97,9 +95,8 @@ def open_job(side: Coordinator) -> list[str]:
 
 @task(name="sparse-lda-call-sum", task_run_name="coordinator: call the secure sum", **PARTY_STEP)
 def call_sum(side: Coordinator, n_features: int, rule: ThresholdRule) -> SumContext:
-    """Send every site the secure sum's call (a fresh session id and the job's parameters); a
-    restarted coordinator re-sends the call it sent, never a changed one, so its own session
-    records and the sites' stay valid."""
+    """Send every site the secure sum's call (a fresh session id and the job's parameters), a
+    sent one as it was (a restart keeps every session record valid)."""
     job, endpoint = side.job, side.endpoint
     call = endpoint.sent(job.parties[0], "sum_call")
     if call is None:
@@ -111,19 +108,12 @@ def call_sum(side: Coordinator, n_features: int, rule: ThresholdRule) -> SumCont
     return sum_context(job, n_features, call["session_id"], float(call["stage_timeout"]))
 
 
-def sum_done(side: Coordinator, ctx: SumContext) -> bool:
-    """Whether the coordinator already holds this session's sum (a restarted coordinator
-    then goes straight to the model)."""
-    return secure_sum.session_sum(side.store, ctx) is not None
-
-
 @task(
     name="sparse-lda-average", task_run_name="coordinator: average, threshold, store", **PARTY_STEP
 )
 def build_model(side: Coordinator, ctx: SumContext, rule: ThresholdRule) -> dict[str, Any]:
-    """Average the securely summed vectors, hard-threshold the direction, store and broadcast.
-    The threshold's noise term uses public values only (post-processing); a model stored
-    already (a restart, a re-run) is the job's and is sent again as it is."""
+    """Fit on the securely summed vectors (party unit: average, hard-threshold), store and
+    broadcast; a model stored already is the job's and is sent again as it is."""
     job = side.job
     stored = ArtifactStore(side.store).get(model_key(job.job_id))
     if stored is not None:
@@ -192,8 +182,8 @@ def fit_pooled_reference(side: Coordinator) -> dict[str, Any]:
 
 @task(name="sparse-lda-scores", task_run_name="coordinator: collect held-out counts", **PARTY_STEP)
 def collect_scores(side: Coordinator, contributors: list[str]) -> list[dict[str, int]]:
-    """The contributors' held-out counts that arrive within the stage timeout (a site gone
-    since the sum is missing from the figures, and named in the log)."""
+    """The contributors' held-out counts that arrive within the stage timeout (those missing
+    are named in the log)."""
     deadline = time.monotonic() + side.options.stage_timeout
     found = secure_sum.collect(side.endpoint, "holdout_score", contributors, 0, deadline)
     if missing := [p for p in contributors if p not in found]:

@@ -1,7 +1,5 @@
-"""A site's steps of sparse LDA (:mod:`tasks.sparse_lda` holds what it shares with the
-coordinator): check its table and budget, announce its columns, store (and charge, once) its
-noisy release for the secure sum, check the coordinator's call, keep the model and score its
-held-out rows."""
+"""A site's steps of sparse LDA: check its table and budget, announce its columns, store (and
+charge, once) its noisy release, check the call, keep the model, score its held-out rows."""
 
 from __future__ import annotations
 
@@ -78,10 +76,8 @@ def check_owner_allows(ref: TableRef, job: SparseLDAJob) -> None:
 
 @task(name="sparse-lda-check-table", task_run_name="{ref.party}: check {ref.table}", **PARTY_STEP)
 def check_table(ref: TableRef, job: SparseLDAJob) -> str:
-    """Validate the own table before anything is computed or sent; return its salted digest.
-    Refuses, naming party and column: labels not 0/1, too many features, non-finite values,
-    missing cells the job does not impute, every column constant within classes, and (party unit
-    only: the row unit sums a one-class site too) fewer than two training rows of a class."""
+    """Validate the own table before anything is computed or sent (0/1 labels, width, finite or
+    imputed cells, not all flat, party unit: two rows a class); return its salted digest."""
     data = read_party(ref, job=job, scaled=False)  # before the pooled statistics exist
     if not job.row_unit:
         require_both_classes(data)
@@ -149,9 +145,8 @@ def _build_release(
     **PARTY_STEP,
 )
 def release_contribution(site: Site, features: list[str]) -> dict[str, Any]:
-    """Fit on own rows (agreed column order); store, charged once, the noisy vector the secure
-    sum masks. Over budget is refused before computing; a stored release (a retry, a re-run) is
-    reused, nothing recomputed or charged. Returns only public values."""
+    """Store, charged once (over budget: refused before computing), the noisy vector of the
+    own rows the secure sum masks; a stored release is reused. Returns only public values."""
     ref, job = site.ref, site.job
     check_owner_allows(ref, job)
     store = PartyStore.of(ref)
@@ -163,9 +158,7 @@ def release_contribution(site: Site, features: list[str]) -> dict[str, Any]:
         release = ledger.stored_release(key)
         reused = release is not None
         if release is None:
-            # the sum's noise: discrete Gaussian shares on the grid, counted as one discrete
-            # Gaussian of sigma (the least any unmaskable sum carries) on a fine grid; the
-            # budget is checked before anything is computed
+            # counted as one discrete Gaussian of sigma, the least any unmaskable sum carries
             g = calibration.granularity
             event = DiscreteGaussian(calibration.sensitivity / g, calibration.sigma / g, "vector")
             ledger.require_affordable(ref.table, job.epsilon, job.delta, event=event)
@@ -210,9 +203,7 @@ def send_rows_not_private(site: Site, features: list[str]) -> None:
 
 
 def prefetch_sum_call(site: Site) -> None:
-    """Start fetching the coordinator's call of the secure sum, sent once the pooled
-    statistics are in, while this site computes its release: :func:`await_sum_call` then
-    reads it locally instead of asking a round trip after the release is stored."""
+    """Fetch the coordinator's call of the secure sum while this site computes its release."""
     secure_sum.prefetch(site.endpoint, COORDINATOR, "sum_call")
 
 
@@ -222,9 +213,8 @@ def prefetch_sum_call(site: Site) -> None:
     cache_policy=PARTY_STEP["cache_policy"],
 )
 def await_sum_call(site: Site, rule: ThresholdRule, n_features: int) -> SumContext:
-    """The coordinator's call as this site's session context, if it states this site's job: a
-    lower threshold or more colluders would unmask sums with fewer noise shares than calibrated,
-    so other parameters (method, unit, peers too) are refused, naming what differs."""
+    """The coordinator's call as this site's session context, if it states this site's job
+    (fewer noise shares than calibrated otherwise); else refused, naming what differs."""
     job = site.job
     call = site.endpoint.receive(COORDINATOR, "sum_call")
     agreed = call_terms(job, rule)
@@ -247,9 +237,8 @@ def model_out(endpoint: PartyEndpoint) -> bool:
 def _model_rows(
     ref: TableRef, job: SparseLDAJob, model: dict[str, Any]
 ) -> tuple[list[object], list[object]]:
-    """The ids of this party's rows the model trained on and held out, saved with its copy so
-    scoring's ``in_training`` column is filled; none when its release is not in the model (a
-    dropped party's rows were never seen)."""
+    """The ids of this party's rows the model trained on and held out (for scoring's
+    ``in_training``); none when its release is not in the model."""
     if ref.party not in model.get("contributors", []):
         return [], []
     ids = PartyStore.of(ref).read_table(ref, allow_missing=True)[ref.id_column].to_numpy(object)
@@ -274,8 +263,8 @@ def keep_model(site: Site, ctx: SumContext | None = None) -> dict[str, Any]:
 
 @task(name="sparse-lda-score", task_run_name="{site.party}: score held-out rows", **PARTY_STEP)
 def score_holdout(site: Site) -> dict[str, Any]:
-    """Misclassified held-out rows under the kept model, and how many are label 1 (for the
-    majority-class baseline): three counts, no rows, leave (to the coordinator, too)."""
+    """Misclassified held-out rows under the kept model and how many are label 1: three counts
+    to the coordinator; the ROC of the rows stays here (its own chart)."""
     ref, job = site.ref, site.job
     model = ArtifactStore(PartyStore.of(ref)).get(model_key(job.job_id))
     features, labels = read_holdout(ref, list(model["features"]), job)
@@ -284,7 +273,5 @@ def score_holdout(site: Site) -> dict[str, Any]:
     positives = int(np.count_nonzero(labels == 1))
     score = {"rows": int(labels.size), "errors": wrong, "positives": positives}
     site.endpoint.send(COORDINATOR, "holdout_score", score)
-    # the ROC of its held-out rows stays with this party (its own chart), never sent to the
-    # coordinator
     roc = held_out_roc(labels.astype(float), rule.decision_scores(features))
     return {**score, "roc": roc}

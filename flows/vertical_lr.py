@@ -1,15 +1,11 @@
 """Flow ``vertical_lr``: logistic regression on features split across parties (Paillier).
 
-    hosts ── [[Xh wh / 4]] ──▶ guest ── [[d]] (re-randomised) ──▶ hosts
-    guest, hosts ── [[X^T d]] + own mask ──▶ key holder ── X^T d + mask ──▶ owner
-    guest ── [[Taylor loss]] ──▶ key holder ── loss ──▶ early stopping
-    every party: unmask, step, checkpoint the round           (repeat per mini-batch)
-
 More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from prefect import flow
@@ -73,22 +69,21 @@ def vertical_lr(
         raise steps.VerticalSetupError(f"party names must be distinct and not 'arbiter': {names}")
     if job_id is None:
         tables = [[r.party, r.table, fingerprint(r)] for r in (guest_ref, *host_refs)]
-        named = options.model_dump(
-            exclude={"epochs", "tol", "arbiter_database"}
-        )  # the id's inputs as before: tables, shaping options, preprocessing, arbiter
+        # the id's inputs as before: tables, shaping options, preprocessing, arbiter
+        named = options.model_dump(exclude={"epochs", "tol", "arbiter_database"})
         job_id = derive_job_id(
             "vertical", {"tables": tables, **named, "preprocessing": spec.to_dict()}
         )
     parties = {"job_id": job_id, "guest": guest_ref.party, "hosts": [h.party for h in host_refs]}
+    side = functools.partial(
+        vertical_lr_party, **parties, options=options, preprocessing=spec.to_dict()
+    )
     roles = [("guest", guest_ref), *(("host", h) for h in host_refs)]
-    if options.arbiter:
-        roles.append((ARBITER, None))
     sides = [
-        LocalSide(ARBITER if ref is None else ref.party, lambda role=role, ref=ref: (
-            vertical_lr_party(role, **parties, options=options, preprocessing=spec.to_dict(),
-                              own=None if ref is None else ref.to_dict())))
-        for role, ref in roles
-    ]  # fmt: skip
+        LocalSide(r.party, functools.partial(side, role, own=r.to_dict())) for role, r in roles
+    ]
+    if options.arbiter:
+        sides.append(LocalSide(ARBITER, functools.partial(side, ARBITER)))
     result = run_locally(LocalJob(sides, workspace, job=job_id))[guest_ref.party]
     if isinstance(result, State):  # the guest's "Below baseline": still COMPLETED
         result = result.result()

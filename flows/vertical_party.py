@@ -1,23 +1,12 @@
 """Flow ``vertical_lr_party``: one party's side of vertical LR, run at its own organisation.
 
-    guest                          host h                          key holder (arbiter)
-    check table   ◀── id digest, feature count                     key pair ── n ──▶ all
-    agree         ── rows ──▶                ── rows, gradient lengths ──▶
-    each round r:
-                  ◀── [[Xh wh/4]], [[sum a^2]]
-    [[d]], [[loss]] ── [[d]] ──▶
-                  ── [[X^T d]] + mask, [[loss]] ─────────────────────────▶ decrypt
-                                             ── [[Xh^T d]] + mask ──────▶
-                  ◀── X^T d + mask, loss ──────────────────────────────── (to each owner)
-    unmask, step, checkpoint                 unmask, step, checkpoint
-    epoch end: hold-out loss; the key holder's stop decision ──▶ every party
-    end: hosts ── score shares ──▶ guest; the key holder deletes p, q
-
-More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
+More (the messages between the sides, what each party learns, why):
+docs/protocols/vertical-lr.md.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -173,6 +162,21 @@ def _key_holder_database(
     return database or str(Path(home) / f"{arbiter}.duckdb")
 
 
+def _result(
+    job: steps.VerticalJob, party: str, role: str, rounds: int, last: int, final: int, **more: Any
+) -> dict[str, Any]:
+    """What every party's side returns (its own slice only), then ``more`` of its own."""
+    return {
+        "job_id": job.job_id,
+        "party": party,
+        "role": role,
+        "rounds_run": rounds,
+        "resumed_from": last,
+        "final_round": final,
+        **more,
+    }
+
+
 class _Plain:
     """The steps as plain calls: inside a party's round task they are not task runs of
     their own (what a round runs is in its task run's logs)."""
@@ -230,10 +234,8 @@ def _is_epoch_end(job: steps.VerticalJob, round_: int) -> bool:
 
 
 def _draws_after(job: steps.VerticalJob, role: str, round_: int, epochs: int) -> int:
-    """Obfuscators a party draws after this round's gradient, computed while it waits for the
-    key holder's decryption: at an epoch's end the hold-out step's (the host's share of each
-    row and its square; the guest's loss), then the next round's (a share or a re-randomised
-    [[d]] per row, plus one)."""
+    """Obfuscators a party draws after this round's gradient (the hold-out step's at an epoch's
+    end, then the next round's), computed while it waits for the key holder's decryption."""
     schedule = job.schedule
     count = 0
     if _is_epoch_end(job, round_) and len(schedule.holdout_rows):
@@ -255,9 +257,15 @@ def _key_holder_epoch_end(job: steps.VerticalJob, round_: int, tol: float) -> bo
     return inner.decide_stop(job, round_, tol, tell=True)
 
 
+def _check_loss(job: steps.VerticalJob, database: str, round_: int) -> None:
+    """A diverging loss ends the run (the round's as stored in ``database``, and round 0's)."""
+    losses = steps.stored_losses(job, database)
+    check_loss("vertical_lr", job.job_id, round_, losses[round_], losses.get(0))
+
+
 def _check_key(job: steps.VerticalJob, last: int, epochs: int) -> bool:
     """False when the job has ended (the key is deleted and nothing is left to decrypt)."""
-    if not steps.key_retired(job):
+    if not steps.job_key_pair(job).retired():  # p, q are not yet destroyed
         return True
     if steps.stopped_at(job) is None and last + 1 < epochs * job.schedule.batches_per_epoch:
         raise steps.KeyHolderRefusalError(
@@ -270,11 +278,6 @@ def _check_key(job: steps.VerticalJob, last: int, epochs: int) -> bool:
 def _arbiter(job: steps.VerticalJob, epochs: int, tol: float) -> dict[str, Any]:
     last = steps.key_holder_last_round(job)
     rounds = 0
-
-    def checked(round_: int) -> None:
-        losses = steps.stored_losses(job, job.key_holder_database)
-        check_loss("vertical_lr", job.job_id, round_, losses[round_], losses.get(0))
-
     if _check_key(job, last, epochs):
         rounds = _run_rounds(
             job,
@@ -283,17 +286,10 @@ def _arbiter(job: steps.VerticalJob, epochs: int, tol: float) -> dict[str, Any]:
             epochs,
             lambda r: _decrypt_round(job, r),
             lambda r: _key_holder_epoch_end(job, r, tol),
-            checked,
+            lambda r: _check_loss(job, job.key_holder_database, r),
         )
         steps.retire_key(job)  # no decryption is left to do in this job
-    return {
-        "job_id": job.job_id,
-        "party": job.key_holder,
-        "role": "arbiter",
-        "rounds_run": rounds,
-        "resumed_from": last,
-        "final_round": steps.key_holder_last_round(job),
-    }
+    return _result(job, job.key_holder, "arbiter", rounds, last, steps.key_holder_last_round(job))
 
 
 # ---- a host ------------------------------------------------------------------------------------
@@ -311,9 +307,7 @@ def _host_setup(job: steps.VerticalJob, ref: TableRef, shape: dict[str, Any]) ->
 def _host_round(
     job: steps.VerticalJob, ref: TableRef, round_: int, phase: str = "train", ahead: int = 0
 ) -> None:
-    inner.host_forward(job, ref, round_, phase)
-    if ref.party != job.hosts[0]:  # the first host has no earlier host's share to fold
-        inner.host_cross_terms(job, ref, round_, phase)
+    inner.host_forward(job, ref, round_, phase)  # and the cross terms with earlier hosts
     if phase == "train":
         inner.host_gradient(job, ref, round_)
         inner.obfuscators_ahead(job, ref, ahead)  # while the key holder decrypts
@@ -342,16 +336,9 @@ def _host(job: steps.VerticalJob, ref: TableRef, epochs: int) -> dict[str, Any]:
     final = steps.last_round(job, ref)
     model = steps.save_model(job, ref, final, "host")  # the host's slice stays in its store
     steps.host_scores(job, ref)
-    return {
-        "job_id": job.job_id,
-        "party": ref.party,
-        "role": "host",
-        "rounds_run": rounds,
-        "resumed_from": last,
-        "final_round": final,
-        "model_key": model["key"],
-        "database": ref.database,
-    }
+    return _result(
+        job, ref.party, "host", rounds, last, final, model_key=model["key"], database=ref.database
+    )
 
 
 # ---- the guest ---------------------------------------------------------------------------------
@@ -413,15 +400,9 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
             history.pop()
         history.append(_guest_round(job, ref, round_, _draws_after(job, "guest", round_, epochs)))
 
-    first = steps.stored_losses(job, ref.database).get(0)
-
-    def checked(round_: int) -> None:
-        nonlocal first
-        first = history[-1]["loss"] if first is None else first
-        check_loss("vertical_lr", job.job_id, round_, history[-1]["loss"], first)
-
     to_run = 0 if ended else epochs
     steps.plan_obfuscators(job, ref, to_run)
+    checked = functools.partial(_check_loss, job, ref.database)  # the losses it was sent
     _run_rounds(job, ref.party, last, to_run, round_body, epoch_end, checked)
     final = steps.last_round(job, ref)
     # the guest's own record of the rounds: losses the key holder sent it, its own metrics
@@ -457,12 +438,7 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
     publish_training_charts(flow_short(), job.job_id, losses, roc, held_out)
     coefficients = dict(model["coefficients"])
     return {
-        "job_id": job.job_id,
-        "rounds_run": len(history),
-        "resumed_from": last,
-        "final_round": final,
-        "party": ref.party,
-        "role": "guest",
+        **_result(job, ref.party, "guest", len(history), last, final),
         "intercept": coefficients.pop("intercept"),
         "coefficients": coefficients,
         "metrics": prediction["metrics"],

@@ -54,7 +54,7 @@ from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
 from storage.secrets import JobKeyPair
 from tasks import secure_sum
-from tasks.feature_cache import party_features
+from tasks.feature_cache import PartyFeatures, party_features
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
 from tasks.summaries import log_loss
@@ -73,8 +73,7 @@ class KeyHolderRefusalError(ValueError):
 
 @contextmanager
 def _in_range(job: VerticalJob, round_: int) -> Iterator[None]:
-    """A residual beyond the fixed-point bound ends the run as a divergence of this round (no
-    loss was decrypted for it)."""
+    """A residual beyond the fixed-point bound ends the run as a divergence of this round."""
     try:
         yield
     except ResidualRangeError as error:
@@ -119,10 +118,9 @@ class VerticalJob:
         return tuple(p for p in (self.guest, *self.hosts) if p != self.key_holder)
 
     def width(self, party: str) -> int:
-        for name, width in self.widths:
-            if name == party:
-                return width
-        raise VerticalSetupError(f"no gradient length was agreed for party {party!r}")
+        if party not in dict(self.widths):
+            raise VerticalSetupError(f"no gradient length was agreed for party {party!r}")
+        return dict(self.widths)[party]
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return self.channel.endpoint(party)
@@ -139,13 +137,9 @@ def _key(job: VerticalJob, *parts: object) -> str:
     return "/".join([PROTOCOL, job.job_id, *map(str, parts)])
 
 
-def _model_key(job: VerticalJob, ref: TableRef) -> str:
-    return model_key(PROTOCOL, job.job_id, ref.party)
-
-
 def _saved_model(job: VerticalJob, ref: TableRef) -> dict[str, Any] | None:
     """The party's saved share of the model (None while the job trains)."""
-    return _artifacts(ref.database).get(_model_key(job, ref))
+    return _artifacts(ref.database).get(model_key(PROTOCOL, job.job_id, ref.party))
 
 
 def job_key_pair(job: VerticalJob) -> JobKeyPair:
@@ -177,29 +171,19 @@ def _deliver_once(
     round_: int,
     compute: Callable[[], dict[str, Any]],
     stored: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """Send the key holder this round's ``kind`` message, computing it only the first time.
-
-    The key holder decrypts one message per party, kind and round; a round re-run after a
-    fault recomputes the same plaintexts, so re-sending the stored message (and keeping its
-    mask) is exact, and an honest party never asks twice with different ciphertexts.
-    ``stored`` is the record :func:`_read_step` found (None: none yet); ``compute()`` returns
-    ``{"message": ciphertexts, ...}`` (plus e.g. the masks), stored before it is sent.
-    """
+) -> None:
+    """Send the key holder this round's ``kind`` message, computed (``{"message": ...}``, plus
+    e.g. the masks) and stored before it is sent unless ``stored`` (:func:`_read_step`) has it:
+    a re-run round re-sends the same bytes, so no party asks twice with other ciphertexts."""
     record = stored
     if record is None:
         record = compute()
         _artifacts(ref.database).put(_sent_key(job, kind, round_), record, "round-temp")
     _deliver(job, ref.party, ref.database, job.key_holder, kind, record["message"], round_)
-    return record
 
 
 def _sent_key(job: VerticalJob, kind: str, round_: int) -> str:
     return _key(job, "sent", kind, f"{round_:07d}")
-
-
-def _sent(job: VerticalJob, ref: TableRef, kind: str, round_: int) -> dict[str, Any] | None:
-    return _artifacts(ref.database).get(_sent_key(job, kind, round_))
 
 
 def _forget_sent(
@@ -216,8 +200,7 @@ def _forget_sent(
 
 @dataclass(frozen=True)
 class StepInputs:
-    """What a party's round step reads from its own store, read in one session (opening a
-    DuckDB database costs ~30 ms of CPU, and a round's steps used to open it ~30 times)."""
+    """What a party's round step reads from its own store, in one session (:func:`_read_step`)."""
 
     public: paillier.PaillierPublicKey
     weights: np.ndarray | None  # the weights the step starts from, when it needs them
@@ -236,26 +219,19 @@ def _read_step(
     records of this round's ``sent`` kinds, read in one session of the party's database.
     A public key not yet stored is awaited from the key holder after the session ends, so
     the wait never holds the database."""
+    artifacts = _artifacts(ref.database)
     with PartyStore.of(ref).session():
-        n = _artifacts(ref.database).get(_key(job, "public_key"))
+        n = artifacts.get(_key(job, "public_key"))
         weights = None
         if weights_round is not None:
             weights = _state(job, ref, weights_round, width)["weights"]
-        records = {kind: _sent(job, ref, kind, round_) for kind in sent}
+        records = {kind: artifacts.get(_sent_key(job, kind, round_)) for kind in sent}
     return StepInputs(_public_key(job, ref, n), weights, records)
 
 
 def check_batches(schedule: Schedule, host_features: dict[str, int]) -> None:
-    """Refuse a schedule whose smallest mini-batch would let a host solve for the labels.
-
-    A host decrypts (through its mask) ``X_h^T d`` for every batch, and at round 0
-    ``d = -y/2`` exactly. With no more rows than features the system is solvable for ``y``.
-    With ``k + m`` rows the labels consistent with one gradient form an ``m``-dimensional
-    affine space, and a host that knows they are 0/1 can enumerate the ``2^m`` assignments
-    of ``m`` free labels; ``m >= 64`` puts that beyond reach. It does not stop lattice
-    attacks on the same equations when batches are only a few times ``k``; docs/threat-model.md
-    says so, and larger batches are the remedy.
-    """
+    """Refuse a schedule whose smallest mini-batch would let a host solve for the labels
+    (why ``features + 64`` rows, and what it does not stop: docs/protocols/vertical-lr.md)."""
     train = len(schedule.train_rows)
     last = train - (schedule.batches_per_epoch - 1) * schedule.batch_size
     smallest = min(schedule.batch_size, last)
@@ -279,21 +255,10 @@ def _decrypt_once(
     ciphertexts: Any,
     length: int,
 ) -> list[int]:
-    """The key holder's only way to decrypt a party's message: bound to sender and round.
-
-    * the length must be the one agreed for this sender at set-up (its feature count for a
-      gradient, packed: :func:`gradient_length`; 1 for the loss). A host's gradient has its
-      feature count (or fewer, packed), while the guest's ``[[d]]`` has one entry per batch
-      row, and ``check_batches`` keeps every batch longer than any host's feature count, so
-      ``[[d]]`` (or the hosts' score shares) sent whole as a "gradient" is refused;
-    * one decryption per sender, kind and round: a second, different message is refused, so
-      a party that spends its decryption on anything else forgoes its own gradient;
-    * each value must be a ciphertext (a unit modulo n^2), which stops key recovery.
-
-    What this cannot stop without proofs of well-formedness: a host may still send any
-    ``k`` ciphertexts of its choice (e.g. ``k`` entries of ``[[d]]``) in place of its
-    gradient. See docs/threat-model.md.
-    """
+    """The key holder's only way to decrypt a party's message: of the length agreed for the
+    sender at set-up (:func:`gradient_layout`; 1 for the loss), once per sender, kind and
+    round, and units modulo n^2 only. What each refusal stops, and what it cannot stop
+    without proofs: docs/protocols/vertical-lr.md (what each party learns)."""
     if not isinstance(ciphertexts, list) or len(ciphertexts) != length:
         got = len(ciphertexts) if isinstance(ciphertexts, list) else type(ciphertexts).__name__
         raise KeyHolderRefusalError(
@@ -374,17 +339,21 @@ def _public_key(
     return paillier.PaillierPublicKey(int(n))
 
 
-def _features(ref: TableRef, job: VerticalJob) -> tuple[np.ndarray, list[str], np.ndarray | None]:
-    """The party's features, imputed and scaled with its own columns' statistics (nothing
-    leaves the party) and clipped to [-clip, clip] when asked (a purely local step that
-    tames outliers, which the Taylor approximation handles badly), read once per flow run."""
-    cached = party_features(ref, job.clip_features, preprocessing=job.preprocessing)
-    return cached.X, list(cached.names), cached.labels
+def _features(ref: TableRef, job: VerticalJob) -> PartyFeatures:
+    """The party's features, preprocessed with its own columns' statistics (nothing leaves
+    the party) and clipped when asked, read once per flow run."""
+    return party_features(ref, job.clip_features, preprocessing=job.preprocessing)
 
 
-def _guest_matrix(ref: TableRef, job: VerticalJob) -> tuple[np.ndarray, list[str], np.ndarray]:
-    X, names, labels = _features(ref, job)
-    return np.hstack([np.ones((len(X), 1)), X]), ["intercept", *names], labels
+def _matrix(
+    ref: TableRef, job: VerticalJob, role: str
+) -> tuple[np.ndarray, list[str], PartyFeatures]:
+    """The party's matrix and its columns' names (the guest's first is the intercept's)."""
+    features = _features(ref, job)
+    X, names = features.X, list(features.names)
+    if role == "guest":
+        X, names = np.hstack([np.ones((len(X), 1)), X]), ["intercept", *names]
+    return X, names, features
 
 
 def _state(job: VerticalJob, ref: TableRef, round_: int, width: int) -> dict[str, Any]:
@@ -437,12 +406,6 @@ def plan_obfuscators(job: VerticalJob, ref: TableRef, epochs: int) -> None:
 
 
 # ---- set-up -------------------------------------------------------------------------------
-@task(name="vertical-keys", task_run_name="{job.key_holder}: key pair", **PARTY_STEP)
-def create_keys(job: VerticalJob, key_size: int) -> int:
-    """The key holder's Paillier key pair, created once per job and kept in its store only."""
-    return prepare_key(job, key_size)
-
-
 def prepare_key(job: VerticalJob, key_size: int) -> int:
     """Create the job's key pair unless it exists (ahead of the run, or at its start) and send
     ``n`` to every other party (the same bytes each time). Returns the modulus bits. Keys
@@ -457,9 +420,14 @@ def prepare_key(job: VerticalJob, key_size: int) -> int:
             f"job {job.job_id} already has a {n.bit_length()}-bit key, not {key_size} bits: "
             "use the key size it was prepared with, or another job_id"
         )
-    for party in job.key_holder_peers:
-        job.endpoint(job.key_holder).send(party, "public_key", n)
+    job.endpoint(job.key_holder).send_many(job.key_holder_peers, "public_key", n)
     return n.bit_length()
+
+
+# the key holder's Paillier key pair, created once per job and kept in its store only
+create_keys = task(name="vertical-keys", task_run_name="{job.key_holder}: key pair", **PARTY_STEP)(
+    prepare_key
+)
 
 
 def keys_job(
@@ -536,14 +504,13 @@ def check_party(job: VerticalJob, ref: TableRef, role: str) -> dict[str, Any]:
             )
     # the run's steps reuse this one read, preprocessed with the party's own statistics
     features = party_features(ref, job.clip_features, frame, job.preprocessing)
-    X = features.X
-    encode_features(X, list(features.names))
+    encode_features(features.X, list(features.names))
     digest = id_order_digest(job.job_id, frame[ref.id_column])
     if ref.party != job.guest:
         job.endpoint(ref.party).send(job.guest, "id_order_digest", digest)
     else:
         _artifacts(ref.database).put(_key(job, "id_order_digest"), digest, "digest")
-    return {"party": ref.party, "rows": len(frame), "features": X.shape[1]}
+    return {"party": ref.party, "rows": len(frame), "features": features.X.shape[1]}
 
 
 @task(name="vertical-aligned", task_run_name="{ref.party}: check alignment", **PARTY_STEP)
@@ -562,9 +529,10 @@ def check_alignment(job: VerticalJob, ref: TableRef) -> None:
     **PARTY_STEP,
 )
 def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "train") -> None:
-    """A host encrypts its score share for the batch and sends it to the guest (and to later
-    hosts, which need it for the loss's cross terms)."""
-    X, _, _ = _features(ref, job)
+    """A host encrypts its score share for the batch and sends it to the guest and to later
+    hosts; with several, ``sum(A^2)`` needs ``sum_i a_h a_h'``, so it folds its own share into
+    each earlier host's encrypted share for the guest too."""
+    X = _features(ref, job).X
     stored = _read_step(job, ref, round_, _weights_round(round_, phase), X.shape[1])
     rows = _rows(job, round_, phase)
     public = stored.public
@@ -576,44 +544,25 @@ def host_forward(job: VerticalJob, ref: TableRef, round_: int, phase: str = "tra
     encrypted = endpoint.sent(job.guest, f"share_{phase}", round=round_)
     if encrypted is None:
         encrypted = cipher.encrypt(public, share, job.randomizer, pool=pool)
-    endpoint.send(job.guest, f"share_{phase}", encrypted, round=round_)
+    later_hosts = job.hosts[job.hosts.index(ref.party) + 1 :]
+    endpoint.send_many([job.guest, *later_hosts], f"share_{phase}", encrypted, round=round_)
     endpoint.send_once(
         job.guest,
         f"square_{phase}",
         lambda: cipher.encrypt(public, [sum(a * a for a in share)], job.randomizer, pool=pool),
         round=round_,
     )
-    position = job.hosts.index(ref.party)
-    for later in job.hosts[position + 1 :]:
-        endpoint.send(later, f"share_{phase}", encrypted, round=round_)
-    if len(job.hosts) > 1:
-        _artifacts(ref.database).put(_key(job, "share", phase, round_), share, "round-temp")
-
-
-@task(
-    name="vertical-host-cross",
-    task_run_name="r{round_} {phase} · {ref.party}: cross terms",
-    **PARTY_STEP,
-)
-def host_cross_terms(job: VerticalJob, ref: TableRef, round_: int, phase: str = "train") -> None:
-    """With several hosts, ``sum(A^2)`` needs ``sum_i a_h a_h'``: host h' folds its own share
-    into each earlier host's encrypted share."""
-    public = _read_step(job, ref, round_).public
-    own = _artifacts(ref.database).get(_key(job, "share", phase, round_))
-    endpoint = job.endpoint(ref.party)
     earlier_hosts = job.hosts[: job.hosts.index(ref.party)]
     for earlier in earlier_hosts[1:]:  # each folded as it comes: the rest fetched meanwhile
         prefetch(job, ref.party, earlier, f"share_{phase}", round_)
     for earlier in earlier_hosts:
         theirs = endpoint.receive(earlier, f"share_{phase}", round=round_)
-        cross = cipher.weighted_sum(public, theirs, own)
+        cross = cipher.weighted_sum(public, theirs, share)
         # re-randomised: a product of the guest's known ciphertexts would let it test guesses
         endpoint.send_once(
             job.guest,
             f"cross_{earlier}_{phase}",
-            lambda cross=cross: cipher.rerandomize(
-                public, [cross], job.randomizer, pool=_pool(job, ref, public)
-            ),
+            lambda cross=cross: cipher.rerandomize(public, [cross], job.randomizer, pool=pool),
             round=round_,
         )
 
@@ -627,19 +576,18 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
     """The guest adds its plaintext part to the hosts' encrypted shares, sends each host a
     re-randomised ``[[d]]``, folds the encrypted Taylor loss for the key holder and, in a
     training round, masks its own encrypted gradient for decryption."""
-    X, _, labels = _guest_matrix(ref, job)
+    X, _, features = _matrix(ref, job, "guest")
     kinds = (f"loss_{phase}", "masked_gradient") if phase == "train" else (f"loss_{phase}",)
     stored = _read_step(job, ref, round_, _weights_round(round_, phase), X.shape[1], kinds)
     weights = stored.weights
     rows = _rows(job, round_, phase)
-    y = labels_pm1(labels[rows])
+    y = labels_pm1(features.labels[rows])
     public = stored.public
     endpoint = job.endpoint(ref.party)
     if stored.sent[kinds[0]] is None:  # while the hosts encrypt: [[d]]'s and the loss's
         obfuscators_ahead(job, ref, len(rows) + 1 if phase == "train" else 1)
     hosts = len(job.hosts)
-    crosses = [(later, f"cross_{earlier}_{phase}") for i, later in enumerate(job.hosts)
-               for earlier in job.hosts[:i]]  # fmt: skip
+    crosses = [(h, f"cross_{e}_{phase}") for i, h in enumerate(job.hosts) for e in job.hosts[:i]]
     wanted = [(h, f"{kind}_{phase}") for kind in ("share", "square") for h in job.hosts]
     received = _collect_all(job, ref.party, ref.database, [*wanted, *crosses], round_)
     total = functools.reduce(functools.partial(cipher.add, public), received[:hosts])
@@ -662,15 +610,12 @@ def guest_residual(job: VerticalJob, ref: TableRef, round_: int, phase: str = "t
         return
     residual = cipher.add_plain(public, total, b)
     # one re-randomisation serves every host: it unlinks [[d]] from each host's own shares
-    fresh = None
-    for host in job.hosts:
-        fresh = endpoint.sent(host, "residual", round=round_) or fresh
+    sent = (endpoint.sent(host, "residual", round=round_) for host in job.hosts)
+    fresh = next((message for message in sent if message is not None), None)
     if fresh is None:
         fresh = cipher.rerandomize(public, residual, job.randomizer, pool=pool)
-    for host in job.hosts:
-        endpoint.send(host, "residual", fresh, round=round_)
-    X_int = encode_features(X[rows])
-    _mask_and_send(job, ref, public, X_int, residual, round_, stored.sent["masked_gradient"])
+    endpoint.send_many(job.hosts, "residual", fresh, round=round_)
+    _mask_and_send(job, ref, stored, X[rows], residual, round_)
 
 
 PACK_GRADIENTS = True  # False: one ciphertext per gradient entry (benchmarks compare both)
@@ -685,27 +630,20 @@ def gradient_layout(job: VerticalJob, n: int) -> packing.Layout | None:
     return packing.layout(int(n).bit_length(), job.schedule.batch_size, len(job.hosts))
 
 
-def gradient_length(job: VerticalJob, party: str, n: int) -> int:
-    """How many ciphertexts ``party``'s masked gradient has: its agreed width, packed."""
-    layout = gradient_layout(job, n)
-    width = job.width(party)
-    return width if layout is None else layout.packed_length(width)
-
-
 def _mask_and_send(
     job: VerticalJob,
     ref: TableRef,
-    public: paillier.PaillierPublicKey,
-    X_int: np.ndarray,
+    stored: StepInputs,
+    X: np.ndarray,
     residual: list[int],
     round_: int,
-    stored: dict[str, Any] | None,
 ) -> None:
     """``[[X^T d + r]]`` to the key holder, packed several entries to a ciphertext where the
     layout allows (:func:`gradient_layout`); the masks ``r`` stay in the party's store."""
+    public = stored.public
 
     def masked_gradient() -> dict[str, Any]:
-        gradient = cipher.transpose_dot(public, X_int, residual)
+        gradient = cipher.transpose_dot(public, encode_features(X), residual)
         layout = gradient_layout(job, public.n)
         if layout is None:
             masks = cipher.random_masks(len(gradient))
@@ -715,7 +653,9 @@ def _mask_and_send(
         message = cipher.add_plain(public, packed, layout.packed_masks(masks))
         return {"message": message, "masks": masks, "layout": asdict(layout)}
 
-    _deliver_once(job, ref, "masked_gradient", round_, masked_gradient, stored)
+    _deliver_once(
+        job, ref, "masked_gradient", round_, masked_gradient, stored.sent["masked_gradient"]
+    )
 
 
 @task(
@@ -724,12 +664,11 @@ def _mask_and_send(
     **PARTY_STEP,
 )
 def host_gradient(job: VerticalJob, ref: TableRef, round_: int) -> None:
-    X, _, _ = _features(ref, job)
+    X = _features(ref, job).X
     rows = _rows(job, round_, "train")
     residual = job.endpoint(ref.party).receive(job.guest, "residual", round=round_)
     stored = _read_step(job, ref, round_, sent=("masked_gradient",))
-    X_int = encode_features(X[rows])
-    _mask_and_send(job, ref, stored.public, X_int, residual, round_, stored.sent["masked_gradient"])
+    _mask_and_send(job, ref, stored, X[rows], residual, round_)
 
 
 @task(
@@ -739,11 +678,8 @@ def host_gradient(job: VerticalJob, ref: TableRef, round_: int) -> None:
 )
 def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> float:
     """Decrypt the loss (a public training metric) and the *masked* gradients, and return each
-    masked gradient to its owner. The key holder never sees an unmasked gradient or weight.
-
-    Every message is received first (waiting for late peers holds no database); then the
-    key holder's database is opened once for the step's records and decryptions (a few
-    hundred values: well under a second)."""
+    masked gradient to its owner. Every message is received before the key holder's database
+    is opened (waiting for late peers holds no database)."""
     db = job.key_holder_database
     kind = f"loss_{phase}"
     senders = (job.guest, *job.hosts) if phase == "train" else ()
@@ -751,12 +687,19 @@ def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> f
     encrypted_loss, *gradients = _collect_all(job, job.key_holder, db, wanted, round_)
     masked = dict(zip(senders, gradients, strict=True))
     with PartyStore(db).session():
-        private = _private_key(job)
+        private = job_key_pair(job).private()
+        if private is None:
+            raise KeyHolderRefusalError(
+                f"job {job.job_id} has ended and {job.key_holder} deleted its private key; "
+                "training cannot continue in this job: start a new job (another job_id)"
+            )
         n_rows = len(_rows(job, round_, phase))
         total = _decrypt_once(job, private, job.guest, kind, round_, encrypted_loss, 1)[0]
         loss = decode_loss(total, n_rows)
-        for party in senders:
-            length = gradient_length(job, party, private.public_key.n)
+        layout = gradient_layout(job, private.public_key.n)
+        for party in senders:  # each masked gradient has its agreed width, packed
+            width = job.width(party)
+            length = width if layout is None else layout.packed_length(width)
             plain = _decrypt_once(
                 job, private, party, "masked_gradient", round_, masked[party], length
             )
@@ -764,30 +707,11 @@ def key_holder_decrypt(job: VerticalJob, round_: int, phase: str = "train") -> f
     return loss
 
 
-def _private_key(job: VerticalJob) -> paillier.PaillierPrivateKey:
-    private = job_key_pair(job).private()
-    if private is None:
-        raise KeyHolderRefusalError(
-            f"job {job.job_id} has ended and {job.key_holder} deleted its private key; "
-            "training cannot continue in this job: start a new job (another job_id)"
-        )
-    return private
-
-
 @task(name="vertical-retire-key", task_run_name="{job.key_holder}: delete p, q", **PARTY_STEP)
 def retire_key(job: VerticalJob) -> None:
-    """The job is over: the key holder keeps only ``n`` (to recognise the job), not p, q.
-
-    The sealed factors and the decryption records leave the database, then the job's key
-    file is shredded: whatever the database's pages still hold of them is ciphertext under a
-    key that no longer exists. Shredding again (a re-run after a crash in between) is a no-op.
-    """
+    """The job is over: the key holder keeps only ``n`` (to recognise the job); p, q and the
+    decryption records go, and the job's key file is shredded (:meth:`JobKeyPair.retire`)."""
     job_key_pair(job).retire("decrypted")
-
-
-def key_retired(job: VerticalJob) -> bool:
-    """The job's key pair was created and its p, q are destroyed."""
-    return job_key_pair(job).retired()
 
 
 @task(
@@ -796,17 +720,16 @@ def key_retired(job: VerticalJob) -> bool:
 def update_weights(job: VerticalJob, ref: TableRef, round_: int, role: str) -> float:
     """Remove the mask, take the optimizer step, checkpoint the round. Returns the squared
     norm of this party's gradient (for the round table)."""
+    X, _, _ = _matrix(ref, job, role)
+    penalised = np.ones(X.shape[1])
     if role == "guest":
-        X, _, _ = _guest_matrix(ref, job)
-        penalised = np.r_[0.0, np.ones(X.shape[1] - 1)]
-    else:
-        X, _, _ = _features(ref, job)
-        penalised = np.ones(X.shape[1])
+        penalised[0] = 0.0  # the intercept
     masked = _collect(job, ref.party, ref.database, job.key_holder, "masked_gradient_plain", round_)
     store = PartyStore.of(ref)
     with store.session():  # received first: waiting for the key holder holds no database
         state = _state(job, ref, round_ - 1, X.shape[1])
-        gradient_sum = _unmask(masked, _sent(job, ref, "masked_gradient", round_))
+        sent = _artifacts(ref.database).get(_sent_key(job, "masked_gradient", round_))
+        gradient_sum = _unmask(masked, sent)
         optimizer = job.optimizer(state["velocity"])
         epoch, _ = job.schedule.position(round_)
         rows = len(_rows(job, round_, "train"))
@@ -838,12 +761,11 @@ def last_round(job: VerticalJob, ref: TableRef) -> int:
 def save_model(job: VerticalJob, ref: TableRef, round_: int, role: str) -> dict[str, Any]:
     """Store this party's share of the model (its features' coefficients; the intercept at the
     guest) in its own database, with the ids it trained on and held out."""
-    X, names, _ = _guest_matrix(ref, job) if role == "guest" else _features(ref, job)
+    X, names, fitted = _matrix(ref, job, role)
     artifacts = _artifacts(ref.database)
-    key = _model_key(job, ref)
+    key = model_key(PROTOCOL, job.job_id, ref.party)
     with artifacts.store.session():
         weights = np.asarray(_state(job, ref, round_, X.shape[1])["weights"], dtype=np.float64)
-        fitted = party_features(ref, job.clip_features, preprocessing=job.preprocessing)
         train, held_out = job.schedule.train_rows, job.schedule.holdout_rows
         guest = role == "guest"
         model = ModelRecord.linear(
@@ -882,9 +804,8 @@ def _share_weights(model: dict[str, Any]) -> np.ndarray:
 def host_scores(job: VerticalJob, ref: TableRef) -> None:
     """Scoring: a host sends the guest its plaintext score share ``X_h w_h`` (as FATE's
     predict does); the guest learns these sums, never the host's features or weights."""
-    model = _saved_model(job, ref)
-    X, _, _ = _features(ref, job)
-    job.endpoint(ref.party).send(job.guest, "scores", X @ _share_weights(model), round=0)
+    scores = _features(ref, job).X @ _share_weights(_saved_model(job, ref))
+    job.endpoint(ref.party).send(job.guest, "scores", scores, round=0)
 
 
 @task(
@@ -892,15 +813,14 @@ def host_scores(job: VerticalJob, ref: TableRef) -> None:
 )
 def guest_predict(job: VerticalJob, ref: TableRef) -> dict[str, Any]:
     """The guest's probabilities for every aligned row, stored in its database, and metrics."""
-    model = _saved_model(job, ref)
-    X, _, labels = _guest_matrix(ref, job)
-    scores = X @ _share_weights(model)
+    X, _, features = _matrix(ref, job, "guest")
+    labels = features.labels
+    scores = X @ _share_weights(_saved_model(job, ref))
     wanted = [(host, "scores") for host in job.hosts]
     for shares in _collect_all(job, ref.party, ref.database, wanted, 0):
         scores = scores + shares
     probabilities = 1.0 / (1.0 + np.exp(-scores))
-    ids = party_features(ref, job.clip_features, preprocessing=job.preprocessing).ids
-    frame = pd.DataFrame({ref.id_column: ids, "probability": probabilities})
+    frame = pd.DataFrame({ref.id_column: features.ids, "probability": probabilities})
     PartyStore.of(ref).write_table(f"{ref.table}_scores", frame)
     metrics = {}
     rate = float(np.clip(labels[job.schedule.train_rows].mean(), 1e-6, 1 - 1e-6))  # the prior
@@ -949,8 +869,7 @@ def guest_agree(
     widths = {ref.party: info["features"] + 1, **host_features}
     agreed = agreed_job(job, info["rows"], widths, batch_size, holdout_fraction)
     check_batches(agreed.schedule, host_features)
-    for host in job.hosts:
-        endpoint.send(host, "setup", {"rows": info["rows"]})
+    endpoint.send_many(job.hosts, "setup", {"rows": info["rows"]})
     if job.with_arbiter:
         endpoint.send(job.key_holder, "setup", {"rows": info["rows"], "widths": widths})
     return agreed
@@ -983,33 +902,23 @@ def guest_loss(
     job: VerticalJob, ref: TableRef, round_: int, phase: str, metrics: dict[str, float]
 ) -> float:
     """The guest's record of a round (loss from the key holder, its own metrics; a held-out
-    loss, at an epoch's end, for the rounds table and the loss chart)."""
+    loss, at an epoch's end, for the rounds table and the loss chart), stored together: what
+    early stopping and the round history read."""
     loss = _collect(job, ref.party, ref.database, job.key_holder, f"loss_value_{phase}", round_)
-    if phase == "train":
-        record_round(job, ref.database, round_, loss, metrics)
-    else:
-        _artifacts(ref.database).put(_loss_key(job, phase, round_), loss, "metric")
+    artifacts = _artifacts(ref.database)
+    with artifacts.store.transaction() as con:
+        artifacts.put(_loss_key(job, phase, round_), loss, "metric", con=con)
+        if phase == "train":
+            artifacts.put(_key(job, "round-metrics", f"{round_:07d}"), metrics, "metric", con=con)
     return float(loss)
 
 
+# where each phase's loss is stored (the training loss is the key holder's round checkpoint)
 _LOSS_KINDS = {"train": "loss", "holdout": "holdout-loss"}
-"""Where each phase's loss is stored under the job's key (the training loss is the round
-checkpoint: early stopping and resume read it)."""
 
 
 def _loss_key(job: VerticalJob, phase: str, round_: int) -> str:
     return _key(job, _LOSS_KINDS[phase], f"{round_:07d}")
-
-
-def record_round(
-    job: VerticalJob, database: str, round_: int, loss: float, metrics: dict[str, float]
-) -> None:
-    """A finished training round's loss and metrics in ``database`` (the key holder's, or a
-    guest's own record), together: what early stopping and the round history read."""
-    artifacts = _artifacts(database)
-    with artifacts.store.transaction() as con:
-        artifacts.put(_loss_key(job, "train", round_), loss, "metric", con=con)
-        artifacts.put(_key(job, "round-metrics", f"{round_:07d}"), metrics, "metric", con=con)
 
 
 def stored_losses(job: VerticalJob, database: str) -> dict[int, float]:

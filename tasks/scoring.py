@@ -19,6 +19,7 @@ from storage.lineage import StaleResultError
 from storage.models import ModelStore, model_key
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
+from tasks.summaries import model_matrix
 
 #: The scores table's column saying what the model's training did with a row.
 IN_TRAINING = "in_training"
@@ -74,23 +75,19 @@ def _matrix(ref: TableRef, model: ModelRecord) -> tuple[pd.DataFrame, np.ndarray
         None if model.preprocessing is None else FittedPreprocessing.from_dict(model.preprocessing)
     )
     frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None)
-    raw = model.input_columns()
-    missing = [f for f in raw if f not in frame.columns]
+    missing = [f for f in model.input_columns() if f not in frame.columns]
     if missing:
         raise ScoringError(
             f"party {ref.party}: table {ref.table!r} lacks the model's columns {missing}"
         )
-    X = frame.loc[:, raw].to_numpy(dtype=float)
-    if fitted is None:
-        return frame, X
+    where = f"party {ref.party}, table {ref.table!r}"
     try:
-        X = fitted.transform(X, f"party {ref.party}, table {ref.table!r}")
+        X = model_matrix(frame, list(model.features), fitted, where)
     except PreprocessingError as error:
         raise ScoringError(str(error)) from None
-    if model.clip is not None:
+    if fitted is not None and model.clip is not None:  # clipped after the preprocessing only
         X = np.clip(X, -model.clip, model.clip)
-    columns = fitted.output_names
-    return frame, X[:, [columns.index(f) for f in model.features]]
+    return frame, X
 
 
 @task(name="score-model", task_run_name="{ref.party}: name the model", **PARTY_STEP)

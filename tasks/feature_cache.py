@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -32,9 +32,8 @@ class PartyFeatures:
     preprocessing: FittedPreprocessing | None = None
 
 
-_CacheKey = tuple[
-    str, str, str, str | None, tuple[str, ...] | None, float | None, PreprocessingSpec | None, str
-]
+# the table's descriptor (its database's path resolved), clip, preprocessing, flow run id
+_CacheKey = tuple[TableRef, float | None, PreprocessingSpec | None, str]
 _cache: OrderedDict[_CacheKey, PartyFeatures] = OrderedDict()
 _lock = threading.Lock()
 
@@ -54,16 +53,7 @@ def party_features(
     run = flow_run.get_id()
     if run is None:
         return _read(ref, clip, frame, preprocessing)
-    key = (
-        str(ref.path.resolve()),
-        ref.table,
-        ref.id_column,
-        ref.label_column,
-        ref.feature_columns,
-        clip,
-        preprocessing,
-        str(run),
-    )
+    key = (replace(ref, database=str(ref.path.resolve())), clip, preprocessing, str(run))
     with _lock:
         if key in _cache:
             _cache.move_to_end(key)

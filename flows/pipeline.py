@@ -1,10 +1,5 @@
 """Flow ``pipeline``: the main job run locally, every organisation's side in this process.
 
-    pipeline ─┬─ pipeline_party: clinic     load ─▶ PSI ─▶ vertical LR ─▶ WALR ─▶ sub-jobs
-              ├─ pipeline_party: lab        load ─▶ PSI ─▶ vertical LR ─▶ WALR
-              ├─ pipeline_party: arbiter    vertical LR (the key holder)
-              └─ ...                        each party of the job file and its sub-jobs
-
 More: docs/federation.md (how the parties run a job, and why).
 """
 
@@ -12,13 +7,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 
 from core.job_files import load_job_tree, read_job
 from core.job_schema import job_kind
-from federation.workspace import channel_for, derive_job_id
+from federation.workspace import derive_job_id
 from flows.local_run import LocalJob, LocalSide, run_locally
 from flows.pipeline_party import PipelineResult, organisations, pipeline_party
 from tasks.reporting import RunSummary, bytes_sent, markdown_table, publish_summary, run_namer
@@ -26,8 +20,8 @@ from tasks.reporting import RunSummary, bytes_sent, markdown_table, publish_summ
 
 def _bytes_sent(job_id: str, workspace: str | None) -> str:
     """What each party sent in a stage's job (all runs of it), from the channel's log."""
-    sent = channel_for(job_id, workspace).bytes_by_party()
-    return ", ".join(f"{party} {totals['sent'] / 1024:,.1f} KiB" for party, totals in sent.items())
+    sent = bytes_sent([job_id], workspace)
+    return ", ".join(f"{party} {count / 1024:,.1f} KiB" for party, count in sent.items())
 
 
 def summary_markdown(name: str, results: dict[str, PipelineResult], workspace: str | None) -> str:
@@ -74,7 +68,7 @@ def pipeline(
     if job_kind(spec) == "main":
         load_job_tree(job_file)  # every sub-job validated too, before anything is loaded
     parties = organisations(job_file, Path.cwd())
-    sides = [LocalSide(party, _side(job_file, run)) for party in sorted(parties)]
+    sides = [LocalSide(party, lambda: pipeline_party(job_file, run)) for party in sorted(parties)]
     results = run_locally(LocalJob(sides, workspace))
     name = (spec.get("job") or Path(job_file).stem) + (f"-{run}" if run else "")
     publish_summary(_run_summary(name, results, workspace))
@@ -99,10 +93,6 @@ def _run_summary(
             details.append((f"{party} {stage.job}/{stage.stage}", stage.summary))
     run_id = derive_job_id("pipeline", {"job": name, "stages": list(job_ids)})
     return RunSummary(run_id, rows, bytes_sent=bytes_sent(job_ids, workspace), details=details)
-
-
-def _side(job_file: str, run: str) -> Any:
-    return lambda: pipeline_party(job_file, run)
 
 
 if __name__ == "__main__":

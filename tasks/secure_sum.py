@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.exceptions import MissingContextError
 
 from core import secagg, test_switches
@@ -407,7 +407,9 @@ def coordinator_reconstruct(
 # Tasks: a vector that each party stored in its own store, summed at the coordinator
 
 
-def _party_task(name: str, step: Callable[[PartyStore, SumContext, str], None]) -> Any:
+def _party_task(
+    name: str, step: Callable[[PartyStore, SumContext, str], None]
+) -> Task[[TableRef, SumContext], None]:
     """Task ``secagg-<name>``: ``step`` on the store of the party ``ref`` names."""
 
     def run(ref: TableRef, ctx: SumContext) -> None:
@@ -420,7 +422,7 @@ def _party_task(name: str, step: Callable[[PartyStore, SumContext, str], None]) 
 
 def _coordinator_task(
     name: str, what: str, step: Callable[[PartyStore, SumContext, Any], list[str]]
-) -> Any:
+) -> Task[[SumContext, list[str] | None], list[str]]:
     """Task ``secagg-<name>``: ``step`` on the coordinator's store, for those that answered."""
 
     def run(ctx: SumContext, answered: list[str] | None = None) -> list[str]:

@@ -1,7 +1,12 @@
-"""Flows ``score_vertical`` (a model split across parties) and ``score_local`` (a model one
-party holds whole): a stored model applied to new rows.
+"""Flows ``score_vertical`` and ``score_local``: a stored model applied to new rows.
 
-More (the messages, what each party learns, why): docs/protocols/scoring.md.
+score_vertical_party (a model split across parties: one side per party):
+    guest ── the training job whose shares score ──▶ hosts
+    guest ── the alignment standing for its table ──▶ host ── the same here, or not ──▶ guest
+    guest, host ── PSI on the new tables, unless both named one ──▶ aligned new rows
+    host ── X_h w_h (its score share only) ──▶ guest ── X_g w_g + b + shares ──▶ scores table
+score_vertical runs those sides locally; score_local (a model one party holds whole): the
+party scores its own new rows. More (what each party learns, why): docs/protocols/scoring.md.
 """
 
 from __future__ import annotations

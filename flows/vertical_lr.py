@@ -1,5 +1,6 @@
 """Flow ``vertical_lr``: logistic regression on features split across parties (Paillier).
 
+Every party's side (:mod:`flows.vertical_party`, the protocol's messages) in this process.
 More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
 """
 

@@ -1,7 +1,19 @@
 """Flow ``vertical_lr_party``: one party's side of vertical LR, run at its own organisation.
 
-More (the messages between the sides, what each party learns, why):
-docs/protocols/vertical-lr.md.
+    guest                          host h                          key holder (arbiter)
+    check table   ◀── id digest, feature count                     key pair ── n ──▶ all
+    agree         ── rows ──▶                ── rows, gradient lengths ──▶
+    each round r:
+                  ◀── [[Xh wh/4]], [[sum a^2]]
+    [[d]], [[loss]] ── [[d]] ──▶
+                  ── [[X^T d]] + mask, [[loss]] ─────────────────────────▶ decrypt
+                                             ── [[Xh^T d]] + mask ──────▶
+                  ◀── X^T d + mask, loss ──────────────────────────────── (to each owner)
+    unmask, step, checkpoint                 unmask, step, checkpoint
+    epoch end: hold-out loss; the key holder's stop decision ──▶ every party
+    end: hosts ── score shares ──▶ guest; the key holder deletes p, q
+
+More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
 """
 
 from __future__ import annotations

@@ -112,40 +112,6 @@ def _release_details(job: steps.WalrJob, release: dict[str, Any], reused: bool) 
     ]
 
 
-def _make_job(
-    features_party: str,
-    labels_party: str,
-    job_id: str,
-    protected_table: str,
-    fingerprints: tuple[str, str],
-    options: WalrOptions,
-    preprocessing: PreprocessingSpec,
-) -> steps.WalrJob:
-    """The public job both parties hold: names, release parameters, fingerprints known so far,
-    and the labels party's key size."""
-    if features_party == labels_party:
-        raise steps.WalrSetupError(f"both tables belong to {features_party!r}")
-    return steps.WalrJob(
-        job_id=job_id,
-        channel=channel_for(job_id),  # this side's, built once and handed down
-        features_party=features_party,
-        labels_party=labels_party,
-        protected_table=protected_table,
-        labels_fingerprint=fingerprints[0],
-        features_fingerprint=fingerprints[1],
-        noise=options.noise,
-        noiseless_for_tests=_noiseless_for_tests(options.noise, job_id),
-        randomizer=options.randomizer,
-        holdout_fraction=options.holdout_fraction,
-        key_size=options.key_size,
-        preprocessing=preprocessing,
-        epsilon=options.epsilon,
-        delta=options.delta,
-        mode=options.mode,
-        clip_norm=options.clip_norm,
-    )
-
-
 #: The labels party's public view of its release (no value of it), from what it sent.
 _RELEASE_FACTS = (
     "release_job_id",
@@ -248,22 +214,33 @@ def walr_party(
         raise steps.WalrSetupError(f"role must be one of {ROLES}, got {role!r}")
     _check_options(options)
     ref = TableRef.from_dict(own)
-    if role == "labels":
-        prints = (fingerprint(steps.labels_only(ref)), "")  # the features' arrives as a message
-        names = (peer, ref.party, options.protected_table or ref.table)
+    if role == "labels":  # the features' fingerprint arrives as a message
+        parties, protected = (peer, ref.party), options.protected_table or ref.table
+        prints = (fingerprint(steps.labels_only(ref)), "")
     else:
+        parties, protected = (ref.party, peer), ""
         prints = ("", steps.features_fingerprint(ref, spec))
-        names = (ref.party, peer, "")
-    job = _make_job(names[0], names[1], job_id, names[2], prints, options, spec)
+    if parties[0] == parties[1]:
+        raise steps.WalrSetupError(f"both tables belong to {parties[0]!r}")
+    # the public job both parties hold; its channel is this side's, built once and handed down
+    job = steps.WalrJob(
+        job_id,
+        channel_for(job_id),
+        *parties,
+        protected_table=protected,
+        labels_fingerprint=prints[0],
+        features_fingerprint=prints[1],
+        noiseless_for_tests=_noiseless_for_tests(options.noise, job_id),
+        preprocessing=spec,
+        **options.model_dump(exclude={"l2", "evaluate", "protected_table"}),
+    )
     scored = options.evaluate or options.holdout_fraction > 0
     if role == "labels":
-        return _labels_side(job, ref, options.key_size, scored)
+        return _labels_side(job, ref, scored)
     return _features_side(job, ref, options.l2, scored)
 
 
-def _labels_side(
-    job: steps.WalrJob, ref: TableRef, key_size: int, evaluate: bool
-) -> dict[str, Any]:
+def _labels_side(job: steps.WalrJob, ref: TableRef, evaluate: bool) -> dict[str, Any]:
     """The labels party's column: refuse before computing, release once, re-send on re-runs."""
     job = replace(job, **steps.receive_features_facts(job, ref))  # names the release key
     checked = steps.check_labels_and_budget(job, ref)  # before any computation
@@ -272,7 +249,7 @@ def _labels_side(
     if checked["reused"]:  # its key names both tables' fingerprints: the same inputs
         get_run_logger().info("unchanged inputs: reused the stored release (nothing charged)")
     else:
-        steps.encrypt_labels(job, ref, key_size)
+        steps.encrypt_labels(job, ref)
     steps.release_noisy_sums(job, ref)  # a stored release is kept as it is
     sent = steps.send_release(job, ref)
     metrics = steps.evaluate(job, ref) if evaluate else {}

@@ -241,7 +241,8 @@ class ReleaseRefusalError(ValueError):
 
 
 def _budget_table(job: WalrJob, ref: TableRef) -> str:
-    """The labels party charges its own source table, whatever name the caller passed.
+    """The labels party charges its own source table, whatever name the caller passed, and
+    releases without noise only with the owner's consent.
 
     ``job.protected_table`` may name the labels table or its source; anything else is refused,
     so no caller can point the charge at another table's budget.
@@ -253,6 +254,9 @@ def _budget_table(job: WalrJob, ref: TableRef) -> str:
             f"{ref.party} charges releases of {ref.table!r} to its source table {own!r}; "
             f"refusing protected_table={job.protected_table!r}"
         )
+    if not job.noise:
+        what = "a release without noise (noise=False)"
+        OwnerPolicy(ledger.store).require(ref.party, ref.table, "allow_noiseless_release", what)
     return own
 
 
@@ -271,14 +275,6 @@ def _release_event(job: WalrJob, rows: int) -> Event | None:
     return DiscreteGaussian(shape.sensitivity / shape.granularity, steps, shift)
 
 
-def _check_noise_allowed(job: WalrJob, ref: TableRef) -> None:
-    if not job.noise:
-        what = "a release without noise (noise=False)"
-        OwnerPolicy(PartyStore.of(ref)).require(
-            ref.party, ref.table, "allow_noiseless_release", what
-        )
-
-
 # ---- checks (local, before any message) -----------------------------------------------------
 @task(name="walr-labels-check", task_run_name="{ref.party}: labels and budget", **PARTY_STEP)
 def check_labels_and_budget(job: WalrJob, ref: TableRef) -> dict[str, Any]:
@@ -289,7 +285,6 @@ def check_labels_and_budget(job: WalrJob, ref: TableRef) -> dict[str, Any]:
     """
     _, labels = _labels(ref)
     table = _budget_table(job, ref)
-    _check_noise_allowed(job, ref)
     ledger = PrivacyLedger(PartyStore.of(ref))
     reused = ledger.stored_release(job.release_key) is not None
     if not reused:
@@ -380,10 +375,11 @@ def receive_plan(job: WalrJob, ref: TableRef) -> bool:
 
 
 @task(name="walr-encrypt-labels", task_run_name="{ref.party}: key pair and [[y]]", **PARTY_STEP)
-def encrypt_labels(job: WalrJob, ref: TableRef, key_size: int) -> int:
-    """The labels party's own key pair (kept in its store only) and its encrypted labels."""
-    check_key_size(key_size)
-    n = job.key_pair(ref).create(key_size, allow_insecure_key_size=small_keys_allowed())
+def encrypt_labels(job: WalrJob, ref: TableRef) -> int:
+    """The labels party's own key pair (of the job's key size, kept in its store only) and its
+    encrypted labels."""
+    check_key_size(job.key_size)
+    n = job.key_pair(ref).create(job.key_size, allow_insecure_key_size=small_keys_allowed())
     _, labels = _labels(ref)
     labels = labels[job.split(labels.size)[0]]  # held-out rows stay out of the sum
     # Its own key: the same obfuscators, computed modulo p^2 and q^2 (CRT).
@@ -446,11 +442,6 @@ def _private_key(job: WalrJob, ref: TableRef) -> paillier.PaillierPrivateKey:
             "when the job's release was sent): start a new job"
         )
     return private
-
-
-def retire_key(job: WalrJob, ref: TableRef) -> None:
-    """Drop the key pair and shred the job's key file: p, q are unreadable from now on."""
-    job.key_pair(ref).retire("keypair")
 
 
 def _noise_units(job: WalrJob, sigma: float, granularity: float, size: int) -> list[int]:
@@ -524,7 +515,6 @@ def release_noisy_sums(job: WalrJob, ref: TableRef) -> None:
     if ledger.stored_release(job.release_key) is not None:
         return
     table = _budget_table(job, ref)
-    _check_noise_allowed(job, ref)
     _, labels = _labels(ref)
     event = _release_event(job, labels.size)
     ledger.require_affordable(table, job.epsilon, job.delta, event=event)  # before decrypting
@@ -575,7 +565,8 @@ def send_release(job: WalrJob, ref: TableRef) -> dict[str, Any]:
         raise WalrSetupError(f"no release is stored under {job.release_key}")
     payload = {k: release[k] for k in ("job_id", "mask_id", "values")}
     job.endpoint(ref.party).send(job.features_party, "walr_release", payload)
-    retire_key(job, ref)  # decryption is over for this job
+    # decryption is over for this job: drop the key pair and shred the job's key file (p, q)
+    job.key_pair(ref).retire("keypair")
     public = {k: v for k, v in release.items() if k not in ("values", "mask_id")}
     return {
         **public,

@@ -166,7 +166,7 @@ def test_walr_key_is_gone_after_the_release(workspace: Path) -> None:
         columns=3, key_size=KEY_BITS,
     )  # fmt: skip
     with disable_run_logger():
-        walr_steps.encrypt_labels.fn(job, labels, KEY_BITS)
+        walr_steps.encrypt_labels.fn(job, labels)
         walr_steps.masked_sums.fn(job, features)
         factors = job.key_pair(labels).sealed.get(job.key("factors"))
         walr_steps.release_noisy_sums.fn(job, labels)

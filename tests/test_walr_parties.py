@@ -206,7 +206,7 @@ def test_walr_retried_randomised_steps_resend_the_same_bytes(workspace: Path) ->
     sent = []
     with disable_run_logger():
         for _ in range(2):
-            steps.encrypt_labels.fn(job, tables[LABELS], 1024)
+            steps.encrypt_labels.fn(job, tables[LABELS])
             steps.masked_sums.fn(job, tables[FEATURES])
             sent.append({r.kind: r.sha256 for r in channel.log()})
     assert sent[0] == sent[1] and len(sent[0]) == 3  # key, [[y]], masked sums

@@ -5,6 +5,7 @@ More (the protocol, what each party learns, why): docs/protocols/psi.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,8 @@ class PsiSide:
         return cls(ref, peer, channel_for(job_id).endpoint(ref.party))
 
 
-def _prefix(job_id: str) -> str:
+def job_prefix(job_id: str) -> str:
+    """Where the job's state, result and lineage are kept (KKRT16's and RR22's too)."""
     return f"psi/{job_id}/"
 
 
@@ -52,16 +54,18 @@ def sealed_scalars(store: PartyStore, prefix: str) -> SealedArtifacts:
     return SealedArtifacts(store, prefix.rstrip("/"))
 
 
-def own_scalar(store: PartyStore, prefix: str, *, create: bool = False) -> int:
-    """The party's secret scalar of the job under ``prefix``: drawn once, by the step that
-    blinds its own ids (``create``), so a retried step sends the same bytes; a later step
-    that finds none is refused rather than blinding with a scalar of its own."""
+def own_scalar(
+    store: PartyStore, prefix: str, *, create: bool = False, new: Callable[[], Any] = psi.new_key
+) -> Any:
+    """The party's secret scalar (or ``new``'s key) of the job under ``prefix``: drawn once, by
+    the step that blinds its own ids (``create``), so a retried step sends the same bytes; a
+    later step that finds none is refused rather than blinding with a scalar of its own."""
     sealed = sealed_scalars(store, prefix)
     key = sealed.get(prefix + "key")
     if key is None and not create:
         raise psi.PsiError(f"no secret scalar under {prefix!r}: its ids were never blinded")
     if key is None:
-        key = psi.new_key()
+        key = new()
         sealed.put(prefix + "key", key)
     return key
 
@@ -79,10 +83,10 @@ def stored_alignment(
     needed), or with ``refuse_changed=False`` (a caller of both sides, which aligns again under a
     fresh id) ``{"changed": reason}``: the old rows never come back under this id."""
     store = PartyStore.of(ref)
-    result = ArtifactStore(store).get(_prefix(job_id) + "result")
+    result = ArtifactStore(store).get(job_prefix(job_id) + "result")
     if result is None or not store.has_table(result["table"]):
         return None
-    reason = changed(store, _prefix(job_id), job_id, store.fingerprint(ref))
+    reason = changed(store, job_prefix(job_id), job_id, store.fingerprint(ref))
     if reason is not None and refuse_changed:
         raise StaleResultError(
             f"{ref.party}: {reason}, so its alignment is not reused; start a new run (a new "
@@ -104,8 +108,8 @@ def blind_own_ids(side: PsiSide) -> int:
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     ids = store.read_table(ref, allow_missing=True)[ref.id_column].tolist()
-    blinded = psi.prepare(ids, own_scalar(store, _prefix(job_id), create=True))
-    artifacts.put(_prefix(job_id) + "rows", blinded.rows, "psi-state")
+    blinded = psi.prepare(ids, own_scalar(store, job_prefix(job_id), create=True))
+    artifacts.put(job_prefix(job_id) + "rows", blinded.rows, "psi-state")
     side.endpoint.send(peer, "psi_blinded", blinded.blinded)
     get_run_logger().info("%s blinded %d ids", ref.party, len(ids))
     return len(ids)
@@ -114,15 +118,22 @@ def blind_own_ids(side: PsiSide) -> int:
 @task(name="psi-reblind", task_run_name="{side.ref.party}: blind peer's ids", **PARTY_STEP)
 def blind_peer_ids(side: PsiSide) -> int:
     """Step 2: blind the peer's values again, return them, keep the set for step 3."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
-    store = PartyStore.of(ref)
-    artifacts = ArtifactStore(store)
-    endpoint = side.endpoint
-    peer_blinded = endpoint.receive(peer, "psi_blinded")
-    doubled = psi.reblind(peer_blinded, own_scalar(store, _prefix(job_id)), peer=peer)
-    artifacts.put(_prefix(job_id) + "peer_double", doubled, "psi-state")
-    endpoint.send(peer, "psi_double", doubled)
-    return len(doubled)
+    prefix = job_prefix(side.job_id)
+    return len(send_reblinded(side, prefix, ("psi_blinded", "psi_double"), psi.reblind))
+
+
+def send_reblinded(
+    side: PsiSide, prefix: str, kinds: tuple[str, str], blind: Callable[..., Any]
+) -> np.ndarray:
+    """Step 2 here and in :mod:`tasks.psi_count`: the peer's ``kinds[0]`` values blinded again
+    (``blind``), kept under ``prefix`` (a retry sends the same bytes), sent back as ``kinds[1]``.
+    Without a stored scalar it is refused before waiting for the peer."""
+    store = PartyStore.of(side.ref)
+    key = own_scalar(store, prefix)
+    answer = blind(side.endpoint.receive(side.peer, kinds[0]), key, peer=side.peer)
+    ArtifactStore(store).put(prefix + "peer_double", answer, "psi-state")
+    side.endpoint.send(side.peer, kinds[1], answer)
+    return answer
 
 
 @task(name="psi-align", task_run_name="{side.ref.party}: store aligned rows", **PARTY_STEP)
@@ -134,8 +145,8 @@ def store_aligned_rows(side: PsiSide, min_rows: int) -> dict[str, Any]:
     own_double = side.endpoint.receive(peer, "psi_double")
     result = psi.intersect(
         np.asarray(own_double),
-        np.asarray(artifacts.get(_prefix(job_id) + "rows")),
-        np.asarray(artifacts.get(_prefix(job_id) + "peer_double")),
+        np.asarray(artifacts.get(job_prefix(job_id) + "rows")),
+        np.asarray(artifacts.get(job_prefix(job_id) + "peer_double")),
         peer=peer,
     )
     psi.check_release(result, min_rows)
@@ -151,12 +162,12 @@ def store_aligned_rows(side: PsiSide, min_rows: int) -> dict[str, Any]:
     with store.transaction() as con:
         store.write_table(table, aligned, con)
         OwnerPolicy(store).record_source(table, ref.table, con)  # the copy shares its budget
-        artifacts.put(_prefix(job_id) + "result", summary, "psi-result", con=con)
-        record(store, _prefix(job_id), lineage, con)  # what a re-run may reuse it for
+        artifacts.put(job_prefix(job_id) + "result", summary, "psi-result", con=con)
+        record(store, job_prefix(job_id), lineage, con)  # what a re-run may reuse it for
         for secret in ("key", "rows", "peer_double"):
-            artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
+            artifacts.delete_prefix(job_prefix(job_id) + secret, con=con)
     # after the commit: a failed write keeps the job resumable
-    sealed_scalars(store, _prefix(job_id)).destroy()
+    sealed_scalars(store, job_prefix(job_id)).destroy()
     get_run_logger().info(
         "%s aligned %d of %d rows into %s", ref.party, result.size, result.own_size, table
     )

@@ -17,7 +17,7 @@ from storage.artifacts import ArtifactStore
 from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks.policy import PARTY_STEP
-from tasks.psi import PsiSide, own_scalar, sealed_scalars
+from tasks.psi import PsiSide, own_scalar, sealed_scalars, send_reblinded
 
 KIND_BLINDED, KIND_ANSWER = "psi_count_blinded", "psi_count_answer"
 
@@ -46,14 +46,7 @@ def blind_own_ids(side: PsiSide) -> int:
 @task(name="psi-count-answer", task_run_name="{side.ref.party}: answer shuffled", **PARTY_STEP)
 def answer_peer(side: PsiSide) -> None:
     """Step 2: blind the peer's values again and return them shuffled."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
-    store = PartyStore.of(ref)
-    artifacts = ArtifactStore(store)
-    endpoint = side.endpoint
-    key = own_scalar(store, _prefix(job_id))
-    shuffled = psi_count.answer(endpoint.receive(peer, KIND_BLINDED), key, peer)
-    artifacts.put(_prefix(job_id) + "peer_double", shuffled, "psi-state")
-    endpoint.send(peer, KIND_ANSWER, shuffled)
+    send_reblinded(side, _prefix(side.job_id), (KIND_BLINDED, KIND_ANSWER), psi_count.answer)
 
 
 @task(name="psi-count", task_run_name="{side.ref.party}: count shared ids", **PARTY_STEP)

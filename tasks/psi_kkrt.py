@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,13 +27,8 @@ from storage.descriptor import TableRef
 from storage.lineage import Lineage, record
 from storage.party_store import Fingerprint, PartyStore, table_chunks
 from storage.policy import OwnerPolicy
-from storage.secrets import SealedArtifacts
 from tasks.policy import PARTY_STEP
-from tasks.psi import PsiSide, aligned_table_name
-
-
-def _prefix(job_id: str) -> str:
-    return f"psi/{job_id}/"
+from tasks.psi import PsiSide, aligned_table_name, job_prefix, own_scalar, sealed_scalars
 
 
 def working_tables(job_id: str) -> tuple[str, str]:
@@ -41,24 +37,16 @@ def working_tables(job_id: str) -> tuple[str, str]:
     return f"privreg_psi_ids_{tag}", f"privreg_psi_matches_{tag}"
 
 
-def job_secrets(store: PartyStore, job_id: str) -> SealedArtifacts:
-    return SealedArtifacts(store, _prefix(job_id).rstrip("/"))
-
-
 #: The job keys this process has read, so each bucket's step does not unseal it again; dropped
 #: when the job's secrets are destroyed.
 JOB_KEYS: dict[tuple[str, str], bytes] = {}
 
 
 def job_key(store: PartyStore, job_id: str) -> bytes:
-    if (key := JOB_KEYS.get((str(store.path), job_id))) is not None:
-        return key
-    sealed = job_secrets(store, job_id)
-    key = sealed.get(_prefix(job_id) + "key")
-    if key is None:
-        key = kkrt.new_party_key()
-        sealed.put(_prefix(job_id) + "key", key)
-    JOB_KEYS[(str(store.path), job_id)] = key
+    """The party's sealed key of the job (:func:`tasks.psi.own_scalar`), drawn on first use."""
+    if (key := JOB_KEYS.get(held := (str(store.path), job_id))) is None:
+        key = own_scalar(store, job_prefix(job_id), create=True, new=kkrt.new_party_key)
+        JOB_KEYS[held] = key
     return key
 
 
@@ -165,7 +153,7 @@ def prepare_ids(ref: TableRef, job_id: str) -> int:
     refused table's digests are dropped, and the ids count as prepared only once checked."""
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
-    done = artifacts.get(_prefix(job_id) + "ids")
+    done = artifacts.get(job_prefix(job_id) + "ids")
     if done is not None:
         return int(done["size"])
     if not store.has_table(ref.table):
@@ -180,14 +168,14 @@ def prepare_ids(ref: TableRef, job_id: str) -> int:
             con.execute(f'DROP TABLE IF EXISTS "{table}"')
         raise
     state = {"size": stored.rows, "fingerprint": stored.fingerprint}
-    artifacts.put(_prefix(job_id) + "ids", state, "psi-state")
+    artifacts.put(job_prefix(job_id) + "ids", state, "psi-state")
     return stored.rows
 
 
 def table_source_digest(store: PartyStore, ref: TableRef, job_id: str) -> str:
     """The source table's fingerprint, taken when its ids were read (the rows this job
     matched), or now for a job that an older privreg started."""
-    state = ArtifactStore(store).get(_prefix(job_id) + "ids") or {}
+    state = ArtifactStore(store).get(job_prefix(job_id) + "ids") or {}
     return state.get("fingerprint") or store.fingerprint(ref)
 
 
@@ -200,7 +188,7 @@ def send_size(side: PsiSide, size: int) -> None:
 def plan_for(side: PsiSide) -> Plan:
     """Roles and buckets, from the own size and the peer's size message (waits for it)."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
-    size = ArtifactStore(PartyStore.of(ref)).get(_prefix(job_id) + "ids")["size"]
+    size = ArtifactStore(PartyStore.of(ref)).get(job_prefix(job_id) + "ids")["size"]
     message = side.endpoint.receive(peer, kkrt.KIND_SIZE)
     return kkrt.plan(ref.party, peer, int(size), buckets.BUCKET_IDS, message)
 
@@ -274,13 +262,6 @@ def bucket_rows(
 # ---- the base OTs, once per job --------------------------------------------------------------
 
 
-@task(name="psi-kkrt-hello", task_run_name="{side.ref.party}: base-OT setup", **PARTY_STEP)
-def send_hello(side: PsiSide) -> None:
-    """Step 1 (receiver): base-OT setup."""
-    key = job_key(PartyStore.of(side.ref), side.job_id)
-    side.endpoint.send(side.peer, kkrt.KIND_HELLO, kkrt.hello(key))
-
-
 @task(name="psi-kkrt-reply", task_run_name="{side.ref.party}: base-OT choices", **PARTY_STEP)
 def send_reply(side: PsiSide) -> None:
     """Step 2 (sender): base-OT choices and the code key."""
@@ -293,7 +274,7 @@ def send_reply(side: PsiSide) -> None:
 
 
 def bucket_done_key(job_id: str, bucket: int) -> str:
-    return f"{_prefix(job_id)}bucket/{bucket:06d}"
+    return f"{job_prefix(job_id)}bucket/{bucket:06d}"
 
 
 def pending_plan(side: PsiSide, bucket: int) -> Plan | None:
@@ -303,6 +284,16 @@ def pending_plan(side: PsiSide, bucket: int) -> Plan | None:
         if ArtifactStore(store).has(bucket_done_key(side.job_id, bucket)):
             return None
         return plan_for(side)
+
+
+def pending_bucket(side: PsiSide, bucket: int) -> tuple[Plan, bytes, np.ndarray] | None:
+    """S: the plan, the job key and one bucket's digests (one opening of the database for the
+    step's reads), or None when an earlier attempt sent the bucket (its "done" mark)."""
+    store = PartyStore.of(side.ref)
+    with store.session():
+        if (plan := pending_plan(side, bucket)) is None:
+            return None
+        return plan, job_key(store, side.job_id), bucket_rows(store, side.job_id, plan, bucket)[1]
 
 
 def held_key(side: PsiSide, table: int) -> tuple[str, str, int]:
@@ -336,15 +327,11 @@ def _receiver_bucket(side: PsiSide, bucket: int) -> tuple[np.ndarray, kkrt.Recei
 def send_matrix(side: PsiSide, bucket: int) -> None:
     """Step 3 (receiver): one bucket's OT-extension columns; keeps its OPRF outputs, computed
     once the columns are sent (while the sender evaluates)."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
-    store = PartyStore.of(ref)
-    with store.session():
-        if ArtifactStore(store).has(bucket_done_key(job_id, bucket)):
-            return  # matched by an earlier attempt: not redone
-        if plan_for(side).matrix_round(bucket) != bucket:
-            return  # one table for every bucket: bucket 0's matrix serves them all
+    plan = pending_plan(side, bucket)  # None: matched by an earlier attempt, not redone
+    if plan is None or plan.matrix_round(bucket) != bucket:
+        return  # or one table for every bucket: bucket 0's matrix serves them all
     rows, extension = _receiver_bucket(side, bucket)
-    side.endpoint.send(peer, kkrt.KIND_MATRIX, extension.message, round=bucket)
+    side.endpoint.send(side.peer, kkrt.KIND_MATRIX, extension.message, round=bucket)
     _RECEIVER_STATES[held_key(side, bucket)] = (rows, extension.state())
 
 
@@ -354,22 +341,17 @@ def send_matrix(side: PsiSide, bucket: int) -> None:
 def send_values(side: PsiSide, bucket: int) -> None:
     """Step 4 (sender): the OPRF of one bucket's items under each hash function; the items
     are padded, ordered and encoded before R's matrix is awaited."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
-    store = PartyStore.of(ref)
-    artifacts = ArtifactStore(store)
-    with store.session():  # one opening of the database for the step's reads
-        if artifacts.has(bucket_done_key(job_id, bucket)):
-            return  # sent by an earlier attempt: not redone
-        key = job_key(store, job_id)
-        plan = plan_for(side)
-        _, digests = bucket_rows(store, job_id, plan, bucket)
+    if (pending := pending_bucket(side, bucket)) is None:
+        return  # sent by an earlier attempt: not redone
+    plan, key, digests = pending
     prepared = kkrt.sender_bucket(key, digests, plan, bucket)
-    endpoint = side.endpoint
+    endpoint, peer = side.endpoint, side.peer
     hello = endpoint.receive(peer, kkrt.KIND_HELLO)
     matrix = endpoint.receive(peer, kkrt.KIND_MATRIX, round=plan.matrix_round(bucket))
     message = kkrt.evaluate(key, prepared, hello, matrix, plan, bucket, peer)
     endpoint.send(peer, kkrt.KIND_VALUES, message, round=bucket)
-    artifacts.put(bucket_done_key(job_id, bucket), {"sent": True}, "psi-state")
+    done = bucket_done_key(side.job_id, bucket)
+    ArtifactStore(PartyStore.of(side.ref)).put(done, {"sent": True}, "psi-state")
 
 
 @task(name="psi-kkrt-match", task_run_name="{side.ref.party}: match, bucket {bucket}", **PARTY_STEP)
@@ -440,10 +422,10 @@ def write_aligned(
     summary = {"table": table, "size": size, "own_size": own_size, "peer_size": peer_size}
     artifacts = ArtifactStore(store)
     OwnerPolicy(store).record_source(table, ref.table, con)  # the copy shares its budget
-    artifacts.delete_prefix(_prefix(job_id), con=con)  # key, states, marks
-    artifacts.put(_prefix(job_id) + "result", summary, "psi-result", con=con)
+    artifacts.delete_prefix(job_prefix(job_id), con=con)  # key, states, marks
+    artifacts.put(job_prefix(job_id) + "result", summary, "psi-result", con=con)
     lineage = Lineage(ref.table, source_digest, table, job_id)
-    record(store, _prefix(job_id), lineage, con)  # what a re-run may reuse it for
+    record(store, job_prefix(job_id), lineage, con)  # what a re-run may reuse it for
     for working in (ids, f"{ids}_by_bucket", matches):  # with a rewrite cut short
         con.execute(f'DROP TABLE IF EXISTS "{working}"')
     return summary
@@ -480,7 +462,7 @@ def _finish(
     for held in carried.held:
         for k in [k for k in held if k[:2] == (str(store.path), job_id)]:
             del held[k]
-    job_secrets(store, job_id).destroy()
+    sealed_scalars(store, job_prefix(job_id)).destroy()
     get_run_logger().info(
         "%s aligned %d of %d rows into %s (%s)",
         ref.party, summary["size"], summary["own_size"], summary["table"], carried.name,
@@ -583,12 +565,7 @@ def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
 Step = Callable[..., Any]
 
 
-def run_step(step: Any, *args: Any) -> Any:
-    """A side's default ``call``: the step as a Prefect task run."""
-    return step(*args)
-
-
-def party_side(side: PsiSide, min_rows: int, call: Step = run_step) -> dict[str, Any]:
+def party_side(side: PsiSide, min_rows: int, call: Step = operator.call) -> dict[str, Any]:
     """One party's whole side in its role's order; ``call(task, *args)`` runs each step (as a
     Prefect task by default; a benchmark's calls ``task.fn``). The database stays open through the
     side (an opening cost 30-90 ms of CPU, twenty a job at 100k ids); other processes wait."""
@@ -601,11 +578,15 @@ def party_side(side: PsiSide, min_rows: int, call: Step = run_step) -> dict[str,
 )
 def start_side(side: PsiSide) -> Plan:
     """Steps 0 to 2 of one party's side as one task run (a task run costs 0.1-0.4 s of a
-    loaded machine): own ids, the size message, the plan, then R's base-OT setup or S's reply.
-    Each is idempotent, so a retry redoes only what had not finished."""
+    loaded machine): own ids, the size message, the plan, then R's base-OT setup (step 1) or
+    S's reply. Each is idempotent, so a retry redoes only what had not finished."""
     send_size.fn(side, prepare_ids.fn(side.ref, side.job_id))
     plan = plan_for(side)
-    (send_hello if plan.receiver else send_reply).fn(side)
+    if plan.receiver:
+        key = job_key(PartyStore.of(side.ref), side.job_id)
+        side.endpoint.send(side.peer, kkrt.KIND_HELLO, kkrt.hello(key))
+    else:
+        send_reply.fn(side)
     return plan
 
 

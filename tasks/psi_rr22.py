@@ -6,6 +6,7 @@ More (the order they are pipelined in: :func:`party_side`): docs/protocols/psi.m
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -24,11 +25,11 @@ from tasks.psi_kkrt import (
     bucket_rows,
     held_key,
     job_key,
+    pending_bucket,
     pending_plan,
     plan_for,
     prepare_ids,
     release_matches,
-    run_step,
     send_size,
     store_bucket_matches,
     store_matched_rows,
@@ -80,17 +81,12 @@ def send_extend(side: PsiSide, table: int) -> None:
 @task(name="psi-rr22-vole", task_run_name="{side.ref.party}: VOLE, table {table}", **PARTY_STEP)
 def send_vole(side: PsiSide, table: int) -> None:
     """Step 4 (S): the VOLE message of one table; keeps its share ``B``."""
-    store = PartyStore.of(side.ref)
-    with store.session():
-        if ArtifactStore(store).has(bucket_done_key(side.job_id, table)):
-            return
-        plan = plan_for(side)
-        key = job_key(store, side.job_id)
-    _sender_share(side, plan, table, key)
+    if (plan := pending_plan(side, table)) is not None:
+        _sender_share(side, plan, table)
 
 
-def _sender_share(side: PsiSide, plan: Plan, table: int, key: bytes) -> np.ndarray:
-    endpoint, peer = side.endpoint, side.peer
+def _sender_share(side: PsiSide, plan: Plan, table: int) -> np.ndarray:
+    key, endpoint, peer = job_key(PartyStore.of(side.ref), side.job_id), side.endpoint, side.peer
     hello = endpoint.receive(peer, rr22.KIND_HELLO)
     extend = endpoint.receive(peer, rr22.KIND_EXTEND, round=table)
     made = rr22.sender_vole(key, hello, extend, plan, table, peer)
@@ -124,23 +120,19 @@ def send_okvs(side: PsiSide, table: int) -> None:
 )
 def send_values(side: PsiSide, bucket: int) -> None:
     """Step 6 (S): ``H'`` of one bucket's items against R's table."""
-    store = PartyStore.of(side.ref)
-    artifacts = ArtifactStore(store)
-    with store.session():
-        if artifacts.has(bucket_done_key(side.job_id, bucket)):
-            return
-        key = job_key(store, side.job_id)
-        plan = plan_for(side)
-        _, digests = bucket_rows(store, side.job_id, plan, bucket)
+    if (pending := pending_bucket(side, bucket)) is None:
+        return
+    plan, key, digests = pending
     table = plan.matrix_round(bucket)
     held = held_key(side, table)
     share = _SENDER_SHARES.get(held)
     if share is None:
-        share = _sender_share(side, plan, table, key)
+        share = _sender_share(side, plan, table)
     okvs_message = side.endpoint.receive(side.peer, rr22.KIND_OKVS, round=table)
     message = rr22.values(key, digests, share, okvs_message, plan, bucket, side.peer)
     side.endpoint.send(side.peer, rr22.KIND_VALUES, message, round=bucket)
-    artifacts.put(bucket_done_key(side.job_id, bucket), {"sent": True}, "psi-state")
+    done = bucket_done_key(side.job_id, bucket)
+    ArtifactStore(PartyStore.of(side.ref)).put(done, {"sent": True}, "psi-state")
     if not plan.one_table:
         _SENDER_SHARES.pop(held, None)
 
@@ -187,7 +179,7 @@ def finish_and_store(side: PsiSide, min_rows: int) -> dict[str, Any]:
 # ---- whole sides -----------------------------------------------------------------------------
 
 
-def party_side(side: PsiSide, min_rows: int, call: Step = run_step) -> dict[str, Any]:
+def party_side(side: PsiSide, min_rows: int, call: Step = operator.call) -> dict[str, Any]:
     """One party's whole side in its role's order (``call`` as in
     :func:`tasks.psi_kkrt.party_side`), the database open throughout. Pipelined: R sends
     ``extend`` two tables and ``okvs`` one table ahead of its match, S ``vole`` of table k + 1

@@ -139,16 +139,12 @@ def send_reblinded(
 @task(name="psi-align", task_run_name="{side.ref.party}: store aligned rows", **PARTY_STEP)
 def store_aligned_rows(side: PsiSide, min_rows: int) -> dict[str, Any]:
     """Step 3: intersect, refuse small results, write the aligned table in one transaction."""
-    ref, peer, job_id = side.ref, side.peer, side.job_id
+    ref, peer, job_id, prefix = side.ref, side.peer, side.job_id, job_prefix(side.job_id)
     store = PartyStore.of(ref)
     artifacts = ArtifactStore(store)
     own_double = side.endpoint.receive(peer, "psi_double")
-    result = psi.intersect(
-        np.asarray(own_double),
-        np.asarray(artifacts.get(job_prefix(job_id) + "rows")),
-        np.asarray(artifacts.get(job_prefix(job_id) + "peer_double")),
-        peer=peer,
-    )
+    own_rows, peer_double = (np.asarray(artifacts.get(prefix + k)) for k in ("rows", "peer_double"))
+    result = psi.intersect(np.asarray(own_double), own_rows, peer_double, peer=peer)
     psi.check_release(result, min_rows)
     aligned = store.read_table(ref, allow_missing=True).iloc[result.rows].reset_index(drop=True)
     table = aligned_table_name(ref)
@@ -162,12 +158,11 @@ def store_aligned_rows(side: PsiSide, min_rows: int) -> dict[str, Any]:
     with store.transaction() as con:
         store.write_table(table, aligned, con)
         OwnerPolicy(store).record_source(table, ref.table, con)  # the copy shares its budget
-        artifacts.put(job_prefix(job_id) + "result", summary, "psi-result", con=con)
-        record(store, job_prefix(job_id), lineage, con)  # what a re-run may reuse it for
-        for secret in ("key", "rows", "peer_double"):
-            artifacts.delete_prefix(job_prefix(job_id) + secret, con=con)
+        artifacts.delete_prefix(prefix, con=con)  # the key, rows and peer_double
+        artifacts.put(prefix + "result", summary, "psi-result", con=con)
+        record(store, prefix, lineage, con)  # what a re-run may reuse it for
     # after the commit: a failed write keeps the job resumable
-    sealed_scalars(store, job_prefix(job_id)).destroy()
+    sealed_scalars(store, prefix).destroy()
     get_run_logger().info(
         "%s aligned %d of %d rows into %s", ref.party, result.size, result.own_size, table
     )

@@ -61,9 +61,8 @@ def count_shared(side: PsiSide, own_size: int, min_rows: int) -> dict[str, Any]:
     psi_count.check_release(result, min_rows)
     summary = {"size": result.size, "own_size": result.own_size, "peer_size": result.peer_size}
     with store.transaction() as con:
+        artifacts.delete_prefix(_prefix(job_id), con=con)  # the key and peer_double
         artifacts.put(_prefix(job_id) + "result", summary, "psi-count", con=con)
-        for secret in ("key", "peer_double"):
-            artifacts.delete_prefix(_prefix(job_id) + secret, con=con)
     sealed_scalars(store, _prefix(job_id)).destroy()  # after the commit, as in tasks.psi
     get_run_logger().info("%s: %d ids shared with %s", ref.party, result.size, peer)
     return summary

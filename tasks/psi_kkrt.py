@@ -65,10 +65,8 @@ def insert_frame(con: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFrame
         con.unregister("_privreg_psi_rows")
 
 
-#: Rows of the digest table that one step over all of it (the duplicate check, the rewrite in
-#: bucket order) holds at once: such a step runs slice by slice, each slice a range of the
-#: digests' first word, so its memory follows the slice, not the table. 2^20 (a million ids)
-#: keeps every job up to a million ids in one slice.
+#: Rows of the digest table a step over all of it (the duplicate check, the rewrite in bucket
+#: order) holds at once, slice by slice (docs/protocols/psi.md); a million ids fit one slice.
 SLICE_ROWS = 1 << 20
 
 
@@ -109,8 +107,7 @@ def _digest_rows(store: PartyStore, ref: TableRef, table: str) -> DigestRows:
             ids = chunk[column].tolist()
             digests = kkrt.item_digests(ids, _where(ref), first_row=int(rowids[0]))
             words = digests.view("<u8")
-            frame = pd.DataFrame({"row": rowids})
-            frame["d0"], frame["d1"] = words[:, 0], words[:, 1]
+            frame = pd.DataFrame({"row": rowids, "d0": words[:, 0], "d1": words[:, 1]})
             with store.transaction() as con:
                 insert_frame(con, table, frame)
             fingerprint.update(chunk)
@@ -177,12 +174,6 @@ def table_source_digest(store: PartyStore, ref: TableRef, job_id: str) -> str:
     matched), or now for a job that an older privreg started."""
     state = ArtifactStore(store).get(job_prefix(job_id) + "ids") or {}
     return state.get("fingerprint") or store.fingerprint(ref)
-
-
-@task(name="psi-kkrt-size", task_run_name="{side.ref.party}: announce set size", **PARTY_STEP)
-def send_size(side: PsiSide, size: int) -> None:
-    """Step 0: the own set size and bucket size."""
-    side.endpoint.send(side.peer, kkrt.KIND_SIZE, kkrt.size_message(size, buckets.BUCKET_IDS))
 
 
 def plan_for(side: PsiSide) -> Plan:
@@ -265,9 +256,18 @@ def bucket_rows(
 @task(name="psi-kkrt-reply", task_run_name="{side.ref.party}: base-OT choices", **PARTY_STEP)
 def send_reply(side: PsiSide) -> None:
     """Step 2 (sender): base-OT choices and the code key."""
-    key = job_key(PartyStore.of(side.ref), side.job_id)
-    hello = side.endpoint.receive(side.peer, kkrt.KIND_HELLO)
-    side.endpoint.send(side.peer, kkrt.KIND_REPLY, kkrt.reply(key, hello, side.peer))
+    base_ots(side, False, kkrt)
+
+
+def base_ots(side: PsiSide, receiver: bool, protocol: Any) -> None:
+    """Step 1 (R): base-OT setup; step 2 (S): base-OT choices (KKRT16's with the code key).
+    ``protocol``: :mod:`core.psi_ot.protocol` or :mod:`core.psi_ot.rr22`."""
+    key, endpoint, peer = job_key(PartyStore.of(side.ref), side.job_id), side.endpoint, side.peer
+    if receiver:
+        endpoint.send(peer, protocol.KIND_HELLO, protocol.hello(key))
+    else:
+        hello = endpoint.receive(peer, protocol.KIND_HELLO)
+        endpoint.send(peer, protocol.KIND_REPLY, protocol.reply(key, hello, peer))
 
 
 # ---- per bucket ------------------------------------------------------------------------------
@@ -388,10 +388,8 @@ def store_bucket_matches(
 
 def _matches_frame(bucket: int, positions: np.ndarray, rows: np.ndarray) -> pd.DataFrame:
     """One bucket's rows of the match table: ``(bucket, position in S's order, own row)``."""
-    frame = pd.DataFrame({"bucket": np.full(len(rows), bucket, dtype=np.int64)})
-    frame["pos"] = positions
-    frame["row"] = rows
-    return frame
+    buckets = np.full(len(rows), bucket, dtype=np.int64)
+    return pd.DataFrame({"bucket": buckets, "pos": positions, "row": rows})
 
 
 def create_matches_table(con: duckdb.DuckDBPyConnection, job_id: str) -> None:
@@ -578,15 +576,18 @@ def party_side(side: PsiSide, min_rows: int, call: Step = operator.call) -> dict
 )
 def start_side(side: PsiSide) -> Plan:
     """Steps 0 to 2 of one party's side as one task run (a task run costs 0.1-0.4 s of a
-    loaded machine): own ids, the size message, the plan, then R's base-OT setup (step 1) or
-    S's reply. Each is idempotent, so a retry redoes only what had not finished."""
-    send_size.fn(side, prepare_ids.fn(side.ref, side.job_id))
+    loaded machine): :func:`start`."""
+    return start(side, kkrt)
+
+
+def start(side: PsiSide, protocol: Any) -> Plan:
+    """Steps 0 to 2 of KKRT16 or RR22 (:func:`base_ots`' ``protocol``): own ids, the set size and
+    bucket size, the plan, then R's base-OT setup or S's choices. Each is idempotent, so a retry
+    redoes only what had not finished."""
+    size = prepare_ids.fn(side.ref, side.job_id)
+    side.endpoint.send(side.peer, kkrt.KIND_SIZE, kkrt.size_message(size, buckets.BUCKET_IDS))
     plan = plan_for(side)
-    if plan.receiver:
-        key = job_key(PartyStore.of(side.ref), side.job_id)
-        side.endpoint.send(side.peer, kkrt.KIND_HELLO, kkrt.hello(key))
-    else:
-        send_reply.fn(side)
+    base_ots(side, plan.receiver, protocol)
     return plan
 
 

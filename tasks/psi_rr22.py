@@ -27,10 +27,8 @@ from tasks.psi_kkrt import (
     job_key,
     pending_bucket,
     pending_plan,
-    plan_for,
-    prepare_ids,
     release_matches,
-    send_size,
+    start,
     store_bucket_matches,
     store_matched_rows,
 )
@@ -48,18 +46,8 @@ _SENDER_SHARES: dict[tuple[str, str, int], np.ndarray] = {}
     name="psi-rr22-start", task_run_name="{side.ref.party}: own ids, sizes, base OTs", **PARTY_STEP
 )
 def start_side(side: PsiSide) -> Plan:
-    """Steps 0 to 2: own ids, the size message, the plan, then R's base-OT setup or S's
-    choices (each idempotent: a retry redoes only what had not finished)."""
-    send_size.fn(side, prepare_ids.fn(side.ref, side.job_id))
-    plan = plan_for(side)
-    key = job_key(PartyStore.of(side.ref), side.job_id)
-    endpoint, peer = side.endpoint, side.peer
-    if plan.receiver:
-        endpoint.send(peer, rr22.KIND_HELLO, rr22.hello(key))
-    else:
-        hello = endpoint.receive(peer, rr22.KIND_HELLO)
-        endpoint.send(peer, rr22.KIND_REPLY, rr22.reply(key, hello, peer))
-    return plan
+    """Steps 0 to 2: :func:`tasks.psi_kkrt.start` with RR22's base OTs."""
+    return start(side, rr22)
 
 
 def _receiver_vole(side: PsiSide, plan: Plan, table: int) -> rr22.ReceiverVole:

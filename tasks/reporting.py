@@ -98,10 +98,9 @@ def _job_in_file(path: str) -> str:
 
 
 def job_name() -> str:
-    """The readable job a run belongs to: the job its job file names (the job actually run,
-    whatever the deployment's tag says), else the job it runs in (:func:`job_named`) or its
-    ``job:<name>`` tag (a deployment's), else its deployment's
-    name, else (a party's flow) its agreed job id, else its first table's name."""
+    """The readable job a run belongs to: its job file's, else the job it runs in
+    (:func:`job_named`), its ``job:<name>`` tag, its deployment's name, (a party's flow) its
+    agreed job id, or its first table's name (the order: docs/reporting.md, names)."""
     parameters = runtime_flow_run.parameters or {}
     if parameters.get("job_file"):
         return _slug(_job_in_file(str(parameters["job_file"])))
@@ -234,8 +233,7 @@ def provenance(*refs: TableRef) -> dict[str, Any]:
 @task(name="describe-model", task_run_name="{party}: describe model {model_key}", **PARTY_STEP)
 def describe_model(party: str, database: str, model_key: str) -> dict[str, Any]:
     """A party's public description of one of its saved models (its own store only)."""
-    store = PartyStore(database)
-    record = ArtifactStore(store).get(model_key)
+    record = ArtifactStore(PartyStore(database)).get(model_key)
     if record is None:
         raise KeyError(f"party {party}: no model {model_key!r} in {Path(database).name}")
     model = ModelRecord.from_dict(record)
@@ -295,11 +293,7 @@ PROGRESS_EVERY = 1.0
 
 class Progress:
     """A progress artifact for a flow's rounds (0-100%), updated at most every
-    :data:`PROGRESS_EVERY` seconds and at the end.
-
-    Why at most: an update is a call to the Prefect API on the flow's own thread, between two
-    rounds; with rounds of a fraction of a second, one per round was a fixed cost of every
-    round for a bar no one reads that fast."""
+    :data:`PROGRESS_EVERY` seconds and at the end (why: docs/reporting.md)."""
 
     def __init__(self, total: int, description: str) -> None:
         self.total = max(total, 1)

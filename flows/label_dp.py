@@ -119,12 +119,9 @@ def label_dp_regression(
 
 def _job(job_id: str, labels: TableRef, features_party: str, options: LabelDPOptions) -> Any:
     """The labels party's job: the options, with the grid's range fixed before any label."""
-    return steps.LabelDPJob(
-        job_id, channel_for(job_id), labels.party, features_party, options.epsilon, options.loss,
-        _label_range(options.label_range, labels), options.mechanism, options.prior_epsilon,
-        options.grid_size, options.integer_labels, options.clip, options.holdout_fraction,
-        options.seed,
-    )  # fmt: skip
+    fields = options.model_dump(exclude={"label_range", "evaluate"})
+    fields["label_range"] = _label_range(options.label_range, labels)
+    return steps.LabelDPJob(job_id, channel_for(job_id), labels.party, features_party, **fields)
 
 
 ROLES = ("labels", "features")
@@ -161,16 +158,15 @@ def label_dp_party(
         return _features_side(job_id, ref, peer, options.evaluate, spec)
     job = _job(job_id, ref, peer, options)
     steps.check_parameters(job)
-    steps.prefetch_id_order(job, ref)  # fetched while the labels and budget are checked
-    checked = steps.check_labels(job, ref)
+    checked = steps.check_labels(job, ref)  # fetches the peer's id-order digest meanwhile
     steps.check_alignment(job, ref)  # before anything is computed or charged
     release = steps.release_noisy_labels(job, ref)
-    evaluation = steps.evaluate(job, ref) if options.evaluate else None
+    evaluation = steps.evaluate(job, ref) if options.evaluate else {}
     if evaluation:
         scope = f"{evaluation['test_rows']} rows, {evaluation['evaluated_on']}"
         publish_training_charts("label-dp", job_id, [], {scope: evaluation.pop("calibration")})
-    details = _release_details(release, evaluation or {})
-    label_dp_summary(job, peer, ref, checked["rows"], release["budget"], evaluation or {}, details)
+    details = _release_details(release, evaluation)
+    label_dp_summary(job, ref, checked["rows"], release["budget"], evaluation, details)
     return {
         "job_id": job_id,
         "role": "labels",
@@ -179,7 +175,7 @@ def label_dp_party(
         "reused": release["reused"],
         "mechanism": release["summary"],
         "budget": release["budget"],
-        "metrics": evaluation or {},
+        "metrics": evaluation,
     }
 
 
@@ -200,9 +196,7 @@ def _features_side(
         "job_id": job_id,
         "role": "features",
         "rows": checked["rows"],
-        "coefficients": model["coefficients"],
-        "intercept": model["intercept"],
-        "metrics": model["metrics"],
+        **{k: model[k] for k in ("coefficients", "intercept", "metrics")},
         "model_key": model["key"],
         "database": ref.database,
     }

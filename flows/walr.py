@@ -253,10 +253,10 @@ def _labels_side(job: steps.WalrJob, ref: TableRef, evaluate: bool) -> dict[str,
     steps.release_noisy_sums(job, ref)  # a stored release is kept as it is
     sent = steps.send_release(job, ref)
     metrics = steps.evaluate(job, ref) if evaluate else {}
+    details = _release_details(job, sent, checked["reused"])
     walr_summary(
-        job.job_id, job.features_party, ref, checked["rows"], sent["budget"], metrics,
-        sent["release_job_id"], _release_details(job, sent, checked["reused"]),
-    )  # fmt: skip
+        job, ref, checked["rows"], sent["budget"], metrics, sent["release_job_id"], details
+    )
     return {
         "job_id": job.job_id,
         "role": "labels",

@@ -125,12 +125,9 @@ class LabelDPJob:
     def terms(self) -> dict[str, Any]:
         """What the labels party tells the features party: the release's public parameters
         and the public hold-out split, so the features party trains for the same loss."""
-        return {
-            **self.release_parameters(),
-            "label_range": [float(v) for v in self.label_range],
-            "holdout_fraction": self.holdout_fraction,
-            "seed": self.seed,
-        }
+        terms = {key: getattr(self, key) for key in _TERMS}
+        terms["label_range"] = [float(v) for v in self.label_range]
+        return terms
 
     @classmethod
     def from_terms(
@@ -256,7 +253,12 @@ def release_event(prior_epsilon: float, label_epsilon: float) -> Event:
 )
 def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     """Validate the labels, refuse a release the budget cannot pay for, then send the features
-    party a digest of the id order (the only message before the release)."""
+    party a digest of the id order (the only message before the release).
+
+    The features party's digest, sent unprompted when it starts, is fetched meanwhile:
+    :func:`check_alignment` then reads it locally."""
+    endpoint = job.endpoint(ref.party)
+    secure_sum.prefetch(endpoint, job.features_party, "id_order_digest")
     frame, labels = _read_labels(job, ref)
     event = release_event(*job.split(len(labels)))
     key = release_key(fingerprint.fn(ref), job)
@@ -267,23 +269,15 @@ def check_labels(job: LabelDPJob, ref: TableRef) -> dict[str, Any]:
     else:
         status = ledger.require_affordable(ref.table, job.epsilon, 0.0, event=event)
     digest = id_order_digest(job.job_id, frame[ref.id_column])
-    endpoint = job.endpoint(ref.party)
     endpoint.send(job.features_party, "id_order_digest", digest)
     endpoint.send(job.features_party, "label_dp_terms", job.terms())
     return {"rows": len(labels), "release_key": key, "reused": reused, "budget": status.as_dict()}
 
 
-def prefetch_id_order(job: LabelDPJob, ref: TableRef) -> None:
-    """Start fetching the features party's id-order digest (sent unprompted when it starts)
-    while the labels are checked: :func:`check_alignment` then reads it locally."""
-    secure_sum.prefetch(job.endpoint(ref.party), job.features_party, "id_order_digest")
-
-
 @task(name="label-dp-aligned", task_run_name="{ref.party}: check alignment", **PARTY_STEP)
 def check_alignment(job: LabelDPJob, ref: TableRef) -> None:
-    """Nothing is computed or charged until the tables are found aligned: the labels party
-    compares the features party's digest with its own (learns only equal or not) instead
-    of waiting a round trip for the features party's verdict."""
+    """Compare the features party's digest with one's own (learns only equal or not), instead
+    of waiting a round trip for its verdict: nothing is computed or charged before."""
     frame, _ = _read_labels(job, ref)
     theirs = job.endpoint(ref.party).receive(job.features_party, "id_order_digest")
     own = id_order_digest(job.job_id, frame[ref.id_column])
@@ -456,8 +450,7 @@ def train_model(
     models.ModelStore(PartyStore.of(ref)).save(
         model_key(job.job_id), record, ids[train], ids[holdout]
     )
-    model = record.to_dict()
-    predictions = predict(model, X)
+    predictions = record.prediction(record.score(X))  # as predict() gives for the saved model
     metrics = {"train_loss_vs_noisy": _mean_loss(job, predictions[train], noisy[train])}
     if holdout.size:
         metrics["holdout_loss_vs_noisy"] = _mean_loss(job, predictions[holdout], noisy[holdout])

@@ -107,23 +107,21 @@ def classifier_figures(
 
 @task(name="evaluate-model", task_run_name="{ref.party}: evaluate on own rows", **PARTY_STEP)
 def evaluate_own_rows(
-    ref: TableRef,
-    features: list[str],
-    weights: list[float],
-    intercept: float,
-    holdout_fraction: float = 0.0,
-    job_id: str = "",
-    preprocessing: dict[str, Any] | None = None,
+    ref: TableRef, model: dict[str, Any], holdout_fraction: float, job_id: str
 ) -> dict[str, Any]:
     """A party scores its own held-out rows (all its rows, in-sample, when none are held out)
-    with a model it holds whole; returns aggregates only. ``preprocessing`` is the model's
-    fitted transform (``core.preprocessing``), applied to the stored values first."""
-    fitted = None if preprocessing is None else FittedPreprocessing.from_dict(preprocessing)
+    with the horizontal model every party holds whole; returns aggregates only. The model's
+    fitted transform (``preprocessing``, ``core.preprocessing``) is applied to the stored
+    values first."""
+    stats = model.get("preprocessing")
+    fitted = None if stats is None else FittedPreprocessing.from_dict(stats)
     frame = PartyStore.of(ref).read_table(ref, allow_missing=fitted is not None)
     labels = frame[ref.label_column].to_numpy(dtype=float)
     train, held_out = holdout_split(len(labels), holdout_fraction, job_id)
     evaluated = held_out if held_out.size else train
-    packed = np.asarray([*weights, intercept], dtype=float)
+    features = list(model["features"])
+    weights = [float(model["coefficients"][f]) for f in features]
+    packed = np.asarray([*weights, model["intercept"]], dtype=float)
     X = model_matrix(frame, features, fitted)[evaluated]
     figures = classifier_figures(
         labels[evaluated],
@@ -131,9 +129,7 @@ def evaluate_own_rows(
         float(np.mean(labels[train])),
         decision_function(packed, X),
     )
-    scope = holdout_scope(held_out.size, len(labels))
-    log_figures(ref.party, figures, scope)
-    return {"rows": len(labels), "scope": scope, **figures}
+    return {"rows": len(labels), **log_figures(ref.party, figures, held_out.size, len(labels))}
 
 
 def model_matrix(
@@ -147,13 +143,16 @@ def model_matrix(
     return X[:, [fitted.output_names.index(f) for f in features]]
 
 
-def log_figures(party: str, figures: dict[str, Any], scope: str) -> None:
-    """The evaluating party's one log line: its figures beside the baseline, on which rows."""
+def log_figures(party: str, figures: dict[str, Any], held_out: int, rows: int) -> dict[str, Any]:
+    """The evaluating party's one log line: its figures beside the baseline, on which rows
+    (:func:`holdout_scope`); returns the figures with their ``scope``."""
+    scope = holdout_scope(held_out, rows)
     auc = "-" if figures["auc"] is None else f"{figures['auc']:.4f}"
     get_run_logger().info(
         "%s: AUC %s, log-loss %.4f (class-prior baseline %.4f) on %s",
         party, auc, figures["log_loss"], figures["baseline_log_loss"], scope,
     )  # fmt: skip
+    return {"scope": scope, **figures}
 
 
 def _classifier_quality(metrics: dict[str, Any], baseline: dict[str, Any], rows: str) -> list:
@@ -308,8 +307,7 @@ def vertical_summary(
 
 
 def walr_summary(
-    job_id: str,
-    features_party: str,
+    job: Any,
     labels: TableRef,
     rows: int,
     budget: dict[str, Any],
@@ -325,15 +323,12 @@ def walr_summary(
         baseline = {"auc": metrics["baseline_auc"], "log_loss": metrics["baseline_log_loss"]}
         quality = _classifier_quality(metrics, baseline, metrics["scope"])
         details.append(("rows scored at the labels party", metrics["evaluated_rows"]))
-    jobs = [job_id, *([release_job_id] if release_job_id else [])]
-    return _one_release_summary(
-        job_id, features_party, labels, rows, budget, quality, jobs, details
-    )
+    jobs = [job.job_id, *([release_job_id] if release_job_id else [])]
+    return _one_release_summary(job, labels, rows, budget, quality, jobs, details)
 
 
 def label_dp_summary(
     job: Any,
-    features_party: str,
     labels: TableRef,
     rows: int,
     budget: dict[str, Any],
@@ -342,18 +337,14 @@ def label_dp_summary(
 ) -> dict[str, Any]:
     """The labels party's summary of a label-DP release: its budget, the release's public
     figures, and the test MSE beside the mean-label baseline on the same held-out rows."""
-    quality = []
+    quality, holdout = [], [int(r) for r in job.holdout_rows(rows)]
     if metrics.get("test_mse") is not None:
-        holdout = [int(r) for r in job.holdout_rows(rows)]
         train = [int(r) for r in job.train_rows(rows)]
         baseline = label_mean_baseline(labels, train, holdout)
         scope = str(metrics.get("evaluated_on", "held-out rows"))
         quality = [Quality("MSE", metrics["test_mse"], baseline, False, scope)]
-    held_out = len(job.holdout_rows(rows))
-    split = [("training rows", rows - held_out), ("held-out rows", held_out), *release]
-    return _one_release_summary(
-        job.job_id, features_party, labels, rows, budget, quality, [job.job_id], split
-    )
+    split = [("training rows", rows - len(holdout)), ("held-out rows", len(holdout)), *release]
+    return _one_release_summary(job, labels, rows, budget, quality, [job.job_id], split)
 
 
 @task(name="label-mean-baseline", task_run_name="{ref.party}: baseline on own labels", **PARTY_STEP)
@@ -365,8 +356,7 @@ def label_mean_baseline(ref: TableRef, train_rows: list[int], eval_rows: list[in
 
 
 def _one_release_summary(
-    job_id: str,
-    features_party: str,
+    job: Any,
     labels: TableRef,
     rows: int,
     budget: dict[str, Any],
@@ -374,12 +364,13 @@ def _one_release_summary(
     jobs: list[str],
     details: list[tuple[str, Any]],
 ) -> dict[str, Any]:
-    """The summary of a flow that releases once (WALR, label DP): both parties' aligned rows,
-    the labels party's ledger, the traffic of ``jobs`` (as the labels party's channel saw it)."""
+    """The summary of a flow that releases once (WALR, label DP; ``job`` names its
+    ``features_party``): both parties' aligned rows, the labels party's ledger, the traffic of
+    ``jobs`` (as the labels party's channel saw it)."""
     return publish_summary(
         RunSummary(
-            job_id,
-            {features_party: rows, labels.party: rows},
+            job.job_id,
+            {job.features_party: rows, labels.party: rows},
             quality=quality,
             budgets=[BudgetLine.from_status(labels.party, budget)],
             bytes_sent=bytes_sent(dict.fromkeys(jobs), None),
@@ -415,17 +406,6 @@ def horizontal_quality(evaluations: dict[str, dict[str, Any]]) -> list[Quality]:
     return quality
 
 
-def _evaluate_shared(
-    ref: TableRef, model: dict[str, Any], holdout_fraction: float, job_id: str
-) -> dict[str, Any]:
-    """:func:`evaluate_own_rows` at ``ref``'s party with the horizontal model every party holds."""
-    weights = [float(model["coefficients"][f]) for f in model["features"]]
-    features, stats = list(model["features"]), model.get("preprocessing")
-    return evaluate_own_rows(
-        ref, features, weights, model["intercept"], holdout_fraction, job_id, stats
-    )
-
-
 def horizontal_summary(
     job_id: str,
     refs: list[TableRef],
@@ -437,7 +417,7 @@ def horizontal_summary(
     """Quality: each party scores its own held-out rows (all its rows, in-sample, without a
     hold-out) with the shared final model and reports aggregates only; see
     :func:`horizontal_quality`."""
-    evaluations = {r.party: _evaluate_shared(r, model, holdout_fraction, job_id) for r in refs}
+    evaluations = {r.party: evaluate_own_rows(r, model, holdout_fraction, job_id) for r in refs}
     quality = horizontal_quality(evaluations)
     outcome = _outcome([q for q in quality if q.metric.startswith("log-loss")])
     history = horizontal_rounds(job_id, model["history"], workspace)
@@ -479,7 +459,7 @@ def horizontal_party_summary(
 ) -> dict[str, Any]:
     """One hospital's summary in party mode: its own figures only (it learns no other
     hospital's), its own traffic, the rounds of the model it kept."""
-    evaluation = _evaluate_shared(ref, model, holdout_fraction, job_id)
+    evaluation = evaluate_own_rows(ref, model, holdout_fraction, job_id)
     return publish_summary(
         RunSummary(
             job_id,

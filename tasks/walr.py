@@ -56,7 +56,7 @@ from tasks import secure_sum
 from tasks.loading import fingerprint
 from tasks.policy import PARTY_STEP
 from tasks.reporting import provenance
-from tasks.summaries import classifier_figures, holdout_scope, holdout_split, log_figures
+from tasks.summaries import classifier_figures, holdout_split, log_figures
 
 PROTOCOL = "walr"
 MODES = ("binary", "clipped")
@@ -471,15 +471,9 @@ def _comparison_sigmas(job: WalrJob, sensitivity: float) -> dict[str, float | No
 
 
 def _decrypt_once(job: WalrJob, ref: TableRef, message: Any) -> list[int]:
-    """Decrypt the features party's masked sums: the agreed length, once, ciphertexts only.
-
-    Exactly ``columns + 1`` values (agreed at set-up): thousands of copies of one ciphertext,
-    sent to average the noise away, are refused. One message per job: a second, different
-    one is refused (the first is recorded before decryption). Non-units are refused, so the
-    key cannot be recovered. Without proofs of well-formedness the labels party still cannot
-    tell *which* ciphertexts it decrypts; the noise it adds and charges is what protects the
-    labels then (see docs/threat-model.md).
-    """
+    """Decrypt the features party's masked sums: exactly ``columns + 1`` values (agreed at
+    set-up), one message per job (recorded before decryption), units only. What each refusal
+    stops, and what it cannot: docs/protocols/walr.md (what each party learns)."""
     sender = job.features_party
     sums = message.get("sums") if isinstance(message, dict) else None
     expected = (job.columns + 1) if job.columns is not None else None
@@ -662,6 +656,4 @@ def evaluate(job: WalrJob, ref: TableRef) -> dict[str, Any]:
             f"{rows.size} evaluated rows"
         )
     figures = classifier_figures(labels[rows], predictions, float(np.mean(labels[train])))
-    scope = holdout_scope(held_out.size, labels.size)
-    log_figures(ref.party, figures, scope)
-    return {"scope": scope, **figures}
+    return log_figures(ref.party, figures, held_out.size, labels.size)

@@ -147,10 +147,8 @@ def psi_align_party(
     result = steps.stored_alignment(ref, job_id)
     reused = result is not None
     side = steps.PsiSide.of(ref, peer, job_id)
-    if result is None and options.protocol == "kkrt":
-        result = psi_kkrt.party_side(side, min_rows)
-    elif result is None and options.protocol == "rr22":
-        result = psi_rr22.party_side(side, min_rows)
+    if result is None and options.protocol in ("kkrt", "rr22"):
+        result = (psi_kkrt if options.protocol == "kkrt" else psi_rr22).party_side(side, min_rows)
     elif result is None:
         steps.blind_own_ids(side)
         steps.blind_peer_ids(side)

@@ -148,12 +148,8 @@ def store_aligned_rows(side: PsiSide, min_rows: int) -> dict[str, Any]:
     psi.check_release(result, min_rows)
     aligned = store.read_table(ref, allow_missing=True).iloc[result.rows].reset_index(drop=True)
     table = aligned_table_name(ref)
-    summary = {
-        "table": table,
-        "size": result.size,
-        "own_size": result.own_size,
-        "peer_size": result.peer_size,
-    }
+    sizes = {"size": result.size, "own_size": result.own_size, "peer_size": result.peer_size}
+    summary = {"table": table, **sizes}
     lineage = Lineage(ref.table, store.fingerprint(ref), table, job_id)
     with store.transaction() as con:
         store.write_table(table, aligned, con)

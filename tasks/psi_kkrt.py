@@ -185,10 +185,9 @@ def plan_for(side: PsiSide) -> Plan:
 
 
 def _by_bucket(store: PartyStore, job_id: str, plan: Plan) -> None:
-    """Once the plan is known, rewrite the digest table in bucket order, so reading a bucket
-    touches only its own row groups: a group of about :data:`SLICE_ROWS` rows at a time (no sort
-    holds the whole table), swapped in in one transaction. Idempotent: a retry finds the bucket
-    column (or this process's mark), and a rewrite cut short starts again."""
+    """Once the plan is known, rewrite the digest table in bucket order, about :data:`SLICE_ROWS`
+    rows at a time (why: docs/protocols/psi.md). Idempotent: a retry finds the bucket column (or
+    this process's mark), and a rewrite cut short starts again."""
     table = working_tables(job_id)[0]
     if plan.buckets == 1 or (str(store.path), table) in BUCKETED:
         return  # one bucket: every row is in it, no order to make
@@ -301,9 +300,8 @@ def held_key(side: PsiSide, table: int) -> tuple[str, str, int]:
     return (str(PartyStore.of(side.ref).path), side.job_id, table)
 
 
-#: R's OPRF outputs of a bucket between its matrix and its match, in this process only: a
-#: match in another process (a resumed run) recomputes them from the job key, which gives the
-#: very matrix already sent. They never reach the disk.
+#: R's OPRF outputs of a bucket between its matrix and its match, in this process only, never
+#: on disk (a match in another process recomputes them from the job key: docs/protocols/psi.md).
 _RECEIVER_STATES: dict[tuple[str, str, int], tuple[np.ndarray, kkrt.ReceiverState]] = {}
 
 
@@ -401,15 +399,11 @@ def create_matches_table(con: duckdb.DuckDBPyConnection, job_id: str) -> None:
 
 
 def write_aligned(
-    store: PartyStore,
-    ref: TableRef,
-    job_id: str,
-    con: duckdb.DuckDBPyConnection,
-    sizes: tuple[int, int, int],
-    source_digest: str,
+    side: PsiSide, con: duckdb.DuckDBPyConnection, sizes: tuple[int, int, int], source_digest: str
 ) -> dict[str, Any]:
     """The aligned table in (bucket, position) order, in the caller's transaction, with its
     lineage; the job's working tables and secrets go in the same transaction."""
+    ref, job_id, store = side.ref, side.job_id, PartyStore.of(side.ref)
     size, own_size, peer_size = sizes
     table = aligned_table_name(ref)
     ids, matches = working_tables(job_id)
@@ -445,15 +439,10 @@ class MatchedPositions:
     held: tuple[dict[tuple[str, str, int], Any], ...]
 
 
-def _finish(
-    store: PartyStore,
-    ref: TableRef,
-    job_id: str,
-    summary: dict[str, Any],
-    carried: MatchedPositions,
-) -> None:
+def _finish(side: PsiSide, summary: dict[str, Any], carried: MatchedPositions) -> None:
     """Forget every secret of the finished job in this process, then destroy its sealed key
     (after the commit: a failed write keeps the job resumable)."""
+    ref, job_id, store = side.ref, side.job_id, PartyStore.of(side.ref)
     JOB_KEYS.pop((str(store.path), job_id), None)
     carried.forget_base_ots()
     BUCKETED.discard((str(store.path), working_tables(job_id)[0]))
@@ -490,9 +479,8 @@ def release_matches(side: PsiSide, min_rows: int, carried: MatchedPositions) -> 
                 [bucket],
             ).fetchnumpy()["pos"]
             endpoint.send(peer, carried.matched_kind, carried.encode(positions, plan), bucket)
-        sizes = (size, plan.own_size, plan.peer_size)
-        summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
-    _finish(store, ref, job_id, summary, carried)
+        summary = write_aligned(side, con, (size, plan.own_size, plan.peer_size), source_digest)
+    _finish(side, summary, carried)
     return summary
 
 
@@ -522,9 +510,8 @@ def store_matched_rows(side: PsiSide, min_rows: int, carried: MatchedPositions) 
             raise psi.PsiError(
                 f"{peer} announced {size} shared rows but matched {placed} positions: refused"
             )
-        sizes = (size, plan.own_size, plan.peer_size)
-        summary = write_aligned(store, ref, job_id, con, sizes, source_digest)
-    _finish(store, ref, job_id, summary, carried)
+        summary = write_aligned(side, con, (size, plan.own_size, plan.peer_size), source_digest)
+    _finish(side, summary, carried)
     return summary
 
 
@@ -597,9 +584,8 @@ def start(side: PsiSide, protocol: Any) -> Plan:
     **PARTY_STEP,
 )
 def receiver_one_bucket(side: PsiSide, min_rows: int) -> dict[str, Any]:
-    """Steps 3 and 5 of a job of one bucket as one task run (the receiver's rest of the side
-    in two task runs, not three); each step is idempotent, so a retry redoes only what had
-    not finished."""
+    """Steps 3 and 5 of a job of one bucket as one task run (the receiver's rest of the side in
+    two task runs, not three); each step is idempotent: a retry redoes only what had not ended."""
     send_matrix.fn(side, 0)
     match_bucket.fn(side, 0)
     return release_and_store.fn(side, min_rows)

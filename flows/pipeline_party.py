@@ -177,11 +177,8 @@ class PartyJob:
             table = dict(entry["table"])
             table["database"] = str(self.inside(table["database"], f"{key}'s database"))
             source = self.inside(entry["source"], f"{key}'s source")
-            mine[key] = (
-                source,
-                TableRef.from_dict(self.config.own_table(table)),
-                entry.get("privacy_budget"),
-            )
+            ref = TableRef.from_dict(self.config.own_table(table))
+            mine[key] = (source, ref, entry.get("privacy_budget"))
         return mine
 
     def check_sources(self) -> None:
@@ -366,16 +363,13 @@ MODELS: dict[str, tuple[tuple[str, str, bool], ...]] = {
 }
 
 
-def promote(job: PartyJob, main_job: str) -> list[str]:
+def promote(job: PartyJob, main_job: str) -> None:
     """What this party trained in ``job`` (a model, or its share of a split one) becomes the
-    model the main job's scoring uses, in the party's own store; returns the keys promoted."""
-    promoted = []
+    model the main job's scoring uses, in the party's own store."""
     for _, ref, _ in job.own().values():
         for flow_name, stage, split in MODELS[job.kind]:
             key = model_key(flow_name, job.job_id(stage), job.party if split else None)
-            if promote_model(ref, key, main_job):
-                promoted.append(key)
-    return promoted
+            promote_model(ref, key, main_job)
 
 
 def _score_vertical_stages(job: PartyJob) -> Iterator[StageResult]:
@@ -467,10 +461,8 @@ def agree(jobs: list[PartyJob], sides: dict[str, Federation]) -> None:
     """Exchange every job's terms with its peers (all sends first, then the receives, so no
     two parties wait for each other) and refuse any peer whose terms differ, naming each
     differing option with both values. Nothing is loaded or sent before this."""
-    mine = {}
-    for job in jobs:
-        if (side := sides.get(job.name)) is None:
-            continue
+    mine, taking = {}, [(job, sides[job.name]) for job in jobs if job.name in sides]
+    for job, side in taking:
         side.set_state("agreeing")
         mine[job.name] = terms = job_terms(job.kind, job.spec, job.run)
         endpoint = channel_for(job.job_id("terms")).endpoint(job.party)
@@ -483,9 +475,7 @@ def agree(jobs: list[PartyJob], sides: dict[str, Federation]) -> None:
                     f"run before (its job file, or privreg's protocol version, changed since); "
                     f"start a new run (--run) instead"
                 ) from None
-    for job in jobs:
-        if (side := sides.get(job.name)) is None:
-            continue
+    for job, side in taking:
         endpoint = channel_for(job.job_id("terms")).endpoint(job.party)
         for peer in side.peers:
             theirs = endpoint.receive(peer, "terms")
@@ -534,11 +524,10 @@ def check_policy(job: PartyJob) -> None:
 def _released_tables(job: PartyJob) -> dict[str, float] | None:
     """Epsilon spent in the last 24 h on each table this party releases from in ``job``
     (the labels of the main job and label DP, a site's rows in sparse LDA); ``None`` if none."""
-    releasing = {"main": ("guest",), "label_dp": ("guest",)}.get(job.kind)
     spent = {
         ref.table: _spent_today(ref)
         for role, (_, ref, _) in job.own().items()
-        if (releasing is None and job.kind == "sparse_lda") or role in (releasing or ())
+        if job.kind == "sparse_lda" or (job.kind in ("main", "label_dp") and role == "guest")
     }
     return spent or None
 

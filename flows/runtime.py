@@ -112,11 +112,9 @@ def _await_recorded(api_url: str, grace: float = RECORDING_GRACE) -> None:
                 for start in range(0, len(ids), _PAGE):
                     page = {"id": {"any_": ids[start : start + _PAGE]}}
                     body = {"task_runs": page, "limit": _PAGE}
-                    for run in (
-                        client.post("/task_runs/filter", json=body).raise_for_status().json()
-                    ):
-                        state = run.get("state") or {}
-                        stamp = state.get("timestamp")
+                    runs = client.post("/task_runs/filter", json=body).raise_for_status().json()
+                    for run in runs:
+                        stamp = (run.get("state") or {}).get("timestamp")
                         if stamp and datetime.fromisoformat(stamp) >= waiting[run["id"]]:
                             del waiting[run["id"]]
             except (httpx.HTTPError, ValueError):  # a server already going: nothing to wait for

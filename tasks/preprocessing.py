@@ -87,13 +87,12 @@ def pooled_spec(
 def _context(
     job_id: str,
     stage: int,
-    session: str | None,
+    session: str,
     parties: Sequence[str],
     threshold: int,
     dimension: int,
     **kw: Any,
 ) -> SumContext:
-    session = session or f"{job_id}/preprocessing-{stage}/{secrets.token_hex(8)}"
     job = channel_job(job_id)
     return SumContext(PROTOCOL, job, stage, session, tuple(parties), threshold, dimension, **kw)
 
@@ -197,10 +196,10 @@ def sessions(
     parties: Sequence[str],
     threshold: int,
     stage_timeout: float,
-    session_ids: Sequence[str | None] = (None, None),
+    session_ids: Sequence[str | None],
 ) -> tuple[SumContext, SumContext | None]:
-    """The secure-sum sessions of a job's statistics (the second only for quartiles), fresh
-    or with the ids the coordinator announced; their dimensions need no data."""
+    """The secure-sum sessions of a job's statistics (the second only for quartiles), with the
+    ids the coordinator announced; their dimensions need no data."""
     columns, options = len(features), {"stage_timeout": stage_timeout}
     moments = 2 * (3 * columns + 1)
     first = _context(job_id, 0, session_ids[0], parties, threshold, moments, **options)
@@ -237,10 +236,9 @@ def coordinator_statistics(
     endpoint = _endpoint(job_id, COORDINATOR)
     call = endpoint.sent(parties[0], CALL)
     if call is None:
-        first, second = sessions(job_id, features, spec, parties, threshold, 0.0)
-        ids = [first.session_id, None if second is None else second.session_id]
+        fresh = [f"{job_id}/preprocessing-{stage}/{secrets.token_hex(8)}" for stage in (0, 1)]
         call = {
-            "sessions": ids,
+            "sessions": fresh if pp.needs_quartiles(spec) else [fresh[0], None],
             "spec": spec.to_dict(),
             "features": list(features),
             "threshold": threshold,

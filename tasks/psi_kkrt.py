@@ -235,13 +235,10 @@ def bucket_rows(
     table = working_tables(job_id)[0]
     if bucket is not None:
         _by_bucket(store, job_id, plan)
+    every = bucket is None or plan.buckets == 1
+    where, params = ("", []) if every else ("WHERE bucket = ? ", [bucket])
     with store.connect() as con:
-        if bucket is None or plan.buckets == 1:
-            query = con.execute(f'SELECT row, d0, d1 FROM "{table}" ORDER BY row')
-        else:
-            query = con.execute(
-                f'SELECT row, d0, d1 FROM "{table}" WHERE bucket = ? ORDER BY row', [bucket]
-            )
+        query = con.execute(f'SELECT row, d0, d1 FROM "{table}" {where}ORDER BY row', params)
         found = query.fetchnumpy()
     rows = np.asarray(found["row"], dtype=np.int64)
     words = np.empty((len(rows), 2), dtype="<u8")

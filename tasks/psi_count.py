@@ -37,7 +37,7 @@ def blind_own_ids(side: PsiSide) -> int:
     """Step 1: blind and sort own ids, send them. Returns the own set size."""
     ref, peer, job_id = side.ref, side.peer, side.job_id
     store = PartyStore.of(ref)
-    ids = store.read_table(ref)[ref.id_column].tolist()
+    ids = store.read_table(ref, allow_missing=True)[ref.id_column].tolist()  # ids only
     blinded = psi.prepare(ids, own_scalar(store, _prefix(job_id), create=True)).blinded
     side.endpoint.send(peer, KIND_BLINDED, blinded)
     return len(ids)

@@ -10,8 +10,10 @@ from prefect.artifacts import Artifact
 from test_psi_flow import make_parties
 
 from core import psi, psi_count
+from core.preprocessing import PreprocessingSpec
 from federation.workspace import channel_for
 from flows.psi_count import psi_count as psi_count_flow
+from storage.descriptor import TableRef
 from storage.party_store import PartyStore
 from tasks.reporting import short_id
 
@@ -74,3 +76,17 @@ def test_flow_counts_writes_no_table_and_guards_small_counts(workspace: Path) ->
     assert psi_count_flow(a.to_dict(), b.to_dict(), workspace=str(workspace))["reused"]
     with pytest.raises(psi.PsiError, match="fewer than min_rows=151"):
         psi_count_flow(a.to_dict(), b.to_dict(), min_rows=151, workspace=str(workspace))
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_count_reads_only_the_ids_so_missing_feature_cells_are_no_refusal(
+    workspace: Path,
+) -> None:
+    """As the aligning PSI: a table stored for a job that imputes may hold missing cells."""
+    a, b, expected = make_parties(workspace, shared=120)
+    gappy = TableRef(database=str(workspace / "lab.duckdb"), table="tests")
+    frame = PartyStore.of(b).read_table(b).assign(spend=lambda f: f["spend"].mask(f.index < 5))
+    assert frame["spend"].isna().sum() == 5
+    PartyStore.of(gappy).import_frame(frame, gappy, PreprocessingSpec(impute="mean"))
+    result = psi_count_flow(a.to_dict(), gappy.to_dict(), workspace=str(workspace))
+    assert result["intersection_size"] == len(expected) == 120

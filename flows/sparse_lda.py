@@ -46,6 +46,8 @@ from tasks.charts import publish_training_charts
 from tasks.reporting import (
     artifact_key,
     flow_short,
+    markdown_table,
+    publish_markdown,
     publish_model_link,
     run_namer,
 )
@@ -80,6 +82,39 @@ class SparseLDAFigures:
         if self.holdout_error is not None:
             text += f", held-out error {self.holdout_error:.3f} on {self.holdout_rows} rows"
         return text
+
+
+def _summary(job: steps.SparseLDAJob, model: dict[str, Any], figures: SparseLDAFigures) -> str:
+    """The UI's view: method, privacy, who contributed, the kept features (the ledgers are
+    the sites' own: each site's result, and the local run's summary)."""
+    items = [
+        ("method", job.method),
+        ("private", "yes" if job.private else "NO (reference or test run)"),
+        ("epsilon, delta per party", f"{job.epsilon:g}, {job.delta:g}" if job.private else "-"),
+        ("contributors", ", ".join(model["contributors"])),
+        ("rows in total", model["total_rows"]),
+        ("privacy unit", model.get("privacy_unit") or "-"),
+        ("noise std (per model entry)", f"{model['noise_std_of_average']:.4g}"),
+        ("hard threshold", f"{model['hard_threshold']:.4g}"),
+        ("features kept", f"{len(model['support'])} of {len(model['features'])}"),
+        (
+            "held-out error",
+            "-" if figures.holdout_error is None else f"{figures.holdout_error:.3f}",
+        ),
+    ]
+    kept = [
+        {"feature": f, "weight": float(w)}
+        for f, w in zip(model["features"], model["direction"], strict=True)
+        if w != 0.0
+    ]
+    return "\n\n".join(
+        [
+            f"# Sparse LDA, job {job.job_id}",
+            markdown_table([{"item": k, "value": v} for k, v in items]),
+            "## Kept features",
+            markdown_table(kept),
+        ]
+    )
 
 
 def _job(
@@ -185,29 +220,29 @@ def _figures(
 
 
 def _finish(
-    side: coordinator_steps.Coordinator, model: dict[str, Any], scores: list[dict[str, int]]
+    side: coordinator_steps.Coordinator, model: dict[str, Any], figures: SparseLDAFigures
 ) -> dict[str, Any]:
     """The coordinator's summary and model link; its result (no site's release: ``{}``)."""
     job = side.job
-    sparse_lda_summary(job, [], model, {}, scores)  # the model's facts, the held-out counts
     short = job.job_id.removeprefix("sparse-lda-")
+    publish_markdown(
+        artifact_key("sparse-lda", short, "release"),
+        _summary(job, model, figures),
+        f"sparse LDA summary of job {job.job_id}",
+    )
     publish_model_link(
         artifact_key("sparse-lda", short, "model"), side.store.path, steps.model_key(job.job_id)
     )
+    arrays = ("direction", "mean_positive", "mean_negative")
     return {
-        **_plain(model),
+        **{k: v for k, v in model.items() if k not in arrays},
+        **{k: model[k].tolist() for k in arrays},
         "releases": {},
         "model_key": steps.model_key(job.job_id),
         "threshold": job.threshold,
         "job_id": job.job_id,
-        "figures": asdict(_figures(job, model, scores)),
+        "figures": asdict(figures),
     }
-
-
-def _plain(model: dict[str, Any]) -> dict[str, Any]:
-    """The model with its vectors as lists (a flow's result is plain data)."""
-    arrays = ("direction", "mean_positive", "mean_negative")
-    return {k: np.asarray(v).tolist() if k in arrays else v for k, v in model.items()}
 
 
 def summary_line(result: dict[str, Any]) -> str:
@@ -278,7 +313,7 @@ def sparse_lda_coordinator(
         scores = []
         if job.holdout_fraction > 0:  # the figures: the held-out rows of the sites in the model
             scores = coordinator_steps.collect_scores(side, model["contributors"])
-        return {**_finish(side, model, scores), "dropped": dropped}
+        return {**_finish(side, model, _figures(job, model, scores)), "dropped": dropped}
 
 
 @flow(name="sparse_lda_party", flow_run_name="sparse_lda {job_id}: {own[party]}")
@@ -335,10 +370,10 @@ def sparse_lda_party(
             score = party_steps.score_holdout(site)
             roc = {f"{ref.party}'s {score['rows']} held-out rows": score.pop("roc")}
             publish_training_charts(flow_short(), job_id, [], roc)  # its own chart
-        mine = {ref.party: release} if release is not None else {}  # its own figures only
-        sparse_lda_summary(job, [ref], model, mine, [score] if score else [])
+    arrays = ("direction", "mean_positive", "mean_negative")
     return {
-        **_plain(model),
+        **{k: v for k, v in model.items() if k not in arrays},
+        **{k: np.asarray(model[k]).tolist() for k in arrays},
         "party": ref.party,
         "release": release,
         "holdout": score,

@@ -503,10 +503,9 @@ def sparse_lda_summary(
     holdout: list[dict[str, int]] | None = None,
     workspace: str | None = None,
 ) -> dict[str, Any]:
-    """In-sample error at each party of ``refs`` (none at the coordinator) and, with a
-    hold-out, the error on the held-out rows of those that sent counts next to predicting their
-    majority class; the model's public facts; ``workspace``: the local run's shared folder,
-    whose log holds every party's bytes (None: this side's own channel)."""
+    """In-sample error at each party and, with a hold-out, the error on every party's held-out
+    rows (from each party's counts) next to predicting the held-out rows' majority class;
+    ``workspace``: the local run's shared folder, whose log holds every party's bytes."""
     errors = {ref.party: lda_error_own_rows(ref, model) for ref in refs}
     quality = [
         Quality(
@@ -521,14 +520,13 @@ def sparse_lda_summary(
     held_out = sum(s["rows"] for s in holdout or [])
     if held_out:
         positive = sum(s["positives"] for s in holdout) / held_out
-        whose = "of all parties" if len(refs) != 1 else f"of {refs[0].party}"
         quality.append(
             Quality(
                 "held-out misclassification",
                 sum(s["errors"] for s in holdout) / held_out,
                 min(positive, 1.0 - positive),
                 False,
-                f"{held_out} held-out rows {whose}",
+                f"{held_out} held-out rows of all parties",
             )
         )
     budgets = [
@@ -536,19 +534,7 @@ def sparse_lda_summary(
         for party, r in releases.items()
         if r.get("budget") is not None
     ]
-    private = f"epsilon {job.epsilon:g}, delta {job.delta:g} per party"
-    details = [
-        sparse_lda_fit(job),
-        ("privacy of each party's release", private if job.private else "NOT private"),
-        ("parties in the model", ", ".join(model["contributors"])),
-        ("rows in the model", model["total_rows"]),
-        ("noise on each model entry (sd)", f"{model['noise_std_of_average']:.4g}"),
-        ("hard threshold", f"{model['hard_threshold']:.4g}"),
-        (
-            "features the model uses (support)",
-            f"{len(model['support'])} of {len(model['features'])}",
-        ),
-    ]
+    kept = f"{len(model['support'])} of {len(model['features'])}"
     return publish_summary(
         RunSummary(
             job.job_id,
@@ -557,7 +543,7 @@ def sparse_lda_summary(
             budgets=budgets,
             bytes_sent=bytes_sent([job.job_id], workspace),
             rounds=1,
-            details=details,
+            details=[sparse_lda_fit(job), ("features the model uses (support)", kept)],
         )
     ) | {"curves": {f"{party}'s rows (in-sample)": e["roc"] for party, e in errors.items()}}
 

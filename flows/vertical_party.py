@@ -18,7 +18,6 @@ More (the protocol, what each party learns, why): docs/protocols/vertical-lr.md.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -271,8 +270,8 @@ def _key_holder_epoch_end(job: steps.VerticalJob, round_: int, tol: float) -> bo
 
 def _check_loss(job: steps.VerticalJob, database: str, round_: int) -> None:
     """A diverging loss ends the run (the round's as stored in ``database``, and round 0's)."""
-    losses = steps.stored_losses(job, database)
-    check_loss("vertical_lr", job.job_id, round_, losses[round_], losses.get(0))
+    loss, first = steps.round_losses(job, database, round_, 0)
+    check_loss("vertical_lr", job.job_id, round_, loss, first)
 
 
 def _check_key(job: steps.VerticalJob, last: int, epochs: int) -> bool:
@@ -414,7 +413,13 @@ def _guest(job: steps.VerticalJob, ref: TableRef, epochs: int, tol: float) -> di
 
     to_run = 0 if ended else epochs
     steps.plan_obfuscators(job, ref, to_run)
-    checked = functools.partial(_check_loss, job, ref.database)  # the losses it was sent
+    first = steps.round_losses(job, ref.database, 0)[0]
+
+    def checked(round_: int) -> None:  # the loss it was sent, in memory: no read per round
+        nonlocal first
+        first = history[-1]["loss"] if first is None else first
+        check_loss("vertical_lr", job.job_id, round_, history[-1]["loss"], first)
+
     _run_rounds(job, ref.party, last, to_run, round_body, epoch_end, checked)
     final = steps.last_round(job, ref)
     # the guest's own record of the rounds: losses the key holder sent it, its own metrics

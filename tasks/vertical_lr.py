@@ -118,9 +118,10 @@ class VerticalJob:
         return tuple(p for p in (self.guest, *self.hosts) if p != self.key_holder)
 
     def width(self, party: str) -> int:
-        if party not in dict(self.widths):
+        widths = dict(self.widths)
+        if party not in widths:
             raise VerticalSetupError(f"no gradient length was agreed for party {party!r}")
-        return dict(self.widths)[party]
+        return widths[party]
 
     def endpoint(self, party: str) -> PartyEndpoint:
         return self.channel.endpoint(party)
@@ -927,6 +928,14 @@ def stored_losses(job: VerticalJob, database: str) -> dict[int, float]:
     prefix = _key(job, "loss", "")
     with artifacts.store.session():
         return {int(k.rsplit("/", 1)[1]): artifacts.get(k) for k, *_ in artifacts.list(prefix)}
+
+
+def round_losses(job: VerticalJob, database: str, *rounds: int) -> list[float | None]:
+    """The training losses of ``rounds`` recorded in ``database`` (None: not recorded), read
+    in one session: a round's divergence check needs two, not every round's."""
+    artifacts = _artifacts(database)
+    with artifacts.store.session():
+        return [artifacts.get(_loss_key(job, "train", r)) for r in rounds]
 
 
 def epoch_loss(losses: dict[int, float], epoch: int, batches: int) -> float | None:
